@@ -1,0 +1,301 @@
+//! Condition types and reasons of a workspace, and the one helper that sets a condition.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// Condition types a workspace carries.
+pub mod types {
+    /// The current pod is bound to a node.
+    pub const POD_SCHEDULED: &str = "PodScheduled";
+    /// The current pod's containers are ready.
+    pub const POD_READY: &str = "PodReady";
+    /// The agent answered WhoAmI for the current pod with the operator's identity.
+    pub const AGENT_READY: &str = "AgentReady";
+    /// The last pod was rejected by its kubelet and is being replaced.
+    pub const POD_REJECTED: &str = "PodRejected";
+    /// The workspace is usable: PodReady and AgentReady.
+    pub const READY: &str = "Ready";
+    /// Berth gave up until the spec changes or the user restarts the workspace.
+    pub const STALLED: &str = "Stalled";
+
+    /// Every condition type, in the order Berth writes them.
+    pub const ALL: [&str; 6] = [
+        POD_SCHEDULED,
+        POD_READY,
+        AGENT_READY,
+        POD_REJECTED,
+        READY,
+        STALLED,
+    ];
+}
+
+/// Condition reasons: CamelCase and stable, since programs and alerts match on them.
+pub mod reasons {
+    // PodScheduled
+    /// The scheduler found no node that fits.
+    pub const UNSCHEDULABLE: &str = "Unschedulable";
+    /// The pod is waiting for the scheduler.
+    pub const WAITING_FOR_SCHEDULER: &str = "WaitingForScheduler";
+    /// The pod is bound to a node.
+    pub const SCHEDULED: &str = "Scheduled";
+
+    // PodReady (the kubelet's own container reasons)
+    /// Containers are being created.
+    pub const CONTAINER_CREATING: &str = "ContainerCreating";
+    /// A volume could not be mounted.
+    pub const FAILED_MOUNT: &str = "FailedMount";
+    /// The image cannot be pulled; the kubelet is backing off.
+    pub const IMAGE_PULL_BACK_OFF: &str = "ImagePullBackOff";
+    /// Pulling the image failed.
+    pub const ERR_IMAGE_PULL: &str = "ErrImagePull";
+    /// A container keeps crashing.
+    pub const CRASH_LOOP_BACK_OFF: &str = "CrashLoopBackOff";
+    /// A container's configuration (e.g. a referenced secret key) is invalid.
+    pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
+    /// The pod's containers are ready.
+    pub const CONTAINERS_READY: &str = "ContainersReady";
+
+    // AgentReady
+    /// The agent accepted the operator's identity.
+    pub const AGENT_VERIFIED: &str = "AgentVerified";
+    /// The agent could not authenticate the operator.
+    pub const UNAUTHENTICATED: &str = "Unauthenticated";
+    /// The agent authenticated the operator but refused it.
+    pub const PERMISSION_DENIED: &str = "PermissionDenied";
+    /// The agent could not be reached.
+    pub const AGENT_UNREACHABLE: &str = "AgentUnreachable";
+    /// The agent's state is not known yet.
+    pub const UNKNOWN: &str = "Unknown";
+
+    // PodRejected and Stalled
+    /// A pod's node was lost; the pod is replaced.
+    pub const NODE_LOST: &str = "NodeLost";
+    /// Too many pods were rejected; Berth gave up.
+    pub const RECREATION_LIMIT_REACHED: &str = "RecreationLimitReached";
+    /// A start made no progress for `startTimeout`.
+    pub const START_TIMEOUT: &str = "StartTimeout";
+    /// The spec can never work; Berth waits for it to change.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+
+    // Ready
+    /// The workspace is usable.
+    pub const WORKSPACE_READY: &str = "WorkspaceReady";
+    /// The workspace is paused.
+    pub const PAUSED: &str = "Paused";
+}
+
+/// The status of a condition, as Kubernetes spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+impl ConditionStatus {
+    /// `"True"`, `"False"` or `"Unknown"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+            ConditionStatus::Unknown => "Unknown",
+        }
+    }
+}
+
+impl From<bool> for ConditionStatus {
+    fn from(value: bool) -> Self {
+        if value {
+            ConditionStatus::True
+        } else {
+            ConditionStatus::False
+        }
+    }
+}
+
+/// Sets condition `type_` in `conditions`, adding it if absent. `lastTransitionTime` becomes
+/// `now` only when the condition is new or its status flips; reason, message and
+/// `observedGeneration` are updated in place. Returns whether anything changed.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: ConditionStatus,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+    now: &Time,
+) -> bool {
+    let desired = |last_transition_time: Time| Condition {
+        type_: type_.to_owned(),
+        status: status.as_str().to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+        observed_generation,
+        last_transition_time,
+    };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(existing) => {
+            let transition_time = if existing.status == status.as_str() {
+                existing.last_transition_time.clone()
+            } else {
+                now.clone()
+            };
+            let updated = desired(transition_time);
+            if *existing == updated {
+                false
+            } else {
+                *existing = updated;
+                true
+            }
+        }
+        None => {
+            conditions.push(desired(now.clone()));
+            true
+        }
+    }
+}
+
+/// The condition of `type_`, if present.
+pub fn find_condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(seconds: i64) -> Time {
+        Time(Timestamp::from_second(seconds).unwrap())
+    }
+
+    #[test]
+    fn a_new_condition_gets_now_as_transition_time() {
+        let mut conditions = vec![];
+        let changed = set_condition(
+            &mut conditions,
+            types::READY,
+            ConditionStatus::False,
+            reasons::CONTAINER_CREATING,
+            "Pod is starting",
+            Some(1),
+            &at(100),
+        );
+        assert!(changed);
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions[0].status, "False");
+        assert_eq!(conditions[0].last_transition_time, at(100));
+        assert_eq!(conditions[0].observed_generation, Some(1));
+    }
+
+    #[test]
+    fn same_status_keeps_transition_time_but_updates_reason_and_message() {
+        let mut conditions = vec![];
+        set_condition(
+            &mut conditions,
+            types::READY,
+            ConditionStatus::False,
+            reasons::CONTAINER_CREATING,
+            "starting",
+            Some(1),
+            &at(100),
+        );
+        let changed = set_condition(
+            &mut conditions,
+            types::READY,
+            ConditionStatus::False,
+            reasons::FAILED_MOUNT,
+            "secret missing",
+            Some(2),
+            &at(200),
+        );
+        assert!(changed);
+        assert_eq!(conditions[0].last_transition_time, at(100));
+        assert_eq!(conditions[0].reason, reasons::FAILED_MOUNT);
+        assert_eq!(conditions[0].message, "secret missing");
+        assert_eq!(conditions[0].observed_generation, Some(2));
+    }
+
+    #[test]
+    fn flipped_status_moves_transition_time() {
+        let mut conditions = vec![];
+        set_condition(
+            &mut conditions,
+            types::READY,
+            ConditionStatus::False,
+            reasons::CONTAINER_CREATING,
+            "starting",
+            Some(1),
+            &at(100),
+        );
+        set_condition(
+            &mut conditions,
+            types::READY,
+            ConditionStatus::True,
+            reasons::WORKSPACE_READY,
+            "ready",
+            Some(1),
+            &at(300),
+        );
+        assert_eq!(conditions[0].status, "True");
+        assert_eq!(conditions[0].last_transition_time, at(300));
+    }
+
+    #[test]
+    fn identical_update_changes_nothing() {
+        let mut conditions = vec![];
+        set_condition(
+            &mut conditions,
+            types::READY,
+            ConditionStatus::True,
+            reasons::WORKSPACE_READY,
+            "ready",
+            Some(1),
+            &at(100),
+        );
+        let before = conditions.clone();
+        let changed = set_condition(
+            &mut conditions,
+            types::READY,
+            ConditionStatus::True,
+            reasons::WORKSPACE_READY,
+            "ready",
+            Some(1),
+            &at(999),
+        );
+        assert!(!changed);
+        assert_eq!(conditions, before);
+    }
+
+    #[test]
+    fn other_conditions_are_left_alone() {
+        let mut conditions = vec![];
+        set_condition(
+            &mut conditions,
+            types::POD_READY,
+            ConditionStatus::True,
+            reasons::CONTAINERS_READY,
+            "",
+            Some(1),
+            &at(100),
+        );
+        set_condition(
+            &mut conditions,
+            types::AGENT_READY,
+            ConditionStatus::False,
+            reasons::UNAUTHENTICATED,
+            "no",
+            Some(1),
+            &at(200),
+        );
+        assert_eq!(conditions.len(), 2);
+        let pod_ready = find_condition(&conditions, types::POD_READY).unwrap();
+        assert_eq!(pod_ready.last_transition_time, at(100));
+        assert_eq!(
+            find_condition(&conditions, types::AGENT_READY)
+                .unwrap()
+                .reason,
+            reasons::UNAUTHENTICATED
+        );
+        assert!(find_condition(&conditions, types::STALLED).is_none());
+    }
+}

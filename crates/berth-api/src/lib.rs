@@ -1,0 +1,25 @@
+//! Berth's API: the `Workspace` custom resource (`berth.dev/v1alpha1`), its status and
+//! conditions, the labels Berth puts on what it creates, and the CRD generated from these types.
+
+pub mod condition;
+pub mod crd;
+pub mod duration;
+pub mod error;
+pub mod labels;
+pub mod status;
+pub mod workspace;
+
+pub use condition::{ConditionStatus, set_condition};
+pub use duration::{DurationString, parse_duration};
+pub use error::{Error, Result};
+pub use status::{AgentStatus, Phase, PodRef, WorkspaceStatus};
+pub use workspace::{
+    DataVolume, HomeVolume, Lifecycle, MountPath, PodRecreationPolicy, PodRecreationSpec,
+    PodTemplate, SecretVolume, TemplateMetadata, Workspace, WorkspacePort, WorkspaceSpec,
+    WorkspaceVolumes,
+};
+
+/// The API group of every Berth resource.
+pub const GROUP: &str = "berth.dev";
+/// The served and stored version.
+pub const VERSION: &str = "v1alpha1";

@@ -1,0 +1,139 @@
+//! The `Workspace` status: what Berth observed and decided, written only when it changes.
+
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Where a workspace is in its lifecycle (rule C8 of the design).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema)]
+pub enum Phase {
+    /// No pod exists yet.
+    #[default]
+    Pending,
+    /// The pod exists and is making progress.
+    Starting,
+    /// The pod is ready and the agent answered: the workspace is usable.
+    Running,
+    /// The pod is being deleted, for a pause or a replacement.
+    Stopping,
+    /// Paused: no pod, storage kept.
+    Stopped,
+    /// Something is wrong that may still heal; the message says what.
+    Error,
+    /// Berth gave up until the spec changes or the user restarts the workspace.
+    Failed,
+    /// The workspace is being deleted.
+    Terminating,
+    /// The pod's state cannot be known, e.g. its node was lost.
+    Unknown,
+}
+
+impl Phase {
+    /// Every phase, in lifecycle order.
+    pub const ALL: [Phase; 9] = [
+        Phase::Pending,
+        Phase::Starting,
+        Phase::Running,
+        Phase::Stopping,
+        Phase::Stopped,
+        Phase::Error,
+        Phase::Failed,
+        Phase::Terminating,
+        Phase::Unknown,
+    ];
+
+    /// The phase as it appears in the status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Starting => "Starting",
+            Phase::Running => "Running",
+            Phase::Stopping => "Stopping",
+            Phase::Stopped => "Stopped",
+            Phase::Error => "Error",
+            Phase::Failed => "Failed",
+            Phase::Terminating => "Terminating",
+            Phase::Unknown => "Unknown",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Observed state of a workspace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceStatus {
+    /// Where the workspace is in its lifecycle: Pending, Starting, Running, Stopping, Stopped,
+    /// Error, Failed, Terminating or Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// One human sentence saying why the workspace is in its phase. Not for programs to parse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The `metadata.generation` this status was derived from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Conditions: PodScheduled, PodReady, AgentReady, PodRejected, Ready, Stalled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub conditions: Vec<Condition>,
+    /// The workspace's current pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+    /// The in-pod agent as the operator last verified it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentStatus>,
+    /// Pods replaced after kubelet rejection since the last start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_recreations: Option<u32>,
+    /// When the current start began: creation, resume, or a spec change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When the workspace last became Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_at: Option<Time>,
+}
+
+/// The pod that currently serves a workspace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    /// The pod's name.
+    pub name: String,
+    /// The pod's UID; a replaced pod has the same name and a new UID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// The pod's IP address, once it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// The node the pod is bound to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+}
+
+/// The in-pod agent, as the operator verified it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    /// `host:port` the operator reaches the agent at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The identity the agent authenticated the operator as, e.g.
+    /// `system:serviceaccount:berth-system:berth-controller`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// The UID of the pod whose agent answered WhoAmI; checked once per pod.
+    #[serde(
+        default,
+        rename = "verifiedPodUID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub verified_pod_uid: Option<String>,
+}

@@ -1,0 +1,361 @@
+//! The `Workspace` spec: what a developer asks for. Every doc comment here becomes the
+//! `kubectl explain` text, and every constraint is enforced by the API server through the CRD.
+
+use std::{borrow::Cow, collections::BTreeMap, time::Duration};
+
+use k8s_openapi::{
+    api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration},
+    apimachinery::pkg::api::resource::Quantity,
+};
+use kube::{CustomResource, KubeSchema};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+use crate::{DurationString, Result, WorkspaceStatus};
+
+/// DNS-1123 subdomain: lowercase alphanumerics, `-` and `.`, starting and ending alphanumeric.
+pub const DNS1123_SUBDOMAIN_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// DNS-1123 label: lowercase alphanumerics and `-`, starting and ending alphanumeric.
+pub const DNS1123_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+
+/// What a developer asks for: the image, its command and resources, ports, storage and
+/// scheduling of the workspace pod, and how Berth bounds its start.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "berth.dev",
+    version = "v1alpha1",
+    kind = "Workspace",
+    doc = "A developer workspace: one pod with its storage, service and in-pod agent, which Berth keeps alive, explains and repairs.",
+    plural = "workspaces",
+    singular = "workspace",
+    shortname = "ws",
+    namespaced,
+    status = "WorkspaceStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Where the workspace is in its lifecycle"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the workspace is usable"}"#,
+    printcolumn = r#"{"name":"Recreations","type":"integer","jsonPath":".status.podRecreations","description":"Pods replaced after kubelet rejection since the last start"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1,"description":"Why the workspace is in its phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceSpec {
+    /// The container image of the workspace, e.g. `ghcr.io/example/devbox:1.4`.
+    #[schemars(length(min = 1, max = 4096), regex(pattern = r"^\S+$"))]
+    pub image: String,
+
+    /// The command the workspace container runs. The image's entrypoint when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+
+    /// Environment variables of the workspace container (core/v1 EnvVar).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+
+    /// CPU and memory requests and limits of the workspace container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Ports the workspace serves; when set, Berth exposes them through a ClusterIP Service.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(
+        validation = Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message("each port name must be unique"),
+        validation = Rule::new("self.all(p, self.exists_one(q, q.port == p.port))").message("each port number must be unique")
+    )]
+    pub ports: Vec<WorkspacePort>,
+
+    /// `true` stops the workspace: the pod is deleted and the storage kept. `false` starts it again.
+    #[serde(default)]
+    pub paused: bool,
+
+    /// The service account the workspace pod runs as. It needs the `system:auth-delegator`
+    /// ClusterRole so the in-pod agent can check who calls it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub service_account_name: Option<String>,
+
+    /// Pod-level settings: extra metadata, scheduling constraints and volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<PodTemplate>,
+
+    /// How long a start may make no progress, and how rejected pods are replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
+}
+
+/// A port the workspace serves.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspacePort {
+    /// The port's name, a DNS-1123 label (e.g. `http`); unique within the workspace.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// The port number the workspace container listens on, 1 to 65535.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+/// Pod-level settings of the workspace pod.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTemplate {
+    /// Labels and annotations added to the workspace pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateMetadata>,
+    /// Node labels the pod's node must have.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the pod tolerates (core/v1 Toleration).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Node and pod affinity of the pod (core/v1 Affinity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Storage of the workspace: an owned home volume, existing claims, and secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<WorkspaceVolumes>,
+}
+
+/// Labels and annotations added to the workspace pod.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateMetadata {
+    /// Labels added to the pod. Berth's own labels win over these.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations added to the pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The workspace's volumes. Every mountPath must be unique across home, data and secrets.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.home) || ((!has(self.data) || self.data.all(d, d.mountPath != self.home.mountPath)) && (!has(self.secrets) || self.secrets.all(s, s.mountPath != self.home.mountPath)))").message("home.mountPath is also used by a data or secret volume; each mountPath must be unique"),
+    validation = Rule::new("!has(self.data) || self.data.all(d, self.data.exists_one(e, e.mountPath == d.mountPath) && (!has(self.secrets) || self.secrets.all(s, s.mountPath != d.mountPath)))").message("two data or secret volumes share a mountPath; each mountPath must be unique"),
+    validation = Rule::new("!has(self.secrets) || self.secrets.all(s, self.secrets.exists_one(t, t.mountPath == s.mountPath))").message("two secret volumes share a mountPath; each mountPath must be unique")
+)]
+pub struct WorkspaceVolumes {
+    /// A PersistentVolumeClaim that Berth creates and owns for this workspace; it outlives
+    /// pauses and restarts and is deleted with the workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<HomeVolume>,
+    /// Existing PersistentVolumeClaims mounted into the workspace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub data: Vec<DataVolume>,
+    /// Secrets mounted into the workspace as files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub secrets: Vec<SecretVolume>,
+}
+
+/// The workspace's own home volume.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HomeVolume {
+    /// Requested size of the claim, e.g. `10Gi`.
+    pub size: Quantity,
+    /// Storage class of the claim; the cluster's default class when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub storage_class_name: Option<String>,
+    /// Where the volume is mounted, an absolute path such as `/home/dev`.
+    pub mount_path: MountPath,
+}
+
+/// An existing PersistentVolumeClaim mounted into the workspace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataVolume {
+    /// Name of the claim in the workspace's namespace (a DNS-1123 subdomain).
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub claim_name: String,
+    /// Where the claim is mounted, an absolute path such as `/data`.
+    pub mount_path: MountPath,
+    /// Mount the claim read-only.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A secret mounted into the workspace as files, one per key.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretVolume {
+    /// Name of the secret in the workspace's namespace (a DNS-1123 subdomain).
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub secret_name: String,
+    /// Where the secret's files appear, an absolute path such as `/secrets/git`.
+    pub mount_path: MountPath,
+    /// File mode bits of the secret's files, 0 to 511 (0777); e.g. 420 is 0644. Default 420.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 511))]
+    pub default_mode: Option<i32>,
+    /// `true` lets the workspace start while the secret does not exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optional: Option<bool>,
+}
+
+/// An absolute path inside the workspace container, with no `..` segment.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[serde(transparent)]
+pub struct MountPath(pub String);
+
+impl MountPath {
+    /// The path as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for MountPath {
+    fn from(s: &str) -> Self {
+        MountPath(s.to_owned())
+    }
+}
+
+impl JsonSchema for MountPath {
+    fn schema_name() -> Cow<'static, str> {
+        "MountPath".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 1024,
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.startsWith('/')",
+                    "message": "mountPath must be an absolute path (start with '/')"
+                },
+                {
+                    "rule": "!self.matches('(^|/)[.][.](/|$)')",
+                    "message": "mountPath must not contain a '..' segment"
+                }
+            ]
+        })
+    }
+}
+
+/// How a start is bounded and how rejected pods are replaced.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    /// A start that makes no progress for this long fails (`Stalled`, reason `StartTimeout`).
+    /// A Kubernetes duration such as `10m`; the operator's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_timeout: Option<DurationString>,
+    /// How pods rejected by their kubelet are replaced; the operator's defaults when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_recreation: Option<PodRecreationSpec>,
+}
+
+/// Replacement of pods that a kubelet rejected, as written in the spec.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRecreationSpec {
+    /// How many rejected pods are replaced per start before the workspace fails, 0 to 20.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 20))]
+    pub max_recreations: Option<u32>,
+    /// How long after the rejected pod is gone a new one is created, e.g. `15s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<DurationString>,
+}
+
+/// Rejection recovery as the operator applies it: the spec's values over the operator's
+/// defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodRecreationPolicy {
+    /// Replacements allowed per start.
+    pub max: u32,
+    /// Wait between the rejected pod being gone and the new pod's creation.
+    pub delay: Duration,
+}
+
+impl PodRecreationPolicy {
+    /// The policy for a workspace: fields the spec sets win over `defaults`.
+    pub fn resolve(
+        spec: Option<&PodRecreationSpec>,
+        defaults: PodRecreationPolicy,
+    ) -> Result<Self> {
+        let Some(spec) = spec else {
+            return Ok(defaults);
+        };
+        Ok(PodRecreationPolicy {
+            max: spec.max_recreations.unwrap_or(defaults.max),
+            delay: match &spec.delay {
+                Some(delay) => delay.to_duration()?,
+                None => defaults.delay,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEFAULTS: PodRecreationPolicy = PodRecreationPolicy {
+        max: 3,
+        delay: Duration::from_secs(15),
+    };
+
+    #[test]
+    fn recreation_policy_without_spec_is_the_default() {
+        assert_eq!(
+            PodRecreationPolicy::resolve(None, DEFAULTS).unwrap(),
+            DEFAULTS
+        );
+    }
+
+    #[test]
+    fn recreation_policy_takes_each_field_the_spec_sets() {
+        let spec = PodRecreationSpec {
+            max_recreations: Some(1),
+            delay: None,
+        };
+        let policy = PodRecreationPolicy::resolve(Some(&spec), DEFAULTS).unwrap();
+        assert_eq!(policy, PodRecreationPolicy { max: 1, ..DEFAULTS });
+
+        let spec = PodRecreationSpec {
+            max_recreations: None,
+            delay: Some("2s".into()),
+        };
+        let policy = PodRecreationPolicy::resolve(Some(&spec), DEFAULTS).unwrap();
+        assert_eq!(policy.delay, Duration::from_secs(2));
+        assert_eq!(policy.max, 3);
+    }
+
+    #[test]
+    fn recreation_policy_with_a_bad_delay_is_an_error() {
+        let spec = PodRecreationSpec {
+            max_recreations: None,
+            delay: Some("soon".into()),
+        };
+        let err = PodRecreationPolicy::resolve(Some(&spec), DEFAULTS).unwrap_err();
+        assert_eq!(err.reason(), "InvalidDuration");
+    }
+}

@@ -1,0 +1,359 @@
+//! The Workspace CRD as the API server will see it: the committed YAML is what the code
+//! generates, it parses as a CustomResourceDefinition, and it carries every constraint and
+//! CEL rule of the design, which refuse bad specs with messages a person can act on.
+
+use berth_api::crd::{WORKSPACE_CRD_PATH, workspace_crd, workspace_crd_yaml};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde_json::{Value, json};
+
+fn committed_crd_text() -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(WORKSPACE_CRD_PATH);
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {WORKSPACE_CRD_PATH}: {e}"))
+}
+
+/// The openAPIV3Schema of the served version, as JSON.
+fn schema() -> Value {
+    let crd = serde_json::to_value(workspace_crd()).unwrap();
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+}
+
+/// Walks `properties` (and `items` for `[]`) down a dotted path such as
+/// `spec.podTemplate.volumes.secrets[].mountPath`.
+fn at(schema: &Value, path: &str) -> Value {
+    let mut node = schema.clone();
+    for part in path.split('.') {
+        let (name, is_list) = match part.strip_suffix("[]") {
+            Some(name) => (name, true),
+            None => (part, false),
+        };
+        node = node["properties"][name].clone();
+        assert!(
+            !node.is_null(),
+            "schema has no field {path} (stuck at {part})"
+        );
+        if is_list {
+            node = node["items"].clone();
+        }
+    }
+    node
+}
+
+fn rules(node: &Value) -> Vec<(String, String)> {
+    node["x-kubernetes-validations"]
+        .as_array()
+        .map(|rules| {
+            rules
+                .iter()
+                .map(|r| {
+                    (
+                        r["rule"].as_str().unwrap().to_owned(),
+                        r["message"].as_str().unwrap_or("").to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn committed_crd_matches_the_code() {
+    let generated = workspace_crd_yaml().unwrap();
+    assert!(
+        committed_crd_text() == generated,
+        "{WORKSPACE_CRD_PATH} is out of date with the Rust types; regenerate it with:\n    cargo run -- crd > {WORKSPACE_CRD_PATH}"
+    );
+}
+
+#[test]
+fn committed_crd_parses_as_a_custom_resource_definition() {
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(&committed_crd_text()).unwrap();
+    assert_eq!(crd.metadata.name.as_deref(), Some("workspaces.berth.dev"));
+    assert_eq!(crd.spec.group, "berth.dev");
+    assert_eq!(crd.spec.scope, "Namespaced");
+    assert_eq!(crd.spec.names.kind, "Workspace");
+    assert_eq!(crd.spec.names.plural, "workspaces");
+    assert_eq!(crd.spec.names.singular.as_deref(), Some("workspace"));
+    assert_eq!(
+        crd.spec.names.short_names.as_deref(),
+        Some(&["ws".to_owned()][..])
+    );
+    assert_eq!(crd.spec.versions.len(), 1);
+    let version = &crd.spec.versions[0];
+    assert_eq!(version.name, "v1alpha1");
+    assert!(version.served);
+    assert!(version.storage);
+    let subresources = version.subresources.as_ref().expect("subresources");
+    assert!(subresources.status.is_some(), "status subresource");
+    assert!(subresources.scale.is_none());
+}
+
+#[test]
+fn printer_columns_are_phase_ready_recreations_message_age() {
+    let crd = workspace_crd();
+    let columns = crd.spec.versions[0]
+        .additional_printer_columns
+        .clone()
+        .unwrap();
+    let summary: Vec<(String, String, i32)> = columns
+        .iter()
+        .map(|c| (c.name.clone(), c.json_path.clone(), c.priority.unwrap_or(0)))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("Phase".into(), ".status.phase".into(), 0),
+            (
+                "Ready".into(),
+                r#".status.conditions[?(@.type=="Ready")].status"#.into(),
+                0
+            ),
+            ("Recreations".into(), ".status.podRecreations".into(), 0),
+            ("Message".into(), ".status.message".into(), 1),
+            ("Age".into(), ".metadata.creationTimestamp".into(), 0),
+        ]
+    );
+}
+
+#[test]
+fn every_field_has_a_description_for_kubectl_explain() {
+    fn walk(node: &Value, path: &str, missing: &mut Vec<String>) {
+        if let Some(props) = node["properties"].as_object() {
+            for (name, child) in props {
+                let child_path = format!("{path}.{name}");
+                if child["description"].as_str().unwrap_or("").is_empty()
+                    && !path.ends_with("metadata")
+                {
+                    missing.push(child_path.clone());
+                }
+                walk(child, &child_path, missing);
+            }
+        }
+        if node["items"].is_object() {
+            walk(&node["items"], &format!("{path}[]"), missing);
+        }
+    }
+    let mut missing = vec![];
+    let root = schema();
+    walk(&root["properties"]["spec"], "spec", &mut missing);
+    walk(&root["properties"]["status"], "status", &mut missing);
+    assert!(
+        missing.is_empty(),
+        "fields without a description: {missing:?}"
+    );
+}
+
+#[test]
+fn spec_constraints_are_in_the_schema() {
+    let s = schema();
+    assert_eq!(s["properties"]["spec"]["required"], json!(["image"]));
+
+    let image = at(&s, "spec.image");
+    assert_eq!(image["minLength"], json!(1));
+
+    let port = at(&s, "spec.ports[].port");
+    assert_eq!(
+        (port["minimum"].as_f64(), port["maximum"].as_f64()),
+        (Some(1.0), Some(65535.0))
+    );
+    let port_name = at(&s, "spec.ports[].name");
+    assert_eq!(
+        port_name["pattern"],
+        json!(berth_api::workspace::DNS1123_LABEL_PATTERN)
+    );
+    assert_eq!(port_name["maxLength"], json!(63));
+
+    for path in [
+        "spec.podTemplate.volumes.secrets[].secretName",
+        "spec.podTemplate.volumes.data[].claimName",
+        "spec.serviceAccountName",
+    ] {
+        let node = at(&s, path);
+        assert_eq!(
+            node["pattern"],
+            json!(berth_api::workspace::DNS1123_SUBDOMAIN_PATTERN),
+            "{path}"
+        );
+        assert_eq!(node["maxLength"], json!(253), "{path}");
+    }
+
+    let mode = at(&s, "spec.podTemplate.volumes.secrets[].defaultMode");
+    assert_eq!(
+        (mode["minimum"].as_f64(), mode["maximum"].as_f64()),
+        (Some(0.0), Some(511.0))
+    );
+
+    for path in [
+        "spec.lifecycle.startTimeout",
+        "spec.lifecycle.podRecreation.delay",
+    ] {
+        assert_eq!(
+            at(&s, path)["pattern"],
+            json!(berth_api::duration::DURATION_PATTERN),
+            "{path}"
+        );
+    }
+
+    let max = at(&s, "spec.lifecycle.podRecreation.maxRecreations");
+    assert_eq!(
+        (max["minimum"].as_f64(), max["maximum"].as_f64()),
+        (Some(0.0), Some(20.0))
+    );
+
+    for path in [
+        "spec.ports",
+        "spec.podTemplate.volumes.data",
+        "spec.podTemplate.volumes.secrets",
+    ] {
+        assert!(
+            at(&s, path)["maxItems"].as_u64().is_some(),
+            "{path} needs maxItems to bound CEL cost"
+        );
+    }
+}
+
+#[test]
+fn cel_rules_are_in_the_schema_with_messages() {
+    let s = schema();
+    for path in [
+        "spec.podTemplate.volumes.home.mountPath",
+        "spec.podTemplate.volumes.data[].mountPath",
+        "spec.podTemplate.volumes.secrets[].mountPath",
+    ] {
+        let found = rules(&at(&s, path));
+        assert_eq!(
+            found,
+            vec![
+                (
+                    "self.startsWith('/')".to_owned(),
+                    "mountPath must be an absolute path (start with '/')".to_owned()
+                ),
+                (
+                    "!self.matches('(^|/)[.][.](/|$)')".to_owned(),
+                    "mountPath must not contain a '..' segment".to_owned()
+                ),
+            ],
+            "{path}"
+        );
+    }
+    let volume_rules = rules(&at(&s, "spec.podTemplate.volumes"));
+    assert_eq!(volume_rules.len(), 3);
+    assert!(
+        volume_rules
+            .iter()
+            .all(|(_, message)| message.contains("each mountPath must be unique"))
+    );
+
+    let port_rules = rules(&at(&s, "spec.ports"));
+    let messages: Vec<&str> = port_rules.iter().map(|(_, m)| m.as_str()).collect();
+    assert_eq!(
+        messages,
+        [
+            "each port name must be unique",
+            "each port number must be unique"
+        ]
+    );
+}
+
+/// The CEL rules do what their messages say, evaluated by kube-cel as the API server would.
+mod cel_semantics {
+    use super::*;
+
+    fn spec_schema() -> Value {
+        schema()["properties"]["spec"].clone()
+    }
+
+    fn errors(spec: Value) -> Vec<String> {
+        match kube_cel::validate(&spec_schema(), &spec, None) {
+            Ok(()) => vec![],
+            Err(errors) => errors.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    fn with_volumes(volumes: Value) -> Value {
+        json!({"image": "devbox:1", "podTemplate": {"volumes": volumes}})
+    }
+
+    #[test]
+    fn a_good_spec_passes() {
+        let spec = json!({
+            "image": "devbox:1",
+            "ports": [{"name": "http", "port": 8080}, {"name": "ssh", "port": 22}],
+            "podTemplate": {"volumes": {
+                "home": {"size": "10Gi", "mountPath": "/home/dev"},
+                "data": [{"claimName": "shared", "mountPath": "/data"}],
+                "secrets": [{"secretName": "git", "mountPath": "/secrets/git"}, {"secretName": "npm", "mountPath": "/secrets/npm"}]
+            }}
+        });
+        assert_eq!(errors(spec), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_relative_mount_path_is_refused() {
+        let errs = errors(with_volumes(
+            json!({"secrets": [{"secretName": "git", "mountPath": "secrets/git"}]}),
+        ));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].contains("mountPath must be an absolute path"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[0].contains("secrets[0].mountPath"),
+            "names the field: {errs:?}"
+        );
+    }
+
+    #[test]
+    fn a_dot_dot_segment_is_refused_but_dots_in_names_are_not() {
+        let errs = errors(with_volumes(
+            json!({"data": [{"claimName": "x", "mountPath": "/data/../etc"}]}),
+        ));
+        assert!(
+            errs.iter()
+                .any(|e| e.contains("must not contain a '..' segment")),
+            "{errs:?}"
+        );
+        assert!(
+            errors(with_volumes(
+                json!({"data": [{"claimName": "x", "mountPath": "/data/..cache/v1.2"}]})
+            ))
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn duplicate_mount_paths_are_refused_across_home_data_and_secrets() {
+        let cases = [
+            json!({"home": {"size": "1Gi", "mountPath": "/work"}, "data": [{"claimName": "x", "mountPath": "/work"}]}),
+            json!({"home": {"size": "1Gi", "mountPath": "/work"}, "secrets": [{"secretName": "x", "mountPath": "/work"}]}),
+            json!({"data": [{"claimName": "x", "mountPath": "/d"}, {"claimName": "y", "mountPath": "/d"}]}),
+            json!({"data": [{"claimName": "x", "mountPath": "/d"}], "secrets": [{"secretName": "y", "mountPath": "/d"}]}),
+            json!({"secrets": [{"secretName": "x", "mountPath": "/s"}, {"secretName": "y", "mountPath": "/s"}]}),
+        ];
+        for volumes in cases {
+            let errs = errors(with_volumes(volumes.clone()));
+            assert_eq!(errs.len(), 1, "{volumes}: {errs:?}");
+            assert!(
+                errs[0].contains("each mountPath must be unique"),
+                "{errs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn duplicate_port_names_and_numbers_are_refused() {
+        let errs = errors(
+            json!({"image": "x", "ports": [{"name": "http", "port": 80}, {"name": "http", "port": 81}]}),
+        );
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("each port name must be unique"));
+        let errs = errors(
+            json!({"image": "x", "ports": [{"name": "a", "port": 80}, {"name": "b", "port": 80}]}),
+        );
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("each port number must be unique"));
+    }
+}
