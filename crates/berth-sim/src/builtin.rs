@@ -1,0 +1,350 @@
+//! Defaults and validation of built-in types, as the real API server's strategies and
+//! admission plugins apply them (the subset the sim serves).
+
+use std::sync::LazyLock;
+
+use base64::Engine;
+use regex::Regex;
+use serde_json::{Value, json};
+
+use crate::{error::Cause, resources::ResourceType};
+
+static DNS1123_SUBDOMAIN: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$").expect("valid regex"));
+static DNS1123_LABEL: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$").expect("valid regex"));
+static DNS1035_LABEL: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[a-z]([-a-z0-9]*[a-z0-9])?$").expect("valid regex"));
+
+fn invalid(field: &str, value: &str, message: &str) -> Cause {
+    Cause {
+        reason: "FieldValueInvalid".to_owned(),
+        message: format!("Invalid value: \"{value}\": {message}"),
+        field: field.to_owned(),
+    }
+}
+
+fn required(field: &str) -> Cause {
+    Cause { reason: "FieldValueRequired".to_owned(), message: "Required value".to_owned(), field: field.to_owned() }
+}
+
+/// Validates a DNS-1123 subdomain (most object names).
+pub fn check_subdomain(field: &str, value: &str) -> Option<Cause> {
+    if value.len() > 253 {
+        return Some(invalid(field, value, "must be no more than 253 characters"));
+    }
+    (!DNS1123_SUBDOMAIN.is_match(value)).then(|| {
+        invalid(field, value, "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+    })
+}
+
+/// Validates a DNS-1123 label (namespace names, container names).
+pub fn check_label(field: &str, value: &str) -> Option<Cause> {
+    if value.len() > 63 {
+        return Some(invalid(field, value, "must be no more than 63 characters"));
+    }
+    (!DNS1123_LABEL.is_match(value)).then(|| {
+        invalid(field, value, "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+    })
+}
+
+fn check_dns1035(field: &str, value: &str) -> Option<Cause> {
+    if value.len() > 63 {
+        return Some(invalid(field, value, "must be no more than 63 characters"));
+    }
+    (!DNS1035_LABEL.is_match(value)).then(|| {
+        invalid(field, value, "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')")
+    })
+}
+
+/// Validates the object's name for its type.
+pub fn check_name(rt: &ResourceType, name: &str) -> Option<Cause> {
+    let field = "metadata.name";
+    match (rt.group.as_str(), rt.resource.as_str()) {
+        ("", "namespaces") => check_label(field, name),
+        ("", "services") => check_dns1035(field, name),
+        ("rbac.authorization.k8s.io", _) => (name.contains('/') || name.contains('%') || name == "." || name == "..")
+            .then(|| invalid(field, name, "may not contain '/' or '%'")),
+        _ => check_subdomain(field, name),
+    }
+}
+
+fn image_pull_policy(image: &str) -> &'static str {
+    let last = image.rsplit('/').next().unwrap_or(image);
+    if image.contains('@') {
+        "IfNotPresent"
+    } else if !last.contains(':') || last.ends_with(":latest") {
+        "Always"
+    } else {
+        "IfNotPresent"
+    }
+}
+
+fn qos_class(pod: &Value) -> &'static str {
+    let containers = pod["spec"]["containers"].as_array().cloned().unwrap_or_default();
+    let mut any = false;
+    let mut guaranteed = !containers.is_empty();
+    for c in &containers {
+        let requests = &c["resources"]["requests"];
+        let limits = &c["resources"]["limits"];
+        if requests.as_object().is_some_and(|r| !r.is_empty()) || limits.as_object().is_some_and(|l| !l.is_empty()) {
+            any = true;
+        }
+        for resource in ["cpu", "memory"] {
+            let limit = &limits[resource];
+            let request = if requests[resource].is_null() { limit } else { &requests[resource] };
+            if limit.is_null() || request != limit {
+                guaranteed = false;
+            }
+        }
+    }
+    if !any {
+        "BestEffort"
+    } else if guaranteed {
+        "Guaranteed"
+    } else {
+        "Burstable"
+    }
+}
+
+fn default_container(container: &mut Value) {
+    if let Some(image) = container["image"].as_str().map(str::to_owned) {
+        if container["imagePullPolicy"].is_null() {
+            container["imagePullPolicy"] = json!(image_pull_policy(&image));
+        }
+    }
+    if container["terminationMessagePath"].is_null() {
+        container["terminationMessagePath"] = json!("/dev/termination-log");
+    }
+    if container["terminationMessagePolicy"].is_null() {
+        container["terminationMessagePolicy"] = json!("File");
+    }
+    if container["resources"].is_null() {
+        container["resources"] = json!({});
+    }
+    if let Some(ports) = container["ports"].as_array_mut() {
+        for port in ports {
+            if port["protocol"].is_null() {
+                port["protocol"] = json!("TCP");
+            }
+        }
+    }
+}
+
+/// Next free ClusterIP, from a counter the caller keeps.
+pub fn cluster_ip(n: u32) -> String {
+    format!("10.96.{}.{}", (n / 254) % 256, n % 254 + 1)
+}
+
+/// Fills in what the real API server defaults on create. `next_ip` allocates ClusterIPs.
+pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl FnOnce() -> String) {
+    if rt.is_custom || !rt.group.is_empty() && rt.group != "apiextensions.k8s.io" {
+        return;
+    }
+    match rt.resource.as_str() {
+        "namespaces" => {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            object["metadata"]["labels"]["kubernetes.io/metadata.name"] = json!(name);
+            object["spec"]["finalizers"] = json!(["kubernetes"]);
+            object["status"] = json!({"phase": "Active"});
+        }
+        "pods" => {
+            let spec = &mut object["spec"];
+            for (key, value) in [
+                ("restartPolicy", json!("Always")),
+                ("terminationGracePeriodSeconds", json!(30)),
+                ("dnsPolicy", json!("ClusterFirst")),
+                ("schedulerName", json!("default-scheduler")),
+                ("securityContext", json!({})),
+                ("enableServiceLinks", json!(true)),
+                ("priority", json!(0)),
+                ("preemptionPolicy", json!("PreemptLowerPriority")),
+            ] {
+                if spec[key].is_null() {
+                    spec[key] = value;
+                }
+            }
+            if spec["serviceAccountName"].is_null() {
+                spec["serviceAccountName"] = json!("default");
+            }
+            spec["serviceAccount"] = spec["serviceAccountName"].clone();
+            for list in ["containers", "initContainers"] {
+                if let Some(containers) = spec[list].as_array_mut() {
+                    containers.iter_mut().for_each(default_container);
+                }
+            }
+            if let Some(volumes) = spec["volumes"].as_array_mut() {
+                for volume in volumes {
+                    if volume["secret"].is_object() && volume["secret"]["defaultMode"].is_null() {
+                        volume["secret"]["defaultMode"] = json!(420);
+                    }
+                    if volume["configMap"].is_object() && volume["configMap"]["defaultMode"].is_null() {
+                        volume["configMap"]["defaultMode"] = json!(420);
+                    }
+                }
+            }
+            // The DefaultTolerationSeconds admission plugin.
+            let mut tolerations = spec["tolerations"].as_array().cloned().unwrap_or_default();
+            for key in ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"] {
+                if !tolerations.iter().any(|t| t["key"] == key) {
+                    tolerations.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
+                }
+            }
+            spec["tolerations"] = Value::Array(tolerations);
+            let qos = qos_class(object);
+            object["status"] = json!({"phase": "Pending", "qosClass": qos});
+        }
+        "services" => {
+            let spec = &mut object["spec"];
+            if spec["type"].is_null() {
+                spec["type"] = json!("ClusterIP");
+            }
+            if spec["sessionAffinity"].is_null() {
+                spec["sessionAffinity"] = json!("None");
+            }
+            if spec["clusterIP"].is_null() || spec["clusterIP"] == "" {
+                let ip = next_ip();
+                spec["clusterIP"] = json!(ip);
+                spec["clusterIPs"] = json!([ip]);
+            }
+            spec["ipFamilies"] = json!(["IPv4"]);
+            spec["ipFamilyPolicy"] = json!("SingleStack");
+            spec["internalTrafficPolicy"] = json!("Cluster");
+            if let Some(ports) = spec["ports"].as_array_mut() {
+                for port in ports {
+                    if port["protocol"].is_null() {
+                        port["protocol"] = json!("TCP");
+                    }
+                    if port["targetPort"].is_null() {
+                        port["targetPort"] = port["port"].clone();
+                    }
+                }
+            }
+            object["status"] = json!({"loadBalancer": {}});
+        }
+        "secrets" => {
+            if object["type"].is_null() {
+                object["type"] = json!("Opaque");
+            }
+            fold_string_data(object);
+        }
+        "persistentvolumeclaims" => {
+            if object["spec"]["volumeMode"].is_null() {
+                object["spec"]["volumeMode"] = json!("Filesystem");
+            }
+            object["status"] = json!({"phase": "Pending"});
+        }
+        _ => {}
+    }
+}
+
+/// Secrets' `stringData` is write-only: it is merged into `data`, base64-encoded.
+pub fn fold_string_data(secret: &mut Value) {
+    if let Some(Value::Object(string_data)) = secret.as_object_mut().and_then(|m| m.remove("stringData")) {
+        for (key, value) in string_data {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(value.as_str().unwrap_or_default());
+            secret["data"][key] = json!(encoded);
+        }
+    }
+}
+
+/// Validation of built-in types on create and update.
+pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
+    let mut causes = vec![];
+    if rt.is_custom || !rt.group.is_empty() {
+        return causes;
+    }
+    if rt.resource == "pods" {
+        let containers = object["spec"]["containers"].as_array();
+        if containers.is_none_or(|c| c.is_empty()) {
+            causes.push(required("spec.containers"));
+        }
+        let volume_names: Vec<&str> = object["spec"]["volumes"]
+            .as_array()
+            .map(|v| v.iter().filter_map(|v| v["name"].as_str()).collect())
+            .unwrap_or_default();
+        for (i, name) in volume_names.iter().enumerate() {
+            if volume_names[..i].contains(name) {
+                causes.push(Cause {
+                    reason: "FieldValueDuplicate".to_owned(),
+                    message: format!("Duplicate value: \"{name}\""),
+                    field: format!("spec.volumes[{i}].name"),
+                });
+            }
+        }
+        for list in ["initContainers", "containers"] {
+            let Some(containers) = object["spec"][list].as_array() else { continue };
+            let mut seen: Vec<&str> = vec![];
+            for (i, c) in containers.iter().enumerate() {
+                let base = format!("spec.{list}[{i}]");
+                match c["name"].as_str() {
+                    None | Some("") => causes.push(required(&format!("{base}.name"))),
+                    Some(name) => {
+                        if let Some(cause) = check_label(&format!("{base}.name"), name) {
+                            causes.push(cause);
+                        }
+                        if seen.contains(&name) {
+                            causes.push(Cause {
+                                reason: "FieldValueDuplicate".to_owned(),
+                                message: format!("Duplicate value: \"{name}\""),
+                                field: format!("{base}.name"),
+                            });
+                        }
+                        seen.push(name);
+                    }
+                }
+                if c["image"].as_str().is_none_or(|i| i.trim().is_empty()) {
+                    causes.push(required(&format!("{base}.image")));
+                }
+                if let Some(mounts) = c["volumeMounts"].as_array() {
+                    for (j, m) in mounts.iter().enumerate() {
+                        let name = m["name"].as_str().unwrap_or_default();
+                        if !volume_names.contains(&name) {
+                            causes.push(Cause {
+                                reason: "FieldValueNotFound".to_owned(),
+                                message: format!("Not found: \"{name}\""),
+                                field: format!("{base}.volumeMounts[{j}].name"),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if rt.resource == "services" {
+        if let Some(ports) = object["spec"]["ports"].as_array() {
+            for (i, port) in ports.iter().enumerate() {
+                let number = port["port"].as_i64().unwrap_or(0);
+                if !(1..=65535).contains(&number) {
+                    causes.push(invalid(&format!("spec.ports[{i}].port"), &number.to_string(), "must be between 1 and 65535, inclusive"));
+                }
+            }
+        }
+    }
+    causes
+}
+
+/// Fields of a pod spec that an update may change; everything else is immutable.
+pub fn pod_spec_update_forbidden(old: &Value, new: &Value) -> Option<Cause> {
+    let strip = |pod: &Value| {
+        let mut spec = pod["spec"].clone();
+        for list in ["containers", "initContainers"] {
+            if let Some(containers) = spec[list].as_array_mut() {
+                for c in containers {
+                    if let Some(m) = c.as_object_mut() {
+                        m.remove("image");
+                    }
+                }
+            }
+        }
+        if let Some(m) = spec.as_object_mut() {
+            m.remove("activeDeadlineSeconds");
+            m.remove("tolerations");
+            m.remove("terminationGracePeriodSeconds");
+        }
+        spec
+    };
+    (strip(old) != strip(new)).then(|| Cause {
+        reason: "FieldValueForbidden".to_owned(),
+        message: "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)".to_owned(),
+        field: "spec".to_owned(),
+    })
+}

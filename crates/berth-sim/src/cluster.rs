@@ -1,0 +1,212 @@
+//! `SimCluster`: starts the simulated API server on a loopback port over TLS and hands out
+//! clients and kubeconfigs for it. Dropping it (or `shutdown`) stops everything.
+
+use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
+
+use base64::Engine;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+    service::TowerToHyperService,
+};
+use kube::config::{AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
+use tokio::{net::TcpListener, task::JoinSet};
+
+use crate::{
+    auth::{Identity, TokenInfo},
+    requests::RequestCount,
+    sim::{Sim, SimConfig},
+    tls::{Authority, TlsError},
+};
+
+/// Why the cluster could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on 127.0.0.1: {0}")]
+    Listen(#[from] std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// Why a client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error("client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// A running simulated cluster.
+pub struct SimCluster {
+    sim: Arc<Sim>,
+    address: SocketAddr,
+    token: String,
+    tasks: JoinSet<()>,
+}
+
+impl SimCluster {
+    /// Starts a cluster on a free loopback port (or `config.port`).
+    pub async fn start(config: SimConfig) -> Result<Self, StartError> {
+        let authority = Authority::generate()?;
+        let tls = authority.server_config(&["127.0.0.1", "localhost", "kubernetes.default.svc"])?;
+        let listener = TcpListener::bind(("127.0.0.1", config.port)).await?;
+        let address = listener.local_addr()?;
+
+        let (terminations_tx, terminations_rx) = tokio::sync::mpsc::unbounded_channel();
+        let sim = Arc::new(Sim::new(config, terminations_tx));
+        let _ = sim.address.set(address.to_string());
+        let _ = sim.ca_pem.set(authority.ca_pem().to_owned());
+
+        let mut tasks = JoinSet::new();
+        // The controllers subscribe before anything is written, so they see every object.
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let controllers_sim = sim.clone();
+        tasks.spawn(async move {
+            let run = crate::gc::run(controllers_sim, terminations_rx);
+            let _ = ready_tx.send(());
+            run.await;
+        });
+        let _ = ready_rx.await;
+        tokio::task::yield_now().await;
+        sim.bootstrap();
+
+        let mut token_bytes = [0u8; 24];
+        rand::RngCore::fill_bytes(&mut rand::rng(), &mut token_bytes);
+        let token = format!("admin.{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token_bytes));
+        sim.tokens.insert(&token, TokenInfo { identity: Identity::superuser(), audiences: vec![], expires: None });
+
+        let router = axum::Router::new().fallback(crate::server::handle).with_state(sim.clone());
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        tasks.spawn(async move {
+            let mut connections = JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let acceptor = acceptor.clone();
+                let service = TowerToHyperService::new(router.clone());
+                connections.spawn(async move {
+                    let Ok(tls_stream) = acceptor.accept(stream).await else { return };
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection_with_upgrades(TokioIo::new(tls_stream), service)
+                        .await;
+                });
+                while connections.try_join_next().is_some() {}
+            }
+        });
+        Ok(SimCluster { sim, address, token, tasks })
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.address)
+    }
+
+    /// The CA certificate (PEM) clients must trust.
+    pub fn ca_pem(&self) -> &str {
+        self.sim.ca_pem.get().map(String::as_str).unwrap_or_default()
+    }
+
+    /// The superuser's bearer token.
+    pub fn admin_token(&self) -> &str {
+        &self.token
+    }
+
+    /// A kubeconfig for the superuser (context `berth-sim`).
+    pub fn kubeconfig(&self) -> Kubeconfig {
+        self.kubeconfig_with_token("admin", &self.token)
+    }
+
+    /// A kubeconfig that authenticates with `token` (e.g. a service account's).
+    pub fn kubeconfig_with_token(&self, user: &str, token: &str) -> Kubeconfig {
+        let ca = base64::engine::general_purpose::STANDARD.encode(self.ca_pem());
+        Kubeconfig {
+            clusters: vec![NamedCluster {
+                name: "berth-sim".into(),
+                cluster: Some(Cluster { server: Some(self.url()), certificate_authority_data: Some(ca), ..Default::default() }),
+                other: Default::default(),
+            }],
+            auth_infos: vec![NamedAuthInfo { name: user.into(), auth_info: Some(AuthInfo { token: Some(token.to_owned().into()), ..Default::default() }), other: Default::default() }],
+            contexts: vec![NamedContext {
+                name: "berth-sim".into(),
+                context: Some(Context { cluster: "berth-sim".into(), user: Some(user.into()), namespace: Some("default".into()), ..Default::default() }),
+                other: Default::default(),
+            }],
+            current_context: Some("berth-sim".into()),
+            ..Default::default()
+        }
+    }
+
+    /// Writes the superuser kubeconfig as YAML.
+    pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
+        let yaml = serde_saphyr::to_string(&self.kubeconfig()).map_err(std::io::Error::other)?;
+        std::fs::write(path, yaml)
+    }
+
+    /// A superuser client.
+    pub async fn client(&self) -> Result<kube::Client, ClientError> {
+        Self::client_for(self.kubeconfig()).await
+    }
+
+    /// A client authenticating with `token`.
+    pub async fn client_with_token(&self, token: &str) -> Result<kube::Client, ClientError> {
+        Self::client_for(self.kubeconfig_with_token("token-user", token)).await
+    }
+
+    async fn client_for(kubeconfig: Kubeconfig) -> Result<kube::Client, ClientError> {
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Issues a service-account token with any lifetime (TokenRequest insists on 10 minutes).
+    pub fn issue_token(&self, namespace: &str, service_account: &str, audiences: &[&str], ttl: Duration) -> Result<String, crate::error::ApiError> {
+        self.sim
+            .issue_token(namespace, service_account, audiences.iter().map(|s| s.to_string()).collect(), ttl)
+            .map(|(token, _)| token)
+    }
+
+    /// The request log.
+    pub fn requests(&self) -> Vec<RequestCount> {
+        self.sim.requests.snapshot()
+    }
+
+    /// Sum of logged requests matching `filter`.
+    pub fn count_requests(&self, filter: impl Fn(&crate::requests::RequestKey) -> bool) -> u64 {
+        self.sim.requests.count(filter)
+    }
+
+    /// Clears the request log.
+    pub fn reset_requests(&self) {
+        self.sim.requests.reset();
+    }
+
+    /// Ends every open watch stream now.
+    pub fn close_watches(&self) {
+        self.sim.watch_closer.send_modify(|n| *n += 1);
+    }
+
+    /// The next watch that resumes from a revision gets `410 Gone`, and so must relist.
+    pub fn expire_next_watch(&self) {
+        self.sim.expire_next_watch.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Drops the change history: every watch resuming from an earlier revision gets `410 Gone`.
+    pub fn compact(&self) {
+        self.sim.store.compact();
+    }
+
+    /// The current global revision.
+    pub fn revision(&self) -> u64 {
+        self.sim.store.revision()
+    }
+
+    /// Stops the server and the controllers.
+    pub fn shutdown(mut self) {
+        self.tasks.abort_all();
+    }
+}
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        self.tasks.abort_all();
+    }
+}

@@ -1,0 +1,251 @@
+//! Errors of the simulated API server, each rendered as the `Status` object the real API
+//! server returns: same `code`, `reason`, message wording and `details`.
+
+use axum::{
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde_json::{Value, json};
+
+/// One field-level cause of an `Invalid` error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cause {
+    /// e.g. `FieldValueInvalid`, `FieldValueRequired`.
+    pub reason: String,
+    /// The human message, e.g. `Invalid value: "x": must be ...`.
+    pub message: String,
+    /// The field path, e.g. `spec.image`.
+    pub field: String,
+}
+
+/// An API error. `kind` and `name` feed the message and `details`, as the real server does.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    BadRequest { message: String },
+    #[error("Unauthorized")]
+    Unauthorized,
+    #[error("{message}")]
+    Forbidden { message: String, kind: String, name: Option<String>, group: String },
+    #[error("{message}")]
+    NotFound { message: String, kind: String, name: Option<String>, group: String },
+    #[error("{message}")]
+    AlreadyExists { message: String, kind: String, name: String, group: String },
+    #[error("{message}")]
+    Conflict { message: String, kind: String, name: String, group: String, causes: Vec<Cause> },
+    #[error("{message}")]
+    Gone { message: String },
+    #[error("{message}")]
+    Invalid { message: String, kind: String, name: String, group: String, causes: Vec<Cause> },
+    #[error("{message}")]
+    MethodNotAllowed { message: String },
+    #[error("{message}")]
+    UnsupportedMediaType { message: String },
+    #[error("{message}")]
+    NotAcceptable { message: String },
+    #[error("{message}")]
+    TooManyRequests { message: String, retry_after_seconds: u64 },
+    #[error("{message}")]
+    Internal { message: String },
+    #[error("{message}")]
+    ServiceUnavailable { message: String },
+    #[error("{message}")]
+    Timeout { message: String },
+}
+
+/// `Result` with [`ApiError`].
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// `pods "x"` or just `pods` — how the API names an object in messages.
+pub fn qualified(resource: &str, group: &str) -> String {
+    if group.is_empty() { resource.to_owned() } else { format!("{resource}.{group}") }
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::BadRequest { message: message.into() }
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError::Internal { message: message.into() }
+    }
+
+    /// `pods "x" not found`.
+    pub fn not_found(resource: &str, group: &str, name: &str) -> Self {
+        ApiError::NotFound {
+            message: format!("{} \"{name}\" not found", qualified(resource, group)),
+            kind: resource.to_owned(),
+            name: Some(name.to_owned()),
+            group: group.to_owned(),
+        }
+    }
+
+    /// 404 for a path that serves nothing.
+    pub fn no_such_path() -> Self {
+        ApiError::NotFound {
+            message: "the server could not find the requested resource".to_owned(),
+            kind: String::new(),
+            name: None,
+            group: String::new(),
+        }
+    }
+
+    /// `pods "x" already exists`.
+    pub fn already_exists(resource: &str, group: &str, name: &str) -> Self {
+        ApiError::AlreadyExists {
+            message: format!("{} \"{name}\" already exists", qualified(resource, group)),
+            kind: resource.to_owned(),
+            name: name.to_owned(),
+            group: group.to_owned(),
+        }
+    }
+
+    /// The optimistic-concurrency conflict.
+    pub fn conflict_modified(resource: &str, group: &str, name: &str) -> Self {
+        ApiError::Conflict {
+            message: format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+                qualified(resource, group)
+            ),
+            kind: resource.to_owned(),
+            name: name.to_owned(),
+            group: group.to_owned(),
+            causes: vec![],
+        }
+    }
+
+    /// A conflict with a custom sentence after the object name.
+    pub fn conflict(resource: &str, group: &str, name: &str, reason: &str, causes: Vec<Cause>) -> Self {
+        ApiError::Conflict {
+            message: format!("Operation cannot be fulfilled on {} \"{name}\": {reason}", qualified(resource, group)),
+            kind: resource.to_owned(),
+            name: name.to_owned(),
+            group: group.to_owned(),
+            causes,
+        }
+    }
+
+    /// `Workspace.berth.dev "x" is invalid: <cause>, <cause>`.
+    pub fn invalid(kind: &str, group: &str, name: &str, causes: Vec<Cause>) -> Self {
+        let qualified_kind = qualified(kind, group);
+        let list: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
+        let joined = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
+        ApiError::Invalid {
+            message: format!("{qualified_kind} \"{name}\" is invalid: {joined}"),
+            kind: kind.to_owned(),
+            name: name.to_owned(),
+            group: group.to_owned(),
+            causes,
+        }
+    }
+
+    pub fn code(&self) -> u16 {
+        match self {
+            ApiError::BadRequest { .. } => 400,
+            ApiError::Unauthorized => 401,
+            ApiError::Forbidden { .. } => 403,
+            ApiError::NotFound { .. } => 404,
+            ApiError::MethodNotAllowed { .. } => 405,
+            ApiError::NotAcceptable { .. } => 406,
+            ApiError::AlreadyExists { .. } | ApiError::Conflict { .. } => 409,
+            ApiError::Gone { .. } => 410,
+            ApiError::UnsupportedMediaType { .. } => 415,
+            ApiError::Invalid { .. } => 422,
+            ApiError::TooManyRequests { .. } => 429,
+            ApiError::Internal { .. } => 500,
+            ApiError::ServiceUnavailable { .. } => 503,
+            ApiError::Timeout { .. } => 504,
+        }
+    }
+
+    /// The `reason` field of the Status.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } => "BadRequest",
+            ApiError::Unauthorized => "Unauthorized",
+            ApiError::Forbidden { .. } => "Forbidden",
+            ApiError::NotFound { .. } => "NotFound",
+            ApiError::MethodNotAllowed { .. } => "MethodNotAllowed",
+            ApiError::NotAcceptable { .. } => "NotAcceptable",
+            ApiError::AlreadyExists { .. } => "AlreadyExists",
+            ApiError::Conflict { .. } => "Conflict",
+            ApiError::Gone { .. } => "Expired",
+            ApiError::UnsupportedMediaType { .. } => "UnsupportedMediaType",
+            ApiError::Invalid { .. } => "Invalid",
+            ApiError::TooManyRequests { .. } => "TooManyRequests",
+            ApiError::Internal { .. } => "InternalError",
+            ApiError::ServiceUnavailable { .. } => "ServiceUnavailable",
+            ApiError::Timeout { .. } => "Timeout",
+        }
+    }
+
+    /// The error as a `Status` object.
+    pub fn status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.to_string(),
+            "reason": self.reason(),
+            "code": self.code(),
+        });
+        let details = match self {
+            ApiError::NotFound { kind, name, group, .. } | ApiError::Forbidden { kind, name, group, .. } => {
+                if kind.is_empty() {
+                    None
+                } else {
+                    let mut d = json!({"kind": kind});
+                    if let Some(name) = name {
+                        d["name"] = json!(name);
+                    }
+                    if !group.is_empty() {
+                        d["group"] = json!(group);
+                    }
+                    Some(d)
+                }
+            }
+            ApiError::AlreadyExists { kind, name, group, .. } => {
+                let mut d = json!({"name": name, "kind": kind});
+                if !group.is_empty() {
+                    d["group"] = json!(group);
+                }
+                Some(d)
+            }
+            ApiError::Conflict { kind, name, group, causes, .. } | ApiError::Invalid { kind, name, group, causes, .. } => {
+                let mut d = json!({"name": name, "kind": kind});
+                if !group.is_empty() {
+                    d["group"] = json!(group);
+                }
+                if !causes.is_empty() {
+                    d["causes"] = causes
+                        .iter()
+                        .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                        .collect();
+                }
+                Some(d)
+            }
+            ApiError::TooManyRequests { retry_after_seconds, .. } => {
+                Some(json!({"retryAfterSeconds": retry_after_seconds}))
+            }
+            _ => None,
+        };
+        if let Some(details) = details {
+            status["details"] = details;
+        }
+        status
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = StatusCode::from_u16(self.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (code, axum::Json(self.status())).into_response();
+        if let ApiError::TooManyRequests { retry_after_seconds, .. } = &self {
+            if let Ok(value) = HeaderValue::from_str(&retry_after_seconds.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+        }
+        response
+    }
+}

@@ -1,0 +1,493 @@
+//! Structural-schema handling of custom resources, as the API server does it: pruning of
+//! unknown fields, defaulting, OpenAPI v3 validation, and CEL `x-kubernetes-validations`
+//! evaluated with `kube-cel`.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use crate::error::Cause;
+
+/// The schema of one served version of a CRD, with its CEL rules compiled once.
+pub struct CrdSchema {
+    pub root: Value,
+    compiled: kube_cel::CompiledSchema,
+}
+
+impl std::fmt::Debug for CrdSchema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CrdSchema").finish_non_exhaustive()
+    }
+}
+
+impl CrdSchema {
+    pub fn new(root: Value) -> Self {
+        let compiled = kube_cel::compile_schema(&root);
+        CrdSchema { root, compiled }
+    }
+
+    /// Removes fields the schema does not declare; returns their paths (for strict field
+    /// validation and warnings).
+    pub fn prune(&self, object: &mut Value) -> Vec<String> {
+        let mut unknown = vec![];
+        if let Value::Object(map) = object {
+            let props = self.root["properties"].as_object();
+            let keys: Vec<String> = map.keys().cloned().collect();
+            for key in keys {
+                if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
+                    continue;
+                }
+                match props.and_then(|p| p.get(&key)) {
+                    Some(child_schema) => {
+                        if let Some(child) = map.get_mut(&key) {
+                            prune_value(child_schema, child, &key, &mut unknown);
+                        }
+                    }
+                    None if preserves_unknown(&self.root) => {}
+                    None => {
+                        map.remove(&key);
+                        unknown.push(key);
+                    }
+                }
+            }
+        }
+        unknown
+    }
+
+    /// Sets schema defaults on absent fields.
+    pub fn apply_defaults(&self, object: &mut Value) {
+        default_value(&self.root, object);
+    }
+
+    /// Validates the object against the schema and its CEL rules; `old` enables transition
+    /// rules on update.
+    pub fn validate(&self, object: &Value, old: Option<&Value>) -> Vec<Cause> {
+        let mut causes = vec![];
+        if let Value::Object(map) = object {
+            if let Some(props) = self.root["properties"].as_object() {
+                for (key, child_schema) in props {
+                    if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
+                        continue;
+                    }
+                    match map.get(key) {
+                        Some(child) => validate_value(child_schema, child, key, &mut causes),
+                        None if required(&self.root).contains(key) => causes.push(required_cause(key)),
+                        None => {}
+                    }
+                }
+            }
+        }
+        if causes.is_empty() {
+            // CEL runs on structurally valid objects only, as in the API server.
+            if let Err(errors) = kube_cel::validate_compiled(&self.compiled, object, old) {
+                for error in errors.iter() {
+                    let field = error.field_path.clone();
+                    let value_type = type_name_at(object, &field);
+                    causes.push(Cause {
+                        reason: "FieldValueInvalid".to_owned(),
+                        message: format!("Invalid value: \"{value_type}\": {}", error.message),
+                        field,
+                    });
+                }
+            }
+        }
+        causes
+    }
+}
+
+fn preserves_unknown(schema: &Value) -> bool {
+    schema["x-kubernetes-preserve-unknown-fields"].as_bool() == Some(true)
+}
+
+fn required(schema: &Value) -> Vec<String> {
+    schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
+}
+
+fn required_cause(path: &str) -> Cause {
+    Cause { reason: "FieldValueRequired".to_owned(), message: "Required value".to_owned(), field: path.to_owned() }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") }
+}
+
+fn prune_value(schema: &Value, value: &mut Value, path: &str, unknown: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            if let Some(props) = schema["properties"].as_object() {
+                let keys: Vec<String> = map.keys().cloned().collect();
+                for key in keys {
+                    match props.get(&key) {
+                        Some(child_schema) => {
+                            if let Some(child) = map.get_mut(&key) {
+                                prune_value(child_schema, child, &join(path, &key), unknown);
+                            }
+                        }
+                        None if preserves_unknown(schema) => {}
+                        None => {
+                            map.remove(&key);
+                            unknown.push(join(path, &key));
+                        }
+                    }
+                }
+            } else if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+                for (key, child) in map.iter_mut() {
+                    prune_value(additional, child, &join(path, key), unknown);
+                }
+            } else if !preserves_unknown(schema) && schema["type"] == "object" {
+                let keys: Vec<String> = map.keys().cloned().collect();
+                if schema.get("additionalProperties") != Some(&Value::Bool(true)) {
+                    for key in keys {
+                        map.remove(&key);
+                        unknown.push(join(path, &key));
+                    }
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter_mut().enumerate() {
+                    prune_value(item_schema, item, &format!("{path}[{i}]"), unknown);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn default_value(schema: &Value, value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            if let Some(props) = schema["properties"].as_object() {
+                for (key, child_schema) in props {
+                    if !map.contains_key(key) {
+                        if let Some(default) = child_schema.get("default") {
+                            map.insert(key.clone(), default.clone());
+                        }
+                    }
+                    if let Some(child) = map.get_mut(key) {
+                        default_value(child_schema, child);
+                    }
+                }
+            } else if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+                for child in map.values_mut() {
+                    default_value(additional, child);
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item_schema) = schema.get("items") {
+                for item in items {
+                    default_value(item_schema, item);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The JSON type name the API server prints in messages (`"string"`, `"object"`, ...).
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn type_name_at(object: &Value, path: &str) -> &'static str {
+    let mut node = object;
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        let (name, indexes) = match part.find('[') {
+            Some(i) => (&part[..i], &part[i..]),
+            None => (part, ""),
+        };
+        node = &node[name];
+        for index in indexes.split(['[', ']']).filter(|s| !s.is_empty()) {
+            node = match index.parse::<usize>() {
+                Ok(i) => &node[i],
+                Err(_) => &node[index.trim_matches('"')],
+            };
+        }
+    }
+    json_type(node)
+}
+
+fn quote(value: &Value) -> String {
+    match value {
+        Value::String(s) => format!("\"{s}\""),
+        other => other.to_string(),
+    }
+}
+
+/// Whether `s` matches `pattern`; compiled patterns are cached because every write of a custom
+/// resource checks the same few. An invalid pattern matches nothing.
+fn pattern_matches(pattern: &str, s: &str) -> bool {
+    static CACHE: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, Option<regex::Regex>>>> =
+        std::sync::LazyLock::new(Default::default);
+    let mut cache = CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let re = cache.entry(pattern.to_owned()).or_insert_with(|| regex::Regex::new(pattern).ok());
+    re.as_ref().is_some_and(|re| re.is_match(s))
+}
+
+fn number(schema: &Value, key: &str) -> Option<f64> {
+    schema.get(key).and_then(Value::as_f64)
+}
+
+fn fmt_number(n: f64) -> String {
+    if n.fract() == 0.0 { format!("{}", n as i64) } else { n.to_string() }
+}
+
+fn invalid(path: &str, value: &Value, message: String) -> Cause {
+    Cause {
+        reason: "FieldValueInvalid".to_owned(),
+        message: format!("Invalid value: {}: {message}", quote(value)),
+        field: path.to_owned(),
+    }
+}
+
+fn validate_value(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Cause>) {
+    if value.is_null() {
+        if schema["nullable"].as_bool() == Some(true) || schema.get("type").is_none() {
+            return;
+        }
+        let expected = schema["type"].as_str().unwrap_or("object");
+        causes.push(invalid(path, &Value::String("null".into()), format!("{path} in body must be of type {expected}: \"null\"")));
+        return;
+    }
+    let int_or_string = schema["x-kubernetes-int-or-string"].as_bool() == Some(true);
+    if int_or_string {
+        if !(value.is_string() || value.is_i64() || value.is_u64()) {
+            causes.push(invalid(path, &Value::String(json_type(value).into()), format!("{path} in body must be of type int-or-string: \"{}\"", json_type(value))));
+            return;
+        }
+    } else if let Some(expected) = schema["type"].as_str() {
+        let actual = json_type(value);
+        let ok = actual == expected || (expected == "number" && actual == "integer");
+        if !ok {
+            causes.push(invalid(path, &Value::String(actual.into()), format!("{path} in body must be of type {expected}: \"{actual}\"")));
+            return;
+        }
+    }
+    if let Some(options) = schema["enum"].as_array() {
+        if !options.contains(value) {
+            let supported: Vec<String> = options.iter().map(quote).collect();
+            causes.push(Cause {
+                reason: "FieldValueNotSupported".to_owned(),
+                message: format!("Unsupported value: {}: supported values: {}", quote(value), supported.join(", ")),
+                field: path.to_owned(),
+            });
+        }
+    }
+    match value {
+        Value::String(s) => {
+            let length = s.chars().count() as u64;
+            if let Some(min) = schema["minLength"].as_u64() {
+                if length < min {
+                    causes.push(invalid(path, value, format!("{path} in body should be at least {min} chars long")));
+                }
+            }
+            if let Some(max) = schema["maxLength"].as_u64() {
+                if length > max {
+                    causes.push(Cause {
+                        reason: "FieldValueTooLong".to_owned(),
+                        message: format!("Too long: may not be more than {max} bytes"),
+                        field: path.to_owned(),
+                    });
+                }
+            }
+            if let Some(pattern) = schema["pattern"].as_str() {
+                if !pattern_matches(pattern, s) {
+                    causes.push(invalid(path, value, format!("{path} in body should match '{pattern}'")));
+                }
+            }
+        }
+        Value::Number(n) => {
+            let v = n.as_f64().unwrap_or_default();
+            let exclusive_min = schema["exclusiveMinimum"].as_bool() == Some(true);
+            let exclusive_max = schema["exclusiveMaximum"].as_bool() == Some(true);
+            if let Some(min) = number(schema, "minimum") {
+                if (exclusive_min && v <= min) || (!exclusive_min && v < min) {
+                    let relation = if exclusive_min { "greater than" } else { "greater than or equal to" };
+                    causes.push(invalid(path, value, format!("{path} in body should be {relation} {}", fmt_number(min))));
+                }
+            }
+            if let Some(max) = number(schema, "maximum") {
+                if (exclusive_max && v >= max) || (!exclusive_max && v > max) {
+                    let relation = if exclusive_max { "less than" } else { "less than or equal to" };
+                    causes.push(invalid(path, value, format!("{path} in body should be {relation} {}", fmt_number(max))));
+                }
+            }
+        }
+        Value::Array(items) => {
+            if let Some(max) = schema["maxItems"].as_u64() {
+                if items.len() as u64 > max {
+                    causes.push(Cause {
+                        reason: "FieldValueTooMany".to_owned(),
+                        message: format!("Too many: {}: must have at most {max} items", items.len()),
+                        field: path.to_owned(),
+                    });
+                }
+            }
+            if let Some(min) = schema["minItems"].as_u64() {
+                if (items.len() as u64) < min {
+                    causes.push(invalid(path, &Value::String("array".into()), format!("{path} in body should have at least {min} items")));
+                }
+            }
+            if let Some(item_schema) = schema.get("items") {
+                for (i, item) in items.iter().enumerate() {
+                    validate_value(item_schema, item, &format!("{path}[{i}]"), causes);
+                }
+            }
+            if schema["x-kubernetes-list-type"] == "set" {
+                for (i, item) in items.iter().enumerate() {
+                    if items[..i].contains(item) {
+                        causes.push(Cause {
+                            reason: "FieldValueDuplicate".to_owned(),
+                            message: format!("Duplicate value: {}", quote(item)),
+                            field: format!("{path}[{i}]"),
+                        });
+                    }
+                }
+            }
+            if schema["x-kubernetes-list-type"] == "map" {
+                let keys: Vec<String> = schema["x-kubernetes-list-map-keys"]
+                    .as_array()
+                    .map(|k| k.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                    .unwrap_or_default();
+                let key_of = |item: &Value| -> BTreeMap<String, Value> {
+                    keys.iter().map(|k| (k.clone(), item[k.as_str()].clone())).collect()
+                };
+                for (i, item) in items.iter().enumerate() {
+                    if items[..i].iter().any(|earlier| key_of(earlier) == key_of(item)) {
+                        let shown: Map<String, Value> = key_of(item).into_iter().collect();
+                        causes.push(Cause {
+                            reason: "FieldValueDuplicate".to_owned(),
+                            message: format!("Duplicate value: {}", Value::Object(shown)),
+                            field: format!("{path}[{i}]"),
+                        });
+                    }
+                }
+            }
+        }
+        Value::Object(map) => {
+            if let Some(props) = schema["properties"].as_object() {
+                for (key, child_schema) in props {
+                    match map.get(key) {
+                        Some(child) => validate_value(child_schema, child, &join(path, key), causes),
+                        None if required(schema).contains(key) => causes.push(required_cause(&join(path, key))),
+                        None => {}
+                    }
+                }
+            } else if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+                for (key, child) in map {
+                    validate_value(additional, child, &format!("{path}[{key}]"), causes);
+                }
+            }
+            if let Some(max) = schema["maxProperties"].as_u64() {
+                if map.len() as u64 > max {
+                    causes.push(Cause {
+                        reason: "FieldValueTooMany".to_owned(),
+                        message: format!("Too many: {}: must have at most {max} items", map.len()),
+                        field: path.to_owned(),
+                    });
+                }
+            }
+        }
+        Value::Bool(_) | Value::Null => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> CrdSchema {
+        CrdSchema::new(json!({
+            "type": "object",
+            "properties": {
+                "spec": {
+                    "type": "object",
+                    "required": ["image"],
+                    "properties": {
+                        "image": {"type": "string", "minLength": 1},
+                        "mode": {"type": "integer", "minimum": 0, "maximum": 511},
+                        "color": {"type": "string", "enum": ["red", "blue"]},
+                        "paused": {"type": "boolean", "default": false},
+                        "size": {"x-kubernetes-int-or-string": true},
+                        "ports": {"type": "array", "maxItems": 2, "items": {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[a-z]+$"}}}},
+                        "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "path": {"type": "string", "x-kubernetes-validations": [{"rule": "self.startsWith('/')", "message": "must be absolute"}]}
+                    }
+                },
+                "status": {"type": "object", "properties": {"phase": {"type": "string"}}}
+            }
+        }))
+    }
+
+    fn messages(object: Value) -> Vec<String> {
+        let s = schema();
+        let mut object = object;
+        s.apply_defaults(&mut object);
+        s.validate(&object, None).into_iter().map(|c| format!("{}: {}", c.field, c.message)).collect()
+    }
+
+    #[test]
+    fn valid_object_passes() {
+        assert!(messages(json!({"spec": {"image": "x", "mode": 420, "size": "1Gi", "path": "/a"}})).is_empty());
+        assert!(messages(json!({"spec": {"image": "x", "size": 3}})).is_empty());
+    }
+
+    #[test]
+    fn each_keyword_reports_like_the_api_server() {
+        let rows: &[(Value, &str)] = &[
+            (json!({"spec": {}}), "spec.image: Required value"),
+            (json!({"spec": {"image": ""}}), "spec.image: Invalid value: \"\": spec.image in body should be at least 1 chars long"),
+            (json!({"spec": {"image": "x", "mode": 1000}}), "spec.mode: Invalid value: 1000: spec.mode in body should be less than or equal to 511"),
+            (json!({"spec": {"image": "x", "mode": -1}}), "spec.mode: Invalid value: -1: spec.mode in body should be greater than or equal to 0"),
+            (json!({"spec": {"image": "x", "mode": "rw"}}), "spec.mode: Invalid value: \"string\": spec.mode in body must be of type integer: \"string\""),
+            (json!({"spec": {"image": "x", "color": "green"}}), "spec.color: Unsupported value: \"green\": supported values: \"red\", \"blue\""),
+            (json!({"spec": {"image": "x", "ports": [{}, {}, {}]}}), "spec.ports: Too many: 3: must have at most 2 items"),
+            (json!({"spec": {"image": "x", "ports": [{"name": "A"}]}}), "spec.ports[0].name: Invalid value: \"A\": spec.ports[0].name in body should match '^[a-z]+$'"),
+            (json!({"spec": {"image": "x", "size": true}}), "spec.size: Invalid value: \"boolean\": spec.size in body must be of type int-or-string: \"boolean\""),
+            (json!({"spec": {"image": "x", "path": "rel"}}), "spec.path: Invalid value: \"string\": must be absolute"),
+            (json!({"spec": {"image": "x", "labels": {"a": 1}}}), "spec.labels[a]: Invalid value: \"integer\": spec.labels[a] in body must be of type string: \"integer\""),
+        ];
+        for (object, expected) in rows {
+            assert_eq!(messages(object.clone()), vec![expected.to_string()], "{object}");
+        }
+    }
+
+    #[test]
+    fn pruning_drops_undeclared_fields_and_keeps_preserved_ones() {
+        let s = schema();
+        let mut object = json!({
+            "apiVersion": "x/v1", "kind": "X", "metadata": {"name": "a"},
+            "spec": {"image": "x", "bogus": 1, "free": {"anything": [1]}, "labels": {"k": "v"}},
+            "extra": true
+        });
+        let mut unknown = s.prune(&mut object);
+        unknown.sort();
+        assert_eq!(unknown, vec!["extra".to_owned(), "spec.bogus".to_owned()]);
+        assert_eq!(object["spec"]["free"]["anything"], json!([1]));
+        assert_eq!(object["spec"]["labels"]["k"], "v");
+        assert_eq!(object["metadata"]["name"], "a");
+    }
+
+    #[test]
+    fn defaults_fill_absent_fields() {
+        let s = schema();
+        let mut object = json!({"spec": {"image": "x"}});
+        s.apply_defaults(&mut object);
+        assert_eq!(object["spec"]["paused"], json!(false));
+    }
+}

@@ -1,0 +1,1076 @@
+//! The simulated API server's state and its verbs, independent of HTTP: the handlers in
+//! `server.rs` parse requests and call these; the sim's own controllers call them too.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc, OnceLock, RwLock, RwLockReadGuard,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use jiff::Timestamp;
+use rand::Rng;
+use serde_json::{Value, json};
+
+use crate::{
+    apply::{self, Writer},
+    auth::{self, API_AUDIENCE, Identity, Tokens},
+    builtin,
+    error::{ApiError, ApiResult, Cause},
+    events,
+    patch::{self, PatchType},
+    requests::RequestLog,
+    resources::{Registry, ResourceType, View},
+    schema::CrdSchema,
+    selector::{FieldSelector, LabelSelector},
+    store::{Store, WriteError, resource_version},
+};
+
+/// How the sim finishes graceful pod deletions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodTermination {
+    /// The API server itself removes a pod once its grace period (capped) has passed.
+    AfterGracePeriod,
+    /// Something else (a kubelet) completes the deletion.
+    External,
+}
+
+/// Settings of a simulated cluster.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// How many changes the history keeps for watch resumption; older revisions get 410 Gone.
+    pub history_limit: usize,
+    /// How often watches that asked for bookmarks receive one.
+    pub bookmark_interval: Duration,
+    /// How graceful pod deletions finish.
+    pub pod_termination: PodTermination,
+    /// Caps a pod's grace period, so tests need not wait 30 s.
+    pub max_pod_grace: Duration,
+    /// Namespaces created at start besides default, kube-system, kube-public, kube-node-lease.
+    pub namespaces: Vec<String>,
+    /// Port to listen on; 0 picks a free one.
+    pub port: u16,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            history_limit: 250_000,
+            bookmark_interval: Duration::from_secs(10),
+            pod_termination: PodTermination::AfterGracePeriod,
+            max_pod_grace: Duration::from_secs(30),
+            namespaces: vec![],
+            port: 0,
+        }
+    }
+}
+
+/// Who is writing, and how.
+#[derive(Clone, Debug)]
+pub struct WriteContext {
+    pub user: Identity,
+    pub manager: String,
+    pub dry_run: bool,
+    /// `fieldValidation=Strict`: unknown fields are an error instead of a warning.
+    pub strict: bool,
+}
+
+impl WriteContext {
+    pub fn system(manager: &str) -> Self {
+        WriteContext { user: Identity::superuser(), manager: manager.to_owned(), dry_run: false, strict: false }
+    }
+}
+
+/// A write's result: the object and any warnings for the `Warning` header.
+#[derive(Debug)]
+pub struct Written {
+    pub object: Value,
+    pub warnings: Vec<String>,
+    /// True when the write created the object (201).
+    pub created: bool,
+}
+
+/// Options of a DELETE.
+#[derive(Clone, Debug, Default)]
+pub struct DeleteOptions {
+    pub grace_period_seconds: Option<i64>,
+    pub propagation: Option<String>,
+    pub precondition_uid: Option<String>,
+    pub precondition_resource_version: Option<String>,
+}
+
+impl DeleteOptions {
+    /// Reads a DeleteOptions body, if any.
+    pub fn from_body(body: &Value) -> Self {
+        let mut options = DeleteOptions {
+            grace_period_seconds: body["gracePeriodSeconds"].as_i64(),
+            propagation: body["propagationPolicy"].as_str().map(str::to_owned),
+            precondition_uid: body["preconditions"]["uid"].as_str().map(str::to_owned),
+            precondition_resource_version: body["preconditions"]["resourceVersion"].as_str().map(str::to_owned),
+        };
+        if options.propagation.is_none() {
+            match body["orphanDependents"].as_bool() {
+                Some(true) => options.propagation = Some("Orphan".to_owned()),
+                Some(false) => options.propagation = Some("Background".to_owned()),
+                None => {}
+            }
+        }
+        options
+    }
+}
+
+/// What a DELETE did.
+#[derive(Debug)]
+pub struct Deleted {
+    pub object: Value,
+    /// The object is gone (as opposed to marked for deletion).
+    pub removed: bool,
+}
+
+/// Options of a LIST.
+#[derive(Clone, Debug, Default)]
+pub struct ListOptions {
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+    pub limit: Option<usize>,
+    pub continue_token: Option<String>,
+    pub resource_version: Option<String>,
+    pub resource_version_match: Option<String>,
+}
+
+/// The cluster's state.
+pub struct Sim {
+    pub store: Store,
+    registry: RwLock<Registry>,
+    pub tokens: Tokens,
+    pub requests: RequestLog,
+    pub config: SimConfig,
+    /// Bumped to close every open watch.
+    pub watch_closer: tokio::sync::watch::Sender<u64>,
+    /// The next watch that names a revision gets 410 Gone.
+    pub expire_next_watch: AtomicBool,
+    pub address: OnceLock<String>,
+    pub ca_pem: OnceLock<String>,
+    next_cluster_ip: AtomicU32,
+    terminations: tokio::sync::mpsc::UnboundedSender<(String, String, String, Duration)>,
+}
+
+pub const FOREGROUND: &str = "foregroundDeletion";
+pub const ORPHAN: &str = "orphan";
+
+/// An RFC 3339 timestamp with second precision, as metadata timestamps are written.
+pub fn now_rfc3339() -> String {
+    Timestamp::now().round(jiff::Unit::Second).unwrap_or_else(|_| Timestamp::now()).to_string()
+}
+
+/// A random version-4 UUID.
+pub fn new_uid() -> String {
+    let mut bytes: [u8; 16] = rand::rng().random();
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+}
+
+fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    (0..5).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+}
+
+fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
+    object["metadata"][field].as_str()
+}
+
+fn finalizers(object: &Value) -> Vec<String> {
+    object["metadata"]["finalizers"]
+        .as_array()
+        .map(|f| f.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
+}
+
+/// Labels of an object as a map.
+pub fn labels_of(object: &Value) -> BTreeMap<String, String> {
+    object["metadata"]["labels"]
+        .as_object()
+        .map(|l| l.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned())).collect())
+        .unwrap_or_default()
+}
+
+/// The object without what a no-op write may differ in.
+fn comparable(object: &Value) -> Value {
+    let mut o = object.clone();
+    if let Some(meta) = o["metadata"].as_object_mut() {
+        meta.remove("resourceVersion");
+        meta.remove("managedFields");
+    }
+    o
+}
+
+/// The part of an object that counts as its spec for `generation`.
+fn spec_part(object: &Value) -> Value {
+    let mut o = object.clone();
+    if let Some(map) = o.as_object_mut() {
+        map.remove("metadata");
+        map.remove("status");
+        map.remove("apiVersion");
+        map.remove("kind");
+    }
+    o
+}
+
+fn store_error(error: WriteError, rt: &ResourceType, name: &str) -> ApiError {
+    match error {
+        WriteError::Exists => ApiError::already_exists(&rt.resource, &rt.group, name),
+        WriteError::Missing => ApiError::not_found(&rt.resource, &rt.group, name),
+        WriteError::Stale => ApiError::conflict_modified(&rt.resource, &rt.group, name),
+    }
+}
+
+impl Sim {
+    pub fn new(config: SimConfig, terminations: tokio::sync::mpsc::UnboundedSender<(String, String, String, Duration)>) -> Self {
+        let (watch_closer, _) = tokio::sync::watch::channel(0);
+        Sim {
+            store: Store::new(config.history_limit, 1 << 16),
+            registry: RwLock::new(Registry::builtin()),
+            tokens: Tokens::default(),
+            requests: RequestLog::default(),
+            config,
+            watch_closer,
+            expire_next_watch: AtomicBool::new(false),
+            address: OnceLock::new(),
+            ca_pem: OnceLock::new(),
+            next_cluster_ip: AtomicU32::new(1),
+            terminations,
+        }
+    }
+
+    pub fn registry(&self) -> RwLockReadGuard<'_, Registry> {
+        self.registry.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The served type at group/version/resource.
+    pub fn resource_type(&self, group: &str, version: &str, resource: &str) -> Option<Arc<ResourceType>> {
+        self.registry().get(group, version, resource)
+    }
+
+    /// Creates the objects every cluster starts with.
+    pub fn bootstrap(&self) {
+        let ctx = WriteContext::system("kube-apiserver");
+        for (storage, object) in auth::bootstrap_policy() {
+            let mut object = object;
+            self.stamp_new(&mut object);
+            // The store is empty at bootstrap; a clash is impossible.
+            let _ = self.store.create(&storage, object);
+        }
+        let namespaces = self.resource_type("", "v1", "namespaces").expect("namespaces are built in");
+        let mut names: Vec<String> = ["default", "kube-system", "kube-public", "kube-node-lease"].iter().map(|s| s.to_string()).collect();
+        names.extend(self.config.namespaces.iter().cloned());
+        for name in names {
+            let _ = self.create(&namespaces, "", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}), &ctx);
+        }
+    }
+
+    fn stamp_new(&self, object: &mut Value) {
+        object["metadata"]["uid"] = json!(new_uid());
+        object["metadata"]["creationTimestamp"] = json!(now_rfc3339());
+    }
+
+    /// An object as its type serves it.
+    pub fn to_view(&self, rt: &ResourceType, stored: &Value) -> Value {
+        match rt.view {
+            View::Native => stored.clone(),
+            View::EventsV1 => events::to_v1(stored),
+        }
+    }
+
+    fn to_storage(&self, rt: &ResourceType, body: Value) -> Value {
+        match rt.view {
+            View::Native => body,
+            View::EventsV1 => events::from_v1(&body),
+        }
+    }
+
+    /// The stored api version/kind of a type's objects.
+    fn storage_identity(rt: &ResourceType) -> (String, String) {
+        match rt.view {
+            View::Native => (rt.api_version(), rt.kind.clone()),
+            View::EventsV1 => ("v1".to_owned(), "Event".to_owned()),
+        }
+    }
+
+    pub fn get(&self, rt: &ResourceType, namespace: &str, name: &str) -> ApiResult<Value> {
+        self.store
+            .get(&rt.storage, namespace, name)
+            .map(|o| self.to_view(rt, &o))
+            .ok_or_else(|| ApiError::not_found(&rt.resource, &rt.group, name))
+    }
+
+    /// Whether a (served-view) object passes a list or watch's namespace and selectors.
+    pub fn matches(rt: &ResourceType, object: &Value, namespace: Option<&str>, labels: &LabelSelector, fields: &FieldSelector) -> bool {
+        if let Some(ns) = namespace {
+            if meta_str(object, "namespace").unwrap_or_default() != ns {
+                return false;
+            }
+        }
+        (labels.is_empty() || labels.matches(&labels_of(object)))
+            && (fields.is_empty()
+                || fields.matches(|f| match f {
+                    "metadata.name" => meta_str(object, "name").unwrap_or_default().to_owned(),
+                    "metadata.namespace" => meta_str(object, "namespace").unwrap_or_default().to_owned(),
+                    other => rt.field_value(object, other),
+                }))
+    }
+
+    /// Checks a field selector against what the type supports.
+    pub fn check_fields(rt: &ResourceType, fields: &FieldSelector) -> ApiResult<()> {
+        for term in &fields.0 {
+            if !rt.supports_field(&term.field) {
+                return Err(ApiError::bad_request(format!("field label not supported: {}", term.field)));
+            }
+        }
+        Ok(())
+    }
+
+    /// LIST, returning the list object in served form.
+    pub fn list(&self, rt: &ResourceType, namespace: Option<&str>, options: &ListOptions) -> ApiResult<Value> {
+        Self::check_fields(rt, &options.fields)?;
+        let (mut objects, revision, start_after) = match &options.continue_token {
+            Some(token) => {
+                let (revision, start) = decode_continue(token)?;
+                let objects = self.store.list_at(&rt.storage, namespace, revision).map_err(|_| ApiError::Gone {
+                    message: "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.".to_owned(),
+                })?;
+                (objects, revision, Some(start))
+            }
+            None => {
+                let exact = options.resource_version_match.as_deref() == Some("Exact");
+                match options.resource_version.as_deref().filter(|rv| exact && *rv != "0") {
+                    Some(rv) => {
+                        let revision: u64 = rv.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?;
+                        let objects = self.store.list_at(&rt.storage, namespace, revision).map_err(|c| ApiError::Gone {
+                            message: format!("too old resource version: {revision} ({})", c.oldest_available),
+                        })?;
+                        (objects, revision, None)
+                    }
+                    None => {
+                        let (objects, revision) = self.store.list(&rt.storage, namespace);
+                        (objects, revision, None)
+                    }
+                }
+            }
+        };
+        objects.sort_by(|a, b| {
+            (meta_str(a, "namespace"), meta_str(a, "name")).cmp(&(meta_str(b, "namespace"), meta_str(b, "name")))
+        });
+        let mut items: Vec<Value> = objects
+            .iter()
+            .filter(|o| match &start_after {
+                Some((ns, name)) => (meta_str(o, "namespace").unwrap_or_default(), meta_str(o, "name").unwrap_or_default()) > (ns.as_str(), name.as_str()),
+                None => true,
+            })
+            .map(|o| self.to_view(rt, o))
+            .filter(|o| Self::matches(rt, o, namespace, &options.labels, &options.fields))
+            .collect();
+        let mut metadata = json!({"resourceVersion": revision.to_string()});
+        if let Some(limit) = options.limit.filter(|l| *l > 0) {
+            if items.len() > limit {
+                let remaining = items.len() - limit;
+                items.truncate(limit);
+                let last = items.last().expect("limit is positive");
+                let key = (meta_str(last, "namespace").unwrap_or_default().to_owned(), meta_str(last, "name").unwrap_or_default().to_owned());
+                metadata["continue"] = json!(encode_continue(revision, &key));
+                metadata["remainingItemCount"] = json!(remaining);
+            }
+        }
+        Ok(json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": metadata, "items": items}))
+    }
+
+    fn check_namespace_open(&self, rt: &ResourceType, namespace: &str) -> ApiResult<()> {
+        if !rt.namespaced {
+            return Ok(());
+        }
+        match self.store.get("/namespaces", "", namespace) {
+            None => Err(ApiError::not_found("namespaces", "", namespace)),
+            Some(ns) if ns["metadata"]["deletionTimestamp"].is_string() => Err(ApiError::Forbidden {
+                message: format!("{} is forbidden: unable to create new content in namespace {namespace} because it is being terminated", crate::error::qualified(&rt.resource, &rt.group)),
+                kind: rt.resource.clone(),
+                name: None,
+                group: rt.group.clone(),
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    fn check_identity(&self, rt: &ResourceType, object: &Value) -> ApiResult<()> {
+        let api_version = object["apiVersion"].as_str().unwrap_or_default();
+        let kind = object["kind"].as_str().unwrap_or_default();
+        if !api_version.is_empty() && api_version != rt.api_version() {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({api_version}) does not match the expected API version ({})",
+                rt.api_version()
+            )));
+        }
+        if !kind.is_empty() && kind != rt.kind {
+            return Err(ApiError::bad_request(format!("the kind in the data ({kind}) does not match the expected kind ({})", rt.kind)));
+        }
+        if !object.is_object() {
+            return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+        }
+        Ok(())
+    }
+
+    /// Defaulting, pruning and validation of a custom resource; returns warnings.
+    fn admit_custom(&self, rt: &ResourceType, object: &mut Value, old: Option<&Value>, strict: bool, name: &str) -> ApiResult<Vec<String>> {
+        let Some(schema) = &rt.schema else { return Ok(vec![]) };
+        schema.apply_defaults(object);
+        let unknown = schema.prune(object);
+        if strict && !unknown.is_empty() {
+            let list: Vec<String> = unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
+            return Err(ApiError::bad_request(format!("{}.{} \"{name}\" is invalid: {}", rt.kind, rt.group, list.join(", "))));
+        }
+        let causes = schema.validate(object, old);
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(&rt.kind, &rt.group, name, causes));
+        }
+        Ok(unknown.into_iter().map(|u| format!("unknown field \"{u}\"")).collect())
+    }
+
+    fn invalid(rt: &ResourceType, name: &str, causes: Vec<Cause>) -> ApiError {
+        ApiError::invalid(&rt.kind, &rt.group, name, causes)
+    }
+
+    /// CREATE.
+    pub fn create(&self, rt: &ResourceType, namespace: &str, body: Value, ctx: &WriteContext) -> ApiResult<Written> {
+        self.check_identity(rt, &body)?;
+        let mut object = self.to_storage(rt, body);
+        let (api_version, kind) = Self::storage_identity(rt);
+        object["apiVersion"] = json!(api_version);
+        object["kind"] = json!(kind);
+        if !object["metadata"].is_object() {
+            object["metadata"] = json!({});
+        }
+        if rt.namespaced {
+            match meta_str(&object, "namespace") {
+                Some(ns) if !ns.is_empty() && ns != namespace => {
+                    return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+                }
+                _ => object["metadata"]["namespace"] = json!(namespace),
+            }
+        } else if let Some(meta) = object["metadata"].as_object_mut() {
+            meta.remove("namespace");
+        }
+        if meta_str(&object, "name").is_none_or(str::is_empty) {
+            match meta_str(&object, "generateName").filter(|g| !g.is_empty()) {
+                Some(prefix) => object["metadata"]["name"] = json!(format!("{prefix}{}", random_suffix())),
+                None => {
+                    return Err(Self::invalid(rt, "", vec![Cause {
+                        reason: "FieldValueRequired".to_owned(),
+                        message: "Required value: name or generateName is required".to_owned(),
+                        field: "metadata.name".to_owned(),
+                    }]));
+                }
+            }
+        }
+        let name = meta_str(&object, "name").unwrap_or_default().to_owned();
+        if let Some(cause) = builtin::check_name(rt, &name) {
+            return Err(Self::invalid(rt, &name, vec![cause]));
+        }
+        if meta_str(&object, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
+            return Err(ApiError::internal("resourceVersion should not be set on objects to be created"));
+        }
+        self.check_namespace_open(rt, namespace)?;
+        if let Some(meta) = object["metadata"].as_object_mut() {
+            for server_field in ["uid", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"] {
+                meta.remove(server_field);
+            }
+        }
+        self.stamp_new(&mut object);
+        if rt.tracks_generation {
+            object["metadata"]["generation"] = json!(1);
+        }
+        if rt.has_status() && rt.is_custom {
+            if let Some(map) = object.as_object_mut() {
+                map.remove("status");
+            }
+        }
+        builtin::default_on_create(rt, &mut object, || builtin::cluster_ip(self.next_cluster_ip.fetch_add(1, Ordering::Relaxed)));
+        let warnings = self.admit_custom(rt, &mut object, None, ctx.strict, &name)?;
+        let causes = builtin::validate(rt, &object);
+        if !causes.is_empty() {
+            return Err(Self::invalid(rt, &name, causes));
+        }
+        if rt.group == "apiextensions.k8s.io" {
+            prepare_crd(&mut object).map_err(|causes| Self::invalid(rt, &name, causes))?;
+        }
+        let now = now_rfc3339();
+        apply::record_update(None, &mut object, &Writer { manager: &ctx.manager, api_version: &rt.api_version(), subresource: "", now: &now });
+        if ctx.dry_run {
+            return Ok(Written { object: self.to_view(rt, &object), warnings, created: true });
+        }
+        let stored = self.store.create(&rt.storage, object).map_err(|e| store_error(e, rt, &name))?;
+        self.after_write(rt, &stored);
+        Ok(Written { object: self.to_view(rt, &stored), warnings, created: true })
+    }
+
+    /// Side effects of a write that controllers in a real cluster would perform at once.
+    fn after_write(&self, rt: &ResourceType, stored: &Value) {
+        match (rt.group.as_str(), rt.resource.as_str()) {
+            ("apiextensions.k8s.io", "customresourcedefinitions") => self.register_crd(stored),
+            ("", "namespaces") if stored["metadata"]["deletionTimestamp"].is_null() => {
+                let ns = meta_str(stored, "name").unwrap_or_default().to_owned();
+                let ctx = WriteContext::system("kube-controller-manager");
+                if let Some(sa) = self.resource_type("", "v1", "serviceaccounts") {
+                    if self.store.get(&sa.storage, &ns, "default").is_none() {
+                        let _ = self.create(&sa, &ns, json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}), &ctx);
+                    }
+                }
+                if let (Some(cm), Some(ca)) = (self.resource_type("", "v1", "configmaps"), self.ca_pem.get()) {
+                    if self.store.get(&cm.storage, &ns, "kube-root-ca.crt").is_none() {
+                        let _ = self.create(&cm, &ns, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": ca}}), &ctx);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Serves the resources a CRD defines (or stops serving those it no longer does).
+    pub fn register_crd(&self, crd: &Value) {
+        let spec = &crd["spec"];
+        let group = spec["group"].as_str().unwrap_or_default().to_owned();
+        let plural = spec["names"]["plural"].as_str().unwrap_or_default().to_owned();
+        let mut registry = self.registry.write().unwrap_or_else(|p| p.into_inner());
+        registry.remove_group_resource(&group, &plural);
+        if crd["metadata"]["deletionTimestamp"].is_string() {
+            return;
+        }
+        let storage: crate::resources::StorageKey = format!("{group}/{plural}").into();
+        for version in spec["versions"].as_array().cloned().unwrap_or_default() {
+            if version["served"] != true {
+                continue;
+            }
+            let schema = version["schema"]["openAPIV3Schema"].clone();
+            let columns = version["additionalPrinterColumns"]
+                .as_array()
+                .map(|cols| {
+                    cols.iter()
+                        .map(|c| crate::resources::PrinterColumn {
+                            name: c["name"].as_str().unwrap_or_default().to_owned(),
+                            type_: c["type"].as_str().unwrap_or("string").to_owned(),
+                            format: c["format"].as_str().unwrap_or_default().to_owned(),
+                            description: c["description"].as_str().unwrap_or_default().to_owned(),
+                            priority: c["priority"].as_i64().unwrap_or(0),
+                            json_path: c["jsonPath"].as_str().map(str::to_owned),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let kind = spec["names"]["kind"].as_str().unwrap_or_default().to_owned();
+            let mut subresources = vec![];
+            if version["subresources"]["status"].is_object() {
+                subresources.push("status".to_owned());
+            }
+            if version["subresources"]["scale"].is_object() {
+                subresources.push("scale".to_owned());
+            }
+            registry.insert(ResourceType {
+                group: group.clone(),
+                version: version["name"].as_str().unwrap_or_default().to_owned(),
+                resource: plural.clone(),
+                singular: spec["names"]["singular"].as_str().map(str::to_owned).unwrap_or_else(|| kind.to_lowercase()),
+                list_kind: spec["names"]["listKind"].as_str().map(str::to_owned).unwrap_or_else(|| format!("{kind}List")),
+                kind,
+                namespaced: spec["scope"] == "Namespaced",
+                short_names: spec["names"]["shortNames"].as_array().map(|s| s.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default(),
+                categories: spec["names"]["categories"].as_array().map(|s| s.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default(),
+                subresources,
+                storage: storage.clone(),
+                view: View::Native,
+                behaviour: crate::resources::Behaviour::Stored,
+                tracks_generation: true,
+                schema: (!schema.is_null()).then(|| Arc::new(CrdSchema::new(schema))),
+                printer_columns: columns,
+                field_labels: version["selectableFields"].as_array().map(|f| f.iter().filter_map(|s| s["jsonPath"].as_str().map(|p| p.trim_start_matches('.').to_owned())).collect()).unwrap_or_default(),
+                is_custom: true,
+            });
+        }
+    }
+
+    /// Merges an update body with the stored object as the type's strategy does.
+    fn merge_for_update(&self, rt: &ResourceType, current: &Value, body: Value, subresource: &str) -> Value {
+        let mut new = if subresource == "status" {
+            let mut new = current.clone();
+            match body.get("status") {
+                Some(status) => new["status"] = status.clone(),
+                None => {
+                    if let Some(map) = new.as_object_mut() {
+                        map.remove("status");
+                    }
+                }
+            }
+            new
+        } else {
+            let mut new = body;
+            if rt.has_status() {
+                match current.get("status") {
+                    Some(status) => new["status"] = status.clone(),
+                    None => {
+                        if let Some(map) = new.as_object_mut() {
+                            map.remove("status");
+                        }
+                    }
+                }
+            }
+            new
+        };
+        if !new["metadata"].is_object() {
+            new["metadata"] = json!({});
+        }
+        for field in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "name", "generation", "managedFields"] {
+            match current["metadata"].get(field) {
+                Some(value) => new["metadata"][field] = value.clone(),
+                None => {
+                    if let Some(meta) = new["metadata"].as_object_mut() {
+                        meta.remove(field);
+                    }
+                }
+            }
+        }
+        let (api_version, kind) = Self::storage_identity(rt);
+        new["apiVersion"] = json!(api_version);
+        new["kind"] = json!(kind);
+        if rt.resource == "secrets" && rt.group.is_empty() {
+            builtin::fold_string_data(&mut new);
+        }
+        new
+    }
+
+    /// Admission, generation, no-op detection, managed fields and the conditional write of
+    /// an update. `managed` carries managed fields an apply already computed.
+    #[allow(clippy::too_many_arguments)]
+    fn persist_update(&self, rt: &ResourceType, current: &Value, mut new: Value, ctx: &WriteContext, subresource: &str, managed: Option<Value>) -> ApiResult<Written> {
+        let name = meta_str(current, "name").unwrap_or_default().to_owned();
+        let expected = resource_version(current).unwrap_or_default();
+        if current["metadata"]["deletionTimestamp"].is_string() {
+            let old = finalizers(current);
+            let added: Vec<String> = finalizers(&new).into_iter().filter(|f| !old.contains(f)).collect();
+            if !added.is_empty() {
+                return Err(Self::invalid(rt, &name, vec![Cause {
+                    reason: "FieldValueForbidden".to_owned(),
+                    message: format!("Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
+                    field: "metadata.finalizers".to_owned(),
+                }]));
+            }
+        }
+        let warnings = self.admit_custom(rt, &mut new, Some(current), ctx.strict, &name)?;
+        let mut causes = builtin::validate(rt, &new);
+        if rt.resource == "pods" && rt.group.is_empty() && subresource.is_empty() {
+            causes.extend(builtin::pod_spec_update_forbidden(current, &new));
+        }
+        if !causes.is_empty() {
+            return Err(Self::invalid(rt, &name, causes));
+        }
+        if rt.group == "apiextensions.k8s.io" && subresource.is_empty() {
+            prepare_crd(&mut new).map_err(|causes| Self::invalid(rt, &name, causes))?;
+        }
+        if rt.tracks_generation && spec_part(current) != spec_part(&new) {
+            let generation = current["metadata"]["generation"].as_i64().unwrap_or(0);
+            new["metadata"]["generation"] = json!(generation + 1);
+        }
+        match managed {
+            Some(entries) if entries.as_array().is_some_and(|a| !a.is_empty()) => new["metadata"]["managedFields"] = entries,
+            Some(_) => {
+                if let Some(meta) = new["metadata"].as_object_mut() {
+                    meta.remove("managedFields");
+                }
+            }
+            None => {
+                let now = now_rfc3339();
+                apply::record_update(Some(current), &mut new, &Writer { manager: &ctx.manager, api_version: &rt.api_version(), subresource, now: &now });
+            }
+        }
+        if comparable(current) == comparable(&new) {
+            return Ok(Written { object: self.to_view(rt, current), warnings, created: false });
+        }
+        if ctx.dry_run {
+            return Ok(Written { object: self.to_view(rt, &new), warnings, created: false });
+        }
+        let finishing = new["metadata"]["deletionTimestamp"].is_string()
+            && finalizers(&new).is_empty()
+            && new["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) == 0;
+        if finishing {
+            let namespace = meta_str(current, "namespace").unwrap_or_default().to_owned();
+            let gone = self.store.remove(&rt.storage, &namespace, &name, expected).map_err(|e| store_error(e, rt, &name))?;
+            self.after_remove(rt, &gone);
+            return Ok(Written { object: self.to_view(rt, &gone), warnings, created: false });
+        }
+        let stored = self.store.replace(&rt.storage, new, expected).map_err(|e| store_error(e, rt, &name))?;
+        self.after_write(rt, &stored);
+        Ok(Written { object: self.to_view(rt, &stored), warnings, created: false })
+    }
+
+    fn after_remove(&self, rt: &ResourceType, gone: &Value) {
+        if rt.group == "apiextensions.k8s.io" && rt.resource == "customresourcedefinitions" {
+            let group = gone["spec"]["group"].as_str().unwrap_or_default();
+            let plural = gone["spec"]["names"]["plural"].as_str().unwrap_or_default();
+            let storage: crate::resources::StorageKey = format!("{group}/{plural}").into();
+            let (instances, _) = self.store.list(&storage, None);
+            for instance in instances {
+                let _ = self.store.remove(
+                    &storage,
+                    meta_str(&instance, "namespace").unwrap_or_default(),
+                    meta_str(&instance, "name").unwrap_or_default(),
+                    resource_version(&instance).unwrap_or_default(),
+                );
+            }
+            self.registry.write().unwrap_or_else(|p| p.into_inner()).remove_group_resource(group, plural);
+        }
+    }
+
+    /// UPDATE (PUT) of the object or its status.
+    pub fn update(&self, rt: &ResourceType, namespace: &str, name: &str, subresource: &str, body: Value, ctx: &WriteContext) -> ApiResult<Written> {
+        self.check_identity(rt, &body)?;
+        let body = self.to_storage(rt, body);
+        if meta_str(&body, "name").is_some_and(|n| n != name) {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({}) does not match the name on the URL ({name})",
+                meta_str(&body, "name").unwrap_or_default()
+            )));
+        }
+        if rt.namespaced && meta_str(&body, "namespace").is_some_and(|n| !n.is_empty() && n != namespace) {
+            return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+        }
+        let current = self.store.get(&rt.storage, namespace, name).ok_or_else(|| ApiError::not_found(&rt.resource, &rt.group, name))?;
+        match meta_str(&body, "resourceVersion").filter(|rv| !rv.is_empty()) {
+            None if rt.is_custom => {
+                return Err(Self::invalid(rt, name, vec![Cause {
+                    reason: "FieldValueInvalid".to_owned(),
+                    message: "Invalid value: 0x0: must be specified for an update".to_owned(),
+                    field: "metadata.resourceVersion".to_owned(),
+                }]));
+            }
+            Some(rv) if Some(rv) != meta_str(&current, "resourceVersion") => {
+                return Err(ApiError::conflict_modified(&rt.resource, &rt.group, name));
+            }
+            _ => {}
+        }
+        let new = self.merge_for_update(rt, &current, body, subresource);
+        self.persist_update(rt, &current, new, ctx, subresource, None)
+    }
+
+    /// PATCH of any type; retries internally on a concurrent write, as the API server does,
+    /// unless the patch itself names a resourceVersion.
+    #[allow(clippy::too_many_arguments)]
+    pub fn patch(&self, rt: &ResourceType, namespace: &str, name: &str, subresource: &str, patch_type: PatchType, body: &Value, ctx: &WriteContext, force: bool) -> ApiResult<Written> {
+        if patch_type == PatchType::Strategic && rt.is_custom {
+            return Err(ApiError::UnsupportedMediaType {
+                message: "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml".to_owned(),
+            });
+        }
+        if patch_type == PatchType::Apply && ctx.manager.is_empty() {
+            return Err(ApiError::Invalid {
+                message: "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch".to_owned(),
+                kind: "PatchOptions".to_owned(),
+                name: String::new(),
+                group: "meta.k8s.io".to_owned(),
+                causes: vec![Cause { reason: "FieldValueRequired".to_owned(), message: "Required value: is required for apply patch".to_owned(), field: "fieldManager".to_owned() }],
+            });
+        }
+        for _ in 0..16 {
+            let Some(current) = self.store.get(&rt.storage, namespace, name) else {
+                if patch_type == PatchType::Apply && subresource.is_empty() {
+                    return self.apply_create(rt, namespace, name, body, ctx);
+                }
+                return Err(ApiError::not_found(&rt.resource, &rt.group, name));
+            };
+            let view = self.to_view(rt, &current);
+            let mut managed = None;
+            let patched = match patch_type {
+                PatchType::Merge => {
+                    let mut v = view.clone();
+                    patch::merge(&mut v, body);
+                    v
+                }
+                PatchType::Json => {
+                    let mut v = view.clone();
+                    patch::json(&mut v, body)?;
+                    v
+                }
+                PatchType::Strategic => {
+                    let mut v = view.clone();
+                    patch::strategic(&mut v, body)?;
+                    v
+                }
+                PatchType::Apply => {
+                    self.check_identity(rt, body)?;
+                    let now = now_rfc3339();
+                    let writer = Writer { manager: &ctx.manager, api_version: &rt.api_version(), subresource, now: &now };
+                    let v = apply::apply(&view, body, &writer, force, &rt.resource, &rt.group, name)?;
+                    managed = Some(v["metadata"].get("managedFields").cloned().unwrap_or(Value::Array(vec![])));
+                    v
+                }
+            };
+            let explicit_rv = patch_type != PatchType::Apply && meta_str(&patched, "resourceVersion") != meta_str(&view, "resourceVersion");
+            if explicit_rv {
+                return Err(ApiError::conflict_modified(&rt.resource, &rt.group, name));
+            }
+            let mut patched = self.to_storage(rt, patched);
+            if patch_type != PatchType::Apply {
+                // Managed fields are the server's; a patch cannot rewrite them.
+                if let Some(meta) = patched["metadata"].as_object_mut() {
+                    meta.remove("managedFields");
+                }
+            }
+            let new = self.merge_for_update(rt, &current, patched, subresource);
+            let result = self.persist_update(rt, &current, new, ctx, subresource, managed);
+            match result {
+                Err(ApiError::Conflict { .. }) if self.store.get(&rt.storage, namespace, name).map(|o| resource_version(&o)) != Some(resource_version(&current)) => continue,
+                other => return other,
+            }
+        }
+        Err(ApiError::conflict_modified(&rt.resource, &rt.group, name))
+    }
+
+    fn apply_create(&self, rt: &ResourceType, namespace: &str, name: &str, applied: &Value, ctx: &WriteContext) -> ApiResult<Written> {
+        self.check_identity(rt, applied)?;
+        if meta_str(applied, "name").is_some_and(|n| n != name) {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({}) does not match the name on the URL ({name})",
+                meta_str(applied, "name").unwrap_or_default()
+            )));
+        }
+        let now = now_rfc3339();
+        let writer = Writer { manager: &ctx.manager, api_version: &rt.api_version(), subresource: "", now: &now };
+        let mut object = apply::apply(&json!({"metadata": {}}), applied, &writer, true, &rt.resource, &rt.group, name)?;
+        object["apiVersion"] = json!(rt.api_version());
+        object["kind"] = json!(rt.kind);
+        object["metadata"]["name"] = json!(name);
+        let managed = object["metadata"]["managedFields"].clone();
+        let mut create_ctx = ctx.clone();
+        create_ctx.manager = ctx.manager.clone();
+        let mut written = self.create(rt, namespace, object, &create_ctx)?;
+        // The create recorded an Update entry; an apply-create owns its fields as Apply.
+        if !ctx.dry_run {
+            if let Some(stored) = self.store.get(&rt.storage, namespace, name) {
+                let mut fixed = (*stored).clone();
+                fixed["metadata"]["managedFields"] = managed;
+                if let Ok(replaced) = self.store.replace(&rt.storage, fixed, resource_version(&stored).unwrap_or_default()) {
+                    written.object = self.to_view(rt, &replaced);
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    /// DELETE.
+    pub fn delete(&self, rt: &ResourceType, namespace: &str, name: &str, options: &DeleteOptions, ctx: &WriteContext) -> ApiResult<Deleted> {
+        for _ in 0..16 {
+            let current = self.store.get(&rt.storage, namespace, name).ok_or_else(|| ApiError::not_found(&rt.resource, &rt.group, name))?;
+            if let Some(uid) = &options.precondition_uid {
+                let actual = meta_str(&current, "uid").unwrap_or_default();
+                if uid != actual {
+                    return Err(ApiError::conflict(&rt.resource, &rt.group, name, &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"), vec![]));
+                }
+            }
+            if let Some(rv) = &options.precondition_resource_version {
+                let actual = meta_str(&current, "resourceVersion").unwrap_or_default();
+                if rv != actual {
+                    return Err(ApiError::conflict(&rt.resource, &rt.group, name, &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {actual}"), vec![]));
+                }
+            }
+            match self.delete_once(rt, namespace, name, &current, options, ctx) {
+                Err(ApiError::Conflict { .. }) if options.precondition_resource_version.is_none() => continue,
+                other => return other,
+            }
+        }
+        Err(ApiError::conflict_modified(&rt.resource, &rt.group, name))
+    }
+
+    fn delete_once(&self, rt: &ResourceType, namespace: &str, name: &str, current: &Arc<Value>, options: &DeleteOptions, ctx: &WriteContext) -> ApiResult<Deleted> {
+        let expected = resource_version(current).unwrap_or_default();
+        let deleting = current["metadata"]["deletionTimestamp"].is_string();
+        let is_pod = rt.group.is_empty() && rt.resource == "pods";
+        let is_namespace = rt.group.is_empty() && rt.resource == "namespaces";
+        let mut new = (**current).clone();
+        let now = now_rfc3339();
+
+        if is_namespace {
+            if deleting {
+                return Ok(Deleted { object: self.to_view(rt, current), removed: false });
+            }
+            new["metadata"]["deletionTimestamp"] = json!(now);
+            new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+            new["status"]["phase"] = json!("Terminating");
+            if ctx.dry_run {
+                return Ok(Deleted { object: self.to_view(rt, &new), removed: false });
+            }
+            let stored = self.store.replace(&rt.storage, new, expected).map_err(|e| store_error(e, rt, name))?;
+            return Ok(Deleted { object: self.to_view(rt, &stored), removed: false });
+        }
+
+        let mut fins = finalizers(current);
+        if !deleting {
+            match options.propagation.as_deref() {
+                Some("Orphan") if !fins.iter().any(|f| f == ORPHAN) => fins.push(ORPHAN.to_owned()),
+                Some("Foreground") if !fins.iter().any(|f| f == FOREGROUND) => fins.push(FOREGROUND.to_owned()),
+                _ => {}
+            }
+        }
+
+        let grace = if is_pod {
+            let requested = options.grace_period_seconds.or_else(|| current["spec"]["terminationGracePeriodSeconds"].as_i64()).unwrap_or(30);
+            let bound = current["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty());
+            let terminal = matches!(current["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
+            if bound && !terminal { requested.max(0) } else { 0 }
+        } else {
+            0
+        };
+
+        if grace > 0 {
+            let existing = current["metadata"]["deletionGracePeriodSeconds"].as_i64();
+            if deleting && existing.is_some_and(|g| g <= grace) {
+                return Ok(Deleted { object: self.to_view(rt, current), removed: false });
+            }
+            let deadline = Timestamp::now()
+                .checked_add(jiff::SignedDuration::from_secs(grace))
+                .unwrap_or_else(|_| Timestamp::now())
+                .round(jiff::Unit::Second)
+                .unwrap_or_else(|_| Timestamp::now());
+            new["metadata"]["deletionTimestamp"] = json!(deadline.to_string());
+            new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+            new["metadata"]["finalizers"] = json!(fins);
+            if rt.tracks_generation && !deleting {
+                new["metadata"]["generation"] = json!(current["metadata"]["generation"].as_i64().unwrap_or(0) + 1);
+            }
+            if ctx.dry_run {
+                return Ok(Deleted { object: self.to_view(rt, &new), removed: false });
+            }
+            let stored = self.store.replace(&rt.storage, new, expected).map_err(|e| store_error(e, rt, name))?;
+            if self.config.pod_termination == PodTermination::AfterGracePeriod {
+                let wait = Duration::from_secs(grace as u64).min(self.config.max_pod_grace);
+                let uid = meta_str(&stored, "uid").unwrap_or_default().to_owned();
+                let _ = self.terminations.send((namespace.to_owned(), name.to_owned(), uid, wait));
+            }
+            return Ok(Deleted { object: self.to_view(rt, &stored), removed: false });
+        }
+
+        if !fins.is_empty() {
+            if deleting && current["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) == 0 && fins == finalizers(current) {
+                return Ok(Deleted { object: self.to_view(rt, current), removed: false });
+            }
+            if !deleting {
+                new["metadata"]["deletionTimestamp"] = json!(now);
+                if rt.tracks_generation {
+                    new["metadata"]["generation"] = json!(current["metadata"]["generation"].as_i64().unwrap_or(0) + 1);
+                }
+            }
+            new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+            new["metadata"]["finalizers"] = json!(fins);
+            if ctx.dry_run {
+                return Ok(Deleted { object: self.to_view(rt, &new), removed: false });
+            }
+            let stored = self.store.replace(&rt.storage, new, expected).map_err(|e| store_error(e, rt, name))?;
+            return Ok(Deleted { object: self.to_view(rt, &stored), removed: false });
+        }
+
+        if ctx.dry_run {
+            return Ok(Deleted { object: self.to_view(rt, current), removed: true });
+        }
+        let gone = self.store.remove(&rt.storage, namespace, name, expected).map_err(|e| store_error(e, rt, name))?;
+        self.after_remove(rt, &gone);
+        Ok(Deleted { object: self.to_view(rt, &gone), removed: true })
+    }
+
+    /// Completes a pod's graceful deletion (what the kubelet does once containers stopped).
+    pub fn finish_pod_termination(&self, namespace: &str, name: &str, uid: &str) {
+        let Some(pods) = self.resource_type("", "v1", "pods") else { return };
+        let Some(current) = self.store.get(&pods.storage, namespace, name) else { return };
+        if meta_str(&current, "uid") != Some(uid) || current["metadata"]["deletionTimestamp"].is_null() {
+            return;
+        }
+        let options = DeleteOptions { grace_period_seconds: Some(0), precondition_uid: Some(uid.to_owned()), ..Default::default() };
+        let mut new = (*current).clone();
+        new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+        if finalizers(&current).is_empty() {
+            let _ = self.store.remove(&pods.storage, namespace, name, resource_version(&current).unwrap_or_default());
+        } else {
+            let _ = self.store.replace(&pods.storage, new, resource_version(&current).unwrap_or_default());
+        }
+        let _ = options;
+    }
+
+    /// Issues a token for a service account, as TokenRequest does (any lifetime, for tests).
+    pub fn issue_token(&self, namespace: &str, service_account: &str, audiences: Vec<String>, ttl: Duration) -> ApiResult<(String, Timestamp)> {
+        let sa = self
+            .store
+            .get("/serviceaccounts", namespace, service_account)
+            .ok_or_else(|| ApiError::not_found("serviceaccounts", "", service_account))?;
+        let identity = Identity::service_account(namespace, service_account, meta_str(&sa, "uid").unwrap_or_default());
+        let audiences = if audiences.is_empty() { vec![API_AUDIENCE.to_owned()] } else { audiences };
+        Ok(self.tokens.issue(identity, audiences, ttl))
+    }
+}
+
+/// CRD validation and the status the apiextensions controller would set.
+fn prepare_crd(crd: &mut Value) -> Result<(), Vec<Cause>> {
+    let spec = &crd["spec"];
+    let group = spec["group"].as_str().unwrap_or_default();
+    let plural = spec["names"]["plural"].as_str().unwrap_or_default();
+    let mut causes = vec![];
+    if group.is_empty() {
+        causes.push(Cause { reason: "FieldValueRequired".into(), message: "Required value".into(), field: "spec.group".into() });
+    }
+    if plural.is_empty() {
+        causes.push(Cause { reason: "FieldValueRequired".into(), message: "Required value".into(), field: "spec.names.plural".into() });
+    }
+    if spec["names"]["kind"].as_str().is_none_or(str::is_empty) {
+        causes.push(Cause { reason: "FieldValueRequired".into(), message: "Required value".into(), field: "spec.names.kind".into() });
+    }
+    let expected = format!("{plural}.{group}");
+    let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+    if name != expected {
+        causes.push(Cause {
+            reason: "FieldValueInvalid".into(),
+            message: format!("Invalid value: \"{name}\": must be spec.names.plural+\".\"+spec.group"),
+            field: "metadata.name".into(),
+        });
+    }
+    let versions = spec["versions"].as_array().cloned().unwrap_or_default();
+    let storage_count = versions.iter().filter(|v| v["storage"] == true).count();
+    if storage_count != 1 {
+        causes.push(Cause { reason: "FieldValueInvalid".into(), message: format!("Invalid value: {storage_count}: must have exactly one version marked as storage version"), field: "spec.versions".into() });
+    }
+    if !causes.is_empty() {
+        return Err(causes);
+    }
+    let now = now_rfc3339();
+    let accepted = spec["names"].clone();
+    let stored_versions: Vec<Value> = versions.iter().filter(|v| v["storage"] == true).map(|v| v["name"].clone()).collect();
+    crd["status"] = json!({
+        "acceptedNames": accepted,
+        "storedVersions": stored_versions,
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": now},
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": now}
+        ]
+    });
+    Ok(())
+}
+
+fn encode_continue(revision: u64, key: &(String, String)) -> String {
+    use base64::Engine;
+    let raw = json!({"rv": revision, "ns": key.0, "name": key.1}).to_string();
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
+}
+
+fn decode_continue(token: &str) -> ApiResult<(u64, (String, String))> {
+    use base64::Engine;
+    let bad = || ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)");
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
+    let value: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let rv = value["rv"].as_u64().ok_or_else(bad)?;
+    Ok((rv, (value["ns"].as_str().unwrap_or_default().to_owned(), value["name"].as_str().unwrap_or_default().to_owned())))
+}

@@ -1,0 +1,352 @@
+//! The sim's storage: one global, monotonically increasing revision (like etcd's), objects
+//! by bucket and key, a bounded history of changes for watch resumption and consistent
+//! paginated lists, and a broadcast of every change.
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use crate::resources::StorageKey;
+
+/// Namespace ("" for cluster-scoped) and name.
+pub type ObjectKey = (String, String);
+
+/// What happened to an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl ChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Added => "ADDED",
+            ChangeKind::Modified => "MODIFIED",
+            ChangeKind::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One write, as watchers see it.
+#[derive(Debug)]
+pub struct Change {
+    pub revision: u64,
+    pub storage: StorageKey,
+    pub kind: ChangeKind,
+    /// The object after the change (for a deletion: as it was, with the deletion's revision).
+    pub object: Arc<Value>,
+    /// The object before the change, for Modified and Deleted.
+    pub previous: Option<Arc<Value>>,
+}
+
+/// Why a conditional write failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WriteError {
+    /// The object exists already (create).
+    Exists,
+    /// The object does not exist (replace, remove).
+    Missing,
+    /// The object's resourceVersion is not the expected one.
+    Stale,
+}
+
+/// A revision older than the retained history was asked for.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Compacted {
+    pub oldest_available: u64,
+}
+
+struct Inner {
+    revision: u64,
+    buckets: HashMap<StorageKey, BTreeMap<ObjectKey, Arc<Value>>>,
+    history: VecDeque<Arc<Change>>,
+    history_limit: usize,
+    /// Revisions at or below this are no longer in the history.
+    compacted: u64,
+}
+
+/// The store. Every write takes the lock, gets the next revision, records the change and
+/// broadcasts it before releasing, so watchers see changes in revision order.
+pub struct Store {
+    inner: Mutex<Inner>,
+    changes: broadcast::Sender<Arc<Change>>,
+}
+
+/// A watch's starting point: the changes after the requested revision that are already in the
+/// history, and a receiver for everything after them.
+pub struct Subscription {
+    pub backlog: Vec<Arc<Change>>,
+    pub receiver: broadcast::Receiver<Arc<Change>>,
+    /// The revision the backlog ends at; live changes at or below it are duplicates.
+    pub revision: u64,
+}
+
+/// The current objects of a bucket with a receiver for what follows.
+pub struct Snapshot {
+    pub objects: Vec<Arc<Value>>,
+    pub receiver: broadcast::Receiver<Arc<Change>>,
+    pub revision: u64,
+}
+
+fn key_of(object: &Value) -> ObjectKey {
+    let meta = &object["metadata"];
+    (
+        meta["namespace"].as_str().unwrap_or_default().to_owned(),
+        meta["name"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+pub fn resource_version(object: &Value) -> Option<u64> {
+    object["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse().ok())
+}
+
+impl Store {
+    pub fn new(history_limit: usize, broadcast_capacity: usize) -> Self {
+        let (changes, _) = broadcast::channel(broadcast_capacity.max(16));
+        Store {
+            inner: Mutex::new(Inner {
+                revision: 1,
+                buckets: HashMap::new(),
+                history: VecDeque::new(),
+                history_limit: history_limit.max(1),
+                compacted: 1,
+            }),
+            changes,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The current revision.
+    pub fn revision(&self) -> u64 {
+        self.lock().revision
+    }
+
+    pub fn get(&self, storage: &str, namespace: &str, name: &str) -> Option<Arc<Value>> {
+        let inner = self.lock();
+        inner.buckets.get(storage)?.get(&(namespace.to_owned(), name.to_owned())).cloned()
+    }
+
+    /// The current objects of a bucket (one namespace, or all) and the revision they are at.
+    pub fn list(&self, storage: &str, namespace: Option<&str>) -> (Vec<Arc<Value>>, u64) {
+        let inner = self.lock();
+        (Self::collect(&inner, storage, namespace), inner.revision)
+    }
+
+    fn collect(inner: &Inner, storage: &str, namespace: Option<&str>) -> Vec<Arc<Value>> {
+        let Some(bucket) = inner.buckets.get(storage) else {
+            return vec![];
+        };
+        match namespace {
+            Some(ns) => bucket
+                .range((ns.to_owned(), String::new())..)
+                .take_while(|((n, _), _)| n == ns)
+                .map(|(_, v)| v.clone())
+                .collect(),
+            None => bucket.values().cloned().collect(),
+        }
+    }
+
+    /// The objects of a bucket as they were at `revision`, rebuilt from the history.
+    pub fn list_at(&self, storage: &str, namespace: Option<&str>, revision: u64) -> Result<Vec<Arc<Value>>, Compacted> {
+        let inner = self.lock();
+        if revision < inner.compacted {
+            return Err(Compacted { oldest_available: inner.compacted });
+        }
+        let mut objects: BTreeMap<ObjectKey, Arc<Value>> = Self::collect(&inner, storage, namespace)
+            .into_iter()
+            .map(|o| (key_of(&o), o))
+            .collect();
+        for change in inner.history.iter().rev() {
+            if change.revision <= revision {
+                break;
+            }
+            if &*change.storage != storage {
+                continue;
+            }
+            let key = key_of(&change.object);
+            if namespace.is_some_and(|ns| ns != key.0) {
+                continue;
+            }
+            match (&change.kind, &change.previous) {
+                (ChangeKind::Added, _) => {
+                    objects.remove(&key);
+                }
+                (_, Some(previous)) => {
+                    objects.insert(key, previous.clone());
+                }
+                (_, None) => {}
+            }
+        }
+        Ok(objects.into_values().collect())
+    }
+
+    /// Current objects plus a receiver, atomically.
+    pub fn snapshot(&self, storage: &str, namespace: Option<&str>) -> Snapshot {
+        let inner = self.lock();
+        Snapshot {
+            objects: Self::collect(&inner, storage, namespace),
+            receiver: self.changes.subscribe(),
+            revision: inner.revision,
+        }
+    }
+
+    /// Changes after `revision` plus a receiver, atomically; `Compacted` if that revision is
+    /// older than the retained history.
+    pub fn subscribe_from(&self, storage: &str, revision: u64) -> Result<Subscription, Compacted> {
+        let inner = self.lock();
+        if revision < inner.compacted {
+            return Err(Compacted { oldest_available: inner.compacted });
+        }
+        let start = inner.history.partition_point(|c| c.revision <= revision);
+        let backlog = inner.history.range(start..).filter(|c| &*c.storage == storage).cloned().collect();
+        Ok(Subscription { backlog, receiver: self.changes.subscribe(), revision: inner.revision })
+    }
+
+    /// A receiver for every future change (for controllers inside the sim).
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
+        self.changes.subscribe()
+    }
+
+    /// Forgets the history up to the current revision, so any watch from an older revision
+    /// gets `410 Gone`.
+    pub fn compact(&self) {
+        let mut inner = self.lock();
+        inner.history.clear();
+        inner.compacted = inner.revision;
+    }
+
+    fn record(&self, inner: &mut Inner, storage: &StorageKey, kind: ChangeKind, object: Arc<Value>, previous: Option<Arc<Value>>) {
+        let change = Arc::new(Change { revision: inner.revision, storage: storage.clone(), kind, object, previous });
+        inner.history.push_back(change.clone());
+        while inner.history.len() > inner.history_limit {
+            if let Some(dropped) = inner.history.pop_front() {
+                inner.compacted = dropped.revision;
+            }
+        }
+        // No receivers is fine: nobody watches.
+        let _ = self.changes.send(change);
+    }
+
+    fn stamp(inner: &mut Inner, object: &mut Value) {
+        inner.revision += 1;
+        object["metadata"]["resourceVersion"] = Value::String(inner.revision.to_string());
+    }
+
+    /// Stores a new object; fails if the key is taken.
+    pub fn create(&self, storage: &StorageKey, mut object: Value) -> Result<Arc<Value>, WriteError> {
+        let mut inner = self.lock();
+        let key = key_of(&object);
+        if inner.buckets.get(storage).is_some_and(|b| b.contains_key(&key)) {
+            return Err(WriteError::Exists);
+        }
+        Self::stamp(&mut inner, &mut object);
+        let object = Arc::new(object);
+        inner.buckets.entry(storage.clone()).or_default().insert(key, object.clone());
+        self.record(&mut inner, storage, ChangeKind::Added, object.clone(), None);
+        Ok(object)
+    }
+
+    /// Replaces an object if its stored resourceVersion is `expected`.
+    pub fn replace(&self, storage: &StorageKey, mut object: Value, expected: u64) -> Result<Arc<Value>, WriteError> {
+        let mut inner = self.lock();
+        let key = key_of(&object);
+        let previous = inner.buckets.get(storage).and_then(|b| b.get(&key)).cloned().ok_or(WriteError::Missing)?;
+        if resource_version(&previous) != Some(expected) {
+            return Err(WriteError::Stale);
+        }
+        Self::stamp(&mut inner, &mut object);
+        let object = Arc::new(object);
+        inner.buckets.entry(storage.clone()).or_default().insert(key, object.clone());
+        self.record(&mut inner, storage, ChangeKind::Modified, object.clone(), Some(previous));
+        Ok(object)
+    }
+
+    /// Removes an object if its stored resourceVersion is `expected`.
+    pub fn remove(&self, storage: &StorageKey, namespace: &str, name: &str, expected: u64) -> Result<Arc<Value>, WriteError> {
+        let mut inner = self.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        let previous = inner.buckets.get(storage).and_then(|b| b.get(&key)).cloned().ok_or(WriteError::Missing)?;
+        if resource_version(&previous) != Some(expected) {
+            return Err(WriteError::Stale);
+        }
+        if let Some(bucket) = inner.buckets.get_mut(storage) {
+            bucket.remove(&key);
+        }
+        let mut gone = (*previous).clone();
+        Self::stamp(&mut inner, &mut gone);
+        let gone = Arc::new(gone);
+        self.record(&mut inner, storage, ChangeKind::Deleted, gone.clone(), Some(previous));
+        Ok(gone)
+    }
+
+    /// Every bucket's name, for the garbage collector.
+    pub fn buckets(&self) -> Vec<StorageKey> {
+        self.lock().buckets.keys().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str) -> Value {
+        json!({"metadata": {"namespace": "default", "name": name}})
+    }
+
+    #[test]
+    fn revisions_grow_across_buckets_and_history_rebuilds_old_lists() {
+        let store = Store::new(100, 16);
+        let pods: StorageKey = "/pods".into();
+        let cms: StorageKey = "/configmaps".into();
+        let a = store.create(&pods, pod("a")).unwrap();
+        let at_a = resource_version(&a).unwrap();
+        store.create(&cms, pod("c")).unwrap();
+        let mut changed = (*a).clone();
+        changed["spec"] = json!({"x": 1});
+        let a2 = store.replace(&pods, changed, at_a).unwrap();
+        assert!(resource_version(&a2).unwrap() > at_a + 1);
+        store.create(&pods, pod("b")).unwrap();
+
+        let then = store.list_at("/pods", None, at_a).unwrap();
+        assert_eq!(then.len(), 1);
+        assert_eq!(then[0]["spec"], Value::Null);
+        let (now, _) = store.list("/pods", Some("default"));
+        assert_eq!(now.len(), 2);
+    }
+
+    #[test]
+    fn stale_writes_are_refused() {
+        let store = Store::new(100, 16);
+        let pods: StorageKey = "/pods".into();
+        let a = store.create(&pods, pod("a")).unwrap();
+        assert_eq!(store.create(&pods, pod("a")).unwrap_err(), WriteError::Exists);
+        let rv = resource_version(&a).unwrap();
+        store.replace(&pods, pod("a"), rv).unwrap();
+        assert_eq!(store.replace(&pods, pod("a"), rv).unwrap_err(), WriteError::Stale);
+        assert_eq!(store.remove(&pods, "default", "a", rv).unwrap_err(), WriteError::Stale);
+    }
+
+    #[test]
+    fn history_is_bounded_and_old_revisions_are_compacted() {
+        let store = Store::new(3, 16);
+        let pods: StorageKey = "/pods".into();
+        let first = store.create(&pods, pod("p0")).unwrap();
+        for i in 1..10 {
+            store.create(&pods, pod(&format!("p{i}"))).unwrap();
+        }
+        assert!(store.subscribe_from("/pods", resource_version(&first).unwrap()).is_err());
+        let recent = store.revision() - 2;
+        let sub = store.subscribe_from("/pods", recent).unwrap();
+        assert_eq!(sub.backlog.len(), 2);
+    }
+}

@@ -1,0 +1,190 @@
+//! Watch streams: initial state or resumption from a revision, live changes filtered by
+//! namespace and selectors (an object leaving a selector is a DELETED, entering it an ADDED),
+//! bookmarks, timeouts, and `410 Gone` for revisions older than the history.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use futures::Stream;
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::{
+    error::ApiError,
+    resources::ResourceType,
+    selector::{FieldSelector, LabelSelector},
+    sim::Sim,
+    store::{Change, ChangeKind},
+    table::{self, IncludeObject},
+};
+
+/// How objects in events are rendered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Render {
+    Object,
+    Table(IncludeObject),
+    Metadata,
+}
+
+/// A parsed watch request.
+#[derive(Clone, Debug)]
+pub struct WatchRequest {
+    pub namespace: Option<String>,
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+    pub resource_version: Option<String>,
+    pub send_initial_events: bool,
+    pub bookmarks: bool,
+    pub timeout: Duration,
+    pub render: Render,
+}
+
+fn render(rt: &ResourceType, object: &Value, how: Render) -> Value {
+    match how {
+        Render::Object => object.clone(),
+        Render::Metadata => json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": object["metadata"]}),
+        Render::Table(include) => table::table(rt, std::slice::from_ref(object), json!({"resourceVersion": object["metadata"]["resourceVersion"]}), include),
+    }
+}
+
+fn line(kind: &str, object: Value) -> Bytes {
+    let mut text = json!({"type": kind, "object": object}).to_string();
+    text.push('\n');
+    Bytes::from(text)
+}
+
+fn bookmark(rt: &ResourceType, revision: u64, initial_end: bool) -> Bytes {
+    let mut metadata = json!({"resourceVersion": revision.to_string()});
+    if initial_end {
+        metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    line("BOOKMARK", json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": metadata}))
+}
+
+/// Turns one stored change into the event this watch sends, if any.
+fn event_for(sim: &Sim, rt: &ResourceType, request: &WatchRequest, change: &Change) -> Option<Bytes> {
+    if change.storage != rt.storage {
+        return None;
+    }
+    let matches = |stored: &Value| -> Option<Value> {
+        let view = sim.to_view(rt, stored);
+        Sim::matches(rt, &view, request.namespace.as_deref(), &request.labels, &request.fields).then_some(view)
+    };
+    let now = matches(&change.object);
+    let before = change.previous.as_deref().and_then(matches);
+    let (kind, object) = match change.kind {
+        ChangeKind::Added => ("ADDED", now?),
+        ChangeKind::Modified => match (before.is_some(), now) {
+            (true, Some(object)) => ("MODIFIED", object),
+            (false, Some(object)) => ("ADDED", object),
+            (true, None) => ("DELETED", sim.to_view(rt, &change.object)),
+            (false, None) => return None,
+        },
+        ChangeKind::Deleted => {
+            before?;
+            ("DELETED", sim.to_view(rt, &change.object))
+        }
+    };
+    Some(line(kind, render(rt, &object, request.render)))
+}
+
+/// Starts a watch; the stream ends on timeout, when the sim closes watches, or when the
+/// client fell too far behind (it then resumes from its last revision, like with a real
+/// server).
+pub fn watch(sim: Arc<Sim>, rt: Arc<ResourceType>, request: WatchRequest) -> Result<impl Stream<Item = Result<Bytes, std::convert::Infallible>>, ApiError> {
+    Sim::check_fields(&rt, &request.fields)?;
+    let revision: Option<u64> = match request.resource_version.as_deref() {
+        None | Some("") | Some("0") => None,
+        Some(rv) => Some(rv.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?),
+    };
+    let mut initial: Vec<Bytes> = vec![];
+    let mut gone: Option<Bytes> = None;
+    let (mut receiver, start) = match revision.filter(|_| !request.send_initial_events) {
+        Some(rv) => {
+            let forced = sim.expire_next_watch.swap(false, std::sync::atomic::Ordering::SeqCst);
+            match sim.store.subscribe_from(&rt.storage, rv) {
+                Ok(subscription) if !forced => {
+                    for change in &subscription.backlog {
+                        initial.extend(event_for(&sim, &rt, &request, change));
+                    }
+                    (subscription.receiver, subscription.revision)
+                }
+                result => {
+                    let oldest = match result {
+                        Err(compacted) => compacted.oldest_available,
+                        Ok(_) => sim.store.revision(),
+                    };
+                    let status = ApiError::Gone { message: format!("too old resource version: {rv} ({oldest})") }.status();
+                    gone = Some(line("ERROR", status));
+                    (sim.store.subscribe(), sim.store.revision())
+                }
+            }
+        }
+        None => {
+            let snapshot = sim.store.snapshot(&rt.storage, request.namespace.as_deref());
+            let mut objects: Vec<Value> = snapshot
+                .objects
+                .iter()
+                .map(|o| sim.to_view(&rt, o))
+                .filter(|o| Sim::matches(&rt, o, request.namespace.as_deref(), &request.labels, &request.fields))
+                .collect();
+            objects.sort_by(|a, b| a["metadata"]["name"].as_str().cmp(&b["metadata"]["name"].as_str()));
+            for object in objects {
+                initial.push(line("ADDED", render(&rt, &object, request.render)));
+            }
+            if request.send_initial_events && request.bookmarks {
+                initial.push(bookmark(&rt, snapshot.revision, true));
+            }
+            (snapshot.receiver, snapshot.revision)
+        }
+    };
+    let mut closer = sim.watch_closer.subscribe();
+    let stream = async_stream_lines(move |tx| async move {
+        if let Some(error) = gone {
+            let _ = tx.send(error).await;
+            return;
+        }
+        for item in initial {
+            if tx.send(item).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::sleep(request.timeout);
+        tokio::pin!(deadline);
+        let mut bookmarks = tokio::time::interval_at(tokio::time::Instant::now() + sim.config.bookmark_interval, sim.config.bookmark_interval);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                _ = tx.closed() => return,
+                changed = closer.changed() => {
+                    if changed.is_err() { return; }
+                    return;
+                }
+                _ = bookmarks.tick(), if request.bookmarks => {
+                    if tx.send(bookmark(&rt, sim.store.revision(), false)).await.is_err() { return; }
+                }
+                received = receiver.recv() => match received {
+                    Ok(change) => {
+                        if change.revision <= start { continue; }
+                        if let Some(event) = event_for(&sim, &rt, &request, &change) {
+                            if tx.send(event).await.is_err() { return; }
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => return,
+                },
+            }
+        }
+    });
+    Ok(stream)
+}
+
+/// A stream fed by a task through a bounded channel; the task stops when the client goes.
+fn async_stream_lines<F, Fut>(producer: F) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>>
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Bytes>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(256);
+    tokio::spawn(producer(tx));
+    futures::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), Ok)
+}

@@ -1,0 +1,6 @@
+//! berth-sim's API server, driven by real clients: kube-rs (`kube::Client`, `watcher`,
+//! `reflector`) and the machine's `kubectl`. Each test asserts what the real API server returns.
+
+mod support;
+
+mod api;
