@@ -77,8 +77,15 @@ impl CrdSchema {
                 }
             }
         }
-        if causes.is_empty() {
-            // CEL runs on structurally valid objects only, as in the API server.
+        let type_errors = causes.iter().any(|c| c.reason == "FieldValueTypeInvalid");
+        if type_errors {
+            causes.push(Cause {
+                reason: "FieldValueInvalid".to_owned(),
+                message: "Invalid value: \"null\": some validation rules were not checked because the object was invalid; correct the existing errors to complete validation".to_owned(),
+                field: "<nil>".to_owned(),
+            });
+        } else {
+            // CEL runs unless a value has the wrong type, as in the API server.
             if let Err(errors) = kube_cel::validate_compiled(&self.compiled, object, old) {
                 for error in errors.iter() {
                     let field = error.field_path.clone();
@@ -245,6 +252,14 @@ fn fmt_number(n: f64) -> String {
     if n.fract() == 0.0 { format!("{}", n as i64) } else { n.to_string() }
 }
 
+fn type_invalid(path: &str, actual: &str, message: String) -> Cause {
+    Cause {
+        reason: "FieldValueTypeInvalid".to_owned(),
+        message: format!("Invalid value: \"{actual}\": {message}"),
+        field: path.to_owned(),
+    }
+}
+
 fn invalid(path: &str, value: &Value, message: String) -> Cause {
     Cause {
         reason: "FieldValueInvalid".to_owned(),
@@ -259,20 +274,20 @@ fn validate_value(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Ca
             return;
         }
         let expected = schema["type"].as_str().unwrap_or("object");
-        causes.push(invalid(path, &Value::String("null".into()), format!("{path} in body must be of type {expected}: \"null\"")));
+        causes.push(type_invalid(path, "null", format!("{path} in body must be of type {expected}: \"null\"")));
         return;
     }
     let int_or_string = schema["x-kubernetes-int-or-string"].as_bool() == Some(true);
     if int_or_string {
         if !(value.is_string() || value.is_i64() || value.is_u64()) {
-            causes.push(invalid(path, &Value::String(json_type(value).into()), format!("{path} in body must be of type int-or-string: \"{}\"", json_type(value))));
+            causes.push(type_invalid(path, json_type(value), format!("{path} in body must be of type int-or-string: \"{}\"", json_type(value))));
             return;
         }
     } else if let Some(expected) = schema["type"].as_str() {
         let actual = json_type(value);
         let ok = actual == expected || (expected == "number" && actual == "integer");
         if !ok {
-            causes.push(invalid(path, &Value::String(actual.into()), format!("{path} in body must be of type {expected}: \"{actual}\"")));
+            causes.push(type_invalid(path, actual, format!("{path} in body must be of type {expected}: \"{actual}\"")));
             return;
         }
     }

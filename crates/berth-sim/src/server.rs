@@ -131,7 +131,9 @@ fn decode_body(headers: &HeaderMap, bytes: &Bytes) -> ApiResult<Value> {
         return Ok(Value::Null);
     }
     let content_type = header_str(headers, "content-type").unwrap_or("application/json");
-    if content_type.contains("yaml") {
+    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        crate::protobuf::decode(bytes)
+    } else if content_type.contains("yaml") {
         let text = std::str::from_utf8(bytes).map_err(|_| ApiError::bad_request("the body is not UTF-8"))?;
         serde_saphyr::from_str::<Value>(text).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
     } else {
@@ -184,6 +186,18 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
         ["apis", group] => {
             non_resource(sim, &identity, path)?;
             return discovery::group(&sim.registry(), group).map(ok).unwrap_or_else(|| Err(ApiError::no_such_path()));
+        }
+        ["openapi", "v3"] => {
+            non_resource(sim, &identity, path)?;
+            return ok(crate::openapi::index(&sim.registry()));
+        }
+        ["openapi", "v3", "api", version] => {
+            non_resource(sim, &identity, path)?;
+            return ok(crate::openapi::group_version(&sim.registry(), "", version).ok_or_else(ApiError::no_such_path)?);
+        }
+        ["openapi", "v3", "apis", group, version] => {
+            non_resource(sim, &identity, path)?;
+            return ok(crate::openapi::group_version(&sim.registry(), group, version).ok_or_else(ApiError::no_such_path)?);
         }
         ["api", "v1"] => {
             non_resource(sim, &identity, path)?;

@@ -429,7 +429,13 @@ impl Sim {
         let unknown = schema.prune(object);
         if strict && !unknown.is_empty() {
             let list: Vec<String> = unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
-            return Err(ApiError::bad_request(format!("{}.{} \"{name}\" is invalid: {}", rt.kind, rt.group, list.join(", "))));
+            let _ = name;
+            return Err(ApiError::bad_request(format!(
+                "{kind} in version \"{}\" cannot be handled as a {kind}: strict decoding error: {}",
+                rt.version,
+                list.join(", "),
+                kind = rt.kind
+            )));
         }
         let causes = schema.validate(object, old);
         if !causes.is_empty() {

@@ -234,8 +234,18 @@ fn event_cells(event: &Value, now: Timestamp) -> Vec<Value> {
     ]
 }
 
-fn custom_cell(object: &Value, col: &PrinterColumn) -> Value {
+fn custom_cell(object: &Value, col: &PrinterColumn, now: Timestamp) -> Value {
     let Some(path) = &col.json_path else { return Value::Null };
+    if col.type_ == "date" {
+        let path = if path.starts_with('$') { path.clone() } else { format!("${path}") };
+        let found: Vec<&Value> = object.query(&path).unwrap_or_default();
+        return found
+            .first()
+            .and_then(|v| v.as_str())
+            .and_then(|t| t.parse::<Timestamp>().ok())
+            .map(|t| json!(human_duration(now.duration_since(t).as_secs())))
+            .unwrap_or(Value::Null);
+    }
     let path = if path.starts_with('$') { path.clone() } else { format!("${path}") };
     let found: Vec<&Value> = object.query(&path).unwrap_or_default();
     match found.as_slice() {
@@ -249,7 +259,7 @@ fn cells(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], now: Timesta
     let name = json!(object["metadata"]["name"].as_str().unwrap_or_default());
     if !rt.printer_columns.is_empty() {
         let mut row = vec![name];
-        row.extend(cols.iter().skip(1).map(|c| custom_cell(object, c)));
+        row.extend(cols.iter().skip(1).map(|c| custom_cell(object, c, now)));
         return row;
     }
     let mut row = match (rt.group.as_str(), rt.resource.as_str()) {

@@ -30,7 +30,18 @@ enum Command {
     /// Print the Workspace CustomResourceDefinition as YAML (what `deploy/crds/` holds).
     Crd,
     /// Run only the simulated Kubernetes cluster and write a kubeconfig for it.
-    Sim,
+    Sim(SimArgs),
+}
+
+/// Options of `berth sim`.
+#[derive(clap::Args, Debug)]
+struct SimArgs {
+    /// Where to write the kubeconfig for the simulated cluster.
+    #[arg(long, default_value = "berth-sim.kubeconfig", env = "BERTH_SIM_KUBECONFIG")]
+    kubeconfig: std::path::PathBuf,
+    /// Port of the API server on 127.0.0.1; 0 picks a free one.
+    #[arg(long, default_value_t = 0, env = "BERTH_SIM_PORT")]
+    port: u16,
 }
 
 fn main() -> ExitCode {
@@ -49,11 +60,66 @@ fn main() -> ExitCode {
         Command::Dev => not_built_yet("dev"),
         Command::Controller => not_built_yet("controller"),
         Command::Agent { .. } => not_built_yet("agent"),
-        Command::Sim => not_built_yet("sim"),
+        Command::Sim(args) => run_sim(args),
     }
 }
 
 fn not_built_yet(subcommand: &str) -> ExitCode {
     eprintln!("berth {subcommand}: not built yet (see the open issues)");
     ExitCode::from(2)
+}
+
+/// `berth sim`: serve the simulated cluster until Ctrl-C or SIGTERM.
+fn run_sim(args: SimArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("berth sim: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let config = berth_sim::SimConfig { port: args.port, ..Default::default() };
+        let cluster = match berth_sim::SimCluster::start(config).await {
+            Ok(cluster) => cluster,
+            Err(err) => {
+                eprintln!("berth sim: {err}");
+                return ExitCode::FAILURE;
+            }
+        };
+        if let Err(err) = cluster.write_kubeconfig(&args.kubeconfig) {
+            eprintln!("berth sim: cannot write {}: {err}", args.kubeconfig.display());
+            return ExitCode::FAILURE;
+        }
+        println!("berth sim: API server at {}", cluster.url());
+        println!("berth sim: kubeconfig written to {}", args.kubeconfig.display());
+        println!("  kubectl --kubeconfig {} get namespaces", args.kubeconfig.display());
+        println!("berth sim: Ctrl-C or SIGTERM stops it");
+        wait_for_shutdown_signal().await;
+        cluster.shutdown();
+        println!("berth sim: stopped");
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
 }
