@@ -40,7 +40,14 @@ pub fn fields_of(object: &Value, status_only: bool) -> FieldSet {
                     if let Value::Object(meta) = value {
                         for field in TRACKED_METADATA {
                             if let Some(v) = meta.get(*field) {
-                                walk(v, vec![Step::Field("metadata".into()), Step::Field((*field).into())], &mut set);
+                                walk(
+                                    v,
+                                    vec![
+                                        Step::Field("metadata".into()),
+                                        Step::Field((*field).into()),
+                                    ],
+                                    &mut set,
+                                );
                             }
                         }
                     }
@@ -80,7 +87,10 @@ fn walk(value: &Value, path: Path, set: &mut FieldSet) {
                 Some(key) if items.iter().all(|e| e.get(key).is_some()) => {
                     for element in items {
                         let mut child = path.clone();
-                        child.push(Step::Key(key.to_owned(), key_string(element, key).unwrap_or_default()));
+                        child.push(Step::Key(
+                            key.to_owned(),
+                            key_string(element, key).unwrap_or_default(),
+                        ));
                         match element {
                             Value::Object(m) if m.len() > 1 => {
                                 for (k, v) in m {
@@ -114,7 +124,9 @@ pub fn get<'a>(object: &'a Value, path: &Path) -> Option<&'a Value> {
             Step::Field(f) => node.get(f)?,
             Step::Key(key, id) => {
                 let wanted: Value = serde_json::from_str(id).ok()?;
-                node.as_array()?.iter().find(|e| e.get(key) == wanted.get(key))?
+                node.as_array()?
+                    .iter()
+                    .find(|e| e.get(key) == wanted.get(key))?
             }
         };
     }
@@ -134,8 +146,13 @@ pub fn remove(object: &mut Value, path: &Path) {
                 None => return,
             },
             Step::Key(key, id) => {
-                let Ok(wanted) = serde_json::from_str::<Value>(id) else { return };
-                match node.as_array_mut().and_then(|a| a.iter_mut().find(|e| e.get(key) == wanted.get(key))) {
+                let Ok(wanted) = serde_json::from_str::<Value>(id) else {
+                    return;
+                };
+                match node
+                    .as_array_mut()
+                    .and_then(|a| a.iter_mut().find(|e| e.get(key) == wanted.get(key)))
+                {
                     Some(n) => n,
                     None => return,
                 }
@@ -163,7 +180,7 @@ pub fn merge_applied(live: &mut Value, applied: &Value, field: &str) {
         (Value::Object(l), Value::Object(a)) => {
             for (k, v) in a {
                 match l.get_mut(k) {
-                    Some(existing) if !(k == "ownerReferences") => merge_applied(existing, v, k),
+                    Some(existing) if (k != "ownerReferences") => merge_applied(existing, v, k),
                     _ => {
                         l.insert(k.clone(), v.clone());
                     }
@@ -171,7 +188,10 @@ pub fn merge_applied(live: &mut Value, applied: &Value, field: &str) {
             }
         }
         (Value::Array(l), Value::Array(a)) => match merge_key(field, a.first()) {
-            Some(key) if a.iter().all(|e| e.get(key).is_some()) && l.iter().all(|e| e.get(key).is_some()) => {
+            Some(key)
+                if a.iter().all(|e| e.get(key).is_some())
+                    && l.iter().all(|e| e.get(key).is_some()) =>
+            {
                 for element in a {
                     match l.iter_mut().find(|e| e.get(key) == element.get(key)) {
                         Some(existing) => merge_applied(existing, element, ""),
@@ -195,11 +215,11 @@ pub fn to_fields_v1(set: &FieldSet) -> Value {
                 Step::Field(f) => (format!("f:{f}"), false),
                 Step::Key(_, id) => (format!("k:{id}"), true),
             };
-            let entry = node.entry(name).or_insert_with(|| Value::Object(Map::new()));
-            if is_element {
-                if let Value::Object(m) = entry {
-                    m.entry(".").or_insert_with(|| Value::Object(Map::new()));
-                }
+            let entry = node
+                .entry(name)
+                .or_insert_with(|| Value::Object(Map::new()));
+            if is_element && let Value::Object(m) = entry {
+                m.entry(".").or_insert_with(|| Value::Object(Map::new()));
             }
             node = match entry {
                 Value::Object(m) => m,
@@ -214,7 +234,8 @@ pub fn to_fields_v1(set: &FieldSet) -> Value {
 pub fn from_fields_v1(tree: &Value) -> FieldSet {
     fn go(node: &Value, path: Path, set: &mut FieldSet) {
         let Some(map) = node.as_object() else { return };
-        let children: Vec<(&String, &Value)> = map.iter().filter(|(k, _)| k.as_str() != ".").collect();
+        let children: Vec<(&String, &Value)> =
+            map.iter().filter(|(k, _)| k.as_str() != ".").collect();
         if children.is_empty() {
             if !path.is_empty() {
                 set.insert(path);
@@ -340,9 +361,14 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer<'_>) 
         .cloned()
         .collect();
     let mut list = old.map(entries).unwrap_or_default();
-    let all_new = fields_of(new, false).union(&fields_of(new, true)).cloned().collect::<FieldSet>();
+    let all_new = fields_of(new, false)
+        .union(&fields_of(new, true))
+        .cloned()
+        .collect::<FieldSet>();
     for entry in &mut list {
-        entry.fields.retain(|p| all_new.contains(p) && !changed.contains(p));
+        entry
+            .fields
+            .retain(|p| all_new.contains(p) && !changed.contains(p));
     }
     if !changed.is_empty() {
         upsert(&mut list, writer, "Update", changed, false);
@@ -350,11 +376,18 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer<'_>) 
     set_entries(new, &list);
 }
 
-fn upsert(list: &mut Vec<Entry>, writer: &Writer<'_>, operation: &str, fields: FieldSet, replace: bool) {
-    match list
-        .iter_mut()
-        .find(|e| e.manager == writer.manager && e.operation == operation && e.subresource == writer.subresource)
-    {
+fn upsert(
+    list: &mut Vec<Entry>,
+    writer: &Writer<'_>,
+    operation: &str,
+    fields: FieldSet,
+    replace: bool,
+) {
+    match list.iter_mut().find(|e| {
+        e.manager == writer.manager
+            && e.operation == operation
+            && e.subresource == writer.subresource
+    }) {
         Some(entry) => {
             if replace {
                 entry.fields = fields;
@@ -377,14 +410,24 @@ fn upsert(list: &mut Vec<Entry>, writer: &Writer<'_>, operation: &str, fields: F
 
 /// Server-side apply of `applied` onto `live` (an empty object when creating). Returns the
 /// new object with managed fields, or a 409 listing the conflicts.
-pub fn apply(live: &Value, applied: &Value, writer: &Writer<'_>, force: bool, resource: &str, group: &str, name: &str) -> Result<Value, ApiError> {
+pub fn apply(
+    live: &Value,
+    applied: &Value,
+    writer: &Writer<'_>,
+    force: bool,
+    resource: &str,
+    group: &str,
+    name: &str,
+) -> Result<Value, ApiError> {
     let status_only = writer.subresource == "status";
     let applied_fields = fields_of(applied, status_only);
     let mut list = entries(live);
 
     let mut conflicts: BTreeMap<Path, Vec<String>> = BTreeMap::new();
     for entry in &list {
-        let same_manager = entry.manager == writer.manager && entry.operation == "Apply" && entry.subresource == writer.subresource;
+        let same_manager = entry.manager == writer.manager
+            && entry.operation == "Apply"
+            && entry.subresource == writer.subresource;
         if same_manager {
             continue;
         }
@@ -411,30 +454,49 @@ pub fn apply(live: &Value, applied: &Value, writer: &Writer<'_>, force: bool, re
             })
             .collect();
         let count = causes.len();
-        let lines: Vec<String> = causes.iter().map(|c| format!("- {}: {}", c.message, c.field)).collect();
+        let lines: Vec<String> = causes
+            .iter()
+            .map(|c| format!("- {}: {}", c.message, c.field))
+            .collect();
         let summary = if count == 1 {
-            format!("Apply failed with 1 conflict: {}: {}", causes[0].message, causes[0].field)
+            format!(
+                "Apply failed with 1 conflict: {}: {}",
+                causes[0].message, causes[0].field
+            )
         } else {
             format!("Apply failed with {count} conflicts: {}", lines.join("\n"))
         };
         let _ = (resource, name);
-        return Err(ApiError::Conflict { message: summary, kind: resource.to_owned(), name: name.to_owned(), group: group.to_owned(), causes });
+        return Err(ApiError::Conflict {
+            message: summary,
+            kind: resource.to_owned(),
+            name: name.to_owned(),
+            group: group.to_owned(),
+            causes,
+        });
     }
 
     let previously_applied = list
         .iter()
-        .find(|e| e.manager == writer.manager && e.operation == "Apply" && e.subresource == writer.subresource)
+        .find(|e| {
+            e.manager == writer.manager
+                && e.operation == "Apply"
+                && e.subresource == writer.subresource
+        })
         .map(|e| e.fields.clone())
         .unwrap_or_default();
     // With force, the applier takes the conflicting fields.
     for entry in &mut list {
-        entry.fields.retain(|p| !(applied_fields.contains(p) && get(live, p) != get(applied, p)) || (entry.manager == writer.manager && entry.operation == "Apply"));
+        entry.fields.retain(|p| {
+            !(applied_fields.contains(p) && get(live, p) != get(applied, p))
+                || (entry.manager == writer.manager && entry.operation == "Apply")
+        });
     }
     let mut result = live.clone();
     for path in previously_applied.difference(&applied_fields) {
-        let owned_elsewhere = list
-            .iter()
-            .any(|e| !(e.manager == writer.manager && e.operation == "Apply") && e.fields.contains(path));
+        let owned_elsewhere = list.iter().any(|e| {
+            !(e.manager == writer.manager && e.operation == "Apply") && e.fields.contains(path)
+        });
         if !owned_elsewhere {
             remove(&mut result, path);
         }
@@ -459,7 +521,12 @@ mod tests {
     use super::*;
 
     fn writer(manager: &'static str) -> Writer<'static> {
-        Writer { manager, api_version: "v1", subresource: "", now: "2026-01-01T00:00:00Z" }
+        Writer {
+            manager,
+            api_version: "v1",
+            subresource: "",
+            now: "2026-01-01T00:00:00Z",
+        }
     }
 
     #[test]
@@ -467,22 +534,64 @@ mod tests {
         let obj = json!({"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"name": "app", "image": "x"}], "replicas": 2}});
         let set = fields_of(&obj, false);
         let tree = to_fields_v1(&set);
-        assert_eq!(tree, json!({
-            "f:metadata": {"f:labels": {"f:a": {}}},
-            "f:spec": {"f:containers": {"k:{\"name\":\"app\"}": {".": {}, "f:image": {}, "f:name": {}}}, "f:replicas": {}}
-        }));
+        assert_eq!(
+            tree,
+            json!({
+                "f:metadata": {"f:labels": {"f:a": {}}},
+                "f:spec": {"f:containers": {"k:{\"name\":\"app\"}": {".": {}, "f:image": {}, "f:name": {}}}, "f:replicas": {}}
+            })
+        );
         assert_eq!(from_fields_v1(&tree), set);
     }
 
     #[test]
     fn a_second_manager_conflicts_unless_forced() {
-        let first = apply(&json!({"metadata": {"name": "x"}}), &json!({"spec": {"replicas": 1, "image": "a"}}), &writer("alpha"), false, "things", "", "x").unwrap();
-        let err = apply(&first, &json!({"spec": {"replicas": 2}}), &writer("beta"), false, "things", "", "x").unwrap_err();
+        let first = apply(
+            &json!({"metadata": {"name": "x"}}),
+            &json!({"spec": {"replicas": 1, "image": "a"}}),
+            &writer("alpha"),
+            false,
+            "things",
+            "",
+            "x",
+        )
+        .unwrap();
+        let err = apply(
+            &first,
+            &json!({"spec": {"replicas": 2}}),
+            &writer("beta"),
+            false,
+            "things",
+            "",
+            "x",
+        )
+        .unwrap_err();
         assert_eq!(err.code(), 409);
-        assert_eq!(err.to_string(), "Apply failed with 1 conflict: conflict with \"alpha\": .spec.replicas");
+        assert_eq!(
+            err.to_string(),
+            "Apply failed with 1 conflict: conflict with \"alpha\": .spec.replicas"
+        );
         // Same value: shared ownership, no conflict.
-        apply(&first, &json!({"spec": {"replicas": 1}}), &writer("beta"), false, "things", "", "x").unwrap();
-        let forced = apply(&first, &json!({"spec": {"replicas": 2}}), &writer("beta"), true, "things", "", "x").unwrap();
+        apply(
+            &first,
+            &json!({"spec": {"replicas": 1}}),
+            &writer("beta"),
+            false,
+            "things",
+            "",
+            "x",
+        )
+        .unwrap();
+        let forced = apply(
+            &first,
+            &json!({"spec": {"replicas": 2}}),
+            &writer("beta"),
+            true,
+            "things",
+            "",
+            "x",
+        )
+        .unwrap();
         assert_eq!(forced["spec"]["replicas"], 2);
         let owners = entries(&forced);
         let alpha = owners.iter().find(|e| e.manager == "alpha").unwrap();
@@ -491,18 +600,57 @@ mod tests {
 
     #[test]
     fn fields_a_manager_stops_applying_are_removed() {
-        let first = apply(&json!({"metadata": {"name": "x"}}), &json!({"metadata": {"labels": {"a": "1", "b": "2"}}}), &writer("alpha"), false, "things", "", "x").unwrap();
-        let second = apply(&first, &json!({"metadata": {"labels": {"a": "1"}}}), &writer("alpha"), false, "things", "", "x").unwrap();
+        let first = apply(
+            &json!({"metadata": {"name": "x"}}),
+            &json!({"metadata": {"labels": {"a": "1", "b": "2"}}}),
+            &writer("alpha"),
+            false,
+            "things",
+            "",
+            "x",
+        )
+        .unwrap();
+        let second = apply(
+            &first,
+            &json!({"metadata": {"labels": {"a": "1"}}}),
+            &writer("alpha"),
+            false,
+            "things",
+            "",
+            "x",
+        )
+        .unwrap();
         assert_eq!(second["metadata"]["labels"], json!({"a": "1"}));
     }
 
     #[test]
     fn updates_take_ownership_from_appliers() {
-        let applied = apply(&json!({"metadata": {"name": "x"}}), &json!({"spec": {"replicas": 1}}), &writer("alpha"), false, "things", "", "x").unwrap();
+        let applied = apply(
+            &json!({"metadata": {"name": "x"}}),
+            &json!({"spec": {"replicas": 1}}),
+            &writer("alpha"),
+            false,
+            "things",
+            "",
+            "x",
+        )
+        .unwrap();
         let mut updated = applied.clone();
         updated["spec"]["replicas"] = json!(5);
         record_update(Some(&applied), &mut updated, &writer("kubectl-edit"));
-        let err = apply(&updated, &json!({"spec": {"replicas": 1}}), &writer("alpha"), false, "things", "", "x").unwrap_err();
-        assert_eq!(err.to_string(), "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using v1: .spec.replicas");
+        let err = apply(
+            &updated,
+            &json!({"spec": {"replicas": 1}}),
+            &writer("alpha"),
+            false,
+            "things",
+            "",
+            "x",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using v1: .spec.replicas"
+        );
     }
 }

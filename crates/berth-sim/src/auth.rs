@@ -33,7 +33,10 @@ impl Identity {
         Identity {
             username: SUPERUSER.to_owned(),
             uid: String::new(),
-            groups: vec!["system:masters".to_owned(), "system:authenticated".to_owned()],
+            groups: vec![
+                "system:masters".to_owned(),
+                "system:authenticated".to_owned(),
+            ],
         }
     }
 
@@ -60,31 +63,30 @@ impl Identity {
 
     /// A user named by impersonation headers; service-account names get their groups.
     pub fn impersonated(username: &str, groups: Vec<String>) -> Self {
-        if let Some(rest) = username.strip_prefix("system:serviceaccount:") {
-            if let Some((namespace, name)) = rest.split_once(':') {
-                let mut identity = Identity::service_account(namespace, name, "");
-                for g in groups {
-                    if !identity.groups.contains(&g) {
-                        identity.groups.push(g);
-                    }
+        if let Some(rest) = username.strip_prefix("system:serviceaccount:")
+            && let Some((namespace, name)) = rest.split_once(':')
+        {
+            let mut identity = Identity::service_account(namespace, name, "");
+            for g in groups {
+                if !identity.groups.contains(&g) {
+                    identity.groups.push(g);
                 }
-                return identity;
             }
+            return identity;
         }
         let mut groups = groups;
         if username != "system:anonymous" && !groups.iter().any(|g| g == "system:authenticated") {
             groups.push("system:authenticated".to_owned());
         }
-        Identity { username: username.to_owned(), uid: String::new(), groups }
+        Identity {
+            username: username.to_owned(),
+            uid: String::new(),
+            groups,
+        }
     }
 
     pub fn is_superuser(&self) -> bool {
         self.groups.iter().any(|g| g == "system:masters")
-    }
-
-    /// `(namespace, name)` when this is a service account.
-    pub fn service_account_name(&self) -> Option<(&str, &str)> {
-        self.username.strip_prefix("system:serviceaccount:")?.split_once(':')
     }
 }
 
@@ -104,7 +106,10 @@ pub enum TokenError {
     #[error("token has expired")]
     Expired,
     #[error("token audiences {token:?} is invalid for the target audiences {wanted:?}")]
-    WrongAudience { token: Vec<String>, wanted: Vec<String> },
+    WrongAudience {
+        token: Vec<String>,
+        wanted: Vec<String>,
+    },
 }
 
 /// Tokens the sim issued.
@@ -116,24 +121,48 @@ pub struct Tokens {
 impl Tokens {
     /// Registers a fixed token (the kubeconfig's).
     pub fn insert(&self, token: &str, info: TokenInfo) {
-        self.issued.lock().unwrap_or_else(|p| p.into_inner()).insert(token.to_owned(), info);
+        self.issued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(token.to_owned(), info);
     }
 
     /// Issues a new token for `identity`.
-    pub fn issue(&self, identity: Identity, audiences: Vec<String>, ttl: Duration) -> (String, Timestamp) {
+    pub fn issue(
+        &self,
+        identity: Identity,
+        audiences: Vec<String>,
+        ttl: Duration,
+    ) -> (String, Timestamp) {
         let mut bytes = [0u8; 32];
         rand::rng().fill_bytes(&mut bytes);
-        let token = format!("sim.{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes));
+        let token = format!(
+            "sim.{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+        );
         let expires = Timestamp::now()
-            .checked_add(jiff::SignedDuration::try_from(ttl).unwrap_or(jiff::SignedDuration::from_hours(1)))
+            .checked_add(
+                jiff::SignedDuration::try_from(ttl).unwrap_or(jiff::SignedDuration::from_hours(1)),
+            )
             .unwrap_or(Timestamp::MAX);
-        self.insert(&token, TokenInfo { identity, audiences, expires: Some(expires) });
+        self.insert(
+            &token,
+            TokenInfo {
+                identity,
+                audiences,
+                expires: Some(expires),
+            },
+        );
         (token, expires)
     }
 
     /// Checks a token for `wanted` audiences (any overlap), as TokenReview does. Returns the
     /// identity and the audiences that matched.
-    pub fn review(&self, token: &str, wanted: &[String]) -> Result<(Identity, Vec<String>), TokenError> {
+    pub fn review(
+        &self,
+        token: &str,
+        wanted: &[String],
+    ) -> Result<(Identity, Vec<String>), TokenError> {
         let issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
         let info = issued.get(token).ok_or(TokenError::Unknown)?;
         if info.expires.is_some_and(|e| e <= Timestamp::now()) {
@@ -142,10 +171,17 @@ impl Tokens {
         let matched: Vec<String> = if info.audiences.is_empty() {
             wanted.to_vec()
         } else {
-            wanted.iter().filter(|w| info.audiences.contains(w)).cloned().collect()
+            wanted
+                .iter()
+                .filter(|w| info.audiences.contains(w))
+                .cloned()
+                .collect()
         };
         if matched.is_empty() && !wanted.is_empty() {
-            return Err(TokenError::WrongAudience { token: info.audiences.clone(), wanted: wanted.to_vec() });
+            return Err(TokenError::WrongAudience {
+                token: info.audiences.clone(),
+                wanted: wanted.to_vec(),
+            });
         }
         Ok((info.identity.clone(), matched))
     }
@@ -172,7 +208,10 @@ pub struct Decision {
 }
 
 fn strings(value: &Value) -> Vec<&str> {
-    value.as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+    value
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }
 
 fn subject_matches(subject: &Value, user: &Identity, binding_namespace: &str) -> bool {
@@ -181,7 +220,10 @@ fn subject_matches(subject: &Value, user: &Identity, binding_namespace: &str) ->
         "User" => name == user.username,
         "Group" => user.groups.iter().any(|g| g == name),
         "ServiceAccount" => {
-            let ns = subject["namespace"].as_str().filter(|n| !n.is_empty()).unwrap_or(binding_namespace);
+            let ns = subject["namespace"]
+                .as_str()
+                .filter(|n| !n.is_empty())
+                .unwrap_or(binding_namespace);
             user.username == format!("system:serviceaccount:{ns}:{name}")
         }
         _ => false,
@@ -195,10 +237,16 @@ fn rule_allows(rule: &Value, attrs: &Attributes) -> bool {
     }
     if let Some(path) = &attrs.path {
         return strings(&rule["nonResourceURLs"]).iter().any(|u| {
-            *u == "*" || *u == path || u.strip_suffix('*').is_some_and(|prefix| path.starts_with(prefix))
+            *u == "*"
+                || *u == path
+                || u.strip_suffix('*')
+                    .is_some_and(|prefix| path.starts_with(prefix))
         });
     }
-    if !strings(&rule["apiGroups"]).iter().any(|g| *g == "*" || *g == attrs.group) {
+    if !strings(&rule["apiGroups"])
+        .iter()
+        .any(|g| *g == "*" || *g == attrs.group)
+    {
         return false;
     }
     let combined = if attrs.subresource.is_empty() {
@@ -209,7 +257,8 @@ fn rule_allows(rule: &Value, attrs: &Attributes) -> bool {
     let resource_ok = strings(&rule["resources"]).iter().any(|r| {
         *r == "*"
             || *r == combined
-            || (!attrs.subresource.is_empty() && r.strip_prefix("*/") == Some(attrs.subresource.as_str()))
+            || (!attrs.subresource.is_empty()
+                && r.strip_prefix("*/") == Some(attrs.subresource.as_str()))
     });
     if !resource_ok {
         return false;
@@ -235,7 +284,10 @@ fn role_rules(store: &Store, role_ref: &Value, binding_namespace: &str) -> Optio
 /// Evaluates RBAC for `user` doing `attrs`, as the real RBAC authorizer does.
 pub fn authorize(store: &Store, user: &Identity, attrs: &Attributes) -> Decision {
     if user.is_superuser() {
-        return Decision { allowed: true, reason: String::new() };
+        return Decision {
+            allowed: true,
+            reason: String::new(),
+        };
     }
     let describe_subject = |subject: &Value| -> String {
         match subject["kind"].as_str() {
@@ -244,22 +296,58 @@ pub fn authorize(store: &Store, user: &Identity, attrs: &Attributes) -> Decision
                 subject["name"].as_str().unwrap_or_default(),
                 subject["namespace"].as_str().unwrap_or_default()
             ),
-            Some(kind) => format!("{kind} \"{}\"", subject["name"].as_str().unwrap_or_default()),
+            Some(kind) => format!(
+                "{kind} \"{}\"",
+                subject["name"].as_str().unwrap_or_default()
+            ),
             None => String::new(),
         }
     };
     let (cluster_bindings, _) = store.list(CLUSTER_ROLE_BINDINGS, None);
     for binding in cluster_bindings {
-        let Some(subject) = binding["subjects"].as_array().and_then(|s| s.iter().find(|s| subject_matches(s, user, ""))) else {
+        let Some(subject) = binding["subjects"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| subject_matches(s, user, "")))
+        else {
             continue;
         };
-        if let Some(role) = role_rules(store, &binding["roleRef"], "") {
-            if role["rules"].as_array().is_some_and(|rules| rules.iter().any(|r| rule_allows(r, attrs))) {
+        if let Some(role) = role_rules(store, &binding["roleRef"], "")
+            && role["rules"]
+                .as_array()
+                .is_some_and(|rules| rules.iter().any(|r| rule_allows(r, attrs)))
+        {
+            return Decision {
+                allowed: true,
+                reason: format!(
+                    "RBAC: allowed by ClusterRoleBinding \"{}\" of ClusterRole \"{}\" to {}",
+                    binding["metadata"]["name"].as_str().unwrap_or_default(),
+                    binding["roleRef"]["name"].as_str().unwrap_or_default(),
+                    describe_subject(subject)
+                ),
+            };
+        }
+    }
+    if !attrs.namespace.is_empty() && attrs.path.is_none() {
+        let (bindings, _) = store.list(ROLE_BINDINGS, Some(&attrs.namespace));
+        for binding in bindings {
+            let Some(subject) = binding["subjects"].as_array().and_then(|s| {
+                s.iter()
+                    .find(|s| subject_matches(s, user, &attrs.namespace))
+            }) else {
+                continue;
+            };
+            if let Some(role) = role_rules(store, &binding["roleRef"], &attrs.namespace)
+                && role["rules"]
+                    .as_array()
+                    .is_some_and(|rules| rules.iter().any(|r| rule_allows(r, attrs)))
+            {
                 return Decision {
                     allowed: true,
                     reason: format!(
-                        "RBAC: allowed by ClusterRoleBinding \"{}\" of ClusterRole \"{}\" to {}",
+                        "RBAC: allowed by RoleBinding \"{}/{}\" of {} \"{}\" to {}",
                         binding["metadata"]["name"].as_str().unwrap_or_default(),
+                        attrs.namespace,
+                        binding["roleRef"]["kind"].as_str().unwrap_or_default(),
                         binding["roleRef"]["name"].as_str().unwrap_or_default(),
                         describe_subject(subject)
                     ),
@@ -267,47 +355,31 @@ pub fn authorize(store: &Store, user: &Identity, attrs: &Attributes) -> Decision
             }
         }
     }
-    if !attrs.namespace.is_empty() && attrs.path.is_none() {
-        let (bindings, _) = store.list(ROLE_BINDINGS, Some(&attrs.namespace));
-        for binding in bindings {
-            let Some(subject) = binding["subjects"]
-                .as_array()
-                .and_then(|s| s.iter().find(|s| subject_matches(s, user, &attrs.namespace)))
-            else {
-                continue;
-            };
-            if let Some(role) = role_rules(store, &binding["roleRef"], &attrs.namespace) {
-                if role["rules"].as_array().is_some_and(|rules| rules.iter().any(|r| rule_allows(r, attrs))) {
-                    return Decision {
-                        allowed: true,
-                        reason: format!(
-                            "RBAC: allowed by RoleBinding \"{}/{}\" of {} \"{}\" to {}",
-                            binding["metadata"]["name"].as_str().unwrap_or_default(),
-                            attrs.namespace,
-                            binding["roleRef"]["kind"].as_str().unwrap_or_default(),
-                            binding["roleRef"]["name"].as_str().unwrap_or_default(),
-                            describe_subject(subject)
-                        ),
-                    };
-                }
-            }
-        }
+    Decision {
+        allowed: false,
+        reason: String::new(),
     }
-    Decision { allowed: false, reason: String::new() }
 }
 
 /// The 403 the API server returns when RBAC denies a resource request.
 pub fn forbidden(user: &Identity, attrs: &Attributes) -> ApiError {
     if let Some(path) = &attrs.path {
         return ApiError::Forbidden {
-            message: format!("forbidden: User \"{}\" cannot {} path \"{path}\"", user.username, attrs.verb),
+            message: format!(
+                "forbidden: User \"{}\" cannot {} path \"{path}\"",
+                user.username, attrs.verb
+            ),
             kind: String::new(),
             name: None,
             group: String::new(),
         };
     }
     let qualified = crate::error::qualified(&attrs.resource, &attrs.group);
-    let object = if attrs.name.is_empty() { qualified } else { format!("{qualified} \"{}\"", attrs.name) };
+    let object = if attrs.name.is_empty() {
+        qualified
+    } else {
+        format!("{qualified} \"{}\"", attrs.name)
+    };
     let resource = if attrs.subresource.is_empty() {
         attrs.resource.clone()
     } else {
@@ -354,32 +426,62 @@ pub fn bootstrap_policy() -> Vec<(StorageKey, Value)> {
         )
     };
     vec![
-        role("cluster-admin", json!([
-            {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
-            {"nonResourceURLs": ["*"], "verbs": ["*"]}
-        ])),
-        role("system:auth-delegator", json!([
-            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
-            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
-        ])),
-        role("system:basic-user", json!([
-            {"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]},
-            {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]}
-        ])),
-        role("system:discovery", json!([
-            {"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz", "/version", "/version/"], "verbs": ["get"]}
-        ])),
-        role("system:public-info-viewer", json!([
-            {"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}
-        ])),
-        role("view", json!([
-            {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "services", "persistentvolumeclaims", "configmaps", "events", "serviceaccounts", "namespaces"], "verbs": ["get", "list", "watch"]},
-            {"apiGroups": ["events.k8s.io", "coordination.k8s.io"], "resources": ["*"], "verbs": ["get", "list", "watch"]}
-        ])),
+        role(
+            "cluster-admin",
+            json!([
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]},
+                {"nonResourceURLs": ["*"], "verbs": ["*"]}
+            ]),
+        ),
+        role(
+            "system:auth-delegator",
+            json!([
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}
+            ]),
+        ),
+        role(
+            "system:basic-user",
+            json!([
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], "verbs": ["create"]},
+                {"apiGroups": ["authentication.k8s.io"], "resources": ["selfsubjectreviews"], "verbs": ["create"]}
+            ]),
+        ),
+        role(
+            "system:discovery",
+            json!([
+                {"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz", "/version", "/version/"], "verbs": ["get"]}
+            ]),
+        ),
+        role(
+            "system:public-info-viewer",
+            json!([
+                {"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}
+            ]),
+        ),
+        role(
+            "view",
+            json!([
+                {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "services", "persistentvolumeclaims", "configmaps", "events", "serviceaccounts", "namespaces"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["events.k8s.io", "coordination.k8s.io"], "resources": ["*"], "verbs": ["get", "list", "watch"]}
+            ]),
+        ),
         binding("cluster-admin", "cluster-admin", &["system:masters"]),
-        binding("system:basic-user", "system:basic-user", &["system:authenticated"]),
-        binding("system:discovery", "system:discovery", &["system:authenticated"]),
-        binding("system:public-info-viewer", "system:public-info-viewer", &["system:authenticated", "system:unauthenticated"]),
+        binding(
+            "system:basic-user",
+            "system:basic-user",
+            &["system:authenticated"],
+        ),
+        binding(
+            "system:discovery",
+            "system:discovery",
+            &["system:authenticated"],
+        ),
+        binding(
+            "system:public-info-viewer",
+            "system:public-info-viewer",
+            &["system:authenticated", "system:unauthenticated"],
+        ),
     ]
 }
 
@@ -402,20 +504,40 @@ mod tests {
 
     #[test]
     fn rules_match_like_rbac() {
-        let rule = json!({"apiGroups": [""], "resources": ["pods", "*/status"], "verbs": ["get", "list"]});
+        let rule =
+            json!({"apiGroups": [""], "resources": ["pods", "*/status"], "verbs": ["get", "list"]});
         assert!(rule_allows(&rule, &attrs("get", "", "pods", "", "a")));
         assert!(!rule_allows(&rule, &attrs("delete", "", "pods", "", "a")));
         assert!(!rule_allows(&rule, &attrs("get", "apps", "pods", "", "a")));
         assert!(!rule_allows(&rule, &attrs("get", "", "pods", "log", "a")));
-        assert!(rule_allows(&rule, &attrs("get", "", "services", "status", "a")));
+        assert!(rule_allows(
+            &rule,
+            &attrs("get", "", "services", "status", "a")
+        ));
         let named = json!({"apiGroups": ["berth.dev"], "resources": ["workspaces/agent"], "verbs": ["use"], "resourceNames": ["w1"]});
-        assert!(rule_allows(&named, &attrs("use", "berth.dev", "workspaces", "agent", "w1")));
-        assert!(!rule_allows(&named, &attrs("use", "berth.dev", "workspaces", "agent", "w2")));
-        assert!(!rule_allows(&named, &attrs("use", "berth.dev", "workspaces", "agent", "")));
+        assert!(rule_allows(
+            &named,
+            &attrs("use", "berth.dev", "workspaces", "agent", "w1")
+        ));
+        assert!(!rule_allows(
+            &named,
+            &attrs("use", "berth.dev", "workspaces", "agent", "w2")
+        ));
+        assert!(!rule_allows(
+            &named,
+            &attrs("use", "berth.dev", "workspaces", "agent", "")
+        ));
         let wildcard = json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]});
-        assert!(rule_allows(&wildcard, &attrs("use", "berth.dev", "workspaces", "agent", "w1")));
+        assert!(rule_allows(
+            &wildcard,
+            &attrs("use", "berth.dev", "workspaces", "agent", "w1")
+        ));
         let urls = json!({"nonResourceURLs": ["/apis/*", "/version"], "verbs": ["get"]});
-        let path = |p: &str| Attributes { verb: "get".into(), path: Some(p.into()), ..Default::default() };
+        let path = |p: &str| Attributes {
+            verb: "get".into(),
+            path: Some(p.into()),
+            ..Default::default()
+        };
         assert!(rule_allows(&urls, &path("/apis/berth.dev/v1alpha1")));
         assert!(rule_allows(&urls, &path("/version")));
         assert!(!rule_allows(&urls, &path("/metrics")));
@@ -441,11 +563,18 @@ mod tests {
     fn tokens_check_expiry_and_audience() {
         let tokens = Tokens::default();
         let sa = Identity::service_account("ns", "sa", "u1");
-        let (token, _) = tokens.issue(sa.clone(), vec!["berth-agent".into()], Duration::from_secs(600));
+        let (token, _) = tokens.issue(
+            sa.clone(),
+            vec!["berth-agent".into()],
+            Duration::from_secs(600),
+        );
         let (who, matched) = tokens.review(&token, &["berth-agent".to_owned()]).unwrap();
         assert_eq!(who, sa);
         assert_eq!(matched, vec!["berth-agent".to_owned()]);
-        assert!(matches!(tokens.review(&token, &[API_AUDIENCE.to_owned()]), Err(TokenError::WrongAudience { .. })));
+        assert!(matches!(
+            tokens.review(&token, &[API_AUDIENCE.to_owned()]),
+            Err(TokenError::WrongAudience { .. })
+        ));
         assert_eq!(tokens.review("nope", &[]), Err(TokenError::Unknown));
         let (expired, _) = tokens.issue(sa, vec![], Duration::ZERO);
         assert_eq!(tokens.review(&expired, &[]), Err(TokenError::Expired));

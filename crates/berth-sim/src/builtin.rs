@@ -9,10 +9,14 @@ use serde_json::{Value, json};
 
 use crate::{error::Cause, resources::ResourceType};
 
-static DNS1123_SUBDOMAIN: LazyLock<Regex> =
-    LazyLock::new(|| Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$").expect("valid regex"));
-static DNS1123_LABEL: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$").expect("valid regex"));
-static DNS1035_LABEL: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^[a-z]([-a-z0-9]*[a-z0-9])?$").expect("valid regex"));
+static DNS1123_SUBDOMAIN: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        .expect("valid regex")
+});
+static DNS1123_LABEL: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$").expect("valid regex"));
+static DNS1035_LABEL: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[a-z]([-a-z0-9]*[a-z0-9])?$").expect("valid regex"));
 
 fn invalid(field: &str, value: &str, message: &str) -> Cause {
     Cause {
@@ -23,7 +27,11 @@ fn invalid(field: &str, value: &str, message: &str) -> Cause {
 }
 
 fn required(field: &str) -> Cause {
-    Cause { reason: "FieldValueRequired".to_owned(), message: "Required value".to_owned(), field: field.to_owned() }
+    Cause {
+        reason: "FieldValueRequired".to_owned(),
+        message: "Required value".to_owned(),
+        field: field.to_owned(),
+    }
 }
 
 /// Validates a DNS-1123 subdomain (most object names).
@@ -61,8 +69,10 @@ pub fn check_name(rt: &ResourceType, name: &str) -> Option<Cause> {
     match (rt.group.as_str(), rt.resource.as_str()) {
         ("", "namespaces") => check_label(field, name),
         ("", "services") => check_dns1035(field, name),
-        ("rbac.authorization.k8s.io", _) => (name.contains('/') || name.contains('%') || name == "." || name == "..")
-            .then(|| invalid(field, name, "may not contain '/' or '%'")),
+        ("rbac.authorization.k8s.io", _) => {
+            (name.contains('/') || name.contains('%') || name == "." || name == "..")
+                .then(|| invalid(field, name, "may not contain '/' or '%'"))
+        }
         _ => check_subdomain(field, name),
     }
 }
@@ -79,18 +89,27 @@ fn image_pull_policy(image: &str) -> &'static str {
 }
 
 fn qos_class(pod: &Value) -> &'static str {
-    let containers = pod["spec"]["containers"].as_array().cloned().unwrap_or_default();
+    let containers = pod["spec"]["containers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let mut any = false;
     let mut guaranteed = !containers.is_empty();
     for c in &containers {
         let requests = &c["resources"]["requests"];
         let limits = &c["resources"]["limits"];
-        if requests.as_object().is_some_and(|r| !r.is_empty()) || limits.as_object().is_some_and(|l| !l.is_empty()) {
+        if requests.as_object().is_some_and(|r| !r.is_empty())
+            || limits.as_object().is_some_and(|l| !l.is_empty())
+        {
             any = true;
         }
         for resource in ["cpu", "memory"] {
             let limit = &limits[resource];
-            let request = if requests[resource].is_null() { limit } else { &requests[resource] };
+            let request = if requests[resource].is_null() {
+                limit
+            } else {
+                &requests[resource]
+            };
             if limit.is_null() || request != limit {
                 guaranteed = false;
             }
@@ -106,10 +125,10 @@ fn qos_class(pod: &Value) -> &'static str {
 }
 
 fn default_container(container: &mut Value) {
-    if let Some(image) = container["image"].as_str().map(str::to_owned) {
-        if container["imagePullPolicy"].is_null() {
-            container["imagePullPolicy"] = json!(image_pull_policy(&image));
-        }
+    if let Some(image) = container["image"].as_str().map(str::to_owned)
+        && container["imagePullPolicy"].is_null()
+    {
+        container["imagePullPolicy"] = json!(image_pull_policy(&image));
     }
     if container["terminationMessagePath"].is_null() {
         container["terminationMessagePath"] = json!("/dev/termination-log");
@@ -141,7 +160,10 @@ pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl Fn
     }
     match rt.resource.as_str() {
         "namespaces" => {
-            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
             object["metadata"]["labels"]["kubernetes.io/metadata.name"] = json!(name);
             object["spec"]["finalizers"] = json!(["kubernetes"]);
             object["status"] = json!({"phase": "Active"});
@@ -176,14 +198,19 @@ pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl Fn
                     if volume["secret"].is_object() && volume["secret"]["defaultMode"].is_null() {
                         volume["secret"]["defaultMode"] = json!(420);
                     }
-                    if volume["configMap"].is_object() && volume["configMap"]["defaultMode"].is_null() {
+                    if volume["configMap"].is_object()
+                        && volume["configMap"]["defaultMode"].is_null()
+                    {
                         volume["configMap"]["defaultMode"] = json!(420);
                     }
                 }
             }
             // The DefaultTolerationSeconds admission plugin.
             let mut tolerations = spec["tolerations"].as_array().cloned().unwrap_or_default();
-            for key in ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"] {
+            for key in [
+                "node.kubernetes.io/not-ready",
+                "node.kubernetes.io/unreachable",
+            ] {
                 if !tolerations.iter().any(|t| t["key"] == key) {
                     tolerations.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
                 }
@@ -238,9 +265,12 @@ pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl Fn
 
 /// Secrets' `stringData` is write-only: it is merged into `data`, base64-encoded.
 pub fn fold_string_data(secret: &mut Value) {
-    if let Some(Value::Object(string_data)) = secret.as_object_mut().and_then(|m| m.remove("stringData")) {
+    if let Some(Value::Object(string_data)) =
+        secret.as_object_mut().and_then(|m| m.remove("stringData"))
+    {
         for (key, value) in string_data {
-            let encoded = base64::engine::general_purpose::STANDARD.encode(value.as_str().unwrap_or_default());
+            let encoded = base64::engine::general_purpose::STANDARD
+                .encode(value.as_str().unwrap_or_default());
             secret["data"][key] = json!(encoded);
         }
     }
@@ -271,7 +301,9 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
             }
         }
         for list in ["initContainers", "containers"] {
-            let Some(containers) = object["spec"][list].as_array() else { continue };
+            let Some(containers) = object["spec"][list].as_array() else {
+                continue;
+            };
             let mut seen: Vec<&str> = vec![];
             for (i, c) in containers.iter().enumerate() {
                 let base = format!("spec.{list}[{i}]");
@@ -309,13 +341,17 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
             }
         }
     }
-    if rt.resource == "services" {
-        if let Some(ports) = object["spec"]["ports"].as_array() {
-            for (i, port) in ports.iter().enumerate() {
-                let number = port["port"].as_i64().unwrap_or(0);
-                if !(1..=65535).contains(&number) {
-                    causes.push(invalid(&format!("spec.ports[{i}].port"), &number.to_string(), "must be between 1 and 65535, inclusive"));
-                }
+    if rt.resource == "services"
+        && let Some(ports) = object["spec"]["ports"].as_array()
+    {
+        for (i, port) in ports.iter().enumerate() {
+            let number = port["port"].as_i64().unwrap_or(0);
+            if !(1..=65535).contains(&number) {
+                causes.push(invalid(
+                    &format!("spec.ports[{i}].port"),
+                    &number.to_string(),
+                    "must be between 1 and 65535, inclusive",
+                ));
             }
         }
     }

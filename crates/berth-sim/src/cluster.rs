@@ -9,7 +9,10 @@ use hyper_util::{
     server::conn::auto,
     service::TowerToHyperService,
 };
-use kube::config::{AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
+use kube::config::{
+    AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
+    NamedContext,
+};
 use tokio::{net::TcpListener, task::JoinSet};
 
 use crate::{
@@ -73,19 +76,35 @@ impl SimCluster {
 
         let mut token_bytes = [0u8; 24];
         rand::RngCore::fill_bytes(&mut rand::rng(), &mut token_bytes);
-        let token = format!("admin.{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token_bytes));
-        sim.tokens.insert(&token, TokenInfo { identity: Identity::superuser(), audiences: vec![], expires: None });
+        let token = format!(
+            "admin.{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token_bytes)
+        );
+        sim.tokens.insert(
+            &token,
+            TokenInfo {
+                identity: Identity::superuser(),
+                audiences: vec![],
+                expires: None,
+            },
+        );
 
-        let router = axum::Router::new().fallback(crate::server::handle).with_state(sim.clone());
+        let router = axum::Router::new()
+            .fallback(crate::server::handle)
+            .with_state(sim.clone());
         let acceptor = tokio_rustls::TlsAcceptor::from(tls);
         tasks.spawn(async move {
             let mut connections = JoinSet::new();
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let acceptor = acceptor.clone();
                 let service = TowerToHyperService::new(router.clone());
                 connections.spawn(async move {
-                    let Ok(tls_stream) = acceptor.accept(stream).await else { return };
+                    let Ok(tls_stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
                     let _ = auto::Builder::new(TokioExecutor::new())
                         .serve_connection_with_upgrades(TokioIo::new(tls_stream), service)
                         .await;
@@ -93,7 +112,12 @@ impl SimCluster {
                 while connections.try_join_next().is_some() {}
             }
         });
-        Ok(SimCluster { sim, address, token, tasks })
+        Ok(SimCluster {
+            sim,
+            address,
+            token,
+            tasks,
+        })
     }
 
     /// `https://127.0.0.1:<port>`.
@@ -103,7 +127,11 @@ impl SimCluster {
 
     /// The CA certificate (PEM) clients must trust.
     pub fn ca_pem(&self) -> &str {
-        self.sim.ca_pem.get().map(String::as_str).unwrap_or_default()
+        self.sim
+            .ca_pem
+            .get()
+            .map(String::as_str)
+            .unwrap_or_default()
     }
 
     /// The superuser's bearer token.
@@ -122,13 +150,29 @@ impl SimCluster {
         Kubeconfig {
             clusters: vec![NamedCluster {
                 name: "berth-sim".into(),
-                cluster: Some(Cluster { server: Some(self.url()), certificate_authority_data: Some(ca), ..Default::default() }),
+                cluster: Some(Cluster {
+                    server: Some(self.url()),
+                    certificate_authority_data: Some(ca),
+                    ..Default::default()
+                }),
                 other: Default::default(),
             }],
-            auth_infos: vec![NamedAuthInfo { name: user.into(), auth_info: Some(AuthInfo { token: Some(token.to_owned().into()), ..Default::default() }), other: Default::default() }],
+            auth_infos: vec![NamedAuthInfo {
+                name: user.into(),
+                auth_info: Some(AuthInfo {
+                    token: Some(token.to_owned().into()),
+                    ..Default::default()
+                }),
+                other: Default::default(),
+            }],
             contexts: vec![NamedContext {
                 name: "berth-sim".into(),
-                context: Some(Context { cluster: "berth-sim".into(), user: Some(user.into()), namespace: Some("default".into()), ..Default::default() }),
+                context: Some(Context {
+                    cluster: "berth-sim".into(),
+                    user: Some(user.into()),
+                    namespace: Some("default".into()),
+                    ..Default::default()
+                }),
                 other: Default::default(),
             }],
             current_context: Some("berth-sim".into()),
@@ -153,14 +197,26 @@ impl SimCluster {
     }
 
     async fn client_for(kubeconfig: Kubeconfig) -> Result<kube::Client, ClientError> {
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
         Ok(kube::Client::try_from(config)?)
     }
 
     /// Issues a service-account token with any lifetime (TokenRequest insists on 10 minutes).
-    pub fn issue_token(&self, namespace: &str, service_account: &str, audiences: &[&str], ttl: Duration) -> Result<String, crate::error::ApiError> {
+    pub fn issue_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        audiences: &[&str],
+        ttl: Duration,
+    ) -> Result<String, crate::error::ApiError> {
         self.sim
-            .issue_token(namespace, service_account, audiences.iter().map(|s| s.to_string()).collect(), ttl)
+            .issue_token(
+                namespace,
+                service_account,
+                audiences.iter().map(|s| s.to_string()).collect(),
+                ttl,
+            )
             .map(|(token, _)| token)
     }
 
@@ -186,7 +242,9 @@ impl SimCluster {
 
     /// The next watch that resumes from a revision gets `410 Gone`, and so must relist.
     pub fn expire_next_watch(&self) {
-        self.sim.expire_next_watch.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.sim
+            .expire_next_watch
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Drops the change history: every watch resuming from an earlier revision gets `410 Gone`.

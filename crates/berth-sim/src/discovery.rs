@@ -46,19 +46,28 @@ pub fn group_list(registry: &Registry) -> Value {
 /// One group's entry, for `/apis/<group>`.
 pub fn group(registry: &Registry, name: &str) -> Option<Value> {
     let list = group_list(registry);
-    list["groups"].as_array()?.iter().find(|g| g["name"] == name).map(|g| {
-        let mut g = g.clone();
-        g["kind"] = json!("APIGroup");
-        g["apiVersion"] = json!("v1");
-        g
-    })
+    list["groups"]
+        .as_array()?
+        .iter()
+        .find(|g| g["name"] == name)
+        .map(|g| {
+            let mut g = g.clone();
+            g["kind"] = json!("APIGroup");
+            g["apiVersion"] = json!("v1");
+            g
+        })
 }
 
 fn subresource_entry(t: &ResourceType, sub: &str) -> Value {
     let (kind, verbs, group, version): (&str, Vec<&str>, Option<&str>, Option<&str>) = match sub {
         "status" => (&t.kind, vec!["get", "patch", "update"], None, None),
         "binding" => ("Binding", vec!["create"], None, None),
-        "token" => ("TokenRequest", vec!["create"], Some("authentication.k8s.io"), Some("v1")),
+        "token" => (
+            "TokenRequest",
+            vec!["create"],
+            Some("authentication.k8s.io"),
+            Some("v1"),
+        ),
         "log" => ("Pod", vec!["get"], None, None),
         "eviction" => ("Eviction", vec!["create"], Some("policy"), Some("v1")),
         "finalize" => (&t.kind, vec!["update"], None, None),
@@ -82,7 +91,10 @@ fn subresource_entry(t: &ResourceType, sub: &str) -> Value {
 
 /// The resources of one group/version.
 pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
-    let types: Vec<_> = registry.all().filter(|t| t.group == group && t.version == version).collect();
+    let types: Vec<_> = registry
+        .all()
+        .filter(|t| t.group == group && t.version == version)
+        .collect();
     if types.is_empty() {
         return None;
     }
@@ -106,6 +118,12 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
             resources.push(subresource_entry(t, sub));
         }
     }
-    let group_version = if group.is_empty() { version.to_owned() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}))
+    let group_version = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}),
+    )
 }

@@ -26,17 +26,44 @@ pub enum ApiError {
     #[error("Unauthorized")]
     Unauthorized,
     #[error("{message}")]
-    Forbidden { message: String, kind: String, name: Option<String>, group: String },
+    Forbidden {
+        message: String,
+        kind: String,
+        name: Option<String>,
+        group: String,
+    },
     #[error("{message}")]
-    NotFound { message: String, kind: String, name: Option<String>, group: String },
+    NotFound {
+        message: String,
+        kind: String,
+        name: Option<String>,
+        group: String,
+    },
     #[error("{message}")]
-    AlreadyExists { message: String, kind: String, name: String, group: String },
+    AlreadyExists {
+        message: String,
+        kind: String,
+        name: String,
+        group: String,
+    },
     #[error("{message}")]
-    Conflict { message: String, kind: String, name: String, group: String, causes: Vec<Cause> },
+    Conflict {
+        message: String,
+        kind: String,
+        name: String,
+        group: String,
+        causes: Vec<Cause>,
+    },
     #[error("{message}")]
     Gone { message: String },
     #[error("{message}")]
-    Invalid { message: String, kind: String, name: String, group: String, causes: Vec<Cause> },
+    Invalid {
+        message: String,
+        kind: String,
+        name: String,
+        group: String,
+        causes: Vec<Cause>,
+    },
     #[error("{message}")]
     MethodNotAllowed { message: String },
     #[error("{message}")]
@@ -44,7 +71,10 @@ pub enum ApiError {
     #[error("{message}")]
     NotAcceptable { message: String },
     #[error("{message}")]
-    TooManyRequests { message: String, retry_after_seconds: u64 },
+    TooManyRequests {
+        message: String,
+        retry_after_seconds: u64,
+    },
     #[error("{message}")]
     Internal { message: String },
     #[error("{message}")]
@@ -58,16 +88,24 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 /// `pods "x"` or just `pods` — how the API names an object in messages.
 pub fn qualified(resource: &str, group: &str) -> String {
-    if group.is_empty() { resource.to_owned() } else { format!("{resource}.{group}") }
+    if group.is_empty() {
+        resource.to_owned()
+    } else {
+        format!("{resource}.{group}")
+    }
 }
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
-        ApiError::BadRequest { message: message.into() }
+        ApiError::BadRequest {
+            message: message.into(),
+        }
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        ApiError::Internal { message: message.into() }
+        ApiError::Internal {
+            message: message.into(),
+        }
     }
 
     /// `pods "x" not found`.
@@ -115,9 +153,18 @@ impl ApiError {
     }
 
     /// A conflict with a custom sentence after the object name.
-    pub fn conflict(resource: &str, group: &str, name: &str, reason: &str, causes: Vec<Cause>) -> Self {
+    pub fn conflict(
+        resource: &str,
+        group: &str,
+        name: &str,
+        reason: &str,
+        causes: Vec<Cause>,
+    ) -> Self {
         ApiError::Conflict {
-            message: format!("Operation cannot be fulfilled on {} \"{name}\": {reason}", qualified(resource, group)),
+            message: format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {reason}",
+                qualified(resource, group)
+            ),
             kind: resource.to_owned(),
             name: name.to_owned(),
             group: group.to_owned(),
@@ -128,8 +175,15 @@ impl ApiError {
     /// `Workspace.berth.dev "x" is invalid: <cause>, <cause>`.
     pub fn invalid(kind: &str, group: &str, name: &str, causes: Vec<Cause>) -> Self {
         let qualified_kind = qualified(kind, group);
-        let list: Vec<String> = causes.iter().map(|c| format!("{}: {}", c.field, c.message)).collect();
-        let joined = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
+        let list: Vec<String> = causes
+            .iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect();
+        let joined = if list.len() == 1 {
+            list[0].clone()
+        } else {
+            format!("[{}]", list.join(", "))
+        };
         ApiError::Invalid {
             message: format!("{qualified_kind} \"{name}\" is invalid: {joined}"),
             kind: kind.to_owned(),
@@ -191,7 +245,12 @@ impl ApiError {
             "code": self.code(),
         });
         let details = match self {
-            ApiError::NotFound { kind, name, group, .. } | ApiError::Forbidden { kind, name, group, .. } => {
+            ApiError::NotFound {
+                kind, name, group, ..
+            }
+            | ApiError::Forbidden {
+                kind, name, group, ..
+            } => {
                 if kind.is_empty() {
                     None
                 } else {
@@ -205,14 +264,29 @@ impl ApiError {
                     Some(d)
                 }
             }
-            ApiError::AlreadyExists { kind, name, group, .. } => {
+            ApiError::AlreadyExists {
+                kind, name, group, ..
+            } => {
                 let mut d = json!({"name": name, "kind": kind});
                 if !group.is_empty() {
                     d["group"] = json!(group);
                 }
                 Some(d)
             }
-            ApiError::Conflict { kind, name, group, causes, .. } | ApiError::Invalid { kind, name, group, causes, .. } => {
+            ApiError::Conflict {
+                kind,
+                name,
+                group,
+                causes,
+                ..
+            }
+            | ApiError::Invalid {
+                kind,
+                name,
+                group,
+                causes,
+                ..
+            } => {
                 let mut d = json!({"name": name, "kind": kind});
                 if !group.is_empty() {
                     d["group"] = json!(group);
@@ -220,14 +294,17 @@ impl ApiError {
                 if !causes.is_empty() {
                     d["causes"] = causes
                         .iter()
-                        .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                        .map(
+                            |c| json!({"reason": c.reason, "message": c.message, "field": c.field}),
+                        )
                         .collect();
                 }
                 Some(d)
             }
-            ApiError::TooManyRequests { retry_after_seconds, .. } => {
-                Some(json!({"retryAfterSeconds": retry_after_seconds}))
-            }
+            ApiError::TooManyRequests {
+                retry_after_seconds,
+                ..
+            } => Some(json!({"retryAfterSeconds": retry_after_seconds})),
             _ => None,
         };
         if let Some(details) = details {
@@ -241,10 +318,13 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = (code, axum::Json(self.status())).into_response();
-        if let ApiError::TooManyRequests { retry_after_seconds, .. } = &self {
-            if let Ok(value) = HeaderValue::from_str(&retry_after_seconds.to_string()) {
-                response.headers_mut().insert(header::RETRY_AFTER, value);
-            }
+        if let ApiError::TooManyRequests {
+            retry_after_seconds,
+            ..
+        } = &self
+            && let Ok(value) = HeaderValue::from_str(&retry_after_seconds.to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
         }
         response
     }

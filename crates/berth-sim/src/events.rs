@@ -27,7 +27,10 @@ fn rename(object: &Value, api_version: &str, forward: bool) -> Value {
             .unwrap_or(key.as_str());
         out.insert(renamed.to_owned(), value.clone());
     }
-    out.insert("apiVersion".to_owned(), Value::String(api_version.to_owned()));
+    out.insert(
+        "apiVersion".to_owned(),
+        Value::String(api_version.to_owned()),
+    );
     out.insert("kind".to_owned(), Value::String("Event".to_owned()));
     Value::Object(out)
 }

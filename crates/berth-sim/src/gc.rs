@@ -34,15 +34,25 @@ fn uid(object: &Value) -> Option<String> {
 fn owner_uids(object: &Value) -> Vec<String> {
     object["metadata"]["ownerReferences"]
         .as_array()
-        .map(|refs| refs.iter().filter_map(|r| r["uid"].as_str().map(str::to_owned)).collect())
+        .map(|refs| {
+            refs.iter()
+                .filter_map(|r| r["uid"].as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn reference(storage: &StorageKey, object: &Value) -> ObjectRef {
     (
         storage.clone(),
-        object["metadata"]["namespace"].as_str().unwrap_or_default().to_owned(),
-        object["metadata"]["name"].as_str().unwrap_or_default().to_owned(),
+        object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
     )
 }
 
@@ -86,7 +96,10 @@ impl Graph {
 
 /// The type that serves a storage bucket natively.
 fn type_of(sim: &Sim, storage: &str) -> Option<Arc<ResourceType>> {
-    sim.registry().all().find(|t| &*t.storage == storage && t.view == crate::resources::View::Native).cloned()
+    sim.registry()
+        .all()
+        .find(|t| &*t.storage == storage && t.view == crate::resources::View::Native)
+        .cloned()
 }
 
 fn ctx() -> WriteContext {
@@ -95,7 +108,10 @@ fn ctx() -> WriteContext {
 
 fn delete_ref(sim: &Sim, r: &ObjectRef, propagation: &str) {
     if let Some(rt) = type_of(sim, &r.0) {
-        let options = DeleteOptions { propagation: Some(propagation.to_owned()), ..Default::default() };
+        let options = DeleteOptions {
+            propagation: Some(propagation.to_owned()),
+            ..Default::default()
+        };
         let _ = sim.delete(&rt, &r.1, &r.2, &options, &ctx());
     }
 }
@@ -104,13 +120,29 @@ fn delete_ref(sim: &Sim, r: &ObjectRef, propagation: &str) {
 fn remove_finalizer(sim: &Sim, r: &ObjectRef, finalizer: &str) {
     let Some(rt) = type_of(sim, &r.0) else { return };
     for _ in 0..8 {
-        let Some(current) = sim.store.get(&r.0, &r.1, &r.2) else { return };
+        let Some(current) = sim.store.get(&r.0, &r.1, &r.2) else {
+            return;
+        };
         let list: Vec<Value> = current["metadata"]["finalizers"]
             .as_array()
-            .map(|f| f.iter().filter(|v| v.as_str() != Some(finalizer)).cloned().collect())
+            .map(|f| {
+                f.iter()
+                    .filter(|v| v.as_str() != Some(finalizer))
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default();
         let patch = json!({"metadata": {"finalizers": list, "resourceVersion": current["metadata"]["resourceVersion"]}});
-        match sim.patch(&rt, &r.1, &r.2, "", crate::patch::PatchType::Merge, &patch, &ctx(), false) {
+        match sim.patch(
+            &rt,
+            &r.1,
+            &r.2,
+            "",
+            crate::patch::PatchType::Merge,
+            &patch,
+            &ctx(),
+            false,
+        ) {
             Err(crate::error::ApiError::Conflict { .. }) => continue,
             _ => return,
         }
@@ -118,15 +150,33 @@ fn remove_finalizer(sim: &Sim, r: &ObjectRef, finalizer: &str) {
 }
 
 fn strip_owner(sim: &Sim, dependent: &ObjectRef, owner_uid: &str) {
-    let Some(rt) = type_of(sim, &dependent.0) else { return };
+    let Some(rt) = type_of(sim, &dependent.0) else {
+        return;
+    };
     for _ in 0..8 {
-        let Some(current) = sim.store.get(&dependent.0, &dependent.1, &dependent.2) else { return };
+        let Some(current) = sim.store.get(&dependent.0, &dependent.1, &dependent.2) else {
+            return;
+        };
         let refs: Vec<Value> = current["metadata"]["ownerReferences"]
             .as_array()
-            .map(|r| r.iter().filter(|o| o["uid"].as_str() != Some(owner_uid)).cloned().collect())
+            .map(|r| {
+                r.iter()
+                    .filter(|o| o["uid"].as_str() != Some(owner_uid))
+                    .cloned()
+                    .collect()
+            })
             .unwrap_or_default();
         let patch = json!({"metadata": {"ownerReferences": if refs.is_empty() { Value::Null } else { Value::Array(refs) }, "resourceVersion": current["metadata"]["resourceVersion"]}});
-        match sim.patch(&rt, &dependent.1, &dependent.2, "", crate::patch::PatchType::Merge, &patch, &ctx(), false) {
+        match sim.patch(
+            &rt,
+            &dependent.1,
+            &dependent.2,
+            "",
+            crate::patch::PatchType::Merge,
+            &patch,
+            &ctx(),
+            false,
+        ) {
             Err(crate::error::ApiError::Conflict { .. }) => continue,
             _ => return,
         }
@@ -134,13 +184,19 @@ fn strip_owner(sim: &Sim, dependent: &ObjectRef, owner_uid: &str) {
 }
 
 fn has_finalizer(object: &Value, finalizer: &str) -> bool {
-    object["metadata"]["finalizers"].as_array().is_some_and(|f| f.iter().any(|v| v.as_str() == Some(finalizer)))
+    object["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|v| v.as_str() == Some(finalizer)))
 }
 
 /// Handles one owner being deleted: orphaning, foreground or background cascade.
 fn process_owner(sim: &Sim, graph: &Graph, storage: &StorageKey, object: &Value, removed: bool) {
     let Some(owner_uid) = uid(object) else { return };
-    let dependents: Vec<ObjectRef> = graph.dependents.get(&owner_uid).map(|d| d.iter().cloned().collect()).unwrap_or_default();
+    let dependents: Vec<ObjectRef> = graph
+        .dependents
+        .get(&owner_uid)
+        .map(|d| d.iter().cloned().collect())
+        .unwrap_or_default();
     let owner = reference(storage, object);
     if removed {
         for dependent in &dependents {
@@ -148,7 +204,11 @@ fn process_owner(sim: &Sim, graph: &Graph, storage: &StorageKey, object: &Value,
             let still_owned = sim
                 .store
                 .get(&dependent.0, &dependent.1, &dependent.2)
-                .map(|d| owner_uids(&d).iter().any(|u| u != &owner_uid && graph.objects.contains_key(u)))
+                .map(|d| {
+                    owner_uids(&d)
+                        .iter()
+                        .any(|u| u != &owner_uid && graph.objects.contains_key(u))
+                })
                 .unwrap_or(false);
             if still_owned {
                 strip_owner(sim, dependent, &owner_uid);
@@ -187,12 +247,19 @@ fn process_namespace(sim: &Sim, namespace: &Value) {
     if namespace["metadata"]["deletionTimestamp"].is_null() {
         return;
     }
-    let name = namespace["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let name = namespace["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     let mut remaining = 0;
     let types: Vec<Arc<ResourceType>> = sim
         .registry()
         .all()
-        .filter(|t| t.namespaced && t.view == crate::resources::View::Native && t.behaviour == crate::resources::Behaviour::Stored)
+        .filter(|t| {
+            t.namespaced
+                && t.view == crate::resources::View::Native
+                && t.behaviour == crate::resources::Behaviour::Stored
+        })
         .cloned()
         .collect();
     let mut seen_storage = HashSet::new();
@@ -210,7 +277,12 @@ fn process_namespace(sim: &Sim, namespace: &Value) {
         }
     }
     if remaining == 0 {
-        let _ = sim.store.remove(&"/namespaces".into(), "", &name, resource_version(namespace).unwrap_or_default());
+        let _ = sim.store.remove(
+            &"/namespaces".into(),
+            "",
+            &name,
+            resource_version(namespace).unwrap_or_default(),
+        );
     }
 }
 
@@ -220,7 +292,11 @@ fn handle(sim: &Sim, graph: &mut Graph, change: &Change, pending: &mut HashSet<S
             graph.add(&change.storage, &change.object);
             let owners = owner_uids(&change.object);
             if !owners.is_empty() && owners.iter().all(|u| !graph.objects.contains_key(u)) {
-                delete_ref(sim, &reference(&change.storage, &change.object), "Background");
+                delete_ref(
+                    sim,
+                    &reference(&change.storage, &change.object),
+                    "Background",
+                );
             }
         }
         ChangeKind::Modified => {
@@ -235,25 +311,39 @@ fn handle(sim: &Sim, graph: &mut Graph, change: &Change, pending: &mut HashSet<S
             process_owner(sim, graph, &change.storage, &change.object, true);
             // An owner in foreground deletion may now be free to go.
             for owner in owner_uids(&change.object) {
-                if let Some(r) = graph.objects.get(&owner).cloned() {
-                    if let Some(o) = sim.store.get(&r.0, &r.1, &r.2) {
-                        process_owner(sim, graph, &r.0, &o, false);
-                    }
+                if let Some(r) = graph.objects.get(&owner).cloned()
+                    && let Some(o) = sim.store.get(&r.0, &r.1, &r.2)
+                {
+                    process_owner(sim, graph, &r.0, &o, false);
                 }
             }
         }
     }
     if &*change.storage == "/namespaces" {
-        if change.object["metadata"]["deletionTimestamp"].is_string() && change.kind != ChangeKind::Deleted {
-            pending.insert(change.object["metadata"]["name"].as_str().unwrap_or_default().to_owned());
+        if change.object["metadata"]["deletionTimestamp"].is_string()
+            && change.kind != ChangeKind::Deleted
+        {
+            pending.insert(
+                change.object["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
         } else {
-            pending.remove(change.object["metadata"]["name"].as_str().unwrap_or_default());
+            pending.remove(
+                change.object["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default(),
+            );
         }
     }
 }
 
 /// Runs the controllers until the task is aborted.
-pub async fn run(sim: Arc<Sim>, mut terminations: tokio::sync::mpsc::UnboundedReceiver<(String, String, String, Duration)>) {
+pub async fn run(
+    sim: Arc<Sim>,
+    mut terminations: tokio::sync::mpsc::UnboundedReceiver<(String, String, String, Duration)>,
+) {
     let mut receiver = sim.store.subscribe();
     let mut graph = Graph::rebuild(&sim);
     let mut terminating_namespaces: HashSet<String> = HashSet::new();

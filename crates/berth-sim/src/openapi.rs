@@ -6,7 +6,11 @@ use serde_json::{Map, Value, json};
 use crate::resources::{Behaviour, Registry, ResourceType};
 
 fn gv_path(group: &str, version: &str) -> String {
-    if group.is_empty() { format!("api/{version}") } else { format!("apis/{group}/{version}") }
+    if group.is_empty() {
+        format!("api/{version}")
+    } else {
+        format!("apis/{group}/{version}")
+    }
 }
 
 /// `/openapi/v3`: one entry per group/version.
@@ -28,20 +32,30 @@ fn registry_hash(registry: &Registry) -> String {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     for t in registry.all() {
         (&t.group, &t.version, &t.resource).hash(&mut hasher);
-        t.schema.as_ref().map(|s| s.root.to_string()).hash(&mut hasher);
+        t.schema
+            .as_ref()
+            .map(|s| s.root.to_string())
+            .hash(&mut hasher);
     }
     format!("{:016X}", hasher.finish())
 }
 
 fn schema_name(t: &ResourceType) -> String {
     let reversed: Vec<&str> = t.group.split('.').rev().collect();
-    let prefix = if t.group.is_empty() { "io.k8s.api.core".to_owned() } else { reversed.join(".") };
+    let prefix = if t.group.is_empty() {
+        "io.k8s.api.core".to_owned()
+    } else {
+        reversed.join(".")
+    };
     format!("{prefix}.{}.{}", t.version, t.kind)
 }
 
 /// The document of one group/version.
 pub fn group_version(registry: &Registry, group: &str, version: &str) -> Option<Value> {
-    let types: Vec<_> = registry.all().filter(|t| t.group == group && t.version == version).collect();
+    let types: Vec<_> = registry
+        .all()
+        .filter(|t| t.group == group && t.version == version)
+        .collect();
     if types.is_empty() {
         return None;
     }
@@ -50,7 +64,11 @@ pub fn group_version(registry: &Registry, group: &str, version: &str) -> Option<
     for t in types {
         let gvk = json!([{"group": t.group, "version": t.version, "kind": t.kind}]);
         let base = if t.namespaced {
-            format!("/{}/namespaces/{{namespace}}/{}", gv_path(&t.group, &t.version), t.resource)
+            format!(
+                "/{}/namespaces/{{namespace}}/{}",
+                gv_path(&t.group, &t.version),
+                t.resource
+            )
         } else {
             format!("/{}/{}", gv_path(&t.group, &t.version), t.resource)
         };
@@ -70,7 +88,9 @@ pub fn group_version(registry: &Registry, group: &str, version: &str) -> Option<
                 "patch": {"x-kubernetes-group-version-kind": gvk[0], "parameters": [field_validation.clone()], "responses": ok},
             }));
         }
-        let mut schema = t.schema.as_ref().map(|s| s.root.clone()).unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+        let mut schema = t.schema.as_ref().map(|s| s.root.clone()).unwrap_or_else(
+            || json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
+        );
         if let Value::Object(map) = &mut schema {
             map.insert("x-kubernetes-group-version-kind".into(), gvk);
             let properties = map.entry("properties").or_insert_with(|| json!({}));

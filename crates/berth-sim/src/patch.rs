@@ -22,7 +22,9 @@ impl PatchType {
             "application/merge-patch+json" => Some(PatchType::Merge),
             "application/json-patch+json" => Some(PatchType::Json),
             "application/strategic-merge-patch+json" => Some(PatchType::Strategic),
-            "application/apply-patch+yaml" | "application/apply-patch+json" | "application/apply-patch+cbor" => Some(PatchType::Apply),
+            "application/apply-patch+yaml"
+            | "application/apply-patch+json"
+            | "application/apply-patch+cbor" => Some(PatchType::Apply),
             _ => None,
         }
     }
@@ -36,8 +38,11 @@ pub fn merge(target: &mut Value, patch: &Value) {
 /// Applies an RFC 6902 JSON patch; a failed `test` or a bad path is an error the API server
 /// reports as 422 (test) or 500-free 422/400.
 pub fn json(target: &mut Value, patch: &Value) -> ApiResult<()> {
-    let operations: json_patch::Patch = serde_json::from_value(patch.clone())
-        .map_err(|e| ApiError::bad_request(format!("the server rejected our request due to an error in our request: {e}")))?;
+    let operations: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the server rejected our request due to an error in our request: {e}"
+        ))
+    })?;
     json_patch::patch(target, &operations).map_err(|e| ApiError::Invalid {
         message: format!("the server rejected our request due to an error in our request: {e}"),
         kind: String::new(),
@@ -52,13 +57,24 @@ pub fn json(target: &mut Value, patch: &Value) -> ApiResult<()> {
 /// `port`).
 pub fn merge_key(field: &str, element: Option<&Value>) -> Option<&'static str> {
     match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "volumes" | "env" | "imagePullSecrets" => Some("name"),
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "volumes"
+        | "env"
+        | "imagePullSecrets" => Some("name"),
         "volumeMounts" => Some("mountPath"),
         "volumeDevices" => Some("devicePath"),
         "conditions" | "addresses" => Some("type"),
         "ownerReferences" => Some("uid"),
         "hostAliases" | "podIPs" | "hostIPs" => Some("ip"),
-        "ports" => Some(if element.is_some_and(|e| e.get("containerPort").is_some()) { "containerPort" } else { "port" }),
+        "ports" => Some(
+            if element.is_some_and(|e| e.get("containerPort").is_some()) {
+                "containerPort"
+            } else {
+                "port"
+            },
+        ),
         _ => None,
     }
 }
@@ -75,7 +91,9 @@ pub fn strategic(target: &mut Value, patch: &Value) -> ApiResult<()> {
             strategic_map(t, p);
             Ok(())
         }
-        _ => Err(ApiError::bad_request("the strategic merge patch must be a JSON object")),
+        _ => Err(ApiError::bad_request(
+            "the strategic merge patch must be a JSON object",
+        )),
     }
 }
 
@@ -95,7 +113,9 @@ fn strategic_map(target: &mut Map<String, Value>, patch: &Map<String, Value>) {
             continue;
         }
         if let Some(field) = key.strip_prefix("$deleteFromPrimitiveList/") {
-            if let (Some(Value::Array(list)), Some(remove)) = (target.get_mut(field), value.as_array()) {
+            if let (Some(Value::Array(list)), Some(remove)) =
+                (target.get_mut(field), value.as_array())
+            {
                 list.retain(|v| !remove.contains(v));
             }
             continue;
@@ -125,8 +145,15 @@ fn strategic_map(target: &mut Map<String, Value>, patch: &Map<String, Value>) {
 }
 
 fn strategic_list(field: &str, target: &mut Vec<Value>, patch: &[Value]) {
-    if patch.iter().any(|e| e.get("$patch").and_then(Value::as_str) == Some("replace")) {
-        *target = patch.iter().filter(|e| e.get("$patch").is_none()).cloned().collect();
+    if patch
+        .iter()
+        .any(|e| e.get("$patch").and_then(Value::as_str) == Some("replace"))
+    {
+        *target = patch
+            .iter()
+            .filter(|e| e.get("$patch").is_none())
+            .cloned()
+            .collect();
         return;
     }
     if is_set_list(field) {
@@ -177,15 +204,22 @@ mod tests {
             {"name": "a", "image": "a:1", "env": [{"name": "X", "value": "1"}]},
             {"name": "b", "image": "b:1"}
         ]}});
-        strategic(&mut pod, &json!({"spec": {"containers": [
-            {"name": "a", "image": "a:2", "env": [{"name": "Y", "value": "2"}]},
-            {"name": "b", "$patch": "delete"},
-            {"name": "c", "image": "c:1"}
-        ]}})).unwrap();
-        assert_eq!(pod, json!({"spec": {"containers": [
-            {"name": "a", "image": "a:2", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}]},
-            {"name": "c", "image": "c:1"}
-        ]}}));
+        strategic(
+            &mut pod,
+            &json!({"spec": {"containers": [
+                {"name": "a", "image": "a:2", "env": [{"name": "Y", "value": "2"}]},
+                {"name": "b", "$patch": "delete"},
+                {"name": "c", "image": "c:1"}
+            ]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            pod,
+            json!({"spec": {"containers": [
+                {"name": "a", "image": "a:2", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}]},
+                {"name": "c", "image": "c:1"}
+            ]}})
+        );
     }
 
     #[test]
@@ -202,14 +236,29 @@ mod tests {
         })).unwrap();
         assert_eq!(obj["metadata"]["finalizers"], json!(["a", "b"]));
         assert_eq!(obj["metadata"]["labels"], json!({"y": "2"}));
-        assert_eq!(obj["spec"]["ports"], json!([{"containerPort": 80, "name": "http", "protocol": "TCP"}]));
-        assert_eq!(obj["spec"]["tolerations"], json!([{"key": "b"}]), "lists without a merge key are replaced");
+        assert_eq!(
+            obj["spec"]["ports"],
+            json!([{"containerPort": 80, "name": "http", "protocol": "TCP"}])
+        );
+        assert_eq!(
+            obj["spec"]["tolerations"],
+            json!([{"key": "b"}]),
+            "lists without a merge key are replaced"
+        );
         assert_eq!(obj["status"]["conditions"][0]["status"], "True");
         assert_eq!(obj["status"]["conditions"].as_array().unwrap().len(), 2);
 
-        strategic(&mut obj, &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}})).unwrap();
+        strategic(
+            &mut obj,
+            &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["a"]}}),
+        )
+        .unwrap();
         assert_eq!(obj["metadata"]["finalizers"], json!(["b"]));
-        strategic(&mut obj, &json!({"metadata": {"labels": {"$patch": "replace", "z": "3"}}})).unwrap();
+        strategic(
+            &mut obj,
+            &json!({"metadata": {"labels": {"$patch": "replace", "z": "3"}}}),
+        )
+        .unwrap();
         assert_eq!(obj["metadata"]["labels"], json!({"z": "3"}));
     }
 
@@ -221,6 +270,10 @@ mod tests {
         assert_eq!(obj["metadata"]["finalizers"], json!([]));
         let err = json(&mut obj, &guarded).unwrap_err();
         assert_eq!(err.code(), 422);
-        assert_eq!(obj["metadata"]["finalizers"], json!([]), "a failed test changes nothing");
+        assert_eq!(
+            obj["metadata"]["finalizers"],
+            json!([]),
+            "a failed test changes nothing"
+        );
     }
 }

@@ -43,7 +43,10 @@ fn fields(bytes: &[u8]) -> ApiResult<Vec<(u64, Field<'_>)>> {
             0 => out.push((number, Field::Varint(varint(bytes, &mut pos)?))),
             2 => {
                 let len = varint(bytes, &mut pos)? as usize;
-                let end = pos.checked_add(len).filter(|e| *e <= bytes.len()).ok_or_else(truncated)?;
+                let end = pos
+                    .checked_add(len)
+                    .filter(|e| *e <= bytes.len())
+                    .ok_or_else(truncated)?;
                 out.push((number, Field::Bytes(&bytes[pos..end])));
                 pos = end;
             }
@@ -76,8 +79,17 @@ const OBJECT_META: &[(u64, &str, Kind)] = &[
     (11, "labels", Kind::MapStr),
     (12, "annotations", Kind::MapStr),
 ];
-const SUBJECT: &[(u64, &str, Kind)] = &[(1, "kind", Kind::Str), (2, "apiGroup", Kind::Str), (3, "name", Kind::Str), (4, "namespace", Kind::Str)];
-const ROLE_REF: &[(u64, &str, Kind)] = &[(1, "apiGroup", Kind::Str), (2, "kind", Kind::Str), (3, "name", Kind::Str)];
+const SUBJECT: &[(u64, &str, Kind)] = &[
+    (1, "kind", Kind::Str),
+    (2, "apiGroup", Kind::Str),
+    (3, "name", Kind::Str),
+    (4, "namespace", Kind::Str),
+];
+const ROLE_REF: &[(u64, &str, Kind)] = &[
+    (1, "apiGroup", Kind::Str),
+    (2, "kind", Kind::Str),
+    (3, "name", Kind::Str),
+];
 const POLICY_RULE: &[(u64, &str, Kind)] = &[
     (1, "verbs", Kind::RepeatedStr),
     (2, "apiGroups", Kind::RepeatedStr),
@@ -85,8 +97,15 @@ const POLICY_RULE: &[(u64, &str, Kind)] = &[
     (4, "resourceNames", Kind::RepeatedStr),
     (5, "nonResourceURLs", Kind::RepeatedStr),
 ];
-const BINDING: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Message(OBJECT_META)), (2, "subjects", Kind::RepeatedMessage(SUBJECT)), (3, "roleRef", Kind::Message(ROLE_REF))];
-const ROLE: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Message(OBJECT_META)), (2, "rules", Kind::RepeatedMessage(POLICY_RULE))];
+const BINDING: &[(u64, &str, Kind)] = &[
+    (1, "metadata", Kind::Message(OBJECT_META)),
+    (2, "subjects", Kind::RepeatedMessage(SUBJECT)),
+    (3, "roleRef", Kind::Message(ROLE_REF)),
+];
+const ROLE: &[(u64, &str, Kind)] = &[
+    (1, "metadata", Kind::Message(OBJECT_META)),
+    (2, "rules", Kind::RepeatedMessage(POLICY_RULE)),
+];
 const SECRET: &[(u64, &str, Kind)] = &[
     (1, "metadata", Kind::Message(OBJECT_META)),
     (2, "data", Kind::MapBytes),
@@ -109,26 +128,58 @@ const RESOURCE_ATTRIBUTES: &[(u64, &str, Kind)] = &[
     (6, "subresource", Kind::Str),
     (7, "name", Kind::Str),
 ];
-const NON_RESOURCE_ATTRIBUTES: &[(u64, &str, Kind)] = &[(1, "path", Kind::Str), (2, "verb", Kind::Str)];
-const SELF_SAR_SPEC: &[(u64, &str, Kind)] = &[(1, "resourceAttributes", Kind::Message(RESOURCE_ATTRIBUTES)), (2, "nonResourceAttributes", Kind::Message(NON_RESOURCE_ATTRIBUTES))];
-const SELF_SAR: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Message(OBJECT_META)), (2, "spec", Kind::Message(SELF_SAR_SPEC))];
+const NON_RESOURCE_ATTRIBUTES: &[(u64, &str, Kind)] =
+    &[(1, "path", Kind::Str), (2, "verb", Kind::Str)];
+const SELF_SAR_SPEC: &[(u64, &str, Kind)] = &[
+    (1, "resourceAttributes", Kind::Message(RESOURCE_ATTRIBUTES)),
+    (
+        2,
+        "nonResourceAttributes",
+        Kind::Message(NON_RESOURCE_ATTRIBUTES),
+    ),
+];
+const SELF_SAR: &[(u64, &str, Kind)] = &[
+    (1, "metadata", Kind::Message(OBJECT_META)),
+    (2, "spec", Kind::Message(SELF_SAR_SPEC)),
+];
 const SAR_SPEC: &[(u64, &str, Kind)] = &[
     (1, "resourceAttributes", Kind::Message(RESOURCE_ATTRIBUTES)),
-    (2, "nonResourceAttributes", Kind::Message(NON_RESOURCE_ATTRIBUTES)),
+    (
+        2,
+        "nonResourceAttributes",
+        Kind::Message(NON_RESOURCE_ATTRIBUTES),
+    ),
     (3, "user", Kind::Str),
     (4, "groups", Kind::RepeatedStr),
     (6, "uid", Kind::Str),
 ];
-const SAR: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Message(OBJECT_META)), (2, "spec", Kind::Message(SAR_SPEC))];
-const BOUND_OBJECT: &[(u64, &str, Kind)] = &[(1, "kind", Kind::Str), (2, "apiVersion", Kind::Str), (3, "name", Kind::Str), (4, "uid", Kind::Str)];
-const TOKEN_REQUEST_SPEC: &[(u64, &str, Kind)] = &[(1, "audiences", Kind::RepeatedStr), (3, "boundObjectRef", Kind::Message(BOUND_OBJECT)), (4, "expirationSeconds", Kind::Int)];
-const TOKEN_REQUEST: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Message(OBJECT_META)), (2, "spec", Kind::Message(TOKEN_REQUEST_SPEC))];
+const SAR: &[(u64, &str, Kind)] = &[
+    (1, "metadata", Kind::Message(OBJECT_META)),
+    (2, "spec", Kind::Message(SAR_SPEC)),
+];
+const BOUND_OBJECT: &[(u64, &str, Kind)] = &[
+    (1, "kind", Kind::Str),
+    (2, "apiVersion", Kind::Str),
+    (3, "name", Kind::Str),
+    (4, "uid", Kind::Str),
+];
+const TOKEN_REQUEST_SPEC: &[(u64, &str, Kind)] = &[
+    (1, "audiences", Kind::RepeatedStr),
+    (3, "boundObjectRef", Kind::Message(BOUND_OBJECT)),
+    (4, "expirationSeconds", Kind::Int),
+];
+const TOKEN_REQUEST: &[(u64, &str, Kind)] = &[
+    (1, "metadata", Kind::Message(OBJECT_META)),
+    (2, "spec", Kind::Message(TOKEN_REQUEST_SPEC)),
+];
 const JUST_META: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Message(OBJECT_META))];
 
 fn message(bytes: &[u8], schema: &[(u64, &str, Kind)]) -> ApiResult<Value> {
     let mut out = Map::new();
     for (number, field) in fields(bytes)? {
-        let Some((_, name, kind)) = schema.iter().find(|(n, _, _)| *n == number) else { continue };
+        let Some((_, name, kind)) = schema.iter().find(|(n, _, _)| *n == number) else {
+            continue;
+        };
         match (kind, field) {
             (Kind::Str, Field::Bytes(b)) => {
                 out.insert((*name).to_owned(), json!(String::from_utf8_lossy(b)));
@@ -151,7 +202,9 @@ fn message(bytes: &[u8], schema: &[(u64, &str, Kind)]) -> ApiResult<Value> {
                     if let Field::Bytes(b) = f {
                         match (n, kind) {
                             (1, _) => key = String::from_utf8_lossy(b).into_owned(),
-                            (2, Kind::MapBytes) => value = json!(base64::engine::general_purpose::STANDARD.encode(b)),
+                            (2, Kind::MapBytes) => {
+                                value = json!(base64::engine::general_purpose::STANDARD.encode(b))
+                            }
                             (2, _) => value = json!(String::from_utf8_lossy(b)),
                             _ => {}
                         }
@@ -177,7 +230,9 @@ fn message(bytes: &[u8], schema: &[(u64, &str, Kind)]) -> ApiResult<Value> {
 
 /// Decodes a protobuf request body into the JSON form of its object.
 pub fn decode(body: &[u8]) -> ApiResult<Value> {
-    let unknown = body.strip_prefix(MAGIC).ok_or_else(|| ApiError::bad_request("the protobuf body lacks the k8s magic prefix"))?;
+    let unknown = body
+        .strip_prefix(MAGIC)
+        .ok_or_else(|| ApiError::bad_request("the protobuf body lacks the k8s magic prefix"))?;
     let (mut api_version, mut kind, mut raw) = (String::new(), String::new(), &[][..]);
     for (number, field) in fields(unknown)? {
         match (number, field) {
@@ -200,7 +255,9 @@ pub fn decode(body: &[u8]) -> ApiResult<Value> {
         "SelfSubjectAccessReview" => SELF_SAR,
         "SubjectAccessReview" | "LocalSubjectAccessReview" => SAR,
         "TokenRequest" => TOKEN_REQUEST,
-        "SelfSubjectReview" | "SelfSubjectRulesReview" | "Namespace" | "ServiceAccount" => JUST_META,
+        "SelfSubjectReview" | "SelfSubjectRulesReview" | "Namespace" | "ServiceAccount" => {
+            JUST_META
+        }
         "ClusterRoleBinding" | "RoleBinding" => BINDING,
         "ClusterRole" | "Role" => ROLE,
         "Secret" => SECRET,
@@ -232,10 +289,17 @@ mod tests {
         let attributes = [field(1, b"default"), field(2, b"list"), field(5, b"pods")].concat();
         let spec = field(1, &attributes);
         let raw = field(2, &spec);
-        let type_meta = [field(1, b"authorization.k8s.io/v1"), field(2, b"SelfSubjectAccessReview")].concat();
+        let type_meta = [
+            field(1, b"authorization.k8s.io/v1"),
+            field(2, b"SelfSubjectAccessReview"),
+        ]
+        .concat();
         let body = [MAGIC.to_vec(), field(1, &type_meta), field(2, &raw)].concat();
         let object = decode(&body).unwrap();
         assert_eq!(object["kind"], "SelfSubjectAccessReview");
-        assert_eq!(object["spec"]["resourceAttributes"], json!({"namespace": "default", "verb": "list", "resource": "pods"}));
+        assert_eq!(
+            object["spec"]["resourceAttributes"],
+            json!({"namespace": "default", "verb": "list", "resource": "pods"})
+        );
     }
 }

@@ -1,10 +1,7 @@
 //! The request log: how many requests each (user, verb, resource, subresource, code) made,
 //! so tests and benchmarks can count exactly what a client did.
 
-use std::{
-    collections::BTreeMap,
-    sync::Mutex,
-};
+use std::{collections::BTreeMap, sync::Mutex};
 
 use serde::Serialize;
 
@@ -37,7 +34,12 @@ pub struct RequestLog {
 
 impl RequestLog {
     pub fn record(&self, key: RequestKey) {
-        *self.counts.lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_default() += 1;
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_default() += 1;
     }
 
     /// Every counter.
@@ -46,7 +48,10 @@ impl RequestLog {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|(key, count)| RequestCount { key: key.clone(), count: *count })
+            .map(|(key, count)| RequestCount {
+                key: key.clone(),
+                count: *count,
+            })
             .collect()
     }
 
@@ -62,6 +67,9 @@ impl RequestLog {
     }
 
     pub fn reset(&self) {
-        self.counts.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 }

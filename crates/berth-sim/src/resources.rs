@@ -73,7 +73,11 @@ pub struct ResourceType {
 impl ResourceType {
     /// `v1` or `group/version`.
     pub fn api_version(&self) -> String {
-        if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) }
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
     }
 
     pub fn has_status(&self) -> bool {
@@ -85,7 +89,16 @@ impl ResourceType {
         match self.behaviour {
             Behaviour::Review => vec!["create"],
             Behaviour::Stored => {
-                vec!["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+                vec![
+                    "create",
+                    "delete",
+                    "deletecollection",
+                    "get",
+                    "list",
+                    "patch",
+                    "update",
+                    "watch",
+                ]
             }
         }
     }
@@ -129,29 +142,25 @@ impl Registry {
     }
 
     pub fn insert(&mut self, t: ResourceType) {
-        self.types.insert((t.group.clone(), t.version.clone(), t.resource.clone()), Arc::new(t));
+        self.types.insert(
+            (t.group.clone(), t.version.clone(), t.resource.clone()),
+            Arc::new(t),
+        );
     }
 
     pub fn remove_group_resource(&mut self, group: &str, resource: &str) {
-        self.types.retain(|(g, _, r), _| !(g == group && r == resource));
+        self.types
+            .retain(|(g, _, r), _| !(g == group && r == resource));
     }
 
     pub fn get(&self, group: &str, version: &str, resource: &str) -> Option<Arc<ResourceType>> {
-        self.types.get(&(group.to_owned(), version.to_owned(), resource.to_owned())).cloned()
-    }
-
-    /// The type serving `kind` in `apiVersion`.
-    pub fn by_kind(&self, api_version: &str, kind: &str) -> Option<Arc<ResourceType>> {
-        self.types.values().find(|t| t.kind == kind && t.api_version() == api_version).cloned()
+        self.types
+            .get(&(group.to_owned(), version.to_owned(), resource.to_owned()))
+            .cloned()
     }
 
     pub fn all(&self) -> impl Iterator<Item = &Arc<ResourceType>> {
         self.types.values()
-    }
-
-    /// The types sharing a storage bucket, e.g. both views of events.
-    pub fn views_of(&self, storage: &str) -> Vec<Arc<ResourceType>> {
-        self.types.values().filter(|t| &*t.storage == storage).cloned().collect()
     }
 
     /// Groups and their versions, in discovery order (core group excluded).
@@ -212,28 +221,257 @@ const EVENT_V1_FIELDS: &[&str] = &[
 fn builtin_types() -> Vec<ResourceType> {
     use Behaviour::{Review, Stored};
     let specs = [
-        Spec { group: "", version: "v1", resource: "namespaces", kind: "Namespace", namespaced: false, short: &["ns"], subresources: &["status", "finalize"], fields: &["status.phase"], behaviour: Stored },
-        Spec { group: "", version: "v1", resource: "nodes", kind: "Node", namespaced: false, short: &["no"], subresources: &["status"], fields: &["spec.unschedulable"], behaviour: Stored },
-        Spec { group: "", version: "v1", resource: "pods", kind: "Pod", namespaced: true, short: &["po"], subresources: &["status", "binding", "log", "eviction"], fields: &["spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP", "status.nominatedNodeName"], behaviour: Stored },
-        Spec { group: "", version: "v1", resource: "services", kind: "Service", namespaced: true, short: &["svc"], subresources: &["status"], fields: &["spec.clusterIP", "spec.type"], behaviour: Stored },
-        Spec { group: "", version: "v1", resource: "persistentvolumeclaims", kind: "PersistentVolumeClaim", namespaced: true, short: &["pvc"], subresources: &["status"], fields: &[], behaviour: Stored },
-        Spec { group: "", version: "v1", resource: "persistentvolumes", kind: "PersistentVolume", namespaced: false, short: &["pv"], subresources: &["status"], fields: &[], behaviour: Stored },
-        Spec { group: "", version: "v1", resource: "secrets", kind: "Secret", namespaced: true, short: &[], subresources: &[], fields: &["type"], behaviour: Stored },
-        Spec { group: "", version: "v1", resource: "configmaps", kind: "ConfigMap", namespaced: true, short: &["cm"], subresources: &[], fields: &[], behaviour: Stored },
-        Spec { group: "", version: "v1", resource: "serviceaccounts", kind: "ServiceAccount", namespaced: true, short: &["sa"], subresources: &["token"], fields: &[], behaviour: Stored },
-        Spec { group: "", version: "v1", resource: "events", kind: "Event", namespaced: true, short: &["ev"], subresources: &[], fields: EVENT_FIELDS, behaviour: Stored },
-        Spec { group: "events.k8s.io", version: "v1", resource: "events", kind: "Event", namespaced: true, short: &["ev"], subresources: &[], fields: EVENT_V1_FIELDS, behaviour: Stored },
-        Spec { group: "coordination.k8s.io", version: "v1", resource: "leases", kind: "Lease", namespaced: true, short: &[], subresources: &[], fields: &[], behaviour: Stored },
-        Spec { group: "apiextensions.k8s.io", version: "v1", resource: "customresourcedefinitions", kind: "CustomResourceDefinition", namespaced: false, short: &["crd", "crds"], subresources: &["status"], fields: &[], behaviour: Stored },
-        Spec { group: "authentication.k8s.io", version: "v1", resource: "tokenreviews", kind: "TokenReview", namespaced: false, short: &[], subresources: &[], fields: &[], behaviour: Review },
-        Spec { group: "authentication.k8s.io", version: "v1", resource: "selfsubjectreviews", kind: "SelfSubjectReview", namespaced: false, short: &[], subresources: &[], fields: &[], behaviour: Review },
-        Spec { group: "authorization.k8s.io", version: "v1", resource: "subjectaccessreviews", kind: "SubjectAccessReview", namespaced: false, short: &[], subresources: &[], fields: &[], behaviour: Review },
-        Spec { group: "authorization.k8s.io", version: "v1", resource: "selfsubjectaccessreviews", kind: "SelfSubjectAccessReview", namespaced: false, short: &[], subresources: &[], fields: &[], behaviour: Review },
-        Spec { group: "authorization.k8s.io", version: "v1", resource: "localsubjectaccessreviews", kind: "LocalSubjectAccessReview", namespaced: true, short: &[], subresources: &[], fields: &[], behaviour: Review },
-        Spec { group: "rbac.authorization.k8s.io", version: "v1", resource: "roles", kind: "Role", namespaced: true, short: &[], subresources: &[], fields: &[], behaviour: Stored },
-        Spec { group: "rbac.authorization.k8s.io", version: "v1", resource: "rolebindings", kind: "RoleBinding", namespaced: true, short: &[], subresources: &[], fields: &[], behaviour: Stored },
-        Spec { group: "rbac.authorization.k8s.io", version: "v1", resource: "clusterroles", kind: "ClusterRole", namespaced: false, short: &[], subresources: &[], fields: &[], behaviour: Stored },
-        Spec { group: "rbac.authorization.k8s.io", version: "v1", resource: "clusterrolebindings", kind: "ClusterRoleBinding", namespaced: false, short: &[], subresources: &[], fields: &[], behaviour: Stored },
+        Spec {
+            group: "",
+            version: "v1",
+            resource: "namespaces",
+            kind: "Namespace",
+            namespaced: false,
+            short: &["ns"],
+            subresources: &["status", "finalize"],
+            fields: &["status.phase"],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "",
+            version: "v1",
+            resource: "nodes",
+            kind: "Node",
+            namespaced: false,
+            short: &["no"],
+            subresources: &["status"],
+            fields: &["spec.unschedulable"],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "",
+            version: "v1",
+            resource: "pods",
+            kind: "Pod",
+            namespaced: true,
+            short: &["po"],
+            subresources: &["status", "binding", "log", "eviction"],
+            fields: &[
+                "spec.nodeName",
+                "spec.restartPolicy",
+                "spec.schedulerName",
+                "spec.serviceAccountName",
+                "spec.hostNetwork",
+                "status.phase",
+                "status.podIP",
+                "status.nominatedNodeName",
+            ],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "",
+            version: "v1",
+            resource: "services",
+            kind: "Service",
+            namespaced: true,
+            short: &["svc"],
+            subresources: &["status"],
+            fields: &["spec.clusterIP", "spec.type"],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "",
+            version: "v1",
+            resource: "persistentvolumeclaims",
+            kind: "PersistentVolumeClaim",
+            namespaced: true,
+            short: &["pvc"],
+            subresources: &["status"],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "",
+            version: "v1",
+            resource: "persistentvolumes",
+            kind: "PersistentVolume",
+            namespaced: false,
+            short: &["pv"],
+            subresources: &["status"],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "",
+            version: "v1",
+            resource: "secrets",
+            kind: "Secret",
+            namespaced: true,
+            short: &[],
+            subresources: &[],
+            fields: &["type"],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "",
+            version: "v1",
+            resource: "configmaps",
+            kind: "ConfigMap",
+            namespaced: true,
+            short: &["cm"],
+            subresources: &[],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "",
+            version: "v1",
+            resource: "serviceaccounts",
+            kind: "ServiceAccount",
+            namespaced: true,
+            short: &["sa"],
+            subresources: &["token"],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "",
+            version: "v1",
+            resource: "events",
+            kind: "Event",
+            namespaced: true,
+            short: &["ev"],
+            subresources: &[],
+            fields: EVENT_FIELDS,
+            behaviour: Stored,
+        },
+        Spec {
+            group: "events.k8s.io",
+            version: "v1",
+            resource: "events",
+            kind: "Event",
+            namespaced: true,
+            short: &["ev"],
+            subresources: &[],
+            fields: EVENT_V1_FIELDS,
+            behaviour: Stored,
+        },
+        Spec {
+            group: "coordination.k8s.io",
+            version: "v1",
+            resource: "leases",
+            kind: "Lease",
+            namespaced: true,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "apiextensions.k8s.io",
+            version: "v1",
+            resource: "customresourcedefinitions",
+            kind: "CustomResourceDefinition",
+            namespaced: false,
+            short: &["crd", "crds"],
+            subresources: &["status"],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "authentication.k8s.io",
+            version: "v1",
+            resource: "tokenreviews",
+            kind: "TokenReview",
+            namespaced: false,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Review,
+        },
+        Spec {
+            group: "authentication.k8s.io",
+            version: "v1",
+            resource: "selfsubjectreviews",
+            kind: "SelfSubjectReview",
+            namespaced: false,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Review,
+        },
+        Spec {
+            group: "authorization.k8s.io",
+            version: "v1",
+            resource: "subjectaccessreviews",
+            kind: "SubjectAccessReview",
+            namespaced: false,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Review,
+        },
+        Spec {
+            group: "authorization.k8s.io",
+            version: "v1",
+            resource: "selfsubjectaccessreviews",
+            kind: "SelfSubjectAccessReview",
+            namespaced: false,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Review,
+        },
+        Spec {
+            group: "authorization.k8s.io",
+            version: "v1",
+            resource: "localsubjectaccessreviews",
+            kind: "LocalSubjectAccessReview",
+            namespaced: true,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Review,
+        },
+        Spec {
+            group: "rbac.authorization.k8s.io",
+            version: "v1",
+            resource: "roles",
+            kind: "Role",
+            namespaced: true,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "rbac.authorization.k8s.io",
+            version: "v1",
+            resource: "rolebindings",
+            kind: "RoleBinding",
+            namespaced: true,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "rbac.authorization.k8s.io",
+            version: "v1",
+            resource: "clusterroles",
+            kind: "ClusterRole",
+            namespaced: false,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "rbac.authorization.k8s.io",
+            version: "v1",
+            resource: "clusterrolebindings",
+            kind: "ClusterRoleBinding",
+            namespaced: false,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Stored,
+        },
     ];
     specs
         .into_iter()
@@ -241,7 +479,10 @@ fn builtin_types() -> Vec<ResourceType> {
             let (storage, view) = if s.group == "events.k8s.io" {
                 (StorageKey::from("/events"), View::EventsV1)
             } else {
-                (StorageKey::from(format!("{}/{}", s.group, s.resource)), View::Native)
+                (
+                    StorageKey::from(format!("{}/{}", s.group, s.resource)),
+                    View::Native,
+                )
             };
             ResourceType {
                 group: s.group.to_owned(),
@@ -252,7 +493,11 @@ fn builtin_types() -> Vec<ResourceType> {
                 list_kind: format!("{}List", s.kind),
                 namespaced: s.namespaced,
                 short_names: s.short.iter().map(|x| x.to_string()).collect(),
-                categories: if matches!(s.resource, "pods" | "services") { vec!["all".to_owned()] } else { vec![] },
+                categories: if matches!(s.resource, "pods" | "services") {
+                    vec!["all".to_owned()]
+                } else {
+                    vec![]
+                },
                 subresources: s.subresources.iter().map(|x| x.to_string()).collect(),
                 storage,
                 view,

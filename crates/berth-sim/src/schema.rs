@@ -12,6 +12,7 @@ use crate::error::Cause;
 pub struct CrdSchema {
     pub root: Value,
     compiled: kube_cel::CompiledSchema,
+    has_rules: bool,
 }
 
 impl std::fmt::Debug for CrdSchema {
@@ -23,7 +24,12 @@ impl std::fmt::Debug for CrdSchema {
 impl CrdSchema {
     pub fn new(root: Value) -> Self {
         let compiled = kube_cel::compile_schema(&root);
-        CrdSchema { root, compiled }
+        let has_rules = root.to_string().contains("x-kubernetes-validations");
+        CrdSchema {
+            root,
+            compiled,
+            has_rules,
+        }
     }
 
     /// Removes fields the schema does not declare; returns their paths (for strict field
@@ -63,22 +69,22 @@ impl CrdSchema {
     /// rules on update.
     pub fn validate(&self, object: &Value, old: Option<&Value>) -> Vec<Cause> {
         let mut causes = vec![];
-        if let Value::Object(map) = object {
-            if let Some(props) = self.root["properties"].as_object() {
-                for (key, child_schema) in props {
-                    if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
-                        continue;
-                    }
-                    match map.get(key) {
-                        Some(child) => validate_value(child_schema, child, key, &mut causes),
-                        None if required(&self.root).contains(key) => causes.push(required_cause(key)),
-                        None => {}
-                    }
+        if let Value::Object(map) = object
+            && let Some(props) = self.root["properties"].as_object()
+        {
+            for (key, child_schema) in props {
+                if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
+                    continue;
+                }
+                match map.get(key) {
+                    Some(child) => validate_value(child_schema, child, key, &mut causes),
+                    None if required(&self.root).contains(key) => causes.push(required_cause(key)),
+                    None => {}
                 }
             }
         }
         let type_errors = causes.iter().any(|c| c.reason == "FieldValueTypeInvalid");
-        if type_errors {
+        if type_errors && self.has_rules {
             causes.push(Cause {
                 reason: "FieldValueInvalid".to_owned(),
                 message: "Invalid value: \"null\": some validation rules were not checked because the object was invalid; correct the existing errors to complete validation".to_owned(),
@@ -109,16 +115,28 @@ fn preserves_unknown(schema: &Value) -> bool {
 fn required(schema: &Value) -> Vec<String> {
     schema["required"]
         .as_array()
-        .map(|r| r.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .map(|r| {
+            r.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn required_cause(path: &str) -> Cause {
-    Cause { reason: "FieldValueRequired".to_owned(), message: "Required value".to_owned(), field: path.to_owned() }
+    Cause {
+        reason: "FieldValueRequired".to_owned(),
+        message: "Required value".to_owned(),
+        field: path.to_owned(),
+    }
 }
 
 fn join(path: &str, key: &str) -> String {
-    if path.is_empty() { key.to_owned() } else { format!("{path}.{key}") }
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
 }
 
 fn prune_value(schema: &Value, value: &mut Value, path: &str, unknown: &mut Vec<String>) {
@@ -140,7 +158,9 @@ fn prune_value(schema: &Value, value: &mut Value, path: &str, unknown: &mut Vec<
                         }
                     }
                 }
-            } else if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+            } else if let Some(additional) =
+                schema.get("additionalProperties").filter(|a| a.is_object())
+            {
                 for (key, child) in map.iter_mut() {
                     prune_value(additional, child, &join(path, key), unknown);
                 }
@@ -170,16 +190,18 @@ fn default_value(schema: &Value, value: &mut Value) {
         Value::Object(map) => {
             if let Some(props) = schema["properties"].as_object() {
                 for (key, child_schema) in props {
-                    if !map.contains_key(key) {
-                        if let Some(default) = child_schema.get("default") {
-                            map.insert(key.clone(), default.clone());
-                        }
+                    if !map.contains_key(key)
+                        && let Some(default) = child_schema.get("default")
+                    {
+                        map.insert(key.clone(), default.clone());
                     }
                     if let Some(child) = map.get_mut(key) {
                         default_value(child_schema, child);
                     }
                 }
-            } else if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+            } else if let Some(additional) =
+                schema.get("additionalProperties").filter(|a| a.is_object())
+            {
                 for child in map.values_mut() {
                     default_value(additional, child);
                 }
@@ -237,10 +259,15 @@ fn quote(value: &Value) -> String {
 /// Whether `s` matches `pattern`; compiled patterns are cached because every write of a custom
 /// resource checks the same few. An invalid pattern matches nothing.
 fn pattern_matches(pattern: &str, s: &str) -> bool {
-    static CACHE: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, Option<regex::Regex>>>> =
-        std::sync::LazyLock::new(Default::default);
-    let mut cache = CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let re = cache.entry(pattern.to_owned()).or_insert_with(|| regex::Regex::new(pattern).ok());
+    static CACHE: std::sync::LazyLock<
+        std::sync::Mutex<std::collections::HashMap<String, Option<regex::Regex>>>,
+    > = std::sync::LazyLock::new(Default::default);
+    let mut cache = CACHE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let re = cache
+        .entry(pattern.to_owned())
+        .or_insert_with(|| regex::Regex::new(pattern).ok());
     re.as_ref().is_some_and(|re| re.is_match(s))
 }
 
@@ -249,7 +276,11 @@ fn number(schema: &Value, key: &str) -> Option<f64> {
 }
 
 fn fmt_number(n: f64) -> String {
-    if n.fract() == 0.0 { format!("{}", n as i64) } else { n.to_string() }
+    if n.fract() == 0.0 {
+        format!("{}", n as i64)
+    } else {
+        n.to_string()
+    }
 }
 
 fn type_invalid(path: &str, actual: &str, message: String) -> Cause {
@@ -274,87 +305,134 @@ fn validate_value(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Ca
             return;
         }
         let expected = schema["type"].as_str().unwrap_or("object");
-        causes.push(type_invalid(path, "null", format!("{path} in body must be of type {expected}: \"null\"")));
+        causes.push(type_invalid(
+            path,
+            "null",
+            format!("{path} in body must be of type {expected}: \"null\""),
+        ));
         return;
     }
     let int_or_string = schema["x-kubernetes-int-or-string"].as_bool() == Some(true);
     if int_or_string {
         if !(value.is_string() || value.is_i64() || value.is_u64()) {
-            causes.push(type_invalid(path, json_type(value), format!("{path} in body must be of type int-or-string: \"{}\"", json_type(value))));
+            causes.push(type_invalid(
+                path,
+                json_type(value),
+                format!(
+                    "{path} in body must be of type int-or-string: \"{}\"",
+                    json_type(value)
+                ),
+            ));
             return;
         }
     } else if let Some(expected) = schema["type"].as_str() {
         let actual = json_type(value);
         let ok = actual == expected || (expected == "number" && actual == "integer");
         if !ok {
-            causes.push(type_invalid(path, actual, format!("{path} in body must be of type {expected}: \"{actual}\"")));
+            causes.push(type_invalid(
+                path,
+                actual,
+                format!("{path} in body must be of type {expected}: \"{actual}\""),
+            ));
             return;
         }
     }
-    if let Some(options) = schema["enum"].as_array() {
-        if !options.contains(value) {
-            let supported: Vec<String> = options.iter().map(quote).collect();
-            causes.push(Cause {
-                reason: "FieldValueNotSupported".to_owned(),
-                message: format!("Unsupported value: {}: supported values: {}", quote(value), supported.join(", ")),
-                field: path.to_owned(),
-            });
-        }
+    if let Some(options) = schema["enum"].as_array()
+        && !options.contains(value)
+    {
+        let supported: Vec<String> = options.iter().map(quote).collect();
+        causes.push(Cause {
+            reason: "FieldValueNotSupported".to_owned(),
+            message: format!(
+                "Unsupported value: {}: supported values: {}",
+                quote(value),
+                supported.join(", ")
+            ),
+            field: path.to_owned(),
+        });
     }
     match value {
         Value::String(s) => {
             let length = s.chars().count() as u64;
-            if let Some(min) = schema["minLength"].as_u64() {
-                if length < min {
-                    causes.push(invalid(path, value, format!("{path} in body should be at least {min} chars long")));
-                }
+            if let Some(min) = schema["minLength"].as_u64()
+                && length < min
+            {
+                causes.push(invalid(
+                    path,
+                    value,
+                    format!("{path} in body should be at least {min} chars long"),
+                ));
             }
-            if let Some(max) = schema["maxLength"].as_u64() {
-                if length > max {
-                    causes.push(Cause {
-                        reason: "FieldValueTooLong".to_owned(),
-                        message: format!("Too long: may not be more than {max} bytes"),
-                        field: path.to_owned(),
-                    });
-                }
+            if let Some(max) = schema["maxLength"].as_u64()
+                && length > max
+            {
+                causes.push(Cause {
+                    reason: "FieldValueTooLong".to_owned(),
+                    message: format!("Too long: may not be more than {max} bytes"),
+                    field: path.to_owned(),
+                });
             }
-            if let Some(pattern) = schema["pattern"].as_str() {
-                if !pattern_matches(pattern, s) {
-                    causes.push(invalid(path, value, format!("{path} in body should match '{pattern}'")));
-                }
+            if let Some(pattern) = schema["pattern"].as_str()
+                && !pattern_matches(pattern, s)
+            {
+                causes.push(invalid(
+                    path,
+                    value,
+                    format!("{path} in body should match '{pattern}'"),
+                ));
             }
         }
         Value::Number(n) => {
             let v = n.as_f64().unwrap_or_default();
             let exclusive_min = schema["exclusiveMinimum"].as_bool() == Some(true);
             let exclusive_max = schema["exclusiveMaximum"].as_bool() == Some(true);
-            if let Some(min) = number(schema, "minimum") {
-                if (exclusive_min && v <= min) || (!exclusive_min && v < min) {
-                    let relation = if exclusive_min { "greater than" } else { "greater than or equal to" };
-                    causes.push(invalid(path, value, format!("{path} in body should be {relation} {}", fmt_number(min))));
-                }
+            if let Some(min) = number(schema, "minimum")
+                && ((exclusive_min && v <= min) || (!exclusive_min && v < min))
+            {
+                let relation = if exclusive_min {
+                    "greater than"
+                } else {
+                    "greater than or equal to"
+                };
+                causes.push(invalid(
+                    path,
+                    value,
+                    format!("{path} in body should be {relation} {}", fmt_number(min)),
+                ));
             }
-            if let Some(max) = number(schema, "maximum") {
-                if (exclusive_max && v >= max) || (!exclusive_max && v > max) {
-                    let relation = if exclusive_max { "less than" } else { "less than or equal to" };
-                    causes.push(invalid(path, value, format!("{path} in body should be {relation} {}", fmt_number(max))));
-                }
+            if let Some(max) = number(schema, "maximum")
+                && ((exclusive_max && v >= max) || (!exclusive_max && v > max))
+            {
+                let relation = if exclusive_max {
+                    "less than"
+                } else {
+                    "less than or equal to"
+                };
+                causes.push(invalid(
+                    path,
+                    value,
+                    format!("{path} in body should be {relation} {}", fmt_number(max)),
+                ));
             }
         }
         Value::Array(items) => {
-            if let Some(max) = schema["maxItems"].as_u64() {
-                if items.len() as u64 > max {
-                    causes.push(Cause {
-                        reason: "FieldValueTooMany".to_owned(),
-                        message: format!("Too many: {}: must have at most {max} items", items.len()),
-                        field: path.to_owned(),
-                    });
-                }
+            if let Some(max) = schema["maxItems"].as_u64()
+                && items.len() as u64 > max
+            {
+                causes.push(Cause {
+                    reason: "FieldValueTooMany".to_owned(),
+                    message: format!("Too many: {}: must have at most {max} items", items.len()),
+                    field: path.to_owned(),
+                });
             }
-            if let Some(min) = schema["minItems"].as_u64() {
-                if (items.len() as u64) < min {
-                    causes.push(invalid(path, &Value::String("array".into()), format!("{path} in body should have at least {min} items")));
-                }
+            if let Some(min) = schema["minItems"].as_u64()
+                && (items.len() as u64) < min
+            {
+                causes.push(invalid(
+                    path,
+                    &Value::String("array".into()),
+                    format!("{path} in body should have at least {min} items"),
+                ));
             }
             if let Some(item_schema) = schema.get("items") {
                 for (i, item) in items.iter().enumerate() {
@@ -375,13 +453,22 @@ fn validate_value(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Ca
             if schema["x-kubernetes-list-type"] == "map" {
                 let keys: Vec<String> = schema["x-kubernetes-list-map-keys"]
                     .as_array()
-                    .map(|k| k.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+                    .map(|k| {
+                        k.iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 let key_of = |item: &Value| -> BTreeMap<String, Value> {
-                    keys.iter().map(|k| (k.clone(), item[k.as_str()].clone())).collect()
+                    keys.iter()
+                        .map(|k| (k.clone(), item[k.as_str()].clone()))
+                        .collect()
                 };
                 for (i, item) in items.iter().enumerate() {
-                    if items[..i].iter().any(|earlier| key_of(earlier) == key_of(item)) {
+                    if items[..i]
+                        .iter()
+                        .any(|earlier| key_of(earlier) == key_of(item))
+                    {
                         let shown: Map<String, Value> = key_of(item).into_iter().collect();
                         causes.push(Cause {
                             reason: "FieldValueDuplicate".to_owned(),
@@ -396,24 +483,30 @@ fn validate_value(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Ca
             if let Some(props) = schema["properties"].as_object() {
                 for (key, child_schema) in props {
                     match map.get(key) {
-                        Some(child) => validate_value(child_schema, child, &join(path, key), causes),
-                        None if required(schema).contains(key) => causes.push(required_cause(&join(path, key))),
+                        Some(child) => {
+                            validate_value(child_schema, child, &join(path, key), causes)
+                        }
+                        None if required(schema).contains(key) => {
+                            causes.push(required_cause(&join(path, key)))
+                        }
                         None => {}
                     }
                 }
-            } else if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
+            } else if let Some(additional) =
+                schema.get("additionalProperties").filter(|a| a.is_object())
+            {
                 for (key, child) in map {
                     validate_value(additional, child, &format!("{path}[{key}]"), causes);
                 }
             }
-            if let Some(max) = schema["maxProperties"].as_u64() {
-                if map.len() as u64 > max {
-                    causes.push(Cause {
-                        reason: "FieldValueTooMany".to_owned(),
-                        message: format!("Too many: {}: must have at most {max} items", map.len()),
-                        field: path.to_owned(),
-                    });
-                }
+            if let Some(max) = schema["maxProperties"].as_u64()
+                && map.len() as u64 > max
+            {
+                causes.push(Cause {
+                    reason: "FieldValueTooMany".to_owned(),
+                    message: format!("Too many: {}: must have at most {max} items", map.len()),
+                    field: path.to_owned(),
+                });
             }
         }
         Value::Bool(_) | Value::Null => {}
@@ -453,12 +546,18 @@ mod tests {
         let s = schema();
         let mut object = object;
         s.apply_defaults(&mut object);
-        s.validate(&object, None).into_iter().map(|c| format!("{}: {}", c.field, c.message)).collect()
+        s.validate(&object, None)
+            .into_iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect()
     }
 
     #[test]
     fn valid_object_passes() {
-        assert!(messages(json!({"spec": {"image": "x", "mode": 420, "size": "1Gi", "path": "/a"}})).is_empty());
+        assert!(
+            messages(json!({"spec": {"image": "x", "mode": 420, "size": "1Gi", "path": "/a"}}))
+                .is_empty()
+        );
         assert!(messages(json!({"spec": {"image": "x", "size": 3}})).is_empty());
     }
 
@@ -466,19 +565,53 @@ mod tests {
     fn each_keyword_reports_like_the_api_server() {
         let rows: &[(Value, &str)] = &[
             (json!({"spec": {}}), "spec.image: Required value"),
-            (json!({"spec": {"image": ""}}), "spec.image: Invalid value: \"\": spec.image in body should be at least 1 chars long"),
-            (json!({"spec": {"image": "x", "mode": 1000}}), "spec.mode: Invalid value: 1000: spec.mode in body should be less than or equal to 511"),
-            (json!({"spec": {"image": "x", "mode": -1}}), "spec.mode: Invalid value: -1: spec.mode in body should be greater than or equal to 0"),
-            (json!({"spec": {"image": "x", "mode": "rw"}}), "spec.mode: Invalid value: \"string\": spec.mode in body must be of type integer: \"string\""),
-            (json!({"spec": {"image": "x", "color": "green"}}), "spec.color: Unsupported value: \"green\": supported values: \"red\", \"blue\""),
-            (json!({"spec": {"image": "x", "ports": [{}, {}, {}]}}), "spec.ports: Too many: 3: must have at most 2 items"),
-            (json!({"spec": {"image": "x", "ports": [{"name": "A"}]}}), "spec.ports[0].name: Invalid value: \"A\": spec.ports[0].name in body should match '^[a-z]+$'"),
-            (json!({"spec": {"image": "x", "size": true}}), "spec.size: Invalid value: \"boolean\": spec.size in body must be of type int-or-string: \"boolean\""),
-            (json!({"spec": {"image": "x", "path": "rel"}}), "spec.path: Invalid value: \"string\": must be absolute"),
-            (json!({"spec": {"image": "x", "labels": {"a": 1}}}), "spec.labels[a]: Invalid value: \"integer\": spec.labels[a] in body must be of type string: \"integer\""),
+            (
+                json!({"spec": {"image": ""}}),
+                "spec.image: Invalid value: \"\": spec.image in body should be at least 1 chars long",
+            ),
+            (
+                json!({"spec": {"image": "x", "mode": 1000}}),
+                "spec.mode: Invalid value: 1000: spec.mode in body should be less than or equal to 511",
+            ),
+            (
+                json!({"spec": {"image": "x", "mode": -1}}),
+                "spec.mode: Invalid value: -1: spec.mode in body should be greater than or equal to 0",
+            ),
+            (
+                json!({"spec": {"image": "x", "mode": "rw"}}),
+                "spec.mode: Invalid value: \"string\": spec.mode in body must be of type integer: \"string\"",
+            ),
+            (
+                json!({"spec": {"image": "x", "color": "green"}}),
+                "spec.color: Unsupported value: \"green\": supported values: \"red\", \"blue\"",
+            ),
+            (
+                json!({"spec": {"image": "x", "ports": [{}, {}, {}]}}),
+                "spec.ports: Too many: 3: must have at most 2 items",
+            ),
+            (
+                json!({"spec": {"image": "x", "ports": [{"name": "A"}]}}),
+                "spec.ports[0].name: Invalid value: \"A\": spec.ports[0].name in body should match '^[a-z]+$'",
+            ),
+            (
+                json!({"spec": {"image": "x", "size": true}}),
+                "spec.size: Invalid value: \"boolean\": spec.size in body must be of type int-or-string: \"boolean\"",
+            ),
+            (
+                json!({"spec": {"image": "x", "path": "rel"}}),
+                "spec.path: Invalid value: \"string\": must be absolute",
+            ),
+            (
+                json!({"spec": {"image": "x", "labels": {"a": 1}}}),
+                "spec.labels[a]: Invalid value: \"integer\": spec.labels[a] in body must be of type string: \"integer\"",
+            ),
         ];
         for (object, expected) in rows {
-            assert_eq!(messages(object.clone()), vec![expected.to_string()], "{object}");
+            assert_eq!(
+                messages(object.clone()),
+                vec![expected.to_string()],
+                "{object}"
+            );
         }
     }
 

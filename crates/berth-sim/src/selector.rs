@@ -77,14 +77,27 @@ fn validate_key(key: &str, term: &str) -> ApiResult<String> {
     let key = key.trim();
     let valid = !key.is_empty()
         && key.len() <= 316
-        && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
-    if valid { Ok(key.to_owned()) } else { Err(parse_error(term, "invalid label key")) }
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+    if valid {
+        Ok(key.to_owned())
+    } else {
+        Err(parse_error(term, "invalid label key"))
+    }
 }
 
 fn validate_value(value: &str, term: &str) -> ApiResult<String> {
     let value = value.trim();
-    let valid = value.len() <= 63 && value.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if valid { Ok(value.to_owned()) } else { Err(parse_error(term, "invalid label value")) }
+    let valid = value.len() <= 63
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if valid {
+        Ok(value.to_owned())
+    } else {
+        Err(parse_error(term, "invalid label value"))
+    }
 }
 
 fn parse_requirement(term: &str) -> ApiResult<Requirement> {
@@ -92,13 +105,22 @@ fn parse_requirement(term: &str) -> ApiResult<Requirement> {
         return Ok(Requirement::NotExists(validate_key(key, term)?));
     }
     if let Some((key, value)) = term.split_once("!=") {
-        return Ok(Requirement::NotEquals(validate_key(key, term)?, validate_value(value, term)?));
+        return Ok(Requirement::NotEquals(
+            validate_key(key, term)?,
+            validate_value(value, term)?,
+        ));
     }
     if let Some((key, value)) = term.split_once("==") {
-        return Ok(Requirement::Equals(validate_key(key, term)?, validate_value(value, term)?));
+        return Ok(Requirement::Equals(
+            validate_key(key, term)?,
+            validate_value(value, term)?,
+        ));
     }
     if let Some((key, value)) = term.split_once('=') {
-        return Ok(Requirement::Equals(validate_key(key, term)?, validate_value(value, term)?));
+        return Ok(Requirement::Equals(
+            validate_key(key, term)?,
+            validate_value(value, term)?,
+        ));
     }
     for (word, negate) in [(" notin ", true), (" in ", false)] {
         if let Some((key, rest)) = term.split_once(word) {
@@ -112,7 +134,11 @@ fn parse_requirement(term: &str) -> ApiResult<Requirement> {
                 .map(|v| validate_value(v, term))
                 .collect::<ApiResult<Vec<_>>>()?;
             let key = validate_key(key, term)?;
-            return Ok(if negate { Requirement::NotIn(key, values) } else { Requirement::In(key, values) });
+            return Ok(if negate {
+                Requirement::NotIn(key, values)
+            } else {
+                Requirement::In(key, values)
+            });
         }
     }
     Ok(Requirement::Exists(validate_key(term, term)?))
@@ -146,9 +172,15 @@ impl FieldSelector {
             } else if let Some((f, v)) = term.split_once('=') {
                 (f, v, false)
             } else {
-                return Err(ApiError::bad_request(format!("invalid selector: '{input}'; can't understand '{term}'")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid selector: '{input}'; can't understand '{term}'"
+                )));
             };
-            terms.push(FieldTerm { field: field.trim().to_owned(), value: value.trim().to_owned(), negated });
+            terms.push(FieldTerm {
+                field: field.trim().to_owned(),
+                value: value.trim().to_owned(),
+                negated,
+            });
         }
         Ok(FieldSelector(terms))
     }
@@ -159,12 +191,9 @@ impl FieldSelector {
 
     /// Whether `value_of(field)` satisfies every term.
     pub fn matches(&self, value_of: impl Fn(&str) -> String) -> bool {
-        self.0.iter().all(|t| (value_of(&t.field) == t.value) != t.negated)
-    }
-
-    /// The value an equality term on `field` requires, if any (used to narrow lookups).
-    pub fn required(&self, field: &str) -> Option<&str> {
-        self.0.iter().find(|t| t.field == field && !t.negated).map(|t| t.value.as_str())
+        self.0
+            .iter()
+            .all(|t| (value_of(&t.field) == t.value) != t.negated)
     }
 }
 
@@ -173,7 +202,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -223,8 +255,6 @@ mod tests {
             _ => String::new(),
         };
         assert!(sel.matches(value));
-        assert_eq!(sel.required("spec.nodeName"), Some("node-1"));
-        assert_eq!(sel.required("status.phase"), None);
         assert!(FieldSelector::parse("nonsense").is_err());
     }
 }

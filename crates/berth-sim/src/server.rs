@@ -39,12 +39,27 @@ pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, 64 << 20).await {
         Ok(bytes) => bytes,
-        Err(_) => return ApiError::bad_request("the request body is too large or unreadable").into_response(),
+        Err(_) => {
+            return ApiError::bad_request("the request body is too large or unreadable")
+                .into_response();
+        }
     };
-    let mut info = LogInfo { verb: parts.method.as_str().to_lowercase(), resource: parts.uri.path().to_owned(), ..Default::default() };
-    let response = route(&sim, &parts.method, parts.uri.path(), parts.uri.query().unwrap_or(""), &parts.headers, bytes, &mut info)
-        .await
-        .unwrap_or_else(IntoResponse::into_response);
+    let mut info = LogInfo {
+        verb: parts.method.as_str().to_lowercase(),
+        resource: parts.uri.path().to_owned(),
+        ..Default::default()
+    };
+    let response = route(
+        &sim,
+        &parts.method,
+        parts.uri.path(),
+        parts.uri.query().unwrap_or(""),
+        &parts.headers,
+        bytes,
+        &mut info,
+    )
+    .await
+    .unwrap_or_else(IntoResponse::into_response);
     sim.requests.record(RequestKey {
         user: info.user,
         verb: info.verb,
@@ -56,7 +71,9 @@ pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
 }
 
 fn query_map(query: &str) -> HashMap<String, String> {
-    form_urlencoded::parse(query.as_bytes()).into_owned().collect()
+    form_urlencoded::parse(query.as_bytes())
+        .into_owned()
+        .collect()
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -65,18 +82,36 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// Who is asking: the bearer token's identity, possibly impersonating someone else.
 fn authenticate(sim: &Sim, headers: &HeaderMap) -> ApiResult<Identity> {
-    let identity = match header_str(headers, "authorization").and_then(|v| v.strip_prefix("Bearer ")) {
-        Some(token) => sim.tokens.review(token.trim(), &[API_AUDIENCE.to_owned()]).map(|(who, _)| who).map_err(|_| ApiError::Unauthorized)?,
-        None => Identity::anonymous(),
-    };
+    let identity =
+        match header_str(headers, "authorization").and_then(|v| v.strip_prefix("Bearer ")) {
+            Some(token) => sim
+                .tokens
+                .review(token.trim(), &[API_AUDIENCE.to_owned()])
+                .map(|(who, _)| who)
+                .map_err(|_| ApiError::Unauthorized)?,
+            None => Identity::anonymous(),
+        };
     let Some(user) = header_str(headers, "impersonate-user") else {
         return Ok(identity);
     };
     let allowed = identity.is_superuser()
-        || auth::authorize(&sim.store, &identity, &Attributes { verb: "impersonate".into(), resource: "users".into(), name: user.into(), ..Default::default() }).allowed;
+        || auth::authorize(
+            &sim.store,
+            &identity,
+            &Attributes {
+                verb: "impersonate".into(),
+                resource: "users".into(),
+                name: user.into(),
+                ..Default::default()
+            },
+        )
+        .allowed;
     if !allowed {
         return Err(ApiError::Forbidden {
-            message: format!("users \"{user}\" is forbidden: User \"{}\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope", identity.username),
+            message: format!(
+                "users \"{user}\" is forbidden: User \"{}\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope",
+                identity.username
+            ),
             kind: "users".into(),
             name: Some(user.into()),
             group: String::new(),
@@ -111,7 +146,8 @@ fn negotiate(headers: &HeaderMap, query: &HashMap<String, String>) -> Render {
 fn json_response(code: StatusCode, value: &Value, warnings: &[String]) -> Response {
     let mut response = (code, axum::Json(value)).into_response();
     for warning in warnings {
-        if let Ok(v) = HeaderValue::from_str(&format!("299 - \"{}\"", warning.replace('"', "\\\""))) {
+        if let Ok(v) = HeaderValue::from_str(&format!("299 - \"{}\"", warning.replace('"', "\\\"")))
+        {
             response.headers_mut().append(header::WARNING, v);
         }
     }
@@ -121,8 +157,15 @@ fn json_response(code: StatusCode, value: &Value, warnings: &[String]) -> Respon
 fn render_one(rt: &ResourceType, object: &Value, render: Render) -> Value {
     match render {
         Render::Object => object.clone(),
-        Render::Metadata => json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": object["metadata"]}),
-        Render::Table(include) => table::table(rt, std::slice::from_ref(object), json!({"resourceVersion": object["metadata"]["resourceVersion"]}), include),
+        Render::Metadata => {
+            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": object["metadata"]})
+        }
+        Render::Table(include) => table::table(
+            rt,
+            std::slice::from_ref(object),
+            json!({"resourceVersion": object["metadata"]["resourceVersion"]}),
+            include,
+        ),
     }
 }
 
@@ -134,10 +177,14 @@ fn decode_body(headers: &HeaderMap, bytes: &Bytes) -> ApiResult<Value> {
     if content_type.starts_with("application/vnd.kubernetes.protobuf") {
         crate::protobuf::decode(bytes)
     } else if content_type.contains("yaml") {
-        let text = std::str::from_utf8(bytes).map_err(|_| ApiError::bad_request("the body is not UTF-8"))?;
-        serde_saphyr::from_str::<Value>(text).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
+        let text = std::str::from_utf8(bytes)
+            .map_err(|_| ApiError::bad_request("the body is not UTF-8"))?;
+        serde_saphyr::from_str::<Value>(text)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
     } else {
-        serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}")))
+        serde_json::from_slice(bytes).map_err(|e| {
+            ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+        })
     }
 }
 
@@ -146,11 +193,18 @@ fn field_manager(query: &HashMap<String, String>, headers: &HeaderMap) -> String
     if let Some(manager) = query.get("fieldManager") {
         return manager.clone();
     }
-    header_str(headers, "user-agent").and_then(|ua| ua.split('/').next()).unwrap_or("unknown").to_owned()
+    header_str(headers, "user-agent")
+        .and_then(|ua| ua.split('/').next())
+        .unwrap_or("unknown")
+        .to_owned()
 }
 
 fn non_resource(sim: &Sim, identity: &Identity, path: &str) -> ApiResult<()> {
-    let attrs = Attributes { verb: "get".into(), path: Some(path.to_owned()), ..Default::default() };
+    let attrs = Attributes {
+        verb: "get".into(),
+        path: Some(path.to_owned()),
+        ..Default::default()
+    };
     if auth::authorize(&sim.store, identity, &attrs).allowed {
         Ok(())
     } else {
@@ -158,7 +212,15 @@ fn non_resource(sim: &Sim, identity: &Identity, path: &str) -> ApiResult<()> {
     }
 }
 
-async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers: &HeaderMap, bytes: Bytes, info: &mut LogInfo) -> ApiResult<Response> {
+async fn route(
+    sim: &Arc<Sim>,
+    method: &Method,
+    path: &str,
+    query: &str,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    info: &mut LogInfo,
+) -> ApiResult<Response> {
     let identity = authenticate(sim, headers)?;
     info.user = identity.username.clone();
     let query = query_map(query);
@@ -174,10 +236,17 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
             non_resource(sim, &identity, path)?;
             return Ok((StatusCode::OK, "ok").into_response());
         }
-        ["sim", "v1", "requests"] => return ok(serde_json::to_value(sim.requests.snapshot()).unwrap_or_default()),
+        ["sim", "v1", "requests"] => {
+            return ok(serde_json::to_value(sim.requests.snapshot()).unwrap_or_default());
+        }
         ["api"] => {
             non_resource(sim, &identity, "/api")?;
-            return ok(discovery::core_versions(sim.address.get().map(String::as_str).unwrap_or("127.0.0.1:0")));
+            return ok(discovery::core_versions(
+                sim.address
+                    .get()
+                    .map(String::as_str)
+                    .unwrap_or("127.0.0.1:0"),
+            ));
         }
         ["apis"] => {
             non_resource(sim, &identity, "/apis")?;
@@ -185,7 +254,9 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
         }
         ["apis", group] => {
             non_resource(sim, &identity, path)?;
-            return discovery::group(&sim.registry(), group).map(ok).unwrap_or_else(|| Err(ApiError::no_such_path()));
+            return discovery::group(&sim.registry(), group)
+                .map(ok)
+                .unwrap_or_else(|| Err(ApiError::no_such_path()));
         }
         ["openapi", "v3"] => {
             non_resource(sim, &identity, path)?;
@@ -193,19 +264,25 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
         }
         ["openapi", "v3", "api", version] => {
             non_resource(sim, &identity, path)?;
-            return ok(crate::openapi::group_version(&sim.registry(), "", version).ok_or_else(ApiError::no_such_path)?);
+            return ok(crate::openapi::group_version(&sim.registry(), "", version)
+                .ok_or_else(ApiError::no_such_path)?);
         }
         ["openapi", "v3", "apis", group, version] => {
             non_resource(sim, &identity, path)?;
-            return ok(crate::openapi::group_version(&sim.registry(), group, version).ok_or_else(ApiError::no_such_path)?);
+            return ok(
+                crate::openapi::group_version(&sim.registry(), group, version)
+                    .ok_or_else(ApiError::no_such_path)?,
+            );
         }
         ["api", "v1"] => {
             non_resource(sim, &identity, path)?;
-            return ok(discovery::resource_list(&sim.registry(), "", "v1").ok_or_else(ApiError::no_such_path)?);
+            return ok(discovery::resource_list(&sim.registry(), "", "v1")
+                .ok_or_else(ApiError::no_such_path)?);
         }
         ["apis", group, version] => {
             non_resource(sim, &identity, path)?;
-            return ok(discovery::resource_list(&sim.registry(), group, version).ok_or_else(ApiError::no_such_path)?);
+            return ok(discovery::resource_list(&sim.registry(), group, version)
+                .ok_or_else(ApiError::no_such_path)?);
         }
         _ => {}
     }
@@ -231,14 +308,17 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
             [] => return Err(ApiError::no_such_path()),
         }
     };
-    let rt = registry.get(group, version, resource).ok_or_else(ApiError::no_such_path)?;
+    let rt = registry
+        .get(group, version, resource)
+        .ok_or_else(ApiError::no_such_path)?;
     drop(registry);
     let name = name.unwrap_or("");
     let subresource = subresource.unwrap_or("");
     if !subresource.is_empty() && !rt.subresources.iter().any(|s| s == subresource) {
         return Err(ApiError::no_such_path());
     }
-    let watching = legacy_watch || matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let watching =
+        legacy_watch || matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
     let verb = match (method.as_str(), name.is_empty()) {
         ("GET", false) if watching => "watch",
         ("GET", true) if watching => "watch",
@@ -249,7 +329,11 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
         ("PATCH", _) => "patch",
         ("DELETE", false) => "delete",
         ("DELETE", true) => "deletecollection",
-        _ => return Err(ApiError::MethodNotAllowed { message: format!("{method} is not supported") }),
+        _ => {
+            return Err(ApiError::MethodNotAllowed {
+                message: format!("{method} is not supported"),
+            });
+        }
     };
     info.verb = verb.to_owned();
     info.resource = rt.resource.clone();
@@ -260,14 +344,17 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
         resource: rt.resource.clone(),
         subresource: subresource.to_owned(),
         namespace: namespace.to_owned(),
-        name: if verb == "create" && subresource.is_empty() { String::new() } else { name.to_owned() },
+        name: if verb == "create" && subresource.is_empty() {
+            String::new()
+        } else {
+            name.to_owned()
+        },
         path: None,
     };
     if !auth::authorize(&sim.store, &identity, &attrs).allowed {
         return Err(auth::forbidden(&identity, &attrs));
     }
     let ctx = WriteContext {
-        user: identity.clone(),
         manager: field_manager(&query, headers),
         dry_run: query.get("dryRun").is_some_and(|d| d == "All"),
         strict: query.get("fieldValidation").is_some_and(|v| v == "Strict"),
@@ -277,7 +364,9 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
 
     if rt.behaviour == Behaviour::Review {
         if verb != "create" {
-            return Err(ApiError::MethodNotAllowed { message: format!("{verb} is not supported on {}", rt.resource) });
+            return Err(ApiError::MethodNotAllowed {
+                message: format!("{verb} is not supported on {}", rt.resource),
+            });
         }
         let body = decode_body(headers, &bytes)?;
         let answered = review(sim, &rt, &identity, namespace, body)?;
@@ -288,10 +377,16 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
         "get" => {
             if subresource == "log" {
                 sim.get(&rt, namespace, name)?;
-                return Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], "").into_response());
+                return Ok(
+                    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], "").into_response()
+                );
             }
             let object = sim.get(&rt, namespace, name)?;
-            Ok(json_response(StatusCode::OK, &render_one(&rt, &object, render), &[]))
+            Ok(json_response(
+                StatusCode::OK,
+                &render_one(&rt, &object, render),
+                &[],
+            ))
         }
         "list" => {
             let options = list_options(&query)?;
@@ -299,26 +394,54 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
             let body = match render {
                 Render::Object => list,
                 Render::Metadata => {
-                    let items: Vec<Value> = list["items"].as_array().cloned().unwrap_or_default().iter().map(|o| render_one(&rt, o, Render::Metadata)).collect();
+                    let items: Vec<Value> = list["items"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|o| render_one(&rt, o, Render::Metadata))
+                        .collect();
                     json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": list["metadata"], "items": items})
                 }
-                Render::Table(include) => table::table(&rt, list["items"].as_array().map(Vec::as_slice).unwrap_or_default(), list["metadata"].clone(), include),
+                Render::Table(include) => table::table(
+                    &rt,
+                    list["items"]
+                        .as_array()
+                        .map(Vec::as_slice)
+                        .unwrap_or_default(),
+                    list["metadata"].clone(),
+                    include,
+                ),
             };
             Ok(json_response(StatusCode::OK, &body, &[]))
         }
         "watch" => {
-            let mut fields = FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or(""))?;
+            let mut fields =
+                FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or(""))?;
             if !name.is_empty() {
-                fields.0.push(crate::selector::FieldTerm { field: "metadata.name".into(), value: name.to_owned(), negated: false });
+                fields.0.push(crate::selector::FieldTerm {
+                    field: "metadata.name".into(),
+                    value: name.to_owned(),
+                    negated: false,
+                });
             }
             let request = WatchRequest {
                 namespace: ns_filter,
-                labels: LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?,
+                labels: LabelSelector::parse(
+                    query.get("labelSelector").map(String::as_str).unwrap_or(""),
+                )?,
                 fields,
                 resource_version: query.get("resourceVersion").cloned(),
                 send_initial_events: query.get("sendInitialEvents").is_some_and(|v| v == "true"),
-                bookmarks: query.get("allowWatchBookmarks").is_some_and(|v| v == "true"),
-                timeout: Duration::from_secs(query.get("timeoutSeconds").and_then(|t| t.parse().ok()).unwrap_or(1800)),
+                bookmarks: query
+                    .get("allowWatchBookmarks")
+                    .is_some_and(|v| v == "true"),
+                timeout: Duration::from_secs(
+                    query
+                        .get("timeoutSeconds")
+                        .and_then(|t| t.parse().ok())
+                        .unwrap_or(1800),
+                ),
                 render,
             };
             let stream = watch::watch(sim.clone(), rt.clone(), request)?;
@@ -338,15 +461,31 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
                 ("pods", "binding") => bind(sim, &rt, namespace, name, &body),
                 ("serviceaccounts", "token") => token_request(sim, namespace, name, &body),
                 ("pods", "eviction") => {
-                    sim.delete(&rt, namespace, name, &DeleteOptions::from_body(&body["deleteOptions"]), &ctx)?;
-                    Ok(json_response(StatusCode::CREATED, &success(&rt, name, ""), &[]))
+                    sim.delete(
+                        &rt,
+                        namespace,
+                        name,
+                        &DeleteOptions::from_body(&body["deleteOptions"]),
+                        &ctx,
+                    )?;
+                    Ok(json_response(
+                        StatusCode::CREATED,
+                        &success(&rt, name, ""),
+                        &[],
+                    ))
                 }
-                _ => Err(ApiError::MethodNotAllowed { message: format!("create is not supported on {}/{subresource}", rt.resource) }),
+                _ => Err(ApiError::MethodNotAllowed {
+                    message: format!("create is not supported on {}/{subresource}", rt.resource),
+                }),
             }
         }
         "update" => {
             let body = decode_body(headers, &bytes)?;
-            let sub = if subresource == "finalize" { "" } else { subresource };
+            let sub = if subresource == "finalize" {
+                ""
+            } else {
+                subresource
+            };
             let written = sim.update(&rt, namespace, name, sub, body, &ctx)?;
             Ok(written_response(&rt, written, render))
         }
@@ -361,7 +500,16 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
             if patch_type == PatchType::Apply {
                 ctx.manager = query.get("fieldManager").cloned().unwrap_or_default();
             }
-            let written = sim.patch(&rt, namespace, name, subresource, patch_type, &body, &ctx, force)?;
+            let written = sim.patch(
+                &rt,
+                namespace,
+                name,
+                subresource,
+                patch_type,
+                &body,
+                &ctx,
+                force,
+            )?;
             Ok(written_response(&rt, written, render))
         }
         "delete" => {
@@ -374,11 +522,22 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
                 options.propagation = Some(policy.clone());
             }
             let deleted = sim.delete(&rt, namespace, name, &options, &ctx)?;
-            let returns_object = !deleted.removed || (rt.group.is_empty() && matches!(rt.resource.as_str(), "pods" | "namespaces"));
+            let returns_object = !deleted.removed
+                || (rt.group.is_empty() && matches!(rt.resource.as_str(), "pods" | "namespaces"));
             if returns_object {
                 Ok(json_response(StatusCode::OK, &deleted.object, &[]))
             } else {
-                Ok(json_response(StatusCode::OK, &success(&rt, name, deleted.object["metadata"]["uid"].as_str().unwrap_or_default()), &[]))
+                Ok(json_response(
+                    StatusCode::OK,
+                    &success(
+                        &rt,
+                        name,
+                        deleted.object["metadata"]["uid"]
+                            .as_str()
+                            .unwrap_or_default(),
+                    ),
+                    &[],
+                ))
             }
         }
         "deletecollection" => {
@@ -401,8 +560,16 @@ async fn route(sim: &Arc<Sim>, method: &Method, path: &str, query: &str, headers
 }
 
 fn written_response(rt: &ResourceType, written: Written, render: Render) -> Response {
-    let code = if written.created { StatusCode::CREATED } else { StatusCode::OK };
-    json_response(code, &render_one(rt, &written.object, render), &written.warnings)
+    let code = if written.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    json_response(
+        code,
+        &render_one(rt, &written.object, render),
+        &written.warnings,
+    )
 }
 
 fn success(rt: &ResourceType, name: &str, uid: &str) -> Value {
@@ -428,24 +595,63 @@ fn list_options(query: &HashMap<String, String>) -> ApiResult<ListOptions> {
 }
 
 /// `pods/<name>/binding`: what the scheduler posts to bind a pod to a node.
-fn bind(sim: &Sim, rt: &ResourceType, namespace: &str, name: &str, body: &Value) -> ApiResult<Response> {
-    let node = body["target"]["name"].as_str().filter(|n| !n.is_empty()).ok_or_else(|| {
-        ApiError::invalid("Binding", "", name, vec![Cause { reason: "FieldValueRequired".into(), message: "Required value".into(), field: "target.name".into() }])
-    })?;
+fn bind(
+    sim: &Sim,
+    rt: &ResourceType,
+    namespace: &str,
+    name: &str,
+    body: &Value,
+) -> ApiResult<Response> {
+    let node = body["target"]["name"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "Binding",
+                "",
+                name,
+                vec![Cause {
+                    reason: "FieldValueRequired".into(),
+                    message: "Required value".into(),
+                    field: "target.name".into(),
+                }],
+            )
+        })?;
     for _ in 0..8 {
-        let current = sim.store.get(&rt.storage, namespace, name).ok_or_else(|| ApiError::not_found(&rt.resource, &rt.group, name))?;
-        if let Some(existing) = current["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
-            return Err(ApiError::conflict(&rt.resource, &rt.group, name, &format!("pod {name} is already assigned to node \"{existing}\""), vec![]));
+        let current = sim
+            .store
+            .get(&rt.storage, namespace, name)
+            .ok_or_else(|| ApiError::not_found(&rt.resource, &rt.group, name))?;
+        if let Some(existing) = current["spec"]["nodeName"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+        {
+            return Err(ApiError::conflict(
+                &rt.resource,
+                &rt.group,
+                name,
+                &format!("pod {name} is already assigned to node \"{existing}\""),
+                vec![],
+            ));
         }
         let mut bound = (*current).clone();
         bound["spec"]["nodeName"] = json!(node);
-        let mut conditions = bound["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        let mut conditions = bound["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         conditions.retain(|c| c["type"] != "PodScheduled");
         conditions.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": crate::sim::now_rfc3339()}));
         bound["status"]["conditions"] = json!(conditions);
         let expected = crate::store::resource_version(&current).unwrap_or_default();
         match sim.store.replace(&rt.storage, bound, expected) {
-            Ok(_) => return Ok(json_response(StatusCode::CREATED, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}), &[])),
+            Ok(_) => {
+                return Ok(json_response(
+                    StatusCode::CREATED,
+                    &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+                    &[],
+                ));
+            }
             Err(crate::store::WriteError::Stale) => continue,
             Err(_) => return Err(ApiError::not_found(&rt.resource, &rt.group, name)),
         }
@@ -457,15 +663,38 @@ fn bind(sim: &Sim, rt: &ResourceType, namespace: &str, name: &str, body: &Value)
 fn token_request(sim: &Sim, namespace: &str, name: &str, body: &Value) -> ApiResult<Response> {
     let seconds = body["spec"]["expirationSeconds"].as_i64().unwrap_or(3600);
     if seconds < 600 {
-        return Err(ApiError::invalid("TokenRequest", "authentication.k8s.io", name, vec![Cause {
-            reason: "FieldValueInvalid".into(),
-            message: format!("Invalid value: {seconds}: may not specify a duration less than 10 minutes"),
-            field: "spec.expirationSeconds".into(),
-        }]));
+        return Err(ApiError::invalid(
+            "TokenRequest",
+            "authentication.k8s.io",
+            name,
+            vec![Cause {
+                reason: "FieldValueInvalid".into(),
+                message: format!(
+                    "Invalid value: {seconds}: may not specify a duration less than 10 minutes"
+                ),
+                field: "spec.expirationSeconds".into(),
+            }],
+        ));
     }
-    let audiences: Vec<String> = body["spec"]["audiences"].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();
-    let (token, expires) = sim.issue_token(namespace, name, audiences.clone(), Duration::from_secs(seconds as u64))?;
-    let audiences = if audiences.is_empty() { vec![API_AUDIENCE.to_owned()] } else { audiences };
+    let audiences: Vec<String> = body["spec"]["audiences"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let (token, expires) = sim.issue_token(
+        namespace,
+        name,
+        audiences.clone(),
+        Duration::from_secs(seconds as u64),
+    )?;
+    let audiences = if audiences.is_empty() {
+        vec![API_AUDIENCE.to_owned()]
+    } else {
+        audiences
+    };
     let response = json!({
         "kind": "TokenRequest",
         "apiVersion": "authentication.k8s.io/v1",
@@ -477,7 +706,13 @@ fn token_request(sim: &Sim, namespace: &str, name: &str, body: &Value) -> ApiRes
 }
 
 /// TokenReview, SubjectAccessReview and friends: answered, never stored.
-fn review(sim: &Sim, rt: &ResourceType, identity: &Identity, namespace: &str, body: Value) -> ApiResult<Value> {
+fn review(
+    sim: &Sim,
+    rt: &ResourceType,
+    identity: &Identity,
+    namespace: &str,
+    body: Value,
+) -> ApiResult<Value> {
     let mut answer = body.clone();
     answer["apiVersion"] = json!(rt.api_version());
     answer["kind"] = json!(rt.kind);
@@ -486,18 +721,41 @@ fn review(sim: &Sim, rt: &ResourceType, identity: &Identity, namespace: &str, bo
     }
     answer["metadata"]["creationTimestamp"] = Value::Null;
     let resource_attributes = |spec: &Value| Attributes {
-        verb: spec["resourceAttributes"]["verb"].as_str().unwrap_or_default().to_owned(),
-        group: spec["resourceAttributes"]["group"].as_str().unwrap_or_default().to_owned(),
-        resource: spec["resourceAttributes"]["resource"].as_str().unwrap_or_default().to_owned(),
-        subresource: spec["resourceAttributes"]["subresource"].as_str().unwrap_or_default().to_owned(),
-        namespace: spec["resourceAttributes"]["namespace"].as_str().unwrap_or_default().to_owned(),
-        name: spec["resourceAttributes"]["name"].as_str().unwrap_or_default().to_owned(),
-        path: spec["nonResourceAttributes"]["path"].as_str().map(str::to_owned),
+        verb: spec["resourceAttributes"]["verb"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        group: spec["resourceAttributes"]["group"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        resource: spec["resourceAttributes"]["resource"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        subresource: spec["resourceAttributes"]["subresource"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        namespace: spec["resourceAttributes"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        name: spec["resourceAttributes"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        path: spec["nonResourceAttributes"]["path"]
+            .as_str()
+            .map(str::to_owned),
     };
     let decide = |who: &Identity, spec: &Value| -> ApiResult<Value> {
         let mut attrs = resource_attributes(spec);
         if attrs.path.is_some() {
-            attrs.verb = spec["nonResourceAttributes"]["verb"].as_str().unwrap_or_default().to_owned();
+            attrs.verb = spec["nonResourceAttributes"]["verb"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
         } else if spec["resourceAttributes"].is_null() {
             return Err(ApiError::invalid(&rt.kind, &rt.group, "", vec![Cause {
                 reason: "FieldValueRequired".into(),
@@ -515,37 +773,79 @@ fn review(sim: &Sim, rt: &ResourceType, identity: &Identity, namespace: &str, bo
     match rt.resource.as_str() {
         "tokenreviews" => {
             let token = body["spec"]["token"].as_str().unwrap_or_default();
-            let wanted: Vec<String> = body["spec"]["audiences"].as_array().map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();
-            let wanted = if wanted.is_empty() { vec![API_AUDIENCE.to_owned()] } else { wanted };
+            let wanted: Vec<String> = body["spec"]["audiences"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let wanted = if wanted.is_empty() {
+                vec![API_AUDIENCE.to_owned()]
+            } else {
+                wanted
+            };
             answer["status"] = match sim.tokens.review(token, &wanted) {
                 Ok((who, audiences)) => json!({
                     "authenticated": true,
                     "user": {"username": who.username, "uid": who.uid, "groups": who.groups},
                     "audiences": audiences
                 }),
-                Err(error) => json!({"authenticated": false, "error": format!("[invalid bearer token, {error}]"), "user": {}}),
+                Err(error) => {
+                    json!({"authenticated": false, "error": format!("[invalid bearer token, {error}]"), "user": {}})
+                }
             };
         }
         "subjectaccessreviews" => {
             let spec = &body["spec"];
             let user = spec["user"].as_str().unwrap_or_default();
-            let groups: Vec<String> = spec["groups"].as_array().map(|g| g.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();
+            let groups: Vec<String> = spec["groups"]
+                .as_array()
+                .map(|g| {
+                    g.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
             if user.is_empty() && groups.is_empty() {
-                return Err(ApiError::invalid(&rt.kind, &rt.group, "", vec![Cause {
-                    reason: "FieldValueInvalid".into(),
-                    message: "Invalid value: \"\": at least one of user or group must be specified".into(),
-                    field: "spec.user,spec.groups".into(),
-                }]));
+                return Err(ApiError::invalid(
+                    &rt.kind,
+                    &rt.group,
+                    "",
+                    vec![Cause {
+                        reason: "FieldValueInvalid".into(),
+                        message:
+                            "Invalid value: \"\": at least one of user or group must be specified"
+                                .into(),
+                        field: "spec.user,spec.groups".into(),
+                    }],
+                ));
             }
-            let who = Identity { username: user.to_owned(), uid: spec["uid"].as_str().unwrap_or_default().to_owned(), groups };
+            let who = Identity {
+                username: user.to_owned(),
+                uid: spec["uid"].as_str().unwrap_or_default().to_owned(),
+                groups,
+            };
             answer["status"] = decide(&who, spec)?;
         }
         "localsubjectaccessreviews" => {
             let mut spec = body["spec"].clone();
             spec["resourceAttributes"]["namespace"] = json!(namespace);
             let user = spec["user"].as_str().unwrap_or_default().to_owned();
-            let groups: Vec<String> = spec["groups"].as_array().map(|g| g.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();
-            let who = Identity { username: user, uid: String::new(), groups };
+            let groups: Vec<String> = spec["groups"]
+                .as_array()
+                .map(|g| {
+                    g.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let who = Identity {
+                username: user,
+                uid: String::new(),
+                groups,
+            };
             answer["status"] = decide(&who, &spec)?;
         }
         "selfsubjectaccessreviews" => {

@@ -70,7 +70,6 @@ impl Default for SimConfig {
 /// Who is writing, and how.
 #[derive(Clone, Debug)]
 pub struct WriteContext {
-    pub user: Identity,
     pub manager: String,
     pub dry_run: bool,
     /// `fieldValidation=Strict`: unknown fields are an error instead of a warning.
@@ -79,7 +78,11 @@ pub struct WriteContext {
 
 impl WriteContext {
     pub fn system(manager: &str) -> Self {
-        WriteContext { user: Identity::superuser(), manager: manager.to_owned(), dry_run: false, strict: false }
+        WriteContext {
+            manager: manager.to_owned(),
+            dry_run: false,
+            strict: false,
+        }
     }
 }
 
@@ -108,7 +111,9 @@ impl DeleteOptions {
             grace_period_seconds: body["gracePeriodSeconds"].as_i64(),
             propagation: body["propagationPolicy"].as_str().map(str::to_owned),
             precondition_uid: body["preconditions"]["uid"].as_str().map(str::to_owned),
-            precondition_resource_version: body["preconditions"]["resourceVersion"].as_str().map(str::to_owned),
+            precondition_resource_version: body["preconditions"]["resourceVersion"]
+                .as_str()
+                .map(str::to_owned),
         };
         if options.propagation.is_none() {
             match body["orphanDependents"].as_bool() {
@@ -162,7 +167,10 @@ pub const ORPHAN: &str = "orphan";
 
 /// An RFC 3339 timestamp with second precision, as metadata timestamps are written.
 pub fn now_rfc3339() -> String {
-    Timestamp::now().round(jiff::Unit::Second).unwrap_or_else(|_| Timestamp::now()).to_string()
+    Timestamp::now()
+        .round(jiff::Unit::Second)
+        .unwrap_or_else(|_| Timestamp::now())
+        .to_string()
 }
 
 /// A random version-4 UUID.
@@ -171,13 +179,22 @@ pub fn new_uid() -> String {
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }
 
 fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
-    (0..5).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+    (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
 }
 
 fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
@@ -187,7 +204,11 @@ fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
 fn finalizers(object: &Value) -> Vec<String> {
     object["metadata"]["finalizers"]
         .as_array()
-        .map(|f| f.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+        .map(|f| {
+            f.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -195,7 +216,11 @@ fn finalizers(object: &Value) -> Vec<String> {
 pub fn labels_of(object: &Value) -> BTreeMap<String, String> {
     object["metadata"]["labels"]
         .as_object()
-        .map(|l| l.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned())).collect())
+        .map(|l| {
+            l.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -230,7 +255,10 @@ fn store_error(error: WriteError, rt: &ResourceType, name: &str) -> ApiError {
 }
 
 impl Sim {
-    pub fn new(config: SimConfig, terminations: tokio::sync::mpsc::UnboundedSender<(String, String, String, Duration)>) -> Self {
+    pub fn new(
+        config: SimConfig,
+        terminations: tokio::sync::mpsc::UnboundedSender<(String, String, String, Duration)>,
+    ) -> Self {
         let (watch_closer, _) = tokio::sync::watch::channel(0);
         Sim {
             store: Store::new(config.history_limit, 1 << 16),
@@ -252,7 +280,12 @@ impl Sim {
     }
 
     /// The served type at group/version/resource.
-    pub fn resource_type(&self, group: &str, version: &str, resource: &str) -> Option<Arc<ResourceType>> {
+    pub fn resource_type(
+        &self,
+        group: &str,
+        version: &str,
+        resource: &str,
+    ) -> Option<Arc<ResourceType>> {
         self.registry().get(group, version, resource)
     }
 
@@ -265,11 +298,21 @@ impl Sim {
             // The store is empty at bootstrap; a clash is impossible.
             let _ = self.store.create(&storage, object);
         }
-        let namespaces = self.resource_type("", "v1", "namespaces").expect("namespaces are built in");
-        let mut names: Vec<String> = ["default", "kube-system", "kube-public", "kube-node-lease"].iter().map(|s| s.to_string()).collect();
+        let namespaces = self
+            .resource_type("", "v1", "namespaces")
+            .expect("namespaces are built in");
+        let mut names: Vec<String> = ["default", "kube-system", "kube-public", "kube-node-lease"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         names.extend(self.config.namespaces.iter().cloned());
         for name in names {
-            let _ = self.create(&namespaces, "", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}), &ctx);
+            let _ = self.create(
+                &namespaces,
+                "",
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+                &ctx,
+            );
         }
     }
 
@@ -309,17 +352,25 @@ impl Sim {
     }
 
     /// Whether a (served-view) object passes a list or watch's namespace and selectors.
-    pub fn matches(rt: &ResourceType, object: &Value, namespace: Option<&str>, labels: &LabelSelector, fields: &FieldSelector) -> bool {
-        if let Some(ns) = namespace {
-            if meta_str(object, "namespace").unwrap_or_default() != ns {
-                return false;
-            }
+    pub fn matches(
+        rt: &ResourceType,
+        object: &Value,
+        namespace: Option<&str>,
+        labels: &LabelSelector,
+        fields: &FieldSelector,
+    ) -> bool {
+        if let Some(ns) = namespace
+            && meta_str(object, "namespace").unwrap_or_default() != ns
+        {
+            return false;
         }
         (labels.is_empty() || labels.matches(&labels_of(object)))
             && (fields.is_empty()
                 || fields.matches(|f| match f {
                     "metadata.name" => meta_str(object, "name").unwrap_or_default().to_owned(),
-                    "metadata.namespace" => meta_str(object, "namespace").unwrap_or_default().to_owned(),
+                    "metadata.namespace" => {
+                        meta_str(object, "namespace").unwrap_or_default().to_owned()
+                    }
                     other => rt.field_value(object, other),
                 }))
     }
@@ -328,14 +379,22 @@ impl Sim {
     pub fn check_fields(rt: &ResourceType, fields: &FieldSelector) -> ApiResult<()> {
         for term in &fields.0 {
             if !rt.supports_field(&term.field) {
-                return Err(ApiError::bad_request(format!("field label not supported: {}", term.field)));
+                return Err(ApiError::bad_request(format!(
+                    "field label not supported: {}",
+                    term.field
+                )));
             }
         }
         Ok(())
     }
 
     /// LIST, returning the list object in served form.
-    pub fn list(&self, rt: &ResourceType, namespace: Option<&str>, options: &ListOptions) -> ApiResult<Value> {
+    pub fn list(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        options: &ListOptions,
+    ) -> ApiResult<Value> {
         Self::check_fields(rt, &options.fields)?;
         let (mut objects, revision, start_after) = match &options.continue_token {
             Some(token) => {
@@ -347,12 +406,24 @@ impl Sim {
             }
             None => {
                 let exact = options.resource_version_match.as_deref() == Some("Exact");
-                match options.resource_version.as_deref().filter(|rv| exact && *rv != "0") {
+                match options
+                    .resource_version
+                    .as_deref()
+                    .filter(|rv| exact && *rv != "0")
+                {
                     Some(rv) => {
-                        let revision: u64 = rv.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?;
-                        let objects = self.store.list_at(&rt.storage, namespace, revision).map_err(|c| ApiError::Gone {
-                            message: format!("too old resource version: {revision} ({})", c.oldest_available),
+                        let revision: u64 = rv.parse().map_err(|_| {
+                            ApiError::bad_request(format!("invalid resource version: {rv}"))
                         })?;
+                        let objects = self
+                            .store
+                            .list_at(&rt.storage, namespace, revision)
+                            .map_err(|c| ApiError::Gone {
+                                message: format!(
+                                    "too old resource version: {revision} ({})",
+                                    c.oldest_available
+                                ),
+                            })?;
                         (objects, revision, None)
                     }
                     None => {
@@ -363,29 +434,43 @@ impl Sim {
             }
         };
         objects.sort_by(|a, b| {
-            (meta_str(a, "namespace"), meta_str(a, "name")).cmp(&(meta_str(b, "namespace"), meta_str(b, "name")))
+            (meta_str(a, "namespace"), meta_str(a, "name"))
+                .cmp(&(meta_str(b, "namespace"), meta_str(b, "name")))
         });
         let mut items: Vec<Value> = objects
             .iter()
             .filter(|o| match &start_after {
-                Some((ns, name)) => (meta_str(o, "namespace").unwrap_or_default(), meta_str(o, "name").unwrap_or_default()) > (ns.as_str(), name.as_str()),
+                Some((ns, name)) => {
+                    (
+                        meta_str(o, "namespace").unwrap_or_default(),
+                        meta_str(o, "name").unwrap_or_default(),
+                    ) > (ns.as_str(), name.as_str())
+                }
                 None => true,
             })
             .map(|o| self.to_view(rt, o))
             .filter(|o| Self::matches(rt, o, namespace, &options.labels, &options.fields))
             .collect();
         let mut metadata = json!({"resourceVersion": revision.to_string()});
-        if let Some(limit) = options.limit.filter(|l| *l > 0) {
-            if items.len() > limit {
-                let remaining = items.len() - limit;
-                items.truncate(limit);
-                let last = items.last().expect("limit is positive");
-                let key = (meta_str(last, "namespace").unwrap_or_default().to_owned(), meta_str(last, "name").unwrap_or_default().to_owned());
-                metadata["continue"] = json!(encode_continue(revision, &key));
+        if let Some(limit) = options.limit.filter(|l| *l > 0)
+            && items.len() > limit
+        {
+            let remaining = items.len() - limit;
+            items.truncate(limit);
+            let last = items.last().expect("limit is positive");
+            let key = (
+                meta_str(last, "namespace").unwrap_or_default().to_owned(),
+                meta_str(last, "name").unwrap_or_default().to_owned(),
+            );
+            metadata["continue"] = json!(encode_continue(revision, &key));
+            // Like the API server, the count is only given when no selector filtered.
+            if options.labels.is_empty() && options.fields.is_empty() {
                 metadata["remainingItemCount"] = json!(remaining);
             }
         }
-        Ok(json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": metadata, "items": items}))
+        Ok(
+            json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": metadata, "items": items}),
+        )
     }
 
     fn check_namespace_open(&self, rt: &ResourceType, namespace: &str) -> ApiResult<()> {
@@ -394,12 +479,17 @@ impl Sim {
         }
         match self.store.get("/namespaces", "", namespace) {
             None => Err(ApiError::not_found("namespaces", "", namespace)),
-            Some(ns) if ns["metadata"]["deletionTimestamp"].is_string() => Err(ApiError::Forbidden {
-                message: format!("{} is forbidden: unable to create new content in namespace {namespace} because it is being terminated", crate::error::qualified(&rt.resource, &rt.group)),
-                kind: rt.resource.clone(),
-                name: None,
-                group: rt.group.clone(),
-            }),
+            Some(ns) if ns["metadata"]["deletionTimestamp"].is_string() => {
+                Err(ApiError::Forbidden {
+                    message: format!(
+                        "{} is forbidden: unable to create new content in namespace {namespace} because it is being terminated",
+                        crate::error::qualified(&rt.resource, &rt.group)
+                    ),
+                    kind: rt.resource.clone(),
+                    name: None,
+                    group: rt.group.clone(),
+                })
+            }
             Some(_) => Ok(()),
         }
     }
@@ -414,21 +504,38 @@ impl Sim {
             )));
         }
         if !kind.is_empty() && kind != rt.kind {
-            return Err(ApiError::bad_request(format!("the kind in the data ({kind}) does not match the expected kind ({})", rt.kind)));
+            return Err(ApiError::bad_request(format!(
+                "the kind in the data ({kind}) does not match the expected kind ({})",
+                rt.kind
+            )));
         }
         if !object.is_object() {
-            return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+            return Err(ApiError::bad_request(
+                "the body of the request must be a JSON object",
+            ));
         }
         Ok(())
     }
 
     /// Defaulting, pruning and validation of a custom resource; returns warnings.
-    fn admit_custom(&self, rt: &ResourceType, object: &mut Value, old: Option<&Value>, strict: bool, name: &str) -> ApiResult<Vec<String>> {
-        let Some(schema) = &rt.schema else { return Ok(vec![]) };
+    fn admit_custom(
+        &self,
+        rt: &ResourceType,
+        object: &mut Value,
+        old: Option<&Value>,
+        strict: bool,
+        name: &str,
+    ) -> ApiResult<Vec<String>> {
+        let Some(schema) = &rt.schema else {
+            return Ok(vec![]);
+        };
         schema.apply_defaults(object);
         let unknown = schema.prune(object);
         if strict && !unknown.is_empty() {
-            let list: Vec<String> = unknown.iter().map(|u| format!("unknown field \"{u}\"")).collect();
+            let list: Vec<String> = unknown
+                .iter()
+                .map(|u| format!("unknown field \"{u}\""))
+                .collect();
             let _ = name;
             return Err(ApiError::bad_request(format!(
                 "{kind} in version \"{}\" cannot be handled as a {kind}: strict decoding error: {}",
@@ -441,7 +548,10 @@ impl Sim {
         if !causes.is_empty() {
             return Err(ApiError::invalid(&rt.kind, &rt.group, name, causes));
         }
-        Ok(unknown.into_iter().map(|u| format!("unknown field \"{u}\"")).collect())
+        Ok(unknown
+            .into_iter()
+            .map(|u| format!("unknown field \"{u}\""))
+            .collect())
     }
 
     fn invalid(rt: &ResourceType, name: &str, causes: Vec<Cause>) -> ApiError {
@@ -449,7 +559,13 @@ impl Sim {
     }
 
     /// CREATE.
-    pub fn create(&self, rt: &ResourceType, namespace: &str, body: Value, ctx: &WriteContext) -> ApiResult<Written> {
+    pub fn create(
+        &self,
+        rt: &ResourceType,
+        namespace: &str,
+        body: Value,
+        ctx: &WriteContext,
+    ) -> ApiResult<Written> {
         self.check_identity(rt, &body)?;
         let mut object = self.to_storage(rt, body);
         let (api_version, kind) = Self::storage_identity(rt);
@@ -461,7 +577,9 @@ impl Sim {
         if rt.namespaced {
             match meta_str(&object, "namespace") {
                 Some(ns) if !ns.is_empty() && ns != namespace => {
-                    return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+                    return Err(ApiError::bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request",
+                    ));
                 }
                 _ => object["metadata"]["namespace"] = json!(namespace),
             }
@@ -470,13 +588,19 @@ impl Sim {
         }
         if meta_str(&object, "name").is_none_or(str::is_empty) {
             match meta_str(&object, "generateName").filter(|g| !g.is_empty()) {
-                Some(prefix) => object["metadata"]["name"] = json!(format!("{prefix}{}", random_suffix())),
+                Some(prefix) => {
+                    object["metadata"]["name"] = json!(format!("{prefix}{}", random_suffix()))
+                }
                 None => {
-                    return Err(Self::invalid(rt, "", vec![Cause {
-                        reason: "FieldValueRequired".to_owned(),
-                        message: "Required value: name or generateName is required".to_owned(),
-                        field: "metadata.name".to_owned(),
-                    }]));
+                    return Err(Self::invalid(
+                        rt,
+                        "",
+                        vec![Cause {
+                            reason: "FieldValueRequired".to_owned(),
+                            message: "Required value: name or generateName is required".to_owned(),
+                            field: "metadata.name".to_owned(),
+                        }],
+                    ));
                 }
             }
         }
@@ -485,11 +609,19 @@ impl Sim {
             return Err(Self::invalid(rt, &name, vec![cause]));
         }
         if meta_str(&object, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
-            return Err(ApiError::internal("resourceVersion should not be set on objects to be created"));
+            return Err(ApiError::internal(
+                "resourceVersion should not be set on objects to be created",
+            ));
         }
         self.check_namespace_open(rt, namespace)?;
         if let Some(meta) = object["metadata"].as_object_mut() {
-            for server_field in ["uid", "deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"] {
+            for server_field in [
+                "uid",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
+                "managedFields",
+                "selfLink",
+            ] {
                 meta.remove(server_field);
             }
         }
@@ -497,12 +629,15 @@ impl Sim {
         if rt.tracks_generation {
             object["metadata"]["generation"] = json!(1);
         }
-        if rt.has_status() && rt.is_custom {
-            if let Some(map) = object.as_object_mut() {
-                map.remove("status");
-            }
+        if rt.has_status()
+            && rt.is_custom
+            && let Some(map) = object.as_object_mut()
+        {
+            map.remove("status");
         }
-        builtin::default_on_create(rt, &mut object, || builtin::cluster_ip(self.next_cluster_ip.fetch_add(1, Ordering::Relaxed)));
+        builtin::default_on_create(rt, &mut object, || {
+            builtin::cluster_ip(self.next_cluster_ip.fetch_add(1, Ordering::Relaxed))
+        });
         let warnings = self.admit_custom(rt, &mut object, None, ctx.strict, &name)?;
         let causes = builtin::validate(rt, &object);
         if !causes.is_empty() {
@@ -512,13 +647,33 @@ impl Sim {
             prepare_crd(&mut object).map_err(|causes| Self::invalid(rt, &name, causes))?;
         }
         let now = now_rfc3339();
-        apply::record_update(None, &mut object, &Writer { manager: &ctx.manager, api_version: &rt.api_version(), subresource: "", now: &now });
+        apply::record_update(
+            None,
+            &mut object,
+            &Writer {
+                manager: &ctx.manager,
+                api_version: &rt.api_version(),
+                subresource: "",
+                now: &now,
+            },
+        );
         if ctx.dry_run {
-            return Ok(Written { object: self.to_view(rt, &object), warnings, created: true });
+            return Ok(Written {
+                object: self.to_view(rt, &object),
+                warnings,
+                created: true,
+            });
         }
-        let stored = self.store.create(&rt.storage, object).map_err(|e| store_error(e, rt, &name))?;
+        let stored = self
+            .store
+            .create(&rt.storage, object)
+            .map_err(|e| store_error(e, rt, &name))?;
         self.after_write(rt, &stored);
-        Ok(Written { object: self.to_view(rt, &stored), warnings, created: true })
+        Ok(Written {
+            object: self.to_view(rt, &stored),
+            warnings,
+            created: true,
+        })
     }
 
     /// Side effects of a write that controllers in a real cluster would perform at once.
@@ -528,15 +683,20 @@ impl Sim {
             ("", "namespaces") if stored["metadata"]["deletionTimestamp"].is_null() => {
                 let ns = meta_str(stored, "name").unwrap_or_default().to_owned();
                 let ctx = WriteContext::system("kube-controller-manager");
-                if let Some(sa) = self.resource_type("", "v1", "serviceaccounts") {
-                    if self.store.get(&sa.storage, &ns, "default").is_none() {
-                        let _ = self.create(&sa, &ns, json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}), &ctx);
-                    }
+                if let Some(sa) = self.resource_type("", "v1", "serviceaccounts")
+                    && self.store.get(&sa.storage, &ns, "default").is_none()
+                {
+                    let _ = self.create(&sa, &ns, json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}), &ctx);
                 }
-                if let (Some(cm), Some(ca)) = (self.resource_type("", "v1", "configmaps"), self.ca_pem.get()) {
-                    if self.store.get(&cm.storage, &ns, "kube-root-ca.crt").is_none() {
-                        let _ = self.create(&cm, &ns, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": ca}}), &ctx);
-                    }
+                if let (Some(cm), Some(ca)) = (
+                    self.resource_type("", "v1", "configmaps"),
+                    self.ca_pem.get(),
+                ) && self
+                    .store
+                    .get(&cm.storage, &ns, "kube-root-ca.crt")
+                    .is_none()
+                {
+                    let _ = self.create(&cm, &ns, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": ca}}), &ctx);
                 }
             }
             _ => {}
@@ -547,7 +707,10 @@ impl Sim {
     pub fn register_crd(&self, crd: &Value) {
         let spec = &crd["spec"];
         let group = spec["group"].as_str().unwrap_or_default().to_owned();
-        let plural = spec["names"]["plural"].as_str().unwrap_or_default().to_owned();
+        let plural = spec["names"]["plural"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         let mut registry = self.registry.write().unwrap_or_else(|p| p.into_inner());
         registry.remove_group_resource(&group, &plural);
         if crd["metadata"]["deletionTimestamp"].is_string() {
@@ -574,7 +737,10 @@ impl Sim {
                         .collect()
                 })
                 .unwrap_or_default();
-            let kind = spec["names"]["kind"].as_str().unwrap_or_default().to_owned();
+            let kind = spec["names"]["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
             let mut subresources = vec![];
             if version["subresources"]["status"].is_object() {
                 subresources.push("status".to_owned());
@@ -586,12 +752,32 @@ impl Sim {
                 group: group.clone(),
                 version: version["name"].as_str().unwrap_or_default().to_owned(),
                 resource: plural.clone(),
-                singular: spec["names"]["singular"].as_str().map(str::to_owned).unwrap_or_else(|| kind.to_lowercase()),
-                list_kind: spec["names"]["listKind"].as_str().map(str::to_owned).unwrap_or_else(|| format!("{kind}List")),
+                singular: spec["names"]["singular"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| kind.to_lowercase()),
+                list_kind: spec["names"]["listKind"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| format!("{kind}List")),
                 kind,
                 namespaced: spec["scope"] == "Namespaced",
-                short_names: spec["names"]["shortNames"].as_array().map(|s| s.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default(),
-                categories: spec["names"]["categories"].as_array().map(|s| s.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default(),
+                short_names: spec["names"]["shortNames"]
+                    .as_array()
+                    .map(|s| {
+                        s.iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                categories: spec["names"]["categories"]
+                    .as_array()
+                    .map(|s| {
+                        s.iter()
+                            .filter_map(|v| v.as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 subresources,
                 storage: storage.clone(),
                 view: View::Native,
@@ -599,14 +785,31 @@ impl Sim {
                 tracks_generation: true,
                 schema: (!schema.is_null()).then(|| Arc::new(CrdSchema::new(schema))),
                 printer_columns: columns,
-                field_labels: version["selectableFields"].as_array().map(|f| f.iter().filter_map(|s| s["jsonPath"].as_str().map(|p| p.trim_start_matches('.').to_owned())).collect()).unwrap_or_default(),
+                field_labels: version["selectableFields"]
+                    .as_array()
+                    .map(|f| {
+                        f.iter()
+                            .filter_map(|s| {
+                                s["jsonPath"]
+                                    .as_str()
+                                    .map(|p| p.trim_start_matches('.').to_owned())
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 is_custom: true,
             });
         }
     }
 
     /// Merges an update body with the stored object as the type's strategy does.
-    fn merge_for_update(&self, rt: &ResourceType, current: &Value, body: Value, subresource: &str) -> Value {
+    fn merge_for_update(
+        &self,
+        rt: &ResourceType,
+        current: &Value,
+        body: Value,
+        subresource: &str,
+    ) -> Value {
         let mut new = if subresource == "status" {
             let mut new = current.clone();
             match body.get("status") {
@@ -635,7 +838,16 @@ impl Sim {
         if !new["metadata"].is_object() {
             new["metadata"] = json!({});
         }
-        for field in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "name", "generation", "managedFields"] {
+        for field in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "namespace",
+            "name",
+            "generation",
+            "managedFields",
+        ] {
             match current["metadata"].get(field) {
                 Some(value) => new["metadata"][field] = value.clone(),
                 None => {
@@ -657,18 +869,35 @@ impl Sim {
     /// Admission, generation, no-op detection, managed fields and the conditional write of
     /// an update. `managed` carries managed fields an apply already computed.
     #[allow(clippy::too_many_arguments)]
-    fn persist_update(&self, rt: &ResourceType, current: &Value, mut new: Value, ctx: &WriteContext, subresource: &str, managed: Option<Value>) -> ApiResult<Written> {
+    fn persist_update(
+        &self,
+        rt: &ResourceType,
+        current: &Value,
+        mut new: Value,
+        ctx: &WriteContext,
+        subresource: &str,
+        managed: Option<Value>,
+    ) -> ApiResult<Written> {
         let name = meta_str(current, "name").unwrap_or_default().to_owned();
         let expected = resource_version(current).unwrap_or_default();
         if current["metadata"]["deletionTimestamp"].is_string() {
             let old = finalizers(current);
-            let added: Vec<String> = finalizers(&new).into_iter().filter(|f| !old.contains(f)).collect();
+            let added: Vec<String> = finalizers(&new)
+                .into_iter()
+                .filter(|f| !old.contains(f))
+                .collect();
             if !added.is_empty() {
-                return Err(Self::invalid(rt, &name, vec![Cause {
-                    reason: "FieldValueForbidden".to_owned(),
-                    message: format!("Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
-                    field: "metadata.finalizers".to_owned(),
-                }]));
+                return Err(Self::invalid(
+                    rt,
+                    &name,
+                    vec![Cause {
+                        reason: "FieldValueForbidden".to_owned(),
+                        message: format!(
+                            "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                        ),
+                        field: "metadata.finalizers".to_owned(),
+                    }],
+                ));
             }
         }
         let warnings = self.admit_custom(rt, &mut new, Some(current), ctx.strict, &name)?;
@@ -687,7 +916,9 @@ impl Sim {
             new["metadata"]["generation"] = json!(generation + 1);
         }
         match managed {
-            Some(entries) if entries.as_array().is_some_and(|a| !a.is_empty()) => new["metadata"]["managedFields"] = entries,
+            Some(entries) if entries.as_array().is_some_and(|a| !a.is_empty()) => {
+                new["metadata"]["managedFields"] = entries
+            }
             Some(_) => {
                 if let Some(meta) = new["metadata"].as_object_mut() {
                     meta.remove("managedFields");
@@ -695,27 +926,63 @@ impl Sim {
             }
             None => {
                 let now = now_rfc3339();
-                apply::record_update(Some(current), &mut new, &Writer { manager: &ctx.manager, api_version: &rt.api_version(), subresource, now: &now });
+                apply::record_update(
+                    Some(current),
+                    &mut new,
+                    &Writer {
+                        manager: &ctx.manager,
+                        api_version: &rt.api_version(),
+                        subresource,
+                        now: &now,
+                    },
+                );
             }
         }
         if comparable(current) == comparable(&new) {
-            return Ok(Written { object: self.to_view(rt, current), warnings, created: false });
+            return Ok(Written {
+                object: self.to_view(rt, current),
+                warnings,
+                created: false,
+            });
         }
         if ctx.dry_run {
-            return Ok(Written { object: self.to_view(rt, &new), warnings, created: false });
+            return Ok(Written {
+                object: self.to_view(rt, &new),
+                warnings,
+                created: false,
+            });
         }
         let finishing = new["metadata"]["deletionTimestamp"].is_string()
             && finalizers(&new).is_empty()
-            && new["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) == 0;
+            && new["metadata"]["deletionGracePeriodSeconds"]
+                .as_i64()
+                .unwrap_or(0)
+                == 0;
         if finishing {
-            let namespace = meta_str(current, "namespace").unwrap_or_default().to_owned();
-            let gone = self.store.remove(&rt.storage, &namespace, &name, expected).map_err(|e| store_error(e, rt, &name))?;
+            let namespace = meta_str(current, "namespace")
+                .unwrap_or_default()
+                .to_owned();
+            let gone = self
+                .store
+                .remove(&rt.storage, &namespace, &name, expected)
+                .map_err(|e| store_error(e, rt, &name))?;
             self.after_remove(rt, &gone);
-            return Ok(Written { object: self.to_view(rt, &gone), warnings, created: false });
+            return Ok(Written {
+                object: self.to_view(rt, &gone),
+                warnings,
+                created: false,
+            });
         }
-        let stored = self.store.replace(&rt.storage, new, expected).map_err(|e| store_error(e, rt, &name))?;
+        let stored = self
+            .store
+            .replace(&rt.storage, new, expected)
+            .map_err(|e| store_error(e, rt, &name))?;
         self.after_write(rt, &stored);
-        Ok(Written { object: self.to_view(rt, &stored), warnings, created: false })
+        Ok(Written {
+            object: self.to_view(rt, &stored),
+            warnings,
+            created: false,
+        })
     }
 
     fn after_remove(&self, rt: &ResourceType, gone: &Value) {
@@ -732,12 +999,23 @@ impl Sim {
                     resource_version(&instance).unwrap_or_default(),
                 );
             }
-            self.registry.write().unwrap_or_else(|p| p.into_inner()).remove_group_resource(group, plural);
+            self.registry
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove_group_resource(group, plural);
         }
     }
 
     /// UPDATE (PUT) of the object or its status.
-    pub fn update(&self, rt: &ResourceType, namespace: &str, name: &str, subresource: &str, body: Value, ctx: &WriteContext) -> ApiResult<Written> {
+    pub fn update(
+        &self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        subresource: &str,
+        body: Value,
+        ctx: &WriteContext,
+    ) -> ApiResult<Written> {
         self.check_identity(rt, &body)?;
         let body = self.to_storage(rt, body);
         if meta_str(&body, "name").is_some_and(|n| n != name) {
@@ -746,17 +1024,28 @@ impl Sim {
                 meta_str(&body, "name").unwrap_or_default()
             )));
         }
-        if rt.namespaced && meta_str(&body, "namespace").is_some_and(|n| !n.is_empty() && n != namespace) {
-            return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+        if rt.namespaced
+            && meta_str(&body, "namespace").is_some_and(|n| !n.is_empty() && n != namespace)
+        {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
         }
-        let current = self.store.get(&rt.storage, namespace, name).ok_or_else(|| ApiError::not_found(&rt.resource, &rt.group, name))?;
+        let current = self
+            .store
+            .get(&rt.storage, namespace, name)
+            .ok_or_else(|| ApiError::not_found(&rt.resource, &rt.group, name))?;
         match meta_str(&body, "resourceVersion").filter(|rv| !rv.is_empty()) {
             None if rt.is_custom => {
-                return Err(Self::invalid(rt, name, vec![Cause {
-                    reason: "FieldValueInvalid".to_owned(),
-                    message: "Invalid value: 0x0: must be specified for an update".to_owned(),
-                    field: "metadata.resourceVersion".to_owned(),
-                }]));
+                return Err(Self::invalid(
+                    rt,
+                    name,
+                    vec![Cause {
+                        reason: "FieldValueInvalid".to_owned(),
+                        message: "Invalid value: 0x0: must be specified for an update".to_owned(),
+                        field: "metadata.resourceVersion".to_owned(),
+                    }],
+                ));
             }
             Some(rv) if Some(rv) != meta_str(&current, "resourceVersion") => {
                 return Err(ApiError::conflict_modified(&rt.resource, &rt.group, name));
@@ -770,7 +1059,17 @@ impl Sim {
     /// PATCH of any type; retries internally on a concurrent write, as the API server does,
     /// unless the patch itself names a resourceVersion.
     #[allow(clippy::too_many_arguments)]
-    pub fn patch(&self, rt: &ResourceType, namespace: &str, name: &str, subresource: &str, patch_type: PatchType, body: &Value, ctx: &WriteContext, force: bool) -> ApiResult<Written> {
+    pub fn patch(
+        &self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        subresource: &str,
+        patch_type: PatchType,
+        body: &Value,
+        ctx: &WriteContext,
+        force: bool,
+    ) -> ApiResult<Written> {
         if patch_type == PatchType::Strategic && rt.is_custom {
             return Err(ApiError::UnsupportedMediaType {
                 message: "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml".to_owned(),
@@ -813,13 +1112,25 @@ impl Sim {
                 PatchType::Apply => {
                     self.check_identity(rt, body)?;
                     let now = now_rfc3339();
-                    let writer = Writer { manager: &ctx.manager, api_version: &rt.api_version(), subresource, now: &now };
-                    let v = apply::apply(&view, body, &writer, force, &rt.resource, &rt.group, name)?;
-                    managed = Some(v["metadata"].get("managedFields").cloned().unwrap_or(Value::Array(vec![])));
+                    let writer = Writer {
+                        manager: &ctx.manager,
+                        api_version: &rt.api_version(),
+                        subresource,
+                        now: &now,
+                    };
+                    let v =
+                        apply::apply(&view, body, &writer, force, &rt.resource, &rt.group, name)?;
+                    managed = Some(
+                        v["metadata"]
+                            .get("managedFields")
+                            .cloned()
+                            .unwrap_or(Value::Array(vec![])),
+                    );
                     v
                 }
             };
-            let explicit_rv = patch_type != PatchType::Apply && meta_str(&patched, "resourceVersion") != meta_str(&view, "resourceVersion");
+            let explicit_rv = patch_type != PatchType::Apply
+                && meta_str(&patched, "resourceVersion") != meta_str(&view, "resourceVersion");
             if explicit_rv {
                 return Err(ApiError::conflict_modified(&rt.resource, &rt.group, name));
             }
@@ -833,14 +1144,29 @@ impl Sim {
             let new = self.merge_for_update(rt, &current, patched, subresource);
             let result = self.persist_update(rt, &current, new, ctx, subresource, managed);
             match result {
-                Err(ApiError::Conflict { .. }) if self.store.get(&rt.storage, namespace, name).map(|o| resource_version(&o)) != Some(resource_version(&current)) => continue,
+                Err(ApiError::Conflict { .. })
+                    if self
+                        .store
+                        .get(&rt.storage, namespace, name)
+                        .map(|o| resource_version(&o))
+                        != Some(resource_version(&current)) =>
+                {
+                    continue;
+                }
                 other => return other,
             }
         }
         Err(ApiError::conflict_modified(&rt.resource, &rt.group, name))
     }
 
-    fn apply_create(&self, rt: &ResourceType, namespace: &str, name: &str, applied: &Value, ctx: &WriteContext) -> ApiResult<Written> {
+    fn apply_create(
+        &self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        applied: &Value,
+        ctx: &WriteContext,
+    ) -> ApiResult<Written> {
         self.check_identity(rt, applied)?;
         if meta_str(applied, "name").is_some_and(|n| n != name) {
             return Err(ApiError::bad_request(format!(
@@ -849,8 +1175,21 @@ impl Sim {
             )));
         }
         let now = now_rfc3339();
-        let writer = Writer { manager: &ctx.manager, api_version: &rt.api_version(), subresource: "", now: &now };
-        let mut object = apply::apply(&json!({"metadata": {}}), applied, &writer, true, &rt.resource, &rt.group, name)?;
+        let writer = Writer {
+            manager: &ctx.manager,
+            api_version: &rt.api_version(),
+            subresource: "",
+            now: &now,
+        };
+        let mut object = apply::apply(
+            &json!({"metadata": {}}),
+            applied,
+            &writer,
+            true,
+            &rt.resource,
+            &rt.group,
+            name,
+        )?;
         object["apiVersion"] = json!(rt.api_version());
         object["kind"] = json!(rt.kind);
         object["metadata"]["name"] = json!(name);
@@ -859,43 +1198,85 @@ impl Sim {
         create_ctx.manager = ctx.manager.clone();
         let mut written = self.create(rt, namespace, object, &create_ctx)?;
         // The create recorded an Update entry; an apply-create owns its fields as Apply.
-        if !ctx.dry_run {
-            if let Some(stored) = self.store.get(&rt.storage, namespace, name) {
-                let mut fixed = (*stored).clone();
-                fixed["metadata"]["managedFields"] = managed;
-                if let Ok(replaced) = self.store.replace(&rt.storage, fixed, resource_version(&stored).unwrap_or_default()) {
-                    written.object = self.to_view(rt, &replaced);
-                }
+        if !ctx.dry_run
+            && let Some(stored) = self.store.get(&rt.storage, namespace, name)
+        {
+            let mut fixed = (*stored).clone();
+            fixed["metadata"]["managedFields"] = managed;
+            if let Ok(replaced) = self.store.replace(
+                &rt.storage,
+                fixed,
+                resource_version(&stored).unwrap_or_default(),
+            ) {
+                written.object = self.to_view(rt, &replaced);
             }
         }
         Ok(written)
     }
 
     /// DELETE.
-    pub fn delete(&self, rt: &ResourceType, namespace: &str, name: &str, options: &DeleteOptions, ctx: &WriteContext) -> ApiResult<Deleted> {
+    pub fn delete(
+        &self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        options: &DeleteOptions,
+        ctx: &WriteContext,
+    ) -> ApiResult<Deleted> {
         for _ in 0..16 {
-            let current = self.store.get(&rt.storage, namespace, name).ok_or_else(|| ApiError::not_found(&rt.resource, &rt.group, name))?;
+            let current = self
+                .store
+                .get(&rt.storage, namespace, name)
+                .ok_or_else(|| ApiError::not_found(&rt.resource, &rt.group, name))?;
             if let Some(uid) = &options.precondition_uid {
                 let actual = meta_str(&current, "uid").unwrap_or_default();
                 if uid != actual {
-                    return Err(ApiError::conflict(&rt.resource, &rt.group, name, &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"), vec![]));
+                    return Err(ApiError::conflict(
+                        &rt.resource,
+                        &rt.group,
+                        name,
+                        &format!(
+                            "Precondition failed: UID in precondition: {uid}, UID in object meta: {actual}"
+                        ),
+                        vec![],
+                    ));
                 }
             }
             if let Some(rv) = &options.precondition_resource_version {
                 let actual = meta_str(&current, "resourceVersion").unwrap_or_default();
                 if rv != actual {
-                    return Err(ApiError::conflict(&rt.resource, &rt.group, name, &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {actual}"), vec![]));
+                    return Err(ApiError::conflict(
+                        &rt.resource,
+                        &rt.group,
+                        name,
+                        &format!(
+                            "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {actual}"
+                        ),
+                        vec![],
+                    ));
                 }
             }
             match self.delete_once(rt, namespace, name, &current, options, ctx) {
-                Err(ApiError::Conflict { .. }) if options.precondition_resource_version.is_none() => continue,
+                Err(ApiError::Conflict { .. })
+                    if options.precondition_resource_version.is_none() =>
+                {
+                    continue;
+                }
                 other => return other,
             }
         }
         Err(ApiError::conflict_modified(&rt.resource, &rt.group, name))
     }
 
-    fn delete_once(&self, rt: &ResourceType, namespace: &str, name: &str, current: &Arc<Value>, options: &DeleteOptions, ctx: &WriteContext) -> ApiResult<Deleted> {
+    fn delete_once(
+        &self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        current: &Arc<Value>,
+        options: &DeleteOptions,
+        ctx: &WriteContext,
+    ) -> ApiResult<Deleted> {
         let expected = resource_version(current).unwrap_or_default();
         let deleting = current["metadata"]["deletionTimestamp"].is_string();
         let is_pod = rt.group.is_empty() && rt.resource == "pods";
@@ -905,32 +1286,58 @@ impl Sim {
 
         if is_namespace {
             if deleting {
-                return Ok(Deleted { object: self.to_view(rt, current), removed: false });
+                return Ok(Deleted {
+                    object: self.to_view(rt, current),
+                    removed: false,
+                });
             }
             new["metadata"]["deletionTimestamp"] = json!(now);
             new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
             new["status"]["phase"] = json!("Terminating");
             if ctx.dry_run {
-                return Ok(Deleted { object: self.to_view(rt, &new), removed: false });
+                return Ok(Deleted {
+                    object: self.to_view(rt, &new),
+                    removed: false,
+                });
             }
-            let stored = self.store.replace(&rt.storage, new, expected).map_err(|e| store_error(e, rt, name))?;
-            return Ok(Deleted { object: self.to_view(rt, &stored), removed: false });
+            let stored = self
+                .store
+                .replace(&rt.storage, new, expected)
+                .map_err(|e| store_error(e, rt, name))?;
+            return Ok(Deleted {
+                object: self.to_view(rt, &stored),
+                removed: false,
+            });
         }
 
         let mut fins = finalizers(current);
         if !deleting {
             match options.propagation.as_deref() {
                 Some("Orphan") if !fins.iter().any(|f| f == ORPHAN) => fins.push(ORPHAN.to_owned()),
-                Some("Foreground") if !fins.iter().any(|f| f == FOREGROUND) => fins.push(FOREGROUND.to_owned()),
+                Some("Foreground") if !fins.iter().any(|f| f == FOREGROUND) => {
+                    fins.push(FOREGROUND.to_owned())
+                }
                 _ => {}
             }
         }
 
         let grace = if is_pod {
-            let requested = options.grace_period_seconds.or_else(|| current["spec"]["terminationGracePeriodSeconds"].as_i64()).unwrap_or(30);
-            let bound = current["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty());
-            let terminal = matches!(current["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
-            if bound && !terminal { requested.max(0) } else { 0 }
+            let requested = options
+                .grace_period_seconds
+                .or_else(|| current["spec"]["terminationGracePeriodSeconds"].as_i64())
+                .unwrap_or(30);
+            let bound = current["spec"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| !n.is_empty());
+            let terminal = matches!(
+                current["status"]["phase"].as_str(),
+                Some("Succeeded" | "Failed")
+            );
+            if bound && !terminal {
+                requested.max(0)
+            } else {
+                0
+            }
         } else {
             0
         };
@@ -938,7 +1345,10 @@ impl Sim {
         if grace > 0 {
             let existing = current["metadata"]["deletionGracePeriodSeconds"].as_i64();
             if deleting && existing.is_some_and(|g| g <= grace) {
-                return Ok(Deleted { object: self.to_view(rt, current), removed: false });
+                return Ok(Deleted {
+                    object: self.to_view(rt, current),
+                    removed: false,
+                });
             }
             let deadline = Timestamp::now()
                 .checked_add(jiff::SignedDuration::from_secs(grace))
@@ -949,73 +1359,146 @@ impl Sim {
             new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
             new["metadata"]["finalizers"] = json!(fins);
             if rt.tracks_generation && !deleting {
-                new["metadata"]["generation"] = json!(current["metadata"]["generation"].as_i64().unwrap_or(0) + 1);
+                new["metadata"]["generation"] =
+                    json!(current["metadata"]["generation"].as_i64().unwrap_or(0) + 1);
             }
             if ctx.dry_run {
-                return Ok(Deleted { object: self.to_view(rt, &new), removed: false });
+                return Ok(Deleted {
+                    object: self.to_view(rt, &new),
+                    removed: false,
+                });
             }
-            let stored = self.store.replace(&rt.storage, new, expected).map_err(|e| store_error(e, rt, name))?;
+            let stored = self
+                .store
+                .replace(&rt.storage, new, expected)
+                .map_err(|e| store_error(e, rt, name))?;
             if self.config.pod_termination == PodTermination::AfterGracePeriod {
                 let wait = Duration::from_secs(grace as u64).min(self.config.max_pod_grace);
                 let uid = meta_str(&stored, "uid").unwrap_or_default().to_owned();
-                let _ = self.terminations.send((namespace.to_owned(), name.to_owned(), uid, wait));
+                let _ = self
+                    .terminations
+                    .send((namespace.to_owned(), name.to_owned(), uid, wait));
             }
-            return Ok(Deleted { object: self.to_view(rt, &stored), removed: false });
+            return Ok(Deleted {
+                object: self.to_view(rt, &stored),
+                removed: false,
+            });
         }
 
         if !fins.is_empty() {
-            if deleting && current["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) == 0 && fins == finalizers(current) {
-                return Ok(Deleted { object: self.to_view(rt, current), removed: false });
+            if deleting
+                && current["metadata"]["deletionGracePeriodSeconds"]
+                    .as_i64()
+                    .unwrap_or(0)
+                    == 0
+                && fins == finalizers(current)
+            {
+                return Ok(Deleted {
+                    object: self.to_view(rt, current),
+                    removed: false,
+                });
             }
             if !deleting {
                 new["metadata"]["deletionTimestamp"] = json!(now);
                 if rt.tracks_generation {
-                    new["metadata"]["generation"] = json!(current["metadata"]["generation"].as_i64().unwrap_or(0) + 1);
+                    new["metadata"]["generation"] =
+                        json!(current["metadata"]["generation"].as_i64().unwrap_or(0) + 1);
                 }
             }
             new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
             new["metadata"]["finalizers"] = json!(fins);
             if ctx.dry_run {
-                return Ok(Deleted { object: self.to_view(rt, &new), removed: false });
+                return Ok(Deleted {
+                    object: self.to_view(rt, &new),
+                    removed: false,
+                });
             }
-            let stored = self.store.replace(&rt.storage, new, expected).map_err(|e| store_error(e, rt, name))?;
-            return Ok(Deleted { object: self.to_view(rt, &stored), removed: false });
+            let stored = self
+                .store
+                .replace(&rt.storage, new, expected)
+                .map_err(|e| store_error(e, rt, name))?;
+            return Ok(Deleted {
+                object: self.to_view(rt, &stored),
+                removed: false,
+            });
         }
 
         if ctx.dry_run {
-            return Ok(Deleted { object: self.to_view(rt, current), removed: true });
+            return Ok(Deleted {
+                object: self.to_view(rt, current),
+                removed: true,
+            });
         }
-        let gone = self.store.remove(&rt.storage, namespace, name, expected).map_err(|e| store_error(e, rt, name))?;
+        let gone = self
+            .store
+            .remove(&rt.storage, namespace, name, expected)
+            .map_err(|e| store_error(e, rt, name))?;
         self.after_remove(rt, &gone);
-        Ok(Deleted { object: self.to_view(rt, &gone), removed: true })
+        Ok(Deleted {
+            object: self.to_view(rt, &gone),
+            removed: true,
+        })
     }
 
     /// Completes a pod's graceful deletion (what the kubelet does once containers stopped).
     pub fn finish_pod_termination(&self, namespace: &str, name: &str, uid: &str) {
-        let Some(pods) = self.resource_type("", "v1", "pods") else { return };
-        let Some(current) = self.store.get(&pods.storage, namespace, name) else { return };
-        if meta_str(&current, "uid") != Some(uid) || current["metadata"]["deletionTimestamp"].is_null() {
+        let Some(pods) = self.resource_type("", "v1", "pods") else {
+            return;
+        };
+        let Some(current) = self.store.get(&pods.storage, namespace, name) else {
+            return;
+        };
+        if meta_str(&current, "uid") != Some(uid)
+            || current["metadata"]["deletionTimestamp"].is_null()
+        {
             return;
         }
-        let options = DeleteOptions { grace_period_seconds: Some(0), precondition_uid: Some(uid.to_owned()), ..Default::default() };
+        let options = DeleteOptions {
+            grace_period_seconds: Some(0),
+            precondition_uid: Some(uid.to_owned()),
+            ..Default::default()
+        };
         let mut new = (*current).clone();
         new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
         if finalizers(&current).is_empty() {
-            let _ = self.store.remove(&pods.storage, namespace, name, resource_version(&current).unwrap_or_default());
+            let _ = self.store.remove(
+                &pods.storage,
+                namespace,
+                name,
+                resource_version(&current).unwrap_or_default(),
+            );
         } else {
-            let _ = self.store.replace(&pods.storage, new, resource_version(&current).unwrap_or_default());
+            let _ = self.store.replace(
+                &pods.storage,
+                new,
+                resource_version(&current).unwrap_or_default(),
+            );
         }
         let _ = options;
     }
 
     /// Issues a token for a service account, as TokenRequest does (any lifetime, for tests).
-    pub fn issue_token(&self, namespace: &str, service_account: &str, audiences: Vec<String>, ttl: Duration) -> ApiResult<(String, Timestamp)> {
+    pub fn issue_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        audiences: Vec<String>,
+        ttl: Duration,
+    ) -> ApiResult<(String, Timestamp)> {
         let sa = self
             .store
             .get("/serviceaccounts", namespace, service_account)
             .ok_or_else(|| ApiError::not_found("serviceaccounts", "", service_account))?;
-        let identity = Identity::service_account(namespace, service_account, meta_str(&sa, "uid").unwrap_or_default());
-        let audiences = if audiences.is_empty() { vec![API_AUDIENCE.to_owned()] } else { audiences };
+        let identity = Identity::service_account(
+            namespace,
+            service_account,
+            meta_str(&sa, "uid").unwrap_or_default(),
+        );
+        let audiences = if audiences.is_empty() {
+            vec![API_AUDIENCE.to_owned()]
+        } else {
+            audiences
+        };
         Ok(self.tokens.issue(identity, audiences, ttl))
     }
 }
@@ -1027,20 +1510,34 @@ fn prepare_crd(crd: &mut Value) -> Result<(), Vec<Cause>> {
     let plural = spec["names"]["plural"].as_str().unwrap_or_default();
     let mut causes = vec![];
     if group.is_empty() {
-        causes.push(Cause { reason: "FieldValueRequired".into(), message: "Required value".into(), field: "spec.group".into() });
+        causes.push(Cause {
+            reason: "FieldValueRequired".into(),
+            message: "Required value".into(),
+            field: "spec.group".into(),
+        });
     }
     if plural.is_empty() {
-        causes.push(Cause { reason: "FieldValueRequired".into(), message: "Required value".into(), field: "spec.names.plural".into() });
+        causes.push(Cause {
+            reason: "FieldValueRequired".into(),
+            message: "Required value".into(),
+            field: "spec.names.plural".into(),
+        });
     }
     if spec["names"]["kind"].as_str().is_none_or(str::is_empty) {
-        causes.push(Cause { reason: "FieldValueRequired".into(), message: "Required value".into(), field: "spec.names.kind".into() });
+        causes.push(Cause {
+            reason: "FieldValueRequired".into(),
+            message: "Required value".into(),
+            field: "spec.names.kind".into(),
+        });
     }
     let expected = format!("{plural}.{group}");
     let name = crd["metadata"]["name"].as_str().unwrap_or_default();
     if name != expected {
         causes.push(Cause {
             reason: "FieldValueInvalid".into(),
-            message: format!("Invalid value: \"{name}\": must be spec.names.plural+\".\"+spec.group"),
+            message: format!(
+                "Invalid value: \"{name}\": must be spec.names.plural+\".\"+spec.group"
+            ),
             field: "metadata.name".into(),
         });
     }
@@ -1054,7 +1551,11 @@ fn prepare_crd(crd: &mut Value) -> Result<(), Vec<Cause>> {
     }
     let now = now_rfc3339();
     let accepted = spec["names"].clone();
-    let stored_versions: Vec<Value> = versions.iter().filter(|v| v["storage"] == true).map(|v| v["name"].clone()).collect();
+    let stored_versions: Vec<Value> = versions
+        .iter()
+        .filter(|v| v["storage"] == true)
+        .map(|v| v["name"].clone())
+        .collect();
     crd["status"] = json!({
         "acceptedNames": accepted,
         "storedVersions": stored_versions,
@@ -1074,9 +1575,21 @@ fn encode_continue(revision: u64, key: &(String, String)) -> String {
 
 fn decode_continue(token: &str) -> ApiResult<(u64, (String, String))> {
     use base64::Engine;
-    let bad = || ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)");
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
+    let bad = || {
+        ApiError::bad_request(
+            "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
+        )
+    };
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .map_err(|_| bad())?;
     let value: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
     let rv = value["rv"].as_u64().ok_or_else(bad)?;
-    Ok((rv, (value["ns"].as_str().unwrap_or_default().to_owned(), value["name"].as_str().unwrap_or_default().to_owned())))
+    Ok((
+        rv,
+        (
+            value["ns"].as_str().unwrap_or_default().to_owned(),
+            value["name"].as_str().unwrap_or_default().to_owned(),
+        ),
+    ))
 }

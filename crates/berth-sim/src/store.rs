@@ -23,16 +23,6 @@ pub enum ChangeKind {
     Deleted,
 }
 
-impl ChangeKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ChangeKind::Added => "ADDED",
-            ChangeKind::Modified => "MODIFIED",
-            ChangeKind::Deleted => "DELETED",
-        }
-    }
-}
-
 /// One write, as watchers see it.
 #[derive(Debug)]
 pub struct Change {
@@ -103,7 +93,9 @@ fn key_of(object: &Value) -> ObjectKey {
 }
 
 pub fn resource_version(object: &Value) -> Option<u64> {
-    object["metadata"]["resourceVersion"].as_str().and_then(|s| s.parse().ok())
+    object["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
 }
 
 impl Store {
@@ -122,7 +114,9 @@ impl Store {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The current revision.
@@ -132,7 +126,11 @@ impl Store {
 
     pub fn get(&self, storage: &str, namespace: &str, name: &str) -> Option<Arc<Value>> {
         let inner = self.lock();
-        inner.buckets.get(storage)?.get(&(namespace.to_owned(), name.to_owned())).cloned()
+        inner
+            .buckets
+            .get(storage)?
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
     }
 
     /// The current objects of a bucket (one namespace, or all) and the revision they are at.
@@ -156,15 +154,23 @@ impl Store {
     }
 
     /// The objects of a bucket as they were at `revision`, rebuilt from the history.
-    pub fn list_at(&self, storage: &str, namespace: Option<&str>, revision: u64) -> Result<Vec<Arc<Value>>, Compacted> {
+    pub fn list_at(
+        &self,
+        storage: &str,
+        namespace: Option<&str>,
+        revision: u64,
+    ) -> Result<Vec<Arc<Value>>, Compacted> {
         let inner = self.lock();
         if revision < inner.compacted {
-            return Err(Compacted { oldest_available: inner.compacted });
+            return Err(Compacted {
+                oldest_available: inner.compacted,
+            });
         }
-        let mut objects: BTreeMap<ObjectKey, Arc<Value>> = Self::collect(&inner, storage, namespace)
-            .into_iter()
-            .map(|o| (key_of(&o), o))
-            .collect();
+        let mut objects: BTreeMap<ObjectKey, Arc<Value>> =
+            Self::collect(&inner, storage, namespace)
+                .into_iter()
+                .map(|o| (key_of(&o), o))
+                .collect();
         for change in inner.history.iter().rev() {
             if change.revision <= revision {
                 break;
@@ -204,11 +210,22 @@ impl Store {
     pub fn subscribe_from(&self, storage: &str, revision: u64) -> Result<Subscription, Compacted> {
         let inner = self.lock();
         if revision < inner.compacted {
-            return Err(Compacted { oldest_available: inner.compacted });
+            return Err(Compacted {
+                oldest_available: inner.compacted,
+            });
         }
         let start = inner.history.partition_point(|c| c.revision <= revision);
-        let backlog = inner.history.range(start..).filter(|c| &*c.storage == storage).cloned().collect();
-        Ok(Subscription { backlog, receiver: self.changes.subscribe(), revision: inner.revision })
+        let backlog = inner
+            .history
+            .range(start..)
+            .filter(|c| &*c.storage == storage)
+            .cloned()
+            .collect();
+        Ok(Subscription {
+            backlog,
+            receiver: self.changes.subscribe(),
+            revision: inner.revision,
+        })
     }
 
     /// A receiver for every future change (for controllers inside the sim).
@@ -224,8 +241,21 @@ impl Store {
         inner.compacted = inner.revision;
     }
 
-    fn record(&self, inner: &mut Inner, storage: &StorageKey, kind: ChangeKind, object: Arc<Value>, previous: Option<Arc<Value>>) {
-        let change = Arc::new(Change { revision: inner.revision, storage: storage.clone(), kind, object, previous });
+    fn record(
+        &self,
+        inner: &mut Inner,
+        storage: &StorageKey,
+        kind: ChangeKind,
+        object: Arc<Value>,
+        previous: Option<Arc<Value>>,
+    ) {
+        let change = Arc::new(Change {
+            revision: inner.revision,
+            storage: storage.clone(),
+            kind,
+            object,
+            previous,
+        });
         inner.history.push_back(change.clone());
         while inner.history.len() > inner.history_limit {
             if let Some(dropped) = inner.history.pop_front() {
@@ -242,39 +272,82 @@ impl Store {
     }
 
     /// Stores a new object; fails if the key is taken.
-    pub fn create(&self, storage: &StorageKey, mut object: Value) -> Result<Arc<Value>, WriteError> {
+    pub fn create(
+        &self,
+        storage: &StorageKey,
+        mut object: Value,
+    ) -> Result<Arc<Value>, WriteError> {
         let mut inner = self.lock();
         let key = key_of(&object);
-        if inner.buckets.get(storage).is_some_and(|b| b.contains_key(&key)) {
+        if inner
+            .buckets
+            .get(storage)
+            .is_some_and(|b| b.contains_key(&key))
+        {
             return Err(WriteError::Exists);
         }
         Self::stamp(&mut inner, &mut object);
         let object = Arc::new(object);
-        inner.buckets.entry(storage.clone()).or_default().insert(key, object.clone());
+        inner
+            .buckets
+            .entry(storage.clone())
+            .or_default()
+            .insert(key, object.clone());
         self.record(&mut inner, storage, ChangeKind::Added, object.clone(), None);
         Ok(object)
     }
 
     /// Replaces an object if its stored resourceVersion is `expected`.
-    pub fn replace(&self, storage: &StorageKey, mut object: Value, expected: u64) -> Result<Arc<Value>, WriteError> {
+    pub fn replace(
+        &self,
+        storage: &StorageKey,
+        mut object: Value,
+        expected: u64,
+    ) -> Result<Arc<Value>, WriteError> {
         let mut inner = self.lock();
         let key = key_of(&object);
-        let previous = inner.buckets.get(storage).and_then(|b| b.get(&key)).cloned().ok_or(WriteError::Missing)?;
+        let previous = inner
+            .buckets
+            .get(storage)
+            .and_then(|b| b.get(&key))
+            .cloned()
+            .ok_or(WriteError::Missing)?;
         if resource_version(&previous) != Some(expected) {
             return Err(WriteError::Stale);
         }
         Self::stamp(&mut inner, &mut object);
         let object = Arc::new(object);
-        inner.buckets.entry(storage.clone()).or_default().insert(key, object.clone());
-        self.record(&mut inner, storage, ChangeKind::Modified, object.clone(), Some(previous));
+        inner
+            .buckets
+            .entry(storage.clone())
+            .or_default()
+            .insert(key, object.clone());
+        self.record(
+            &mut inner,
+            storage,
+            ChangeKind::Modified,
+            object.clone(),
+            Some(previous),
+        );
         Ok(object)
     }
 
     /// Removes an object if its stored resourceVersion is `expected`.
-    pub fn remove(&self, storage: &StorageKey, namespace: &str, name: &str, expected: u64) -> Result<Arc<Value>, WriteError> {
+    pub fn remove(
+        &self,
+        storage: &StorageKey,
+        namespace: &str,
+        name: &str,
+        expected: u64,
+    ) -> Result<Arc<Value>, WriteError> {
         let mut inner = self.lock();
         let key = (namespace.to_owned(), name.to_owned());
-        let previous = inner.buckets.get(storage).and_then(|b| b.get(&key)).cloned().ok_or(WriteError::Missing)?;
+        let previous = inner
+            .buckets
+            .get(storage)
+            .and_then(|b| b.get(&key))
+            .cloned()
+            .ok_or(WriteError::Missing)?;
         if resource_version(&previous) != Some(expected) {
             return Err(WriteError::Stale);
         }
@@ -284,7 +357,13 @@ impl Store {
         let mut gone = (*previous).clone();
         Self::stamp(&mut inner, &mut gone);
         let gone = Arc::new(gone);
-        self.record(&mut inner, storage, ChangeKind::Deleted, gone.clone(), Some(previous));
+        self.record(
+            &mut inner,
+            storage,
+            ChangeKind::Deleted,
+            gone.clone(),
+            Some(previous),
+        );
         Ok(gone)
     }
 
@@ -329,11 +408,20 @@ mod tests {
         let store = Store::new(100, 16);
         let pods: StorageKey = "/pods".into();
         let a = store.create(&pods, pod("a")).unwrap();
-        assert_eq!(store.create(&pods, pod("a")).unwrap_err(), WriteError::Exists);
+        assert_eq!(
+            store.create(&pods, pod("a")).unwrap_err(),
+            WriteError::Exists
+        );
         let rv = resource_version(&a).unwrap();
         store.replace(&pods, pod("a"), rv).unwrap();
-        assert_eq!(store.replace(&pods, pod("a"), rv).unwrap_err(), WriteError::Stale);
-        assert_eq!(store.remove(&pods, "default", "a", rv).unwrap_err(), WriteError::Stale);
+        assert_eq!(
+            store.replace(&pods, pod("a"), rv).unwrap_err(),
+            WriteError::Stale
+        );
+        assert_eq!(
+            store.remove(&pods, "default", "a", rv).unwrap_err(),
+            WriteError::Stale
+        );
     }
 
     #[test]
@@ -344,7 +432,11 @@ mod tests {
         for i in 1..10 {
             store.create(&pods, pod(&format!("p{i}"))).unwrap();
         }
-        assert!(store.subscribe_from("/pods", resource_version(&first).unwrap()).is_err());
+        assert!(
+            store
+                .subscribe_from("/pods", resource_version(&first).unwrap())
+                .is_err()
+        );
         let recent = store.revision() - 2;
         let sub = store.subscribe_from("/pods", recent).unwrap();
         assert_eq!(sub.backlog.len(), 2);

@@ -7,7 +7,13 @@ use serde_json::{Value, json};
 
 use crate::resources::{PrinterColumn, ResourceType};
 
-fn column(name: &str, type_: &str, format: &str, description: &str, priority: i64) -> PrinterColumn {
+fn column(
+    name: &str,
+    type_: &str,
+    format: &str,
+    description: &str,
+    priority: i64,
+) -> PrinterColumn {
     PrinterColumn {
         name: name.to_owned(),
         type_: type_.to_owned(),
@@ -65,7 +71,13 @@ fn age(object: &Value, now: Timestamp) -> String {
 }
 
 fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
-    let name = column("Name", "string", "name", "Name must be unique within a namespace.", 0);
+    let name = column(
+        "Name",
+        "string",
+        "name",
+        "Name must be unique within a namespace.",
+        0,
+    );
     if !rt.printer_columns.is_empty() {
         let mut all = vec![name];
         all.extend(rt.printer_columns.iter().cloned());
@@ -74,53 +86,194 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
     match (rt.group.as_str(), rt.resource.as_str()) {
         ("", "pods") => vec![
             name,
-            column("Ready", "string", "", "The aggregate readiness state of this pod for accepting traffic.", 0),
-            column("Status", "string", "", "The aggregate status of the containers in this pod.", 0),
-            column("Restarts", "string", "", "The number of times the containers in this pod have been restarted and when the last container in this pod has restarted.", 0),
-            column("Age", "string", "", "CreationTimestamp is a timestamp representing the server time when this object was created.", 0),
-            column("IP", "string", "", "IP address allocated to the pod. Routable at least within the cluster. Empty if not yet allocated.", 1),
-            column("Node", "string", "", "NodeName is a request to schedule this pod onto a specific node.", 1),
-            column("Nominated Node", "string", "", "nominatedNodeName is set when this pod preempts other pods on the node.", 1),
-            column("Readiness Gates", "string", "", "If specified, all readiness gates will be evaluated for pod readiness.", 1),
+            column(
+                "Ready",
+                "string",
+                "",
+                "The aggregate readiness state of this pod for accepting traffic.",
+                0,
+            ),
+            column(
+                "Status",
+                "string",
+                "",
+                "The aggregate status of the containers in this pod.",
+                0,
+            ),
+            column(
+                "Restarts",
+                "string",
+                "",
+                "The number of times the containers in this pod have been restarted and when the last container in this pod has restarted.",
+                0,
+            ),
+            column(
+                "Age",
+                "string",
+                "",
+                "CreationTimestamp is a timestamp representing the server time when this object was created.",
+                0,
+            ),
+            column(
+                "IP",
+                "string",
+                "",
+                "IP address allocated to the pod. Routable at least within the cluster. Empty if not yet allocated.",
+                1,
+            ),
+            column(
+                "Node",
+                "string",
+                "",
+                "NodeName is a request to schedule this pod onto a specific node.",
+                1,
+            ),
+            column(
+                "Nominated Node",
+                "string",
+                "",
+                "nominatedNodeName is set when this pod preempts other pods on the node.",
+                1,
+            ),
+            column(
+                "Readiness Gates",
+                "string",
+                "",
+                "If specified, all readiness gates will be evaluated for pod readiness.",
+                1,
+            ),
         ],
         ("", "nodes") => vec![
             name,
             column("Status", "string", "", "The status of the node", 0),
             column("Roles", "string", "", "The roles of the node", 0),
-            column("Age", "string", "", "CreationTimestamp is a timestamp representing the server time when this object was created.", 0),
-            column("Version", "string", "", "Kubelet Version reported by the node.", 0),
-            column("Internal-IP", "string", "", "List of addresses reachable to the node.", 1),
+            column(
+                "Age",
+                "string",
+                "",
+                "CreationTimestamp is a timestamp representing the server time when this object was created.",
+                0,
+            ),
+            column(
+                "Version",
+                "string",
+                "",
+                "Kubelet Version reported by the node.",
+                0,
+            ),
+            column(
+                "Internal-IP",
+                "string",
+                "",
+                "List of addresses reachable to the node.",
+                1,
+            ),
         ],
         ("", "namespaces") => vec![
             name,
             column("Status", "string", "", "The status of the namespace", 0),
-            column("Age", "string", "", "CreationTimestamp is a timestamp representing the server time when this object was created.", 0),
+            column(
+                "Age",
+                "string",
+                "",
+                "CreationTimestamp is a timestamp representing the server time when this object was created.",
+                0,
+            ),
         ],
         ("", "services") => vec![
             name,
             column("Type", "string", "", "The type of the service.", 0),
-            column("Cluster-IP", "string", "", "The cluster IP of the service.", 0),
-            column("External-IP", "string", "", "The external IP of the service.", 0),
+            column(
+                "Cluster-IP",
+                "string",
+                "",
+                "The cluster IP of the service.",
+                0,
+            ),
+            column(
+                "External-IP",
+                "string",
+                "",
+                "The external IP of the service.",
+                0,
+            ),
             column("Port(s)", "string", "", "The ports of the service.", 0),
-            column("Age", "string", "", "CreationTimestamp is a timestamp representing the server time when this object was created.", 0),
-            column("Selector", "string", "", "Route service traffic to pods with label keys and values matching this selector.", 1),
+            column(
+                "Age",
+                "string",
+                "",
+                "CreationTimestamp is a timestamp representing the server time when this object was created.",
+                0,
+            ),
+            column(
+                "Selector",
+                "string",
+                "",
+                "Route service traffic to pods with label keys and values matching this selector.",
+                1,
+            ),
         ],
         ("", "events") => vec![
-            column("Last Seen", "string", "", "Time when this event was last observed.", 0),
-            column("Type", "string", "", "Type of this event (Normal, Warning).", 0),
-            column("Reason", "string", "", "Short, machine understandable string that gives the reason for the transition into the object's current status.", 0),
-            column("Object", "string", "", "The object that this event is about.", 0),
-            column("Message", "string", "", "A human-readable description of the status of this operation.", 0),
+            column(
+                "Last Seen",
+                "string",
+                "",
+                "Time when this event was last observed.",
+                0,
+            ),
+            column(
+                "Type",
+                "string",
+                "",
+                "Type of this event (Normal, Warning).",
+                0,
+            ),
+            column(
+                "Reason",
+                "string",
+                "",
+                "Short, machine understandable string that gives the reason for the transition into the object's current status.",
+                0,
+            ),
+            column(
+                "Object",
+                "string",
+                "",
+                "The object that this event is about.",
+                0,
+            ),
+            column(
+                "Message",
+                "string",
+                "",
+                "A human-readable description of the status of this operation.",
+                0,
+            ),
         ],
-        _ => vec![name, column("Created At", "date", "", "CreationTimestamp is a timestamp representing the server time when this object was created.", 0)],
+        _ => vec![
+            name,
+            column(
+                "Created At",
+                "date",
+                "",
+                "CreationTimestamp is a timestamp representing the server time when this object was created.",
+                0,
+            ),
+        ],
     }
 }
 
 fn pod_cells(pod: &Value, now: Timestamp) -> Vec<Value> {
-    let statuses = pod["status"]["containerStatuses"].as_array().cloned().unwrap_or_default();
+    let statuses = pod["status"]["containerStatuses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let total = pod["spec"]["containers"].as_array().map_or(0, Vec::len);
     let ready = statuses.iter().filter(|s| s["ready"] == true).count();
-    let restarts: i64 = statuses.iter().filter_map(|s| s["restartCount"].as_i64()).sum();
+    let restarts: i64 = statuses
+        .iter()
+        .filter_map(|s| s["restartCount"].as_i64())
+        .sum();
     let mut status = pod["status"]["reason"]
         .as_str()
         .or_else(|| pod["status"]["phase"].as_str())
@@ -128,7 +281,13 @@ fn pod_cells(pod: &Value, now: Timestamp) -> Vec<Value> {
         .to_owned();
     let init_waiting = pod["status"]["initContainerStatuses"]
         .as_array()
-        .and_then(|s| s.iter().find_map(|c| c["state"]["waiting"]["reason"].as_str().filter(|r| *r != "PodInitializing")));
+        .and_then(|s| {
+            s.iter().find_map(|c| {
+                c["state"]["waiting"]["reason"]
+                    .as_str()
+                    .filter(|r| *r != "PodInitializing")
+            })
+        });
     if let Some(reason) = init_waiting {
         status = format!("Init:{reason}");
     } else {
@@ -149,8 +308,14 @@ fn pod_cells(pod: &Value, now: Timestamp) -> Vec<Value> {
         json!(status),
         json!(restarts.to_string()),
         json!(age(pod, now)),
-        pod["status"]["podIP"].as_str().map(|s| json!(s)).unwrap_or_else(none),
-        pod["spec"]["nodeName"].as_str().map(|s| json!(s)).unwrap_or_else(none),
+        pod["status"]["podIP"]
+            .as_str()
+            .map(|s| json!(s))
+            .unwrap_or_else(none),
+        pod["spec"]["nodeName"]
+            .as_str()
+            .map(|s| json!(s))
+            .unwrap_or_else(none),
         none(),
         none(),
     ]
@@ -172,7 +337,14 @@ fn node_cells(node: &Value, now: Timestamp) -> Vec<Value> {
     }
     let roles: Vec<String> = node["metadata"]["labels"]
         .as_object()
-        .map(|l| l.keys().filter_map(|k| k.strip_prefix("node-role.kubernetes.io/").map(str::to_owned)).collect())
+        .map(|l| {
+            l.keys()
+                .filter_map(|k| {
+                    k.strip_prefix("node-role.kubernetes.io/")
+                        .map(str::to_owned)
+                })
+                .collect()
+        })
         .unwrap_or_default();
     let internal_ip = node["status"]["addresses"]
         .as_array()
@@ -181,9 +353,17 @@ fn node_cells(node: &Value, now: Timestamp) -> Vec<Value> {
         .unwrap_or("<none>");
     vec![
         json!(status),
-        json!(if roles.is_empty() { "<none>".to_owned() } else { roles.join(",") }),
+        json!(if roles.is_empty() {
+            "<none>".to_owned()
+        } else {
+            roles.join(",")
+        }),
         json!(age(node, now)),
-        json!(node["status"]["nodeInfo"]["kubeletVersion"].as_str().unwrap_or("")),
+        json!(
+            node["status"]["nodeInfo"]["kubeletVersion"]
+                .as_str()
+                .unwrap_or("")
+        ),
         json!(internal_ip),
     ]
 }
@@ -200,15 +380,27 @@ fn service_cells(service: &Value, now: Timestamp) -> Vec<Value> {
         .unwrap_or_default();
     let selector: Vec<String> = service["spec"]["selector"]
         .as_object()
-        .map(|s| s.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect())
+        .map(|s| {
+            s.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
         .unwrap_or_default();
     vec![
         json!(service["spec"]["type"].as_str().unwrap_or("ClusterIP")),
         json!(service["spec"]["clusterIP"].as_str().unwrap_or("<none>")),
         json!("<none>"),
-        json!(if ports.is_empty() { "<none>".to_owned() } else { ports.join(",") }),
+        json!(if ports.is_empty() {
+            "<none>".to_owned()
+        } else {
+            ports.join(",")
+        }),
         json!(age(service, now)),
-        json!(if selector.is_empty() { "<none>".to_owned() } else { selector.join(",") }),
+        json!(if selector.is_empty() {
+            "<none>".to_owned()
+        } else {
+            selector.join(",")
+        }),
     ]
 }
 
@@ -222,7 +414,10 @@ fn event_cells(event: &Value, now: Timestamp) -> Vec<Value> {
         .unwrap_or_else(|| "<unknown>".to_owned());
     let object = format!(
         "{}/{}",
-        event["involvedObject"]["kind"].as_str().unwrap_or_default().to_lowercase(),
+        event["involvedObject"]["kind"]
+            .as_str()
+            .unwrap_or_default()
+            .to_lowercase(),
         event["involvedObject"]["name"].as_str().unwrap_or_default()
     );
     vec![
@@ -235,9 +430,15 @@ fn event_cells(event: &Value, now: Timestamp) -> Vec<Value> {
 }
 
 fn custom_cell(object: &Value, col: &PrinterColumn, now: Timestamp) -> Value {
-    let Some(path) = &col.json_path else { return Value::Null };
+    let Some(path) = &col.json_path else {
+        return Value::Null;
+    };
     if col.type_ == "date" {
-        let path = if path.starts_with('$') { path.clone() } else { format!("${path}") };
+        let path = if path.starts_with('$') {
+            path.clone()
+        } else {
+            format!("${path}")
+        };
         let found: Vec<&Value> = object.query(&path).unwrap_or_default();
         return found
             .first()
@@ -246,12 +447,24 @@ fn custom_cell(object: &Value, col: &PrinterColumn, now: Timestamp) -> Value {
             .map(|t| json!(human_duration(now.duration_since(t).as_secs())))
             .unwrap_or(Value::Null);
     }
-    let path = if path.starts_with('$') { path.clone() } else { format!("${path}") };
+    let path = if path.starts_with('$') {
+        path.clone()
+    } else {
+        format!("${path}")
+    };
     let found: Vec<&Value> = object.query(&path).unwrap_or_default();
     match found.as_slice() {
         [] => Value::Null,
         [one] => (*one).clone(),
-        many => json!(many.iter().map(|v| v.as_str().map(str::to_owned).unwrap_or_else(|| v.to_string())).collect::<Vec<_>>().join(",")),
+        many => json!(
+            many.iter()
+                .map(|v| v
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| v.to_string()))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
     }
 }
 
@@ -266,7 +479,10 @@ fn cells(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], now: Timesta
         ("", "events") => return event_cells(object, now),
         ("", "pods") => pod_cells(object, now),
         ("", "nodes") => node_cells(object, now),
-        ("", "namespaces") => vec![json!(object["status"]["phase"].as_str().unwrap_or("Active")), json!(age(object, now))],
+        ("", "namespaces") => vec![
+            json!(object["status"]["phase"].as_str().unwrap_or("Active")),
+            json!(age(object, now)),
+        ],
         ("", "services") => service_cells(object, now),
         _ => vec![object["metadata"]["creationTimestamp"].clone()],
     };
@@ -282,7 +498,13 @@ pub enum IncludeObject {
     Object,
 }
 
-fn row(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], include: IncludeObject, now: Timestamp) -> Value {
+fn row(
+    rt: &ResourceType,
+    object: &Value,
+    cols: &[PrinterColumn],
+    include: IncludeObject,
+    now: Timestamp,
+) -> Value {
     let carried = match include {
         IncludeObject::None => Value::Null,
         IncludeObject::Metadata => json!({
@@ -296,7 +518,12 @@ fn row(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], include: Inclu
 }
 
 /// A Table of `objects`.
-pub fn table(rt: &ResourceType, objects: &[Value], metadata: Value, include: IncludeObject) -> Value {
+pub fn table(
+    rt: &ResourceType,
+    objects: &[Value],
+    metadata: Value,
+    include: IncludeObject,
+) -> Value {
     let cols = columns(rt);
     let now = Timestamp::now();
     let definitions: Vec<Value> = cols
@@ -318,7 +545,16 @@ mod tests {
 
     #[test]
     fn ages_read_like_kubectl() {
-        let rows = [(5, "5s"), (119, "119s"), (200, "3m20s"), (600, "10m"), (3 * 3600 + 120, "3h2m"), (20 * 3600, "20h"), (3 * 86400, "3d"), (400 * 86400, "400d")];
+        let rows = [
+            (5, "5s"),
+            (119, "119s"),
+            (200, "3m20s"),
+            (600, "10m"),
+            (3 * 3600 + 120, "3h2m"),
+            (20 * 3600, "20h"),
+            (3 * 86400, "3d"),
+            (400 * 86400, "400d"),
+        ];
         for (seconds, text) in rows {
             assert_eq!(human_duration(seconds), text, "{seconds}");
         }

@@ -27,8 +27,14 @@ impl Authority {
     pub fn generate() -> Result<Self, TlsError> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, "berth-sim-ca");
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "berth-sim-ca");
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
         let key = KeyPair::generate()?;
         let cert = params.self_signed(&key)?;
         Ok(Authority {
@@ -44,13 +50,33 @@ impl Authority {
     }
 
     /// A certificate for `names` (DNS names or IP addresses), as (chain, key).
-    pub fn issue(&self, names: &[&str]) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>, String, String), TlsError> {
-        let mut params = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;
-        params.distinguished_name.push(DnType::CommonName, names.first().copied().unwrap_or("berth-sim"));
+    pub fn issue(
+        &self,
+        names: &[&str],
+    ) -> Result<
+        (
+            Vec<CertificateDer<'static>>,
+            PrivateKeyDer<'static>,
+            String,
+            String,
+        ),
+        TlsError,
+    > {
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())?;
+        params.distinguished_name.push(
+            DnType::CommonName,
+            names.first().copied().unwrap_or("berth-sim"),
+        );
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
         let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
-        Ok((vec![cert.der().clone(), self.ca_der.clone()], key_der, cert.pem(), key.serialize_pem()))
+        Ok((
+            vec![cert.der().clone(), self.ca_der.clone()],
+            key_der,
+            cert.pem(),
+            key.serialize_pem(),
+        ))
     }
 
     /// A rustls server configuration serving a certificate for `names`, speaking HTTP/2 and

@@ -42,8 +42,15 @@ pub struct WatchRequest {
 fn render(rt: &ResourceType, object: &Value, how: Render) -> Value {
     match how {
         Render::Object => object.clone(),
-        Render::Metadata => json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": object["metadata"]}),
-        Render::Table(include) => table::table(rt, std::slice::from_ref(object), json!({"resourceVersion": object["metadata"]["resourceVersion"]}), include),
+        Render::Metadata => {
+            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": object["metadata"]})
+        }
+        Render::Table(include) => table::table(
+            rt,
+            std::slice::from_ref(object),
+            json!({"resourceVersion": object["metadata"]["resourceVersion"]}),
+            include,
+        ),
     }
 }
 
@@ -58,17 +65,32 @@ fn bookmark(rt: &ResourceType, revision: u64, initial_end: bool) -> Bytes {
     if initial_end {
         metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
     }
-    line("BOOKMARK", json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": metadata}))
+    line(
+        "BOOKMARK",
+        json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": metadata}),
+    )
 }
 
 /// Turns one stored change into the event this watch sends, if any.
-fn event_for(sim: &Sim, rt: &ResourceType, request: &WatchRequest, change: &Change) -> Option<Bytes> {
+fn event_for(
+    sim: &Sim,
+    rt: &ResourceType,
+    request: &WatchRequest,
+    change: &Change,
+) -> Option<Bytes> {
     if change.storage != rt.storage {
         return None;
     }
     let matches = |stored: &Value| -> Option<Value> {
         let view = sim.to_view(rt, stored);
-        Sim::matches(rt, &view, request.namespace.as_deref(), &request.labels, &request.fields).then_some(view)
+        Sim::matches(
+            rt,
+            &view,
+            request.namespace.as_deref(),
+            &request.labels,
+            &request.fields,
+        )
+        .then_some(view)
     };
     let now = matches(&change.object);
     let before = change.previous.as_deref().and_then(matches);
@@ -91,17 +113,26 @@ fn event_for(sim: &Sim, rt: &ResourceType, request: &WatchRequest, change: &Chan
 /// Starts a watch; the stream ends on timeout, when the sim closes watches, or when the
 /// client fell too far behind (it then resumes from its last revision, like with a real
 /// server).
-pub fn watch(sim: Arc<Sim>, rt: Arc<ResourceType>, request: WatchRequest) -> Result<impl Stream<Item = Result<Bytes, std::convert::Infallible>>, ApiError> {
+pub fn watch(
+    sim: Arc<Sim>,
+    rt: Arc<ResourceType>,
+    request: WatchRequest,
+) -> Result<impl Stream<Item = Result<Bytes, std::convert::Infallible>>, ApiError> {
     Sim::check_fields(&rt, &request.fields)?;
     let revision: Option<u64> = match request.resource_version.as_deref() {
         None | Some("") | Some("0") => None,
-        Some(rv) => Some(rv.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?),
+        Some(rv) => Some(
+            rv.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?,
+        ),
     };
     let mut initial: Vec<Bytes> = vec![];
     let mut gone: Option<Bytes> = None;
     let (mut receiver, start) = match revision.filter(|_| !request.send_initial_events) {
         Some(rv) => {
-            let forced = sim.expire_next_watch.swap(false, std::sync::atomic::Ordering::SeqCst);
+            let forced = sim
+                .expire_next_watch
+                .swap(false, std::sync::atomic::Ordering::SeqCst);
             match sim.store.subscribe_from(&rt.storage, rv) {
                 Ok(subscription) if !forced => {
                     for change in &subscription.backlog {
@@ -114,21 +145,38 @@ pub fn watch(sim: Arc<Sim>, rt: Arc<ResourceType>, request: WatchRequest) -> Res
                         Err(compacted) => compacted.oldest_available,
                         Ok(_) => sim.store.revision(),
                     };
-                    let status = ApiError::Gone { message: format!("too old resource version: {rv} ({oldest})") }.status();
+                    let status = ApiError::Gone {
+                        message: format!("too old resource version: {rv} ({oldest})"),
+                    }
+                    .status();
                     gone = Some(line("ERROR", status));
                     (sim.store.subscribe(), sim.store.revision())
                 }
             }
         }
         None => {
-            let snapshot = sim.store.snapshot(&rt.storage, request.namespace.as_deref());
+            let snapshot = sim
+                .store
+                .snapshot(&rt.storage, request.namespace.as_deref());
             let mut objects: Vec<Value> = snapshot
                 .objects
                 .iter()
                 .map(|o| sim.to_view(&rt, o))
-                .filter(|o| Sim::matches(&rt, o, request.namespace.as_deref(), &request.labels, &request.fields))
+                .filter(|o| {
+                    Sim::matches(
+                        &rt,
+                        o,
+                        request.namespace.as_deref(),
+                        &request.labels,
+                        &request.fields,
+                    )
+                })
                 .collect();
-            objects.sort_by(|a, b| a["metadata"]["name"].as_str().cmp(&b["metadata"]["name"].as_str()));
+            objects.sort_by(|a, b| {
+                a["metadata"]["name"]
+                    .as_str()
+                    .cmp(&b["metadata"]["name"].as_str())
+            });
             for object in objects {
                 initial.push(line("ADDED", render(&rt, &object, request.render)));
             }
@@ -151,7 +199,10 @@ pub fn watch(sim: Arc<Sim>, rt: Arc<ResourceType>, request: WatchRequest) -> Res
         }
         let deadline = tokio::time::sleep(request.timeout);
         tokio::pin!(deadline);
-        let mut bookmarks = tokio::time::interval_at(tokio::time::Instant::now() + sim.config.bookmark_interval, sim.config.bookmark_interval);
+        let mut bookmarks = tokio::time::interval_at(
+            tokio::time::Instant::now() + sim.config.bookmark_interval,
+            sim.config.bookmark_interval,
+        );
         loop {
             tokio::select! {
                 _ = &mut deadline => return,
@@ -166,9 +217,8 @@ pub fn watch(sim: Arc<Sim>, rt: Arc<ResourceType>, request: WatchRequest) -> Res
                 received = receiver.recv() => match received {
                     Ok(change) => {
                         if change.revision <= start { continue; }
-                        if let Some(event) = event_for(&sim, &rt, &request, &change) {
-                            if tx.send(event).await.is_err() { return; }
-                        }
+                        if let Some(event) = event_for(&sim, &rt, &request, &change)
+                            && tx.send(event).await.is_err() { return; }
                     }
                     Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => return,
                 },
@@ -179,7 +229,9 @@ pub fn watch(sim: Arc<Sim>, rt: Arc<ResourceType>, request: WatchRequest) -> Res
 }
 
 /// A stream fed by a task through a bounded channel; the task stops when the client goes.
-fn async_stream_lines<F, Fut>(producer: F) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>>
+fn async_stream_lines<F, Fut>(
+    producer: F,
+) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>>
 where
     F: FnOnce(tokio::sync::mpsc::Sender<Bytes>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,

@@ -37,7 +37,11 @@ enum Command {
 #[derive(clap::Args, Debug)]
 struct SimArgs {
     /// Where to write the kubeconfig for the simulated cluster.
-    #[arg(long, default_value = "berth-sim.kubeconfig", env = "BERTH_SIM_KUBECONFIG")]
+    #[arg(
+        long,
+        default_value = "berth-sim.kubeconfig",
+        env = "BERTH_SIM_KUBECONFIG"
+    )]
     kubeconfig: std::path::PathBuf,
     /// Port of the API server on 127.0.0.1; 0 picks a free one.
     #[arg(long, default_value_t = 0, env = "BERTH_SIM_PORT")]
@@ -79,7 +83,10 @@ fn run_sim(args: SimArgs) -> ExitCode {
         }
     };
     runtime.block_on(async {
-        let config = berth_sim::SimConfig { port: args.port, ..Default::default() };
+        let config = berth_sim::SimConfig {
+            port: args.port,
+            ..Default::default()
+        };
         let cluster = match berth_sim::SimCluster::start(config).await {
             Ok(cluster) => cluster,
             Err(err) => {
@@ -88,12 +95,21 @@ fn run_sim(args: SimArgs) -> ExitCode {
             }
         };
         if let Err(err) = cluster.write_kubeconfig(&args.kubeconfig) {
-            eprintln!("berth sim: cannot write {}: {err}", args.kubeconfig.display());
+            eprintln!(
+                "berth sim: cannot write {}: {err}",
+                args.kubeconfig.display()
+            );
             return ExitCode::FAILURE;
         }
         println!("berth sim: API server at {}", cluster.url());
-        println!("berth sim: kubeconfig written to {}", args.kubeconfig.display());
-        println!("  kubectl --kubeconfig {} get namespaces", args.kubeconfig.display());
+        println!(
+            "berth sim: kubeconfig written to {}",
+            args.kubeconfig.display()
+        );
+        println!(
+            "  kubectl --kubeconfig {} get namespaces",
+            args.kubeconfig.display()
+        );
         println!("berth sim: Ctrl-C or SIGTERM stops it");
         wait_for_shutdown_signal().await;
         cluster.shutdown();

@@ -1,59 +1,624 @@
-//! kube-rs client tests of the API semantics.
+//! Verbs, optimistic concurrency, subresources, patches, selectors and pagination.
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 
-use crate::support::cluster;
-
-fn pod(name: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "web"}},
-        "spec": {"containers": [{"name": "main", "image": "nginx:1.27"}]}
-    }))
-    .unwrap()
-}
+use crate::support::{api_error, cluster, pod};
 
 #[tokio::test]
-async fn create_get_list_with_defaults_and_revisions() {
+async fn create_get_list_with_defaults_and_one_global_revision() {
     let sim = cluster().await;
     let client = sim.client().await.unwrap();
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let names: Vec<String> = namespaces.list(&ListParams::default()).await.unwrap().iter().map(|n| n.name_any()).collect();
-    assert_eq!(names, ["default", "kube-node-lease", "kube-public", "kube-system"]);
+    let names: Vec<String> = namespaces
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    assert_eq!(
+        names,
+        ["default", "kube-node-lease", "kube-public", "kube-system"]
+    );
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let created = pods.create(&PostParams::default(), &pod("web-1")).await.unwrap();
+    let created = pods
+        .create(&PostParams::default(), &pod("web-1", "web"))
+        .await
+        .unwrap();
     assert!(created.metadata.uid.is_some());
-    assert_eq!(created.status.as_ref().unwrap().phase.as_deref(), Some("Pending"));
-    assert_eq!(created.spec.as_ref().unwrap().restart_policy.as_deref(), Some("Always"));
-    assert_eq!(created.spec.as_ref().unwrap().service_account_name.as_deref(), Some("default"));
+    assert!(created.metadata.creation_timestamp.is_some());
+    assert_eq!(
+        created.status.as_ref().unwrap().phase.as_deref(),
+        Some("Pending")
+    );
+    let spec = created.spec.as_ref().unwrap();
+    assert_eq!(spec.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(spec.service_account_name.as_deref(), Some("default"));
+    assert_eq!(
+        spec.containers[0].image_pull_policy.as_deref(),
+        Some("IfNotPresent")
+    );
     let rv1: u64 = created.resource_version().unwrap().parse().unwrap();
 
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let cm = cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap()).await.unwrap();
+    let cm = cms
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
+        )
+        .await
+        .unwrap();
     let rv2: u64 = cm.resource_version().unwrap().parse().unwrap();
     assert!(rv2 > rv1, "one global revision across resources");
 
-    let fetched = pods.get("web-1").await.unwrap();
-    assert_eq!(fetched.uid(), created.uid());
-    let list = pods.list(&ListParams::default().labels("app=web")).await.unwrap();
+    assert_eq!(pods.get("web-1").await.unwrap().uid(), created.uid());
+    let list = pods.list(&ListParams::default()).await.unwrap();
     assert_eq!(list.items.len(), 1);
-    assert!(list.metadata.resource_version.unwrap().parse::<u64>().unwrap() >= rv2);
+    assert!(
+        list.metadata
+            .resource_version
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= rv2
+    );
 
-    let err = pods.create(&PostParams::default(), &pod("web-1")).await.unwrap_err();
-    let kube::Error::Api(status) = err else { panic!("expected an API error") };
-    assert_eq!((status.code, status.reason.as_str(), status.message.as_str()), (409, "AlreadyExists", "pods \"web-1\" already exists"));
+    assert_eq!(
+        api_error(
+            pods.create(&PostParams::default(), &pod("web-1", "web"))
+                .await
+        ),
+        (
+            409,
+            "AlreadyExists".into(),
+            "pods \"web-1\" already exists".into()
+        )
+    );
+    assert_eq!(
+        api_error(pods.get("nope").await),
+        (404, "NotFound".into(), "pods \"nope\" not found".into())
+    );
+    let elsewhere: Api<Pod> = Api::namespaced(client.clone(), "missing-ns");
+    assert_eq!(
+        api_error(
+            elsewhere
+                .create(&PostParams::default(), &pod("p", "web"))
+                .await
+        ),
+        (
+            404,
+            "NotFound".into(),
+            "namespaces \"missing-ns\" not found".into()
+        )
+    );
+}
 
-    let err = pods.get("nope").await.unwrap_err();
-    let kube::Error::Api(status) = err else { panic!("expected an API error") };
-    assert_eq!((status.code, status.reason.as_str(), status.message.as_str()), (404, "NotFound", "pods \"nope\" not found"));
+#[tokio::test]
+async fn generate_name_and_name_validation() {
+    let sim = cluster().await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let generated = cms
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"generateName": "cfg-"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let name = generated.name_any();
+    assert!(name.starts_with("cfg-") && name.len() == 9, "{name}");
+    let (code, reason, message) = api_error(
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "Bad_Name"}})).unwrap(),
+        )
+        .await,
+    );
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert!(message.starts_with("ConfigMap \"Bad_Name\" is invalid: metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain"), "{message}");
+    let (code, _, message) = api_error(
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {}})).unwrap(),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("metadata.name: Required value: name or generateName is required"),
+        "{message}"
+    );
+}
 
-    let patched = pods.patch("web-1", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"tier": "front"}}}))).await.unwrap();
+#[tokio::test]
+async fn stale_writes_conflict_and_no_op_writes_keep_the_revision() {
+    let sim = cluster().await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let original = cms
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"a": "1"}}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+
+    let mut first = original.clone();
+    first.data = Some([("a".to_owned(), "2".to_owned())].into());
+    let updated = cms
+        .replace("c", &PostParams::default(), &first)
+        .await
+        .unwrap();
+    assert_ne!(updated.resource_version(), original.resource_version());
+
+    let mut stale = original.clone();
+    stale.data = Some([("a".to_owned(), "3".to_owned())].into());
+    assert_eq!(
+        api_error(cms.replace("c", &PostParams::default(), &stale).await),
+        (409, "Conflict".into(), "Operation cannot be fulfilled on configmaps \"c\": the object has been modified; please apply your changes to the latest version and try again".into())
+    );
+
+    // Writing what is already stored changes nothing, not even the revision.
+    let revision_before = sim.revision();
+    let again = cms
+        .replace("c", &PostParams::default(), &updated)
+        .await
+        .unwrap();
+    assert_eq!(again.resource_version(), updated.resource_version());
+    let patched = cms
+        .patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"a": "2"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.resource_version(), updated.resource_version());
+    assert_eq!(sim.revision(), revision_before);
+
+    // A patch naming a stale resourceVersion conflicts too.
+    let guarded =
+        json!({"metadata": {"resourceVersion": original.resource_version()}, "data": {"a": "9"}});
+    assert_eq!(
+        api_error(
+            cms.patch("c", &PatchParams::default(), &Patch::Merge(guarded))
+                .await
+        )
+        .0,
+        409
+    );
+}
+
+#[tokio::test]
+async fn patch_types_merge_json_strategic() {
+    let sim = cluster().await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let mut two = pod("p", "web");
+    two.spec
+        .as_mut()
+        .unwrap()
+        .containers
+        .push(serde_json::from_value(json!({"name": "side", "image": "busybox:1"})).unwrap());
+    pods.create(&PostParams::default(), &two).await.unwrap();
+
+    // Strategic merge: containers merge by name, so only one image changes.
+    let patched = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Strategic(
+                json!({"spec": {"containers": [{"name": "side", "image": "busybox:2"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let images: Vec<String> = patched
+        .spec
+        .unwrap()
+        .containers
+        .iter()
+        .map(|c| c.image.clone().unwrap())
+        .collect();
+    assert_eq!(images, ["nginx:1.27", "busybox:2"]);
+
+    // JSON patch with a passing and a failing `test`.
+    let ok = json!([{"op": "test", "path": "/metadata/labels/app", "value": "web"}, {"op": "add", "path": "/metadata/labels/tier", "value": "front"}]);
+    let patched = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(ok).unwrap()),
+        )
+        .await
+        .unwrap();
     assert_eq!(patched.labels()["tier"], "front");
-    pods.delete("web-1", &DeleteParams::default()).await.unwrap();
+    let failing = json!([{"op": "test", "path": "/metadata/labels/app", "value": "db"}, {"op": "remove", "path": "/metadata/labels/tier"}]);
+    let (code, reason, _) = api_error(
+        pods.patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(failing).unwrap()),
+        )
+        .await,
+    );
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        pods.get("p").await.unwrap().labels()["tier"],
+        "front",
+        "a failed test changes nothing"
+    );
+
+    // Merge patch: null deletes.
+    let patched = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tier": null}}})),
+        )
+        .await
+        .unwrap();
+    assert!(!patched.labels().contains_key("tier"));
+
+    // A pod's spec is mostly immutable.
+    let (code, _, message) = api_error(
+        pods.patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"restartPolicy": "Never"}})),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("pod updates may not change fields other than"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn server_side_apply_tracks_managers_and_conflicts() {
+    let sim = cluster().await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let applied = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"owner": "alpha"}}, "data": {"a": "1", "b": "2"}});
+    let created = cms
+        .patch("c", &PatchParams::apply("alpha"), &Patch::Apply(&applied))
+        .await
+        .unwrap();
+    assert_eq!(created.data.as_ref().unwrap()["a"], "1");
+    let managers: Vec<(String, String)> = created
+        .metadata
+        .managed_fields
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|m| (m.manager.clone().unwrap(), m.operation.clone().unwrap()))
+        .collect();
+    assert_eq!(managers, [("alpha".to_owned(), "Apply".to_owned())]);
+
+    let rival = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "changed"}});
+    let (code, reason, message) = api_error(
+        cms.patch("c", &PatchParams::apply("beta"), &Patch::Apply(&rival))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (409, "Conflict"));
+    assert_eq!(
+        message,
+        "Apply failed with 1 conflict: conflict with \"alpha\": .data.a"
+    );
+
+    let forced = cms
+        .patch(
+            "c",
+            &PatchParams::apply("beta").force(),
+            &Patch::Apply(&rival),
+        )
+        .await
+        .unwrap();
+    assert_eq!(forced.data.as_ref().unwrap()["a"], "changed");
+
+    // alpha stops applying `b`: it is removed, since nobody else owns it.
+    let narrower = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"owner": "alpha"}}, "data": {}});
+    let after = cms
+        .patch("c", &PatchParams::apply("alpha"), &Patch::Apply(&narrower))
+        .await
+        .unwrap();
+    let data = after.data.unwrap();
+    assert_eq!(data.get("b"), None);
+    assert_eq!(data["a"], "changed", "beta still owns a");
+
+    let (code, _, message) = api_error(
+        cms.patch("c", &PatchParams::default(), &Patch::Apply(&narrower))
+            .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("fieldManager: Required value"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn label_and_field_selectors() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for (name, app) in [("a", "web"), ("b", "web"), ("c", "db")] {
+        pods.create(&PostParams::default(), &pod(name, app))
+            .await
+            .unwrap();
+    }
+    let names = |list: kube::core::ObjectList<Pod>| {
+        list.items.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(
+            pods.list(&ListParams::default().labels("app=web"))
+                .await
+                .unwrap()
+        ),
+        ["a", "b"]
+    );
+    assert_eq!(
+        names(
+            pods.list(&ListParams::default().labels("app in (db),app!=web"))
+                .await
+                .unwrap()
+        ),
+        ["c"]
+    );
+    assert_eq!(
+        names(
+            pods.list(&ListParams::default().labels("!app"))
+                .await
+                .unwrap()
+        ),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        names(
+            pods.list(&ListParams::default().fields("metadata.name=b"))
+                .await
+                .unwrap()
+        ),
+        ["b"]
+    );
+    assert_eq!(
+        names(
+            pods.list(&ListParams::default().fields("status.phase=Pending,metadata.name!=a"))
+                .await
+                .unwrap()
+        ),
+        ["b", "c"]
+    );
+    assert_eq!(
+        api_error(
+            pods.list(&ListParams::default().fields("spec.bogus=x"))
+                .await
+        ),
+        (
+            400,
+            "BadRequest".into(),
+            "field label not supported: spec.bogus".into()
+        )
+    );
+    let all: Api<Pod> = Api::all(client);
+    assert_eq!(
+        all.list(&ListParams::default().fields("metadata.namespace=default"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        3
+    );
+}
+
+#[tokio::test]
+async fn pagination_is_a_consistent_snapshot() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "pages"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client, "pages");
+    cms.delete("kube-root-ca.crt", &Default::default())
+        .await
+        .unwrap();
+    for i in 0..5 {
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let first = cms.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(
+        first.items.iter().map(|c| c.name_any()).collect::<Vec<_>>(),
+        ["c0", "c1"]
+    );
+    assert_eq!(first.metadata.remaining_item_count, Some(3));
+    let token = first.metadata.continue_.clone().expect("a continue token");
+    // Changes after the first page do not show up in later pages.
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "c9"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    cms.delete("c3", &Default::default()).await.unwrap();
+    let second = cms
+        .list(&ListParams::default().limit(10).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(
+        second
+            .items
+            .iter()
+            .map(|c| c.name_any())
+            .collect::<Vec<_>>(),
+        ["c2", "c3", "c4"]
+    );
+    assert_eq!(
+        second.metadata.resource_version,
+        first.metadata.resource_version
+    );
+    assert!(
+        second
+            .metadata
+            .continue_
+            .as_deref()
+            .unwrap_or("")
+            .is_empty()
+    );
+
+    sim.compact();
+    let (code, reason, _) = api_error(
+        cms.list(&ListParams::default().limit(10).continue_token(&token))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (410, "Expired"));
+}
+
+#[tokio::test]
+async fn status_subresource_separates_spec_and_status() {
+    let sim = cluster().await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    pods.create(&PostParams::default(), &pod("p", "web"))
+        .await
+        .unwrap();
+    // Status through the main resource is ignored...
+    let ignored = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ignored.status.unwrap().phase.as_deref(), Some("Pending"));
+    // ...and written through /status, where spec and metadata changes are ignored.
+    let written = pods
+        .patch_status(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"labels": {"x": "y"}}, "status": {"phase": "Running"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(written.status.unwrap().phase.as_deref(), Some("Running"));
+    assert!(
+        !written
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("x")
+    );
+}
+
+#[tokio::test]
+async fn request_log_counts_by_user_verb_resource_and_code() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    sim.reset_requests();
+    pods.create(&PostParams::default(), &pod("p", "web"))
+        .await
+        .unwrap();
+    let _ = pods.get("p").await;
+    let _ = pods.get("missing").await;
+    let _ = pods
+        .patch_status(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running"}})),
+        )
+        .await;
+    assert_eq!(
+        sim.count_requests(|k| k.verb == "create" && k.resource == "pods" && k.code == 201),
+        1
+    );
+    assert_eq!(
+        sim.count_requests(|k| k.verb == "get" && k.resource == "pods" && k.code == 200),
+        1
+    );
+    assert_eq!(sim.count_requests(|k| k.verb == "get" && k.code == 404), 1);
+    assert_eq!(
+        sim.count_requests(|k| k.verb == "patch"
+            && k.subresource == "status"
+            && k.user == "kubernetes-admin"),
+        1
+    );
+
+    let request = http::Request::get("/sim/v1/requests")
+        .body(Vec::new())
+        .unwrap();
+    let text = client.request_text(request).await.unwrap();
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert!(
+        rows.iter().any(|r| r["verb"] == "create"
+            && r["resource"] == "pods"
+            && r["code"] == 201
+            && r["count"] == 1),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn discovery_serves_built_ins_and_crds() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    crate::support::install_workspace_crd(&client).await;
+    let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
+    let (resource, caps) = discovery
+        .groups()
+        .flat_map(|g| g.recommended_resources())
+        .find(|(r, _)| r.kind == "Workspace")
+        .expect("Workspace is discovered");
+    assert_eq!(
+        (
+            resource.group.as_str(),
+            resource.version.as_str(),
+            resource.plural.as_str()
+        ),
+        ("berth.dev", "v1alpha1", "workspaces")
+    );
+    assert_eq!(caps.scope, kube::discovery::Scope::Namespaced);
+    assert!(
+        caps.subresources.iter().any(|(r, _)| r.plural == "status"),
+        "status subresource"
+    );
+    for kind in [
+        "Pod",
+        "Event",
+        "Lease",
+        "ClusterRole",
+        "TokenReview",
+        "SubjectAccessReview",
+        "CustomResourceDefinition",
+    ] {
+        assert!(
+            discovery
+                .groups()
+                .flat_map(|g| g.recommended_resources())
+                .any(|(r, _)| r.kind == kind),
+            "{kind}"
+        );
+    }
+    let version = client.apiserver_version().await.unwrap();
+    assert_eq!(
+        (version.major.as_str(), version.minor.as_str()),
+        ("1", "33")
+    );
 }

@@ -4,3 +4,9 @@
 mod support;
 
 mod api;
+mod auth;
+mod crd;
+mod deletion;
+mod kubectl;
+mod scale;
+mod watch;

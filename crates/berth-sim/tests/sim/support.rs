@@ -3,15 +3,29 @@
 use std::time::Duration;
 
 use berth_sim::{SimCluster, SimConfig};
+use k8s_openapi::{
+    api::core::v1::Pod,
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{Api, api::PostParams};
+use serde_json::json;
 
 /// A fresh cluster with the fast defaults tests want.
 pub async fn cluster() -> SimCluster {
-    SimCluster::start(SimConfig { max_pod_grace: Duration::from_millis(200), ..SimConfig::default() })
-        .await
-        .expect("the sim starts")
+    cluster_with(SimConfig::default()).await
 }
 
-/// Polls `check` until it returns `Some`, or panics after `timeout` with `what`.
+/// A fresh cluster with `config`, pod grace capped short so deletions finish fast.
+pub async fn cluster_with(config: SimConfig) -> SimCluster {
+    SimCluster::start(SimConfig {
+        max_pod_grace: Duration::from_millis(200),
+        ..config
+    })
+    .await
+    .expect("the sim starts")
+}
+
+/// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
@@ -27,4 +41,42 @@ where
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The (code, reason, message) of an API error.
+pub fn api_error<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String, String) {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            (status.code, status.reason.clone(), status.message.clone())
+        }
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// The committed Workspace CRD, as `kubectl apply -f deploy/crds/` would send it.
+pub fn workspace_crd() -> CustomResourceDefinition {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/crds/workspaces.berth.dev.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("the committed CRD is readable");
+    serde_saphyr::from_str(&text).expect("the committed CRD parses")
+}
+
+/// Installs the Workspace CRD.
+pub async fn install_workspace_crd(client: &kube::Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &workspace_crd())
+        .await
+        .expect("the CRD installs");
+}
+
+/// A one-container pod labelled `app=<app>`.
+pub fn pod(name: &str, app: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {"containers": [{"name": "main", "image": "nginx:1.27"}]}
+    }))
+    .expect("a valid pod")
 }

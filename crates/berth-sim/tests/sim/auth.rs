@@ -1,0 +1,349 @@
+//! Identity and RBAC: TokenRequest tokens with audience and expiry, TokenReview,
+//! SubjectAccessReview, RBAC evaluation with the real 403 message, impersonation, and
+//! events as two views.
+
+use std::time::Duration;
+
+use k8s_openapi::api::{
+    authentication::v1::{TokenRequest, TokenReview},
+    authorization::v1::SubjectAccessReview,
+    core::v1::{Pod, ServiceAccount},
+    rbac::v1::{ClusterRoleBinding, Role, RoleBinding},
+};
+use kube::{
+    Api,
+    api::{ListParams, PostParams},
+};
+use serde_json::json;
+
+use crate::support::{api_error, cluster};
+
+async fn service_account(client: &kube::Client, namespace: &str, name: &str) {
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    sas.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+async fn token_review(
+    client: &kube::Client,
+    token: &str,
+    audiences: &[&str],
+) -> Result<TokenReview, kube::Error> {
+    let reviews: Api<TokenReview> = Api::all(client.clone());
+    reviews
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"spec": {"token": token, "audiences": audiences}}))
+                .unwrap(),
+        )
+        .await
+}
+
+#[tokio::test]
+async fn service_accounts_are_denied_until_rbac_allows() {
+    let sim = cluster().await;
+    let admin = sim.client().await.unwrap();
+    service_account(&admin, "default", "dev").await;
+    let token = sim
+        .issue_token("default", "dev", &[], Duration::from_secs(600))
+        .unwrap();
+    let as_dev = sim.client_with_token(&token).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(as_dev.clone(), "default");
+    assert_eq!(
+        api_error(pods.list(&ListParams::default()).await),
+        (403, "Forbidden".into(), "pods is forbidden: User \"system:serviceaccount:default:dev\" cannot list resource \"pods\" in API group \"\" in the namespace \"default\"".into())
+    );
+    assert_eq!(
+        api_error(pods.get("p").await),
+        (403, "Forbidden".into(), "pods \"p\" is forbidden: User \"system:serviceaccount:default:dev\" cannot get resource \"pods\" in API group \"\" in the namespace \"default\"".into())
+    );
+
+    let roles: Api<Role> = Api::namespaced(admin.clone(), "default");
+    roles
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "pod-reader"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]})).unwrap())
+        .await
+        .unwrap();
+    let bindings: Api<RoleBinding> = Api::namespaced(admin.clone(), "default");
+    bindings
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": {"name": "dev-reads-pods"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "dev", "namespace": "default"}]
+        })).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let other: Api<Pod> = Api::namespaced(as_dev.clone(), "kube-system");
+    assert_eq!(
+        api_error(other.list(&ListParams::default()).await).0,
+        403,
+        "a RoleBinding is namespaced"
+    );
+    let (code, _, message) = api_error(
+        pods.create(&PostParams::default(), &crate::support::pod("p", "web"))
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("cannot create resource \"pods\""),
+        "{message}"
+    );
+
+    // Unknown and expired tokens are 401.
+    let stranger = sim.client_with_token("sim.not-a-token").await.unwrap();
+    let stranger_pods: Api<Pod> = Api::namespaced(stranger, "default");
+    assert_eq!(
+        api_error(stranger_pods.list(&ListParams::default()).await).0,
+        401
+    );
+}
+
+#[tokio::test]
+async fn token_request_and_token_review() {
+    let sim = cluster().await;
+    let admin = sim.client().await.unwrap();
+    service_account(&admin, "default", "agent").await;
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
+    let request: TokenRequest = serde_json::from_value(
+        json!({"spec": {"audiences": ["berth-agent"], "expirationSeconds": 600}}),
+    )
+    .unwrap();
+    let issued: TokenRequest = sas
+        .create_subresource("token", "agent", &PostParams::default(), &request)
+        .await
+        .unwrap();
+    let token = issued.status.unwrap().token;
+
+    let review = token_review(&admin, &token, &["berth-agent"])
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(review.authenticated, Some(true));
+    let user = review.user.unwrap();
+    assert_eq!(
+        user.username.as_deref(),
+        Some("system:serviceaccount:default:agent")
+    );
+    assert!(
+        user.groups
+            .unwrap()
+            .contains(&"system:serviceaccounts:default".to_owned())
+    );
+    assert_eq!(review.audiences, Some(vec!["berth-agent".to_owned()]));
+
+    let wrong = token_review(&admin, &token, &["something-else"])
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(wrong.authenticated, Some(false));
+    assert!(wrong.error.unwrap().contains("audiences"));
+
+    // A token for another audience cannot call the API server.
+    let client = sim.client_with_token(&token).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    assert_eq!(api_error(pods.list(&ListParams::default()).await).0, 401);
+
+    let expired = sim
+        .issue_token("default", "agent", &["berth-agent"], Duration::ZERO)
+        .unwrap();
+    let review = token_review(&admin, &expired, &["berth-agent"])
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(review.authenticated, Some(false));
+    assert!(review.error.unwrap().contains("token has expired"));
+
+    let too_short: TokenRequest =
+        serde_json::from_value(json!({"spec": {"expirationSeconds": 60}})).unwrap();
+    let (code, _, message) = api_error(
+        sas.create_subresource::<_, TokenRequest>(
+            "token",
+            "agent",
+            &PostParams::default(),
+            &too_short,
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("may not specify a duration less than 10 minutes"),
+        "{message}"
+    );
+    let (code, _, _) = api_error(
+        sas.create_subresource::<_, TokenRequest>(
+            "token",
+            "nobody",
+            &PostParams::default(),
+            &request,
+        )
+        .await,
+    );
+    assert_eq!(code, 404);
+}
+
+#[tokio::test]
+async fn auth_delegator_grants_reviews() {
+    let sim = cluster().await;
+    let admin = sim.client().await.unwrap();
+    service_account(&admin, "default", "ws").await;
+    let token = sim
+        .issue_token("default", "ws", &[], Duration::from_secs(600))
+        .unwrap();
+    let as_ws = sim.client_with_token(&token).await.unwrap();
+    let (code, _, message) = api_error(token_review(&as_ws, &token, &[]).await);
+    assert_eq!(code, 403);
+    assert_eq!(
+        message,
+        "tokenreviews.authentication.k8s.io is forbidden: User \"system:serviceaccount:default:ws\" cannot create resource \"tokenreviews\" in API group \"authentication.k8s.io\" at the cluster scope"
+    );
+
+    let crbs: Api<ClusterRoleBinding> = Api::all(admin.clone());
+    crbs.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": {"name": "ws-delegator"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:auth-delegator"},
+        "subjects": [{"kind": "ServiceAccount", "name": "ws", "namespace": "default"}]
+    })).unwrap())
+    .await
+    .unwrap();
+    let review = token_review(&as_ws, &token, &[]).await.unwrap();
+    assert_eq!(review.status.unwrap().authenticated, Some(true));
+
+    let sars: Api<SubjectAccessReview> = Api::all(as_ws.clone());
+    let ask = |user: &str, verb: &str| -> SubjectAccessReview {
+        serde_json::from_value(json!({"spec": {"user": user, "resourceAttributes": {"namespace": "default", "verb": verb, "group": "berth.dev", "resource": "workspaces", "subresource": "agent", "name": "w"}}})).unwrap()
+    };
+    let denied = sars
+        .create(
+            &PostParams::default(),
+            &ask("system:serviceaccount:berth:controller", "use"),
+        )
+        .await
+        .unwrap();
+    assert!(!denied.status.unwrap().allowed);
+    let as_admin = sars
+        .create(&PostParams::default(), &ask("kubernetes-admin", "use"))
+        .await
+        .unwrap();
+    assert!(
+        !as_admin.status.unwrap().allowed,
+        "SubjectAccessReview checks RBAC, where the user has no binding"
+    );
+    let crs: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(admin.clone());
+    assert!(
+        crs.get("system:auth-delegator").await.is_ok(),
+        "the built-in ClusterRole exists"
+    );
+}
+
+#[tokio::test]
+async fn impersonation_is_for_those_allowed_to() {
+    let sim = cluster().await;
+    let mut config = kube::Config::from_custom_kubeconfig(sim.kubeconfig(), &Default::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some("system:serviceaccount:default:default".into());
+    let impersonating = kube::Client::try_from(config).unwrap();
+    let pods: Api<Pod> = Api::namespaced(impersonating, "default");
+    let (code, _, message) = api_error(pods.list(&ListParams::default()).await);
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("User \"system:serviceaccount:default:default\" cannot list"),
+        "{message}"
+    );
+
+    let admin = sim.client().await.unwrap();
+    service_account(&admin, "default", "plain").await;
+    let token = sim
+        .issue_token("default", "plain", &[], Duration::from_secs(600))
+        .unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(
+        sim.kubeconfig_with_token("plain", &token),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    config.auth_info.impersonate = Some("kubernetes-admin".into());
+    let sneaky = kube::Client::try_from(config).unwrap();
+    let pods: Api<Pod> = Api::namespaced(sneaky, "default");
+    let (code, _, message) = api_error(pods.list(&ListParams::default()).await);
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("cannot impersonate resource \"users\""),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn events_are_two_views_of_the_same_objects() {
+    use k8s_openapi::api::{core::v1::Event as CoreEvent, events::v1::Event};
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod = pods
+        .create(&PostParams::default(), &crate::support::pod("p", "web"))
+        .await
+        .unwrap();
+    let reference = kube::Resource::object_ref(&pod, &());
+
+    let recorder = kube::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "berth".into(),
+            instance: Some("berth-0".into()),
+        },
+    );
+    recorder
+        .publish(
+            &kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: "PodRejected".into(),
+                note: Some("Pod was rejected: OutOfcpu".into()),
+                action: "Recreate".into(),
+                secondary: None,
+            },
+            &reference,
+        )
+        .await
+        .unwrap();
+
+    let core: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    let uid = pod.metadata.uid.clone().unwrap();
+    let found = core
+        .list(
+            &ListParams::default().fields(&format!("involvedObject.uid={uid},reason=PodRejected")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(found.items.len(), 1);
+    let event = &found.items[0];
+    assert_eq!(event.message.as_deref(), Some("Pod was rejected: OutOfcpu"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.reporting_component.as_deref(), Some("berth"));
+
+    let v1: Api<Event> = Api::namespaced(client.clone(), "default");
+    let same = v1
+        .get(event.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(same.note.as_deref(), Some("Pod was rejected: OutOfcpu"));
+    assert_eq!(same.regarding.unwrap().uid.as_deref(), Some(uid.as_str()));
+    let by_regarding = v1
+        .list(&ListParams::default().fields(&format!("regarding.uid={uid}")))
+        .await
+        .unwrap();
+    assert_eq!(by_regarding.items.len(), 1);
+    let _ = ListParams::default();
+}

@@ -1,0 +1,235 @@
+//! CustomResourceDefinitions: serving, schema validation with the API server's messages, CEL
+//! rules, defaulting, pruning, strict field validation, status subresource and generation.
+
+use berth_api::Workspace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+
+use crate::support::{api_error, cluster, install_workspace_crd};
+
+fn workspace(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": name}, "spec": spec})
+}
+
+async fn raw_create(client: &kube::Client, body: Value, query: &str) -> Result<Value, kube::Error> {
+    let request = http::Request::post(format!(
+        "/apis/berth.dev/v1alpha1/namespaces/default/workspaces{query}"
+    ))
+    .header("content-type", "application/json")
+    .body(serde_json::to_vec(&body).unwrap())
+    .unwrap();
+    client.request::<Value>(request).await
+}
+
+#[tokio::test]
+async fn a_crd_is_established_and_served() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    install_workspace_crd(&client).await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = crds.get("workspaces.berth.dev").await.unwrap();
+    let conditions = crd.status.unwrap().conditions.unwrap();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+    );
+
+    let workspaces: Api<Workspace> = Api::namespaced(client.clone(), "default");
+    let created = workspaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(workspace("w", json!({"image": "devbox:1"}))).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.metadata.generation, Some(1));
+    assert!(!created.spec.paused, "defaulted");
+    let raw = raw_create(&client, workspace("w2", json!({"image": "devbox:1"})), "")
+        .await
+        .unwrap();
+    assert_eq!(
+        raw["spec"]["paused"],
+        json!(false),
+        "the schema default is stored"
+    );
+
+    // Deleting the CRD stops serving it and removes its objects.
+    crds.delete("workspaces.berth.dev", &Default::default())
+        .await
+        .unwrap();
+    let (code, _, _) = api_error(workspaces.list(&Default::default()).await);
+    assert_eq!(code, 404);
+}
+
+#[tokio::test]
+async fn invalid_workspaces_are_refused_with_the_field_named() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    install_workspace_crd(&client).await;
+    let rows: &[(Value, &str)] = &[
+        (
+            json!({"image": ""}),
+            "spec.image: Invalid value: \"\": spec.image in body should be at least 1 chars long",
+        ),
+        (
+            json!({"image": "x", "podTemplate": {"volumes": {"secrets": [{"secretName": "s", "mountPath": "secrets/s"}]}}}),
+            "spec.podTemplate.volumes.secrets[0].mountPath: Invalid value: \"string\": mountPath must be an absolute path (start with '/')",
+        ),
+        (
+            json!({"image": "x", "podTemplate": {"volumes": {"data": [{"claimName": "a", "mountPath": "/d"}], "secrets": [{"secretName": "s", "mountPath": "/d"}]}}}),
+            "spec.podTemplate.volumes: Invalid value: \"object\": two data or secret volumes share a mountPath; each mountPath must be unique",
+        ),
+        (
+            json!({"image": "x", "podTemplate": {"volumes": {"secrets": [{"secretName": "s", "mountPath": "/s", "defaultMode": 1000}]}}}),
+            "spec.podTemplate.volumes.secrets[0].defaultMode: Invalid value: 1000: spec.podTemplate.volumes.secrets[0].defaultMode in body should be less than or equal to 511",
+        ),
+        (
+            json!({"image": "x", "lifecycle": {"startTimeout": "soon"}}),
+            "spec.lifecycle.startTimeout: Invalid value: \"soon\": spec.lifecycle.startTimeout in body should match '^([0-9]+(\\.[0-9]+)?(ms|s|m|h))+$'",
+        ),
+        (
+            json!({"image": "x", "ports": [{"name": "a", "port": 1}, {"name": "a", "port": 2}]}),
+            "spec.ports: Invalid value: \"array\": each port name must be unique",
+        ),
+        (json!({}), "spec.image: Required value"),
+    ];
+    for (spec, cause) in rows {
+        let (code, reason, message) =
+            api_error(raw_create(&client, workspace("bad", spec.clone()), "").await);
+        assert_eq!((code, reason.as_str()), (422, "Invalid"), "{spec}");
+        assert!(
+            message.starts_with("Workspace.berth.dev \"bad\" is invalid: "),
+            "{message}"
+        );
+        assert!(
+            message.contains(cause),
+            "{spec}\n  wanted: {cause}\n  got:    {message}"
+        );
+    }
+    let workspaces: Api<Workspace> = Api::namespaced(client, "default");
+    assert!(
+        workspaces
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "nothing was stored"
+    );
+}
+
+#[tokio::test]
+async fn unknown_fields_are_pruned_or_refused_when_strict() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    install_workspace_crd(&client).await;
+    let stored = raw_create(
+        &client,
+        workspace("w", json!({"image": "x", "colour": "red"})),
+        "",
+    )
+    .await
+    .unwrap();
+    assert!(stored["spec"].get("colour").is_none(), "pruned");
+    let (code, reason, message) = api_error(
+        raw_create(
+            &client,
+            workspace("w2", json!({"image": "x", "colour": "red"})),
+            "?fieldValidation=Strict",
+        )
+        .await,
+    );
+    assert_eq!((code, reason.as_str()), (400, "BadRequest"));
+    assert_eq!(
+        message,
+        "Workspace in version \"v1alpha1\" cannot be handled as a Workspace: strict decoding error: unknown field \"spec.colour\""
+    );
+}
+
+#[tokio::test]
+async fn status_writes_leave_spec_and_generation_alone() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    install_workspace_crd(&client).await;
+    let workspaces: Api<Workspace> = Api::namespaced(client.clone(), "default");
+    let created: Workspace = serde_json::from_value(
+        raw_create(&client, workspace("w", json!({"image": "a:1"})), "")
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+
+    let status = workspaces
+        .patch_status("w", &PatchParams::default(), &Patch::Merge(json!({"spec": {"image": "evil:1"}, "status": {"phase": "Starting", "message": "Pod is starting"}})))
+        .await
+        .unwrap();
+    assert_eq!(status.spec.image, "a:1");
+    assert_eq!(status.metadata.generation, Some(1));
+    assert_eq!(
+        status.status.as_ref().unwrap().message.as_deref(),
+        Some("Pod is starting")
+    );
+
+    let spec = workspaces
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": "a:2"}, "status": {"phase": "Failed"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(spec.metadata.generation, Some(2));
+    assert_eq!(
+        spec.status.unwrap().phase,
+        Some(berth_api::Phase::Starting),
+        "status ignored on the main resource"
+    );
+
+    let labelled = workspaces
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        labelled.metadata.generation,
+        Some(2),
+        "metadata changes do not bump generation"
+    );
+
+    // Custom resources need a resourceVersion to be replaced.
+    let mut replacement = labelled.clone();
+    replacement.metadata.resource_version = None;
+    let (code, _, message) = api_error(
+        workspaces
+            .replace("w", &PostParams::default(), &replacement)
+            .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains(
+            "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+        ),
+        "{message}"
+    );
+
+    // Strategic merge patch is for built-in types only.
+    let (code, reason, _) = api_error(
+        workspaces
+            .patch(
+                "w",
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"spec": {"image": "b"}})),
+            )
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (415, "UnsupportedMediaType"));
+    let _ = created.name_any();
+}

@@ -1,0 +1,225 @@
+//! Watches: event sequences, resumption from a revision, selector transitions, bookmarks,
+//! timeouts, 410 Gone, and kube-runtime's watcher and reflector converging through dropped
+//! streams and forced relists.
+
+use std::time::Duration;
+
+use berth_sim::SimConfig;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams},
+    runtime::{WatchStreamExt, reflector, watcher},
+};
+use serde_json::json;
+
+use crate::support::{cluster, cluster_with, eventually};
+
+async fn make(api: &Api<ConfigMap>, name: &str, labels: serde_json::Value) -> ConfigMap {
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap(),
+    )
+    .await
+    .unwrap()
+}
+
+/// Reads events until `n` arrived or the stream ends.
+async fn take<S>(stream: S, n: usize) -> Vec<String>
+where
+    S: futures::Stream<Item = Result<WatchEvent<ConfigMap>, kube::Error>>,
+{
+    let events: Vec<_> = tokio::time::timeout(
+        Duration::from_secs(10),
+        stream.take(n).try_collect::<Vec<_>>(),
+    )
+    .await
+    .expect("events arrive")
+    .unwrap();
+    events
+        .iter()
+        .map(|e| match e {
+            WatchEvent::Added(o) => format!("ADDED {}", o.name_any()),
+            WatchEvent::Modified(o) => format!("MODIFIED {}", o.name_any()),
+            WatchEvent::Deleted(o) => format!("DELETED {}", o.name_any()),
+            WatchEvent::Bookmark(b) => format!("BOOKMARK {}", b.metadata.resource_version),
+            WatchEvent::Error(s) => format!("ERROR {} {}", s.code, s.reason),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn watch_from_a_revision_sees_every_change_in_order() {
+    let sim = cluster().await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let start = make(&cms, "before", json!({}))
+        .await
+        .resource_version()
+        .unwrap();
+    make(&cms, "a", json!({})).await;
+    cms.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "v"}})),
+    )
+    .await
+    .unwrap();
+    cms.delete("a", &DeleteParams::default()).await.unwrap();
+    make(&cms, "b", json!({})).await;
+    let stream = cms.watch(&WatchParams::default(), &start).await.unwrap();
+    assert_eq!(
+        take(stream, 4).await,
+        ["ADDED a", "MODIFIED a", "DELETED a", "ADDED b"]
+    );
+
+    // Without a revision, a watch starts with the current state.
+    let stream = cms.watch(&WatchParams::default(), "0").await.unwrap();
+    let mut seen = take(stream, 2).await;
+    seen.sort();
+    assert_eq!(seen, ["ADDED b", "ADDED before"]);
+}
+
+#[tokio::test]
+async fn leaving_and_entering_a_selector_are_deleted_and_added() {
+    let sim = cluster().await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let start = make(&cms, "c", json!({"team": "a"}))
+        .await
+        .resource_version()
+        .unwrap();
+    cms.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "b"}}})),
+    )
+    .await
+    .unwrap();
+    cms.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "a"}}})),
+    )
+    .await
+    .unwrap();
+    cms.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"x": "1"}})),
+    )
+    .await
+    .unwrap();
+    let stream = cms
+        .watch(&WatchParams::default().labels("team=a"), &start)
+        .await
+        .unwrap();
+    assert_eq!(
+        take(stream, 3).await,
+        ["DELETED c", "ADDED c", "MODIFIED c"]
+    );
+}
+
+#[tokio::test]
+async fn bookmarks_timeouts_and_gone() {
+    let sim = cluster_with(SimConfig {
+        bookmark_interval: Duration::from_millis(100),
+        history_limit: 5,
+        ..Default::default()
+    })
+    .await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let first = make(&cms, "first", json!({}))
+        .await
+        .resource_version()
+        .unwrap();
+
+    let stream = cms.watch(&WatchParams::default(), &first).await.unwrap();
+    let events = take(stream, 1).await;
+    assert!(events[0].starts_with("BOOKMARK "), "{events:?}");
+
+    // timeoutSeconds ends the stream.
+    let stream = cms
+        .watch(
+            &WatchParams::default().disable_bookmarks().timeout(1),
+            &sim.revision().to_string(),
+        )
+        .await
+        .unwrap();
+    let all: Vec<_> = tokio::time::timeout(Duration::from_secs(10), stream.collect::<Vec<_>>())
+        .await
+        .expect("the watch ends by itself");
+    assert!(all.is_empty());
+
+    for i in 0..10 {
+        make(&cms, &format!("n{i}"), json!({})).await;
+    }
+    let stream = cms.watch(&WatchParams::default(), &first).await.unwrap();
+    assert_eq!(take(stream, 1).await, ["ERROR 410 Expired"]);
+}
+
+#[tokio::test]
+async fn reflector_converges_through_closed_streams_and_forced_relists() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    for i in 0..3 {
+        make(&cms, &format!("c{i}"), json!({})).await;
+    }
+    let (reader, writer) = reflector::store::<ConfigMap>();
+    let stream =
+        reflector(writer, watcher(cms.clone(), watcher::Config::default())).applied_objects();
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while stream.next().await.is_some() {}
+    });
+    let names = |reader: &reflector::Store<ConfigMap>| {
+        let mut names: Vec<String> = reader.state().iter().map(|c| c.name_any()).collect();
+        names.sort();
+        names
+    };
+    let want = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // kube-root-ca.crt is created with every namespace.
+    eventually(Duration::from_secs(10), "the initial list", || async {
+        (names(&reader) == want(&["c0", "c1", "c2", "kube-root-ca.crt"])).then_some(())
+    })
+    .await;
+
+    // The server closes every stream; the watcher resumes from its revision without a relist.
+    let lists_before = sim.count_requests(|k| k.verb == "list" && k.resource == "configmaps");
+    sim.close_watches();
+    make(&cms, "c3", json!({})).await;
+    cms.delete("c0", &DeleteParams::default()).await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "changes made while the stream was down",
+        || async {
+            (names(&reader) == want(&["c1", "c2", "c3", "kube-root-ca.crt"])).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        sim.count_requests(|k| k.verb == "list" && k.resource == "configmaps"),
+        lists_before,
+        "resumed, not relisted"
+    );
+    assert!(sim.count_requests(|k| k.verb == "watch" && k.resource == "configmaps") >= 2);
+
+    // A forced 410 Gone makes the watcher relist, and it converges again.
+    sim.expire_next_watch();
+    sim.close_watches();
+    cms.delete("c1", &DeleteParams::default()).await.unwrap();
+    make(&cms, "c4", json!({})).await;
+    eventually(
+        Duration::from_secs(20),
+        "convergence after a relist",
+        || async {
+            (names(&reader) == want(&["c2", "c3", "c4", "kube-root-ca.crt"])).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        sim.count_requests(|k| k.verb == "list" && k.resource == "configmaps") > lists_before,
+        "relisted after 410"
+    );
+    task.abort();
+}
