@@ -622,3 +622,28 @@ async fn discovery_serves_built_ins_and_crds() {
         ("1", "33")
     );
 }
+
+#[tokio::test]
+async fn delete_collection_by_label() {
+    let sim = cluster().await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    for (name, app) in [("a", "web"), ("b", "web"), ("c", "db")] {
+        pods.create(&PostParams::default(), &pod(name, app))
+            .await
+            .unwrap();
+    }
+    pods.delete_collection(
+        &Default::default(),
+        &ListParams::default().labels("app=web"),
+    )
+    .await
+    .unwrap();
+    let left: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(left, ["c"]);
+}

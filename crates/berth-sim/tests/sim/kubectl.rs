@@ -148,6 +148,14 @@ async fn kubectl_workflow_against_the_sim() {
     let wide = kubectl.ok(&["get", "ws", "-o", "wide"]).await;
     assert!(wide.lines().next().unwrap().contains("MESSAGE"));
     let pods_header = kubectl.ok(&["get", "namespaces"]).await;
+    kubectl
+        .ok(&["run", "web", "--image=nginx:1.27", "--restart=Never"])
+        .await;
+    let pods = kubectl.ok(&["get", "pods"]).await;
+    let pod_header: Vec<&str> = pods.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(pod_header, ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]);
+    let row: Vec<&str> = pods.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[..4], ["web", "0/1", "Pending", "0"]);
     assert!(
         pods_header.starts_with("NAME")
             && pods_header.contains("STATUS")
@@ -195,11 +203,35 @@ async fn kubectl_workflow_against_the_sim() {
     assert_eq!(json["metadata"]["annotations"]["note"], "hello");
     assert_eq!(json["metadata"]["generation"], 2);
 
+    // describe shows the object and its events (found by involvedObject fields).
+    let client = sim.client().await.unwrap();
+    let workspaces: kube::Api<berth_api::Workspace> =
+        kube::Api::namespaced(client.clone(), "default");
+    let workspace = workspaces.get("alice-dev").await.unwrap();
+    let reporter = kube::runtime::events::Reporter {
+        controller: "berth".into(),
+        instance: None,
+    };
+    let recorder = kube::runtime::events::Recorder::new(client, reporter);
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Normal,
+        reason: "Created".into(),
+        note: Some("Created pod alice-dev-ws".into()),
+        action: "Create".into(),
+        secondary: None,
+    };
+    let reference = kube::Resource::object_ref(&workspace, &());
+    recorder.publish(&event, &reference).await.unwrap();
     let described = kubectl.ok(&["describe", "ws", "alice-dev"]).await;
     assert!(
         described.contains("Name:")
             && described.contains("alice-dev")
             && described.contains("devbox:2"),
+        "{described}"
+    );
+    let events = described.split("Events:").nth(1).unwrap_or_default();
+    assert!(
+        events.contains("Normal") && events.contains("Created pod alice-dev-ws"),
         "{described}"
     );
 
