@@ -57,6 +57,13 @@ impl SimCluster {
         let address = listener.local_addr()?;
 
         let (terminations_tx, terminations_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut config = config;
+        let with_nodes = !config.nodes.is_empty();
+        if with_nodes {
+            // Kubelets finish graceful deletions.
+            config.pod_termination = crate::sim::PodTermination::External;
+        }
+        let nodes = config.nodes.clone();
         let sim = Arc::new(Sim::new(config, terminations_tx));
         let _ = sim.address.set(address.to_string());
         let _ = sim.ca_pem.set(authority.ca_pem().to_owned());
@@ -73,6 +80,27 @@ impl SimCluster {
         let _ = ready_rx.await;
         tokio::task::yield_now().await;
         sim.bootstrap();
+        tasks.spawn(crate::nodes::run(sim.clone()));
+        if with_nodes {
+            crate::nodes::register(&sim, &nodes);
+            tasks.spawn(crate::scheduler::run(sim.clone()));
+            tasks.spawn(crate::kubelet::run(sim.clone()));
+        }
+        let closer_sim = sim.clone();
+        tasks.spawn(async move {
+            // Periodic watch cuts, when a fault asks for them.
+            loop {
+                match closer_sim.faults.watch_close_period() {
+                    Some(period) => {
+                        tokio::time::sleep(period).await;
+                        if closer_sim.faults.watch_close_period().is_some() {
+                            closer_sim.watch_closer.send_modify(|n| *n += 1);
+                        }
+                    }
+                    None => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+                }
+            }
+        });
 
         let mut token_bytes = [0u8; 24];
         rand::RngCore::fill_bytes(&mut rand::rng(), &mut token_bytes);
@@ -250,6 +278,42 @@ impl SimCluster {
     /// Drops the change history: every watch resuming from an earlier revision gets `410 Gone`.
     pub fn compact(&self) {
         self.sim.store.compact();
+    }
+
+    /// Faults to inject: rejections, node loss, API errors, latency, review outages.
+    pub fn faults(&self) -> &crate::faults::Faults {
+        &self.sim.faults
+    }
+
+    /// Registers another node (its kubelet serves it at once).
+    pub fn add_node(&self, node: crate::nodes::NodeConfig) {
+        let index = self.sim.store.list("/nodes", None).0.len();
+        let Some(rt) = self.sim.resource_type("", "v1", "nodes") else {
+            return;
+        };
+        let _ = self.sim.create(
+            &rt,
+            "",
+            node.object(index),
+            &crate::sim::WriteContext::system("kubelet"),
+        );
+    }
+
+    /// Deletes a node, as `kubectl delete node` does; its pods are garbage-collected.
+    pub fn delete_node(&self, name: &str) -> Result<(), crate::error::ApiError> {
+        let rt = self
+            .sim
+            .resource_type("", "v1", "nodes")
+            .ok_or_else(crate::error::ApiError::no_such_path)?;
+        self.sim
+            .delete(
+                &rt,
+                "",
+                name,
+                &Default::default(),
+                &crate::sim::WriteContext::system("kubectl"),
+            )
+            .map(|_| ())
     }
 
     /// The current global revision.

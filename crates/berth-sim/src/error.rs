@@ -329,3 +329,43 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn too_many_requests_carries_retry_after() {
+        let response = ApiError::TooManyRequests {
+            message: "slow down".into(),
+            retry_after_seconds: 3,
+        }
+        .into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers().get(header::RETRY_AFTER).unwrap(), "3");
+    }
+
+    #[test]
+    fn invalid_lists_every_cause() {
+        let causes = vec![
+            Cause {
+                reason: "FieldValueRequired".into(),
+                message: "Required value".into(),
+                field: "spec.image".into(),
+            },
+            Cause {
+                reason: "FieldValueInvalid".into(),
+                message: "Invalid value: 1000: too big".into(),
+                field: "spec.mode".into(),
+            },
+        ];
+        let err = ApiError::invalid("Workspace", "berth.dev", "w", causes);
+        assert_eq!(
+            err.to_string(),
+            "Workspace.berth.dev \"w\" is invalid: [spec.image: Required value, spec.mode: Invalid value: 1000: too big]"
+        );
+        let status = err.status();
+        assert_eq!(status["code"], 422);
+        assert_eq!(status["details"]["causes"][1]["field"], "spec.mode");
+    }
+}

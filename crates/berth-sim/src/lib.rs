@@ -8,12 +8,19 @@ mod cluster;
 mod discovery;
 mod error;
 mod events;
+mod faults;
 mod gc;
+mod kubelet;
+mod nodes;
 mod openapi;
 mod patch;
 mod protobuf;
+mod quantity;
+mod recorder;
 mod requests;
 mod resources;
+mod runtime;
+mod scheduler;
 mod schema;
 mod selector;
 mod server;
@@ -25,5 +32,10 @@ mod watch;
 
 pub use cluster::{ClientError, SimCluster, StartError};
 pub use error::ApiError;
+pub use faults::{ApiFault, Faults, Frequency, RequestMatch};
+pub use nodes::{Backoff, NodeConfig, Timings};
 pub use requests::{RequestCount, RequestKey};
+pub use runtime::{
+    BoxFuture, ContainerContext, ContainerRuntime, IdleRuntime, RunningContainer, SharedRuntime,
+};
 pub use sim::{PodTermination, SimConfig};

@@ -298,8 +298,7 @@ async fn route(
         ["watch", rest @ ..] => (true, rest),
         rest => (false, rest),
     };
-    let registry = sim.registry();
-    let namespaced_path = matches!(rest, ["namespaces", _, resource, ..] if registry.get(group, version, resource).is_some_and(|t| t.namespaced));
+    let namespaced_path = matches!(rest, ["namespaces", _, resource, ..] if sim.resource_type(group, version, resource).is_some_and(|t| t.namespaced));
     let (namespace, resource, name, subresource) = if namespaced_path {
         (rest[1], rest[2], rest.get(3).copied(), rest.get(4).copied())
     } else {
@@ -308,10 +307,9 @@ async fn route(
             [] => return Err(ApiError::no_such_path()),
         }
     };
-    let rt = registry
-        .get(group, version, resource)
+    let rt = sim
+        .resource_type(group, version, resource)
         .ok_or_else(ApiError::no_such_path)?;
-    drop(registry);
     let name = name.unwrap_or("");
     let subresource = subresource.unwrap_or("");
     if !subresource.is_empty() && !rt.subresources.iter().any(|s| s == subresource) {
@@ -354,6 +352,12 @@ async fn route(
     if !auth::authorize(&sim.store, &identity, &attrs).allowed {
         return Err(auth::forbidden(&identity, &attrs));
     }
+    if let Some(delay) = sim.faults.request_latency(verb, &rt.resource) {
+        tokio::time::sleep(delay).await;
+    }
+    if let Some(error) = sim.faults.request_error(verb, &rt.resource) {
+        return Err(error);
+    }
     let ctx = WriteContext {
         manager: field_manager(&query, headers),
         dry_run: query.get("dryRun").is_some_and(|d| d == "All"),
@@ -367,6 +371,9 @@ async fn route(
             return Err(ApiError::MethodNotAllowed {
                 message: format!("{verb} is not supported on {}", rt.resource),
             });
+        }
+        if let Some(outage) = sim.faults.review_outage(&rt.resource) {
+            return Err(outage);
         }
         let body = decode_body(headers, &bytes)?;
         let answered = review(sim, &rt, &identity, namespace, body)?;
@@ -617,46 +624,13 @@ fn bind(
                 }],
             )
         })?;
-    for _ in 0..8 {
-        let current = sim
-            .store
-            .get(&rt.storage, namespace, name)
-            .ok_or_else(|| ApiError::not_found(&rt.resource, &rt.group, name))?;
-        if let Some(existing) = current["spec"]["nodeName"]
-            .as_str()
-            .filter(|n| !n.is_empty())
-        {
-            return Err(ApiError::conflict(
-                &rt.resource,
-                &rt.group,
-                name,
-                &format!("pod {name} is already assigned to node \"{existing}\""),
-                vec![],
-            ));
-        }
-        let mut bound = (*current).clone();
-        bound["spec"]["nodeName"] = json!(node);
-        let mut conditions = bound["status"]["conditions"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        conditions.retain(|c| c["type"] != "PodScheduled");
-        conditions.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": crate::sim::now_rfc3339()}));
-        bound["status"]["conditions"] = json!(conditions);
-        let expected = crate::store::resource_version(&current).unwrap_or_default();
-        match sim.store.replace(&rt.storage, bound, expected) {
-            Ok(_) => {
-                return Ok(json_response(
-                    StatusCode::CREATED,
-                    &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
-                    &[],
-                ));
-            }
-            Err(crate::store::WriteError::Stale) => continue,
-            Err(_) => return Err(ApiError::not_found(&rt.resource, &rt.group, name)),
-        }
-    }
-    Err(ApiError::conflict_modified(&rt.resource, &rt.group, name))
+    let _ = rt;
+    sim.bind(namespace, name, node)?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+        &[],
+    ))
 }
 
 /// `serviceaccounts/<name>/token`: TokenRequest.

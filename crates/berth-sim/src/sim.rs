@@ -38,7 +38,7 @@ pub enum PodTermination {
 }
 
 /// Settings of a simulated cluster.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct SimConfig {
     /// How many changes the history keeps for watch resumption; older revisions get 410 Gone.
     pub history_limit: usize,
@@ -52,6 +52,17 @@ pub struct SimConfig {
     pub namespaces: Vec<String>,
     /// Port to listen on; 0 picks a free one.
     pub port: u16,
+    /// The nodes, each with a scheduler-visible capacity and a kubelet. None: an API server
+    /// only (like envtest): pods stay Pending.
+    pub nodes: Vec<crate::nodes::NodeConfig>,
+    /// Delays and backoffs of the scheduler, kubelets and node controller.
+    pub timings: crate::nodes::Timings,
+    /// Seeds the one RNG behind every random fault, so a run can be reproduced.
+    pub seed: u64,
+    /// What running a container means.
+    pub runtime: crate::runtime::SharedRuntime,
+    /// Images matching any of these patterns (`*` is a wildcard) cannot be pulled.
+    pub unpullable_images: Vec<String>,
 }
 
 impl Default for SimConfig {
@@ -63,6 +74,31 @@ impl Default for SimConfig {
             max_pod_grace: Duration::from_secs(30),
             namespaces: vec![],
             port: 0,
+            nodes: crate::nodes::NodeConfig::several(3),
+            timings: crate::nodes::Timings::realistic(),
+            seed: 1,
+            runtime: std::sync::Arc::new(crate::runtime::IdleRuntime),
+            unpullable_images: vec!["*.invalid/*".to_owned(), "*does-not-exist*".to_owned()],
+        }
+    }
+}
+
+impl SimConfig {
+    /// Millisecond timings and short grace periods, for tests.
+    pub fn fast() -> Self {
+        SimConfig {
+            timings: crate::nodes::Timings::fast(),
+            max_pod_grace: Duration::from_millis(200),
+            ..SimConfig::default()
+        }
+    }
+
+    /// An API server with no nodes: nothing schedules or runs.
+    pub fn api_only() -> Self {
+        SimConfig {
+            nodes: vec![],
+            max_pod_grace: Duration::from_millis(200),
+            ..SimConfig::default()
         }
     }
 }
@@ -159,6 +195,9 @@ pub struct Sim {
     pub address: OnceLock<String>,
     pub ca_pem: OnceLock<String>,
     next_cluster_ip: AtomicU32,
+    next_pod_ip: AtomicU32,
+    pub faults: crate::faults::Faults,
+    pub recorder: crate::recorder::Recorder,
     terminations: tokio::sync::mpsc::UnboundedSender<(String, String, String, Duration)>,
 }
 
@@ -260,6 +299,7 @@ impl Sim {
         terminations: tokio::sync::mpsc::UnboundedSender<(String, String, String, Duration)>,
     ) -> Self {
         let (watch_closer, _) = tokio::sync::watch::channel(0);
+        let seed = config.seed;
         Sim {
             store: Store::new(config.history_limit, 1 << 16),
             registry: RwLock::new(Registry::builtin()),
@@ -271,6 +311,9 @@ impl Sim {
             address: OnceLock::new(),
             ca_pem: OnceLock::new(),
             next_cluster_ip: AtomicU32::new(1),
+            next_pod_ip: AtomicU32::new(1),
+            faults: crate::faults::Faults::new(seed),
+            recorder: crate::recorder::Recorder::default(),
             terminations,
         }
     }
@@ -614,6 +657,28 @@ impl Sim {
             ));
         }
         self.check_namespace_open(rt, namespace)?;
+        if rt.group.is_empty() && rt.resource == "pods" {
+            // The ServiceAccount admission plugin.
+            let account = object["spec"]["serviceAccountName"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .unwrap_or("default")
+                .to_owned();
+            if self
+                .store
+                .get("/serviceaccounts", namespace, &account)
+                .is_none()
+            {
+                return Err(ApiError::Forbidden {
+                    message: format!(
+                        "pods \"{name}\" is forbidden: error looking up service account {namespace}/{account}: serviceaccount \"{account}\" not found"
+                    ),
+                    kind: "pods".to_owned(),
+                    name: Some(name.clone()),
+                    group: String::new(),
+                });
+            }
+        }
         if let Some(meta) = object["metadata"].as_object_mut() {
             for server_field in [
                 "uid",
@@ -1475,6 +1540,58 @@ impl Sim {
             );
         }
         let _ = options;
+    }
+
+    /// Binds a pending pod to a node, as the binding subresource does.
+    pub fn bind(&self, namespace: &str, name: &str, node: &str) -> ApiResult<()> {
+        for _ in 0..8 {
+            let current = self
+                .store
+                .get("/pods", namespace, name)
+                .ok_or_else(|| ApiError::not_found("pods", "", name))?;
+            if let Some(existing) = current["spec"]["nodeName"]
+                .as_str()
+                .filter(|n| !n.is_empty())
+            {
+                return Err(ApiError::conflict(
+                    "pods",
+                    "",
+                    name,
+                    &format!("pod {name} is already assigned to node \"{existing}\""),
+                    vec![],
+                ));
+            }
+            let mut bound = (*current).clone();
+            bound["spec"]["nodeName"] = json!(node);
+            let mut conditions = bound["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            conditions.retain(|c| c["type"] != "PodScheduled");
+            conditions.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now_rfc3339()}));
+            bound["status"]["conditions"] = json!(conditions);
+            match self.store.replace(
+                &"/pods".into(),
+                bound,
+                resource_version(&current).unwrap_or_default(),
+            ) {
+                Ok(_) => return Ok(()),
+                Err(WriteError::Stale) => continue,
+                Err(_) => return Err(ApiError::not_found("pods", "", name)),
+            }
+        }
+        Err(ApiError::conflict_modified("pods", "", name))
+    }
+
+    /// A fresh pod IP: a unique loopback address outside 127.0.0.0/16.
+    pub fn next_pod_ip(&self) -> std::net::Ipv4Addr {
+        let n = self.next_pod_ip.fetch_add(1, Ordering::Relaxed);
+        std::net::Ipv4Addr::new(
+            127,
+            1 + ((n >> 16) & 0x7f) as u8,
+            ((n >> 8) & 0xff) as u8,
+            (n & 0xff) as u8,
+        )
     }
 
     /// Issues a token for a service account, as TokenRequest does (any lifetime, for tests).

@@ -453,3 +453,137 @@ async fn kubectl_auth_can_i_as_a_service_account() {
         "yes"
     );
 }
+
+async fn jsonpath(kubectl: &Kubectl, args: &[&str], path: &str) -> String {
+    let mut all: Vec<&str> = args.to_vec();
+    let expr = format!("jsonpath={path}");
+    all.extend(["-o", expr.as_str()]);
+    kubectl.ok(&all).await
+}
+
+#[tokio::test]
+async fn kubectl_drives_faults() {
+    let sim = crate::nodes::started_cluster_for_kubectl().await;
+    let Some(kubectl) = Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    let nodes = kubectl.ok(&["get", "nodes"]).await;
+    assert!(
+        nodes
+            .lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"],
+        "{nodes}"
+    );
+    assert_eq!(
+        nodes.lines().filter(|l| l.contains(" Ready ")).count(),
+        3,
+        "{nodes}"
+    );
+
+    // Rejection through a node annotation, used up as pods are admitted.
+    kubectl
+        .ok(&[
+            "annotate",
+            "node",
+            "node-1",
+            "sim.berth.dev/reject-next=1:OutOfcpu",
+        ])
+        .await;
+    let pinned = |name: &str, node: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  nodeName: {node}\n  containers: [{{name: main, image: nginx:1.27}}]\n"
+        )
+    };
+    kubectl
+        .apply_stdin(&["create", "-f", "-"], &pinned("rejected", "node-1"))
+        .await;
+    crate::support::eventually(Duration::from_secs(15), "the rejection", || async {
+        (jsonpath(
+            &kubectl,
+            &["get", "pod", "rejected"],
+            "{.status.phase}/{.status.reason}",
+        )
+        .await
+            == "Failed/OutOfcpu")
+            .then_some(())
+    })
+    .await;
+    let annotations = jsonpath(
+        &kubectl,
+        &["get", "node", "node-1"],
+        "{.metadata.annotations}",
+    )
+    .await;
+    assert!(
+        !annotations.contains("reject-next"),
+        "the annotation was used up: {annotations}"
+    );
+    kubectl
+        .apply_stdin(&["create", "-f", "-"], &pinned("admitted", "node-1"))
+        .await;
+    crate::support::eventually(Duration::from_secs(15), "the next pod to run", || async {
+        (jsonpath(&kubectl, &["get", "pod", "admitted"], "{.status.phase}").await == "Running")
+            .then_some(())
+    })
+    .await;
+
+    // Node deletion takes its pods with it.
+    kubectl
+        .apply_stdin(&["create", "-f", "-"], &pinned("doomed", "node-2"))
+        .await;
+    crate::support::eventually(
+        Duration::from_secs(15),
+        "the pod on node-2 to run",
+        || async {
+            (jsonpath(&kubectl, &["get", "pod", "doomed"], "{.status.phase}").await == "Running")
+                .then_some(())
+        },
+    )
+    .await;
+    kubectl.ok(&["delete", "node", "node-2"]).await;
+    crate::support::eventually(
+        Duration::from_secs(15),
+        "the pod to go with its node",
+        || async {
+            kubectl
+                .run(&["get", "pod", "doomed"])
+                .await
+                .status
+                .success()
+                .then_some(())
+                .xor(Some(()))
+        },
+    )
+    .await;
+
+    // Cluster-wide faults through the ConfigMap.
+    kubectl
+        .ok(&[
+            "create",
+            "configmap",
+            "berth-sim-faults",
+            "-n",
+            "kube-system",
+            "--from-literal=api-errors=create secrets 503 next=1",
+        ])
+        .await;
+    let refused =
+        crate::support::eventually(Duration::from_secs(15), "the injected 503", || async {
+            let output = kubectl
+                .run(&["create", "secret", "generic", "s", "--from-literal=a=b"])
+                .await;
+            (!output.status.success()).then(|| String::from_utf8_lossy(&output.stderr).into_owned())
+        })
+        .await;
+    assert!(
+        refused.contains("the server is currently unable to handle the request"),
+        "{refused}"
+    );
+    kubectl
+        .ok(&["create", "secret", "generic", "s2", "--from-literal=a=b"])
+        .await;
+}

@@ -8,5 +8,6 @@ mod auth;
 mod crd;
 mod deletion;
 mod kubectl;
+mod nodes;
 mod scale;
 mod watch;

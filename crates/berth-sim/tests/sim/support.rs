@@ -10,9 +10,14 @@ use k8s_openapi::{
 use kube::{Api, api::PostParams};
 use serde_json::json;
 
-/// A fresh cluster with the fast defaults tests want.
+/// A fresh API server with no nodes (like envtest): pods stay Pending.
 pub async fn cluster() -> SimCluster {
-    cluster_with(SimConfig::default()).await
+    cluster_with(SimConfig::api_only()).await
+}
+
+/// A fresh cluster with three nodes, kubelets and a scheduler, on millisecond timings.
+pub async fn cluster_with_nodes() -> SimCluster {
+    cluster_with(SimConfig::fast()).await
 }
 
 /// A fresh cluster with `config`, pod grace capped short so deletions finish fast.

@@ -124,7 +124,7 @@ async fn bookmarks_timeouts_and_gone() {
     let sim = cluster_with(SimConfig {
         bookmark_interval: Duration::from_millis(100),
         history_limit: 5,
-        ..Default::default()
+        ..SimConfig::api_only()
     })
     .await;
     let cms: Api<ConfigMap> = Api::namespaced(sim.client().await.unwrap(), "default");

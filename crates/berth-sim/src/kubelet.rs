@@ -1,0 +1,1170 @@
+//! The kubelets: for every pod bound to a node, a worker drives what a real kubelet does, with
+//! its event reasons and messages: admission (resource accounting and injected rejections),
+//! volume setup (missing secrets and config maps give `FailedMount` with a growing count until
+//! they appear), image pulls (`ErrImagePull` then `ImagePullBackOff` for unpullable images),
+//! init containers, containers through the `ContainerRuntime`, readiness, restarts with
+//! `CrashLoopBackOff`, and graceful termination with `Killing`.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::Ipv4Addr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::{
+    auth::API_AUDIENCE,
+    faults::REJECT_NEXT_ANNOTATION,
+    nodes::modify,
+    recorder::Source,
+    runtime::{ContainerContext, RunningContainer},
+    scheduler,
+    sim::{Sim, now_rfc3339},
+    store::ChangeKind,
+};
+
+/// Images each node has pulled, so a second pull says "already present".
+#[derive(Default)]
+pub struct ImageCache {
+    pulled: Mutex<HashSet<(String, String)>>,
+}
+
+fn glob_matches(pattern: &str, text: &str) -> bool {
+    let escaped: Vec<String> = pattern.split('*').map(regex::escape).collect();
+    regex::Regex::new(&format!("^{}$", escaped.join(".*"))).is_ok_and(|re| re.is_match(text))
+}
+
+/// Why the worker stopped what it was doing.
+enum Interrupt {
+    /// The pod is being deleted (or is gone).
+    Deleting,
+}
+
+struct Worker {
+    sim: Arc<Sim>,
+    node: String,
+    namespace: String,
+    name: String,
+    uid: String,
+    updates: watch::Receiver<Option<Arc<Value>>>,
+    images: Arc<ImageCache>,
+    pod_ip: Option<Ipv4Addr>,
+    /// Stop handles of running containers, by name.
+    running: HashMap<String, tokio::sync::oneshot::Sender<()>>,
+    /// Container exits, (name, exit code), reported by one task per started container.
+    exit_tx: tokio::sync::mpsc::UnboundedSender<(String, i32)>,
+    exit_rx: tokio::sync::mpsc::UnboundedReceiver<(String, i32)>,
+}
+
+fn source(node: &str) -> Source<'_> {
+    Source {
+        component: "kubelet",
+        host: node,
+    }
+}
+
+fn field_path(container: &str, init: bool) -> String {
+    if init {
+        format!("spec.initContainers{{{container}}}")
+    } else {
+        format!("spec.containers{{{container}}}")
+    }
+}
+
+fn container_id() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!(
+        "containerd://{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    )
+}
+
+impl Worker {
+    fn pod(&self) -> Option<Arc<Value>> {
+        self.updates.borrow().clone()
+    }
+
+    fn deleting(&self) -> bool {
+        self.pod().is_none_or(|p| {
+            p["metadata"]["deletionTimestamp"].is_string()
+                || p["metadata"]["uid"] != self.uid.as_str()
+        })
+    }
+
+    /// Node faults freeze the kubelet: no status writes while unreachable.
+    fn reachable(&self) -> bool {
+        !self.sim.faults.is_unreachable(&self.node)
+            && self
+                .sim
+                .store
+                .get("/nodes", "", &self.node)
+                .is_some_and(|n| {
+                    n["metadata"]["annotations"][crate::faults::UNREACHABLE_ANNOTATION] != "true"
+                })
+    }
+
+    /// Sleeps, waking early (with an interrupt) if the pod starts terminating.
+    async fn wait(&mut self, duration: Duration) -> Result<(), Interrupt> {
+        let deadline = tokio::time::sleep(duration);
+        tokio::pin!(deadline);
+        loop {
+            if self.deleting() {
+                return Err(Interrupt::Deleting);
+            }
+            tokio::select! {
+                _ = &mut deadline => return if self.deleting() { Err(Interrupt::Deleting) } else { Ok(()) },
+                changed = self.updates.changed() => if changed.is_err() { return Err(Interrupt::Deleting) },
+            }
+        }
+    }
+
+    fn event(&self, field: Option<&str>, type_: &str, reason: &str, message: &str) {
+        if let Some(pod) = self.pod()
+            && self.reachable()
+        {
+            self.sim.recorder.publish(
+                &self.sim,
+                &pod,
+                field,
+                type_,
+                reason,
+                message,
+                source(&self.node),
+            );
+        }
+    }
+
+    /// Writes the pod's status through `change`, if the pod is still this one.
+    fn status(&self, change: impl Fn(&mut Value)) {
+        if !self.reachable() {
+            return;
+        }
+        let uid = self.uid.clone();
+        modify(&self.sim, "/pods", &self.namespace, &self.name, |pod| {
+            if pod["metadata"]["uid"] != uid.as_str() {
+                return false;
+            }
+            let before = pod["status"].clone();
+            change(pod);
+            pod["status"] != before
+        });
+    }
+
+    fn set_condition(
+        pod: &mut Value,
+        type_: &str,
+        status: bool,
+        reason: Option<&str>,
+        message: Option<&str>,
+    ) {
+        let mut conditions = pod["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let wanted = if status { "True" } else { "False" };
+        let now = now_rfc3339();
+        match conditions.iter_mut().find(|c| c["type"] == type_) {
+            Some(c) => {
+                if c["status"] != wanted {
+                    c["lastTransitionTime"] = json!(now);
+                }
+                c["status"] = json!(wanted);
+                match reason {
+                    Some(r) => c["reason"] = json!(r),
+                    None => {
+                        if let Some(m) = c.as_object_mut() {
+                            m.remove("reason");
+                        }
+                    }
+                }
+                match message {
+                    Some(m) => c["message"] = json!(m),
+                    None => {
+                        if let Some(m) = c.as_object_mut() {
+                            m.remove("message");
+                        }
+                    }
+                }
+            }
+            None => {
+                let mut c = json!({"type": type_, "status": wanted, "lastProbeTime": null, "lastTransitionTime": now});
+                if let Some(r) = reason {
+                    c["reason"] = json!(r);
+                }
+                if let Some(m) = message {
+                    c["message"] = json!(m);
+                }
+                conditions.push(c);
+            }
+        }
+        let order = [
+            "PodReadyToStartContainers",
+            "Initialized",
+            "Ready",
+            "ContainersReady",
+            "PodScheduled",
+        ];
+        conditions.sort_by_key(|c| {
+            order
+                .iter()
+                .position(|o| c["type"] == *o)
+                .unwrap_or(order.len())
+        });
+        pod["status"]["conditions"] = json!(conditions);
+    }
+
+    /// Sets one container's status entry.
+    fn container_status(pod: &mut Value, init: bool, name: &str, update: impl Fn(&mut Value)) {
+        let list = if init {
+            "initContainerStatuses"
+        } else {
+            "containerStatuses"
+        };
+        let specs = if init { "initContainers" } else { "containers" };
+        let mut statuses = pod["status"][list].as_array().cloned().unwrap_or_default();
+        let image = pod["spec"][specs]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+            .map(|c| c["image"].clone())
+            .unwrap_or(Value::Null);
+        let index = match statuses.iter().position(|s| s["name"] == name) {
+            Some(i) => i,
+            None => {
+                statuses.push(json!({"name": name, "image": image, "imageID": "", "ready": false, "restartCount": 0, "started": false, "state": {"waiting": {"reason": if init { "PodInitializing" } else { "ContainerCreating" }}}}));
+                statuses.len() - 1
+            }
+        };
+        statuses[index]["image"] = image;
+        update(&mut statuses[index]);
+        pod["status"][list] = json!(statuses);
+    }
+
+    fn containers(&self, init: bool) -> Vec<Value> {
+        let key = if init { "initContainers" } else { "containers" };
+        self.pod()
+            .and_then(|p| p["spec"][key].as_array().cloned())
+            .unwrap_or_default()
+    }
+
+    fn reject(&self, reason: &str, message: &str) {
+        self.event(None, "Warning", reason, message);
+        let full = format!("Pod was rejected: {message}");
+        self.status(|pod| {
+            pod["status"]["phase"] = json!("Failed");
+            pod["status"]["reason"] = json!(reason);
+            pod["status"]["message"] = json!(full);
+            if pod["status"]["startTime"].is_null() {
+                pod["status"]["startTime"] = json!(now_rfc3339());
+            }
+        });
+    }
+
+    /// The kubelet's admission: injected rejections first, then node affinity and resources.
+    fn admit(&self, pod: &Value) -> Result<(), (String, String)> {
+        let node = self
+            .sim
+            .store
+            .get("/nodes", "", &self.node)
+            .ok_or_else(|| {
+                (
+                    "UnexpectedAdmissionError".to_owned(),
+                    format!("node \"{}\" not found", self.node),
+                )
+            })?;
+        let annotation = node["metadata"]["annotations"][REJECT_NEXT_ANNOTATION]
+            .as_str()
+            .map(str::to_owned);
+        let injected = self
+            .sim
+            .faults
+            .admission(&self.node)
+            .map(|r| r.reason)
+            .or_else(|| {
+                let (count, reason) = annotation.as_deref()?.split_once(':')?;
+                let count: u32 = count.trim().parse().ok().filter(|c| *c > 0)?;
+                let reason = reason.trim().to_owned();
+                modify(&self.sim, "/nodes", "", &self.node, |n| {
+                    if count > 1 {
+                        n["metadata"]["annotations"][REJECT_NEXT_ANNOTATION] =
+                            json!(format!("{}:{reason}", count - 1));
+                    } else if let Some(a) = n["metadata"]["annotations"].as_object_mut() {
+                        a.remove(REJECT_NEXT_ANNOTATION);
+                    }
+                    true
+                });
+                Some(reason)
+            });
+        let wanted = scheduler::requests(pod);
+        let room = scheduler::allocatable(&node);
+        let mut used = scheduler::Requests::default();
+        let mut count = 0;
+        for other in crate::nodes::pods_on(&self.sim, &self.node) {
+            if other["metadata"]["uid"] == self.uid.as_str()
+                || !scheduler::is_active(&other)
+                || other["status"]["phase"].is_null()
+            {
+                continue;
+            }
+            let r = scheduler::requests(&other);
+            used.cpu_millis += r.cpu_millis;
+            used.memory += r.memory;
+            count += 1;
+        }
+        let resource = |name: &str, requested: i64, used: i64, capacity: i64| {
+            (
+                format!("OutOf{name}"),
+                format!(
+                    "Node didn't have enough resource: {name}, requested: {requested}, used: {used}, capacity: {capacity}"
+                ),
+            )
+        };
+        if let Some(reason) = injected {
+            return Err(match reason.as_str() {
+                "OutOfcpu" => resource(
+                    "cpu",
+                    wanted.cpu_millis.max(1),
+                    room.cpu_millis,
+                    room.cpu_millis,
+                ),
+                "OutOfmemory" => resource("memory", wanted.memory.max(1), room.memory, room.memory),
+                "OutOfpods" => resource("pods", 1, room.pods, room.pods),
+                "NodeAffinity" | "NodeSelectorMismatching" => (
+                    reason.clone(),
+                    format!(
+                        "Predicate {reason} failed: node(s) didn't match Pod's node affinity/selector"
+                    ),
+                ),
+                "UnexpectedAdmissionError" => (
+                    reason.clone(),
+                    "Allocate failed due to can't allocate unhealthy devices, which is unexpected"
+                        .to_owned(),
+                ),
+                other => (other.to_owned(), format!("Predicate {other} failed")),
+            });
+        }
+        if !scheduler::selector_matches(pod, &node) {
+            return Err((
+                "NodeAffinity".to_owned(),
+                "Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
+                    .to_owned(),
+            ));
+        }
+        if wanted.cpu_millis > 0 && used.cpu_millis + wanted.cpu_millis > room.cpu_millis {
+            return Err(resource(
+                "cpu",
+                wanted.cpu_millis,
+                used.cpu_millis,
+                room.cpu_millis,
+            ));
+        }
+        if wanted.memory > 0 && used.memory + wanted.memory > room.memory {
+            return Err(resource("memory", wanted.memory, used.memory, room.memory));
+        }
+        if count + 1 > room.pods {
+            return Err(resource("pods", 1, count, room.pods));
+        }
+        Ok(())
+    }
+
+    /// The first volume that cannot be set up, as (volume, message).
+    fn missing_volume(&self, pod: &Value) -> Option<(String, String)> {
+        for volume in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+            let name = volume["name"].as_str().unwrap_or_default();
+            let check = |kind: &str,
+                         storage: &str,
+                         object: &str,
+                         optional: bool|
+             -> Option<(String, String)> {
+                (!optional && self.sim.store.get(storage, &self.namespace, object).is_none())
+                    .then(|| (name.to_owned(), format!("MountVolume.SetUp failed for volume \"{name}\" : {kind} \"{object}\" not found")))
+            };
+            let found = if let Some(secret) = volume["secret"].as_object() {
+                check(
+                    "secret",
+                    "/secrets",
+                    secret
+                        .get("secretName")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default(),
+                    secret
+                        .get("optional")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false),
+                )
+            } else if let Some(cm) = volume["configMap"].as_object() {
+                check(
+                    "configmap",
+                    "/configmaps",
+                    cm.get("name").and_then(Value::as_str).unwrap_or_default(),
+                    cm.get("optional").and_then(Value::as_bool).unwrap_or(false),
+                )
+            } else if let Some(claim) = volume["persistentVolumeClaim"].as_object() {
+                let claim_name = claim
+                    .get("claimName")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                match self
+                    .sim
+                    .store
+                    .get("/persistentvolumeclaims", &self.namespace, claim_name)
+                {
+                    None => Some((
+                        name.to_owned(),
+                        format!(
+                            "MountVolume.SetUp failed for volume \"{name}\" : persistentvolumeclaim \"{claim_name}\" not found"
+                        ),
+                    )),
+                    Some(c) if c["status"]["phase"] != "Bound" => Some((
+                        name.to_owned(),
+                        format!(
+                            "MountVolume.SetUp failed for volume \"{name}\" : persistentvolumeclaim \"{claim_name}\" is not bound"
+                        ),
+                    )),
+                    Some(_) => None,
+                }
+            } else {
+                None
+            };
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+
+    /// What keeps a container from being created: a secret or config map key its env needs.
+    fn config_error(&self, container: &Value) -> Option<String> {
+        for env in container["env"].as_array().into_iter().flatten() {
+            let from = &env["valueFrom"];
+            for (kind, field, storage) in [
+                ("secret", "secretKeyRef", "/secrets"),
+                ("configmap", "configMapKeyRef", "/configmaps"),
+            ] {
+                let reference = &from[field];
+                if reference.is_null() || reference["optional"] == true {
+                    continue;
+                }
+                let object = reference["name"].as_str().unwrap_or_default();
+                let key = reference["key"].as_str().unwrap_or_default();
+                match self.sim.store.get(storage, &self.namespace, object) {
+                    None => return Some(format!("{kind} \"{object}\" not found")),
+                    Some(o) if o["data"][key].is_null() && o["stringData"][key].is_null() => {
+                        return Some(format!(
+                            "couldn't find key {key} in {} {}/{object}",
+                            if kind == "secret" {
+                                "Secret"
+                            } else {
+                                "ConfigMap"
+                            },
+                            self.namespace
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        None
+    }
+
+    /// Pulls a container's image until it succeeds (following spec changes).
+    async fn pull(&mut self, init: bool, name: &str) -> Result<(), Interrupt> {
+        let mut attempt = 0;
+        loop {
+            let container = self
+                .containers(init)
+                .into_iter()
+                .find(|c| c["name"] == name)
+                .unwrap_or_default();
+            let image = container["image"].as_str().unwrap_or_default().to_owned();
+            let path = field_path(name, init);
+            let policy = container["imagePullPolicy"]
+                .as_str()
+                .unwrap_or("IfNotPresent");
+            let cached = self
+                .images
+                .pulled
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&(self.node.clone(), image.clone()));
+            let unpullable = self
+                .sim
+                .config
+                .unpullable_images
+                .iter()
+                .any(|p| glob_matches(p, &image));
+            if cached && policy != "Always" && !unpullable {
+                self.event(
+                    Some(&path),
+                    "Normal",
+                    "Pulled",
+                    &format!("Container image \"{image}\" already present on machine"),
+                );
+                return Ok(());
+            }
+            self.event(
+                Some(&path),
+                "Normal",
+                "Pulling",
+                &format!("Pulling image \"{image}\""),
+            );
+            self.wait(self.sim.config.timings.pull).await?;
+            if !unpullable {
+                let took = self.sim.config.timings.pull.as_secs_f64();
+                self.event(Some(&path), "Normal", "Pulled", &format!("Successfully pulled image \"{image}\" in {took:.3}s ({took:.3}s including waiting). Image size: 0 bytes."));
+                self.images
+                    .pulled
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert((self.node.clone(), image));
+                return Ok(());
+            }
+            let detail = format!(
+                "rpc error: code = NotFound desc = failed to pull and unpack image \"{image}\": failed to resolve reference \"{image}\": {image}: not found"
+            );
+            self.event(
+                Some(&path),
+                "Warning",
+                "Failed",
+                &format!("Failed to pull image \"{image}\": {detail}"),
+            );
+            self.event(Some(&path), "Warning", "Failed", "Error: ErrImagePull");
+            let failed_pull = detail.clone();
+            self.status(|pod| {
+                Self::container_status(pod, init, name, |s| {
+                    s["state"] =
+                        json!({"waiting": {"reason": "ErrImagePull", "message": failed_pull}})
+                })
+            });
+            self.wait(
+                self.sim
+                    .config
+                    .timings
+                    .pull_backoff
+                    .initial
+                    .min(Duration::from_millis(500)),
+            )
+            .await?;
+            let backoff = format!("Back-off pulling image \"{image}\"");
+            self.event(Some(&path), "Normal", "BackOff", &backoff);
+            self.event(Some(&path), "Warning", "Failed", "Error: ImagePullBackOff");
+            self.status(|pod| {
+                Self::container_status(pod, init, name, |s| {
+                    s["state"] =
+                        json!({"waiting": {"reason": "ImagePullBackOff", "message": backoff}})
+                })
+            });
+            // A changed image is tried at once; otherwise after the backoff.
+            let until = self.sim.config.timings.pull_backoff.after(attempt);
+            attempt += 1;
+            let deadline = tokio::time::Instant::now() + until;
+            loop {
+                let now_image = self
+                    .containers(init)
+                    .into_iter()
+                    .find(|c| c["name"] == name)
+                    .and_then(|c| c["image"].as_str().map(str::to_owned));
+                if now_image.as_deref() != Some(image.as_str())
+                    || tokio::time::Instant::now() >= deadline
+                {
+                    break;
+                }
+                self.wait(Duration::from_millis(20).min(until)).await?;
+            }
+        }
+    }
+
+    fn context(&self, container: &Value, init: bool) -> ContainerContext {
+        let pod = self.pod().map(|p| (*p).clone()).unwrap_or_default();
+        let account = pod["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned();
+        let token = self
+            .sim
+            .issue_token(
+                &self.namespace,
+                &account,
+                vec![API_AUDIENCE.to_owned()],
+                Duration::from_secs(3600),
+            )
+            .map(|(t, _)| t)
+            .unwrap_or_default();
+        ContainerContext {
+            namespace: self.namespace.clone(),
+            pod_name: self.name.clone(),
+            pod_uid: self.uid.clone(),
+            pod,
+            container: container.clone(),
+            init,
+            pod_ip: self.pod_ip.unwrap_or(Ipv4Addr::LOCALHOST),
+            token,
+            api_server: format!(
+                "https://{}",
+                self.sim
+                    .address
+                    .get()
+                    .map(String::as_str)
+                    .unwrap_or("127.0.0.1:443")
+            ),
+            ca_pem: self.sim.ca_pem.get().cloned().unwrap_or_default(),
+        }
+    }
+
+    /// Creates and starts one container (pull, config check, runtime start).
+    async fn start_container(&mut self, container: &Value, init: bool) -> Result<(), Interrupt> {
+        let name = container["name"].as_str().unwrap_or_default().to_owned();
+        let path = field_path(&name, init);
+        self.pull(init, &name).await?;
+        let mut attempt = 0;
+        while let Some(problem) = self.config_error(container) {
+            self.event(
+                Some(&path),
+                "Warning",
+                "Failed",
+                &format!("Error: {problem}"),
+            );
+            self.status(|pod| Self::container_status(pod, init, &name, |s| s["state"] = json!({"waiting": {"reason": "CreateContainerConfigError", "message": problem}})));
+            self.wait(self.sim.config.timings.mount_retry.after(attempt))
+                .await?;
+            attempt += 1;
+        }
+        self.wait(self.sim.config.timings.container_start).await?;
+        let current = self
+            .containers(init)
+            .into_iter()
+            .find(|c| c["name"] == name.as_str())
+            .unwrap_or_else(|| container.clone());
+        self.event(
+            Some(&path),
+            "Normal",
+            "Created",
+            &format!("Created container: {name}"),
+        );
+        match self
+            .sim
+            .config
+            .runtime
+            .start(self.context(&current, init))
+            .await
+        {
+            Ok(running) => {
+                self.event(
+                    Some(&path),
+                    "Normal",
+                    "Started",
+                    &format!("Started container {name}"),
+                );
+                let started_at = now_rfc3339();
+                let id = container_id();
+                self.status(|pod| {
+                    Self::container_status(pod, init, &name, |s| {
+                        s["state"] = json!({"running": {"startedAt": started_at}});
+                        s["started"] = json!(true);
+                        s["containerID"] = json!(id);
+                        s["imageID"] = json!(format!(
+                            "{}@sha256:{}",
+                            s["image"].as_str().unwrap_or_default(),
+                            "0".repeat(64)
+                        ));
+                    })
+                });
+                let RunningContainer { exited, stop } = running;
+                let exits = self.exit_tx.clone();
+                let reported = name.clone();
+                tokio::spawn(async move {
+                    let code = exited.await.unwrap_or(137);
+                    let _ = exits.send((reported, code));
+                });
+                self.running.insert(name, stop);
+                Ok(())
+            }
+            Err(error) => {
+                self.event(
+                    Some(&path),
+                    "Warning",
+                    "Failed",
+                    &format!("Error: failed to create containerd task: {error}"),
+                );
+                self.status(|pod| {
+                    Self::container_status(pod, init, &name, |s| {
+                        s["state"] =
+                            json!({"waiting": {"reason": "RunContainerError", "message": error}})
+                    })
+                });
+                Ok(())
+            }
+        }
+    }
+
+    fn restart_policy(&self) -> String {
+        self.pod()
+            .and_then(|p| p["spec"]["restartPolicy"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "Always".to_owned())
+    }
+
+    /// Whether the container is ready: its readiness probe (TCP or gRPC: a TCP connect to
+    /// the pod IP) succeeds, or it has none.
+    async fn probe(&self, container: &Value) -> bool {
+        let probe = &container["readinessProbe"];
+        let port = probe["tcpSocket"]["port"]
+            .as_u64()
+            .or_else(|| probe["grpc"]["port"].as_u64())
+            .or_else(|| probe["httpGet"]["port"].as_u64());
+        match (port, self.pod_ip) {
+            (Some(port), Some(ip)) => tokio::time::timeout(
+                Duration::from_millis(500),
+                tokio::net::TcpStream::connect((ip, port as u16)),
+            )
+            .await
+            .is_ok_and(|r| r.is_ok()),
+            _ => true,
+        }
+    }
+
+    async fn run(mut self) {
+        let Some(pod) = self.pod() else { return };
+        if pod["status"]["phase"]
+            .as_str()
+            .is_some_and(|p| p != "Pending")
+        {
+            // A pod this kubelet already started before (e.g. the sim restarted its workers).
+            return;
+        }
+        if let Err((reason, message)) = self.admit(&pod) {
+            self.reject(&reason, &message);
+            return;
+        }
+        match self.start().await {
+            Ok(()) => self.supervise().await,
+            Err(Interrupt::Deleting) => {}
+        }
+        self.terminate().await;
+    }
+
+    /// From admission to running containers.
+    async fn start(&mut self) -> Result<(), Interrupt> {
+        let host_ip = self
+            .sim
+            .store
+            .get("/nodes", "", &self.node)
+            .and_then(|n| {
+                n["status"]["addresses"][0]["address"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default();
+        let containers = self.containers(false);
+        let inits = self.containers(true);
+        let names: Vec<String> = containers
+            .iter()
+            .filter_map(|c| c["name"].as_str().map(str::to_owned))
+            .collect();
+        let unready = format!("containers with unready status: [{}]", names.join(" "));
+        self.status(|pod| {
+            pod["status"]["phase"] = json!("Pending");
+            pod["status"]["hostIP"] = json!(host_ip);
+            pod["status"]["hostIPs"] = json!([{"ip": host_ip}]);
+            pod["status"]["startTime"] = json!(now_rfc3339());
+            Self::set_condition(pod, "PodReadyToStartContainers", false, None, None);
+            Self::set_condition(
+                pod,
+                "Initialized",
+                inits.is_empty(),
+                (!inits.is_empty()).then_some("ContainersNotInitialized"),
+                None,
+            );
+            Self::set_condition(
+                pod,
+                "Ready",
+                false,
+                Some("ContainersNotReady"),
+                Some(&unready),
+            );
+            Self::set_condition(
+                pod,
+                "ContainersReady",
+                false,
+                Some("ContainersNotReady"),
+                Some(&unready),
+            );
+            for c in &inits {
+                Self::container_status(pod, true, c["name"].as_str().unwrap_or_default(), |_| {});
+            }
+            for c in &containers {
+                Self::container_status(pod, false, c["name"].as_str().unwrap_or_default(), |_| {});
+            }
+        });
+
+        let mut attempt = 0;
+        loop {
+            let Some(pod) = self.pod() else {
+                return Err(Interrupt::Deleting);
+            };
+            match self.missing_volume(&pod) {
+                None => break,
+                Some((_, message)) => {
+                    self.event(None, "Warning", "FailedMount", &message);
+                    self.wait(self.sim.config.timings.mount_retry.after(attempt))
+                        .await?;
+                    attempt += 1;
+                }
+            }
+        }
+
+        self.wait(self.sim.config.timings.sandbox).await?;
+        let ip = self.sim.next_pod_ip();
+        self.pod_ip = Some(ip);
+        self.status(|pod| {
+            pod["status"]["podIP"] = json!(ip.to_string());
+            pod["status"]["podIPs"] = json!([{"ip": ip.to_string()}]);
+            Self::set_condition(pod, "PodReadyToStartContainers", true, None, None);
+        });
+
+        for init in &inits {
+            let name = init["name"].as_str().unwrap_or_default().to_owned();
+            let mut attempt = 0;
+            loop {
+                self.start_container(init, true).await?;
+                let code = if self.running.contains_key(&name) {
+                    loop {
+                        if self.deleting() {
+                            return Err(Interrupt::Deleting);
+                        }
+                        tokio::select! {
+                            exit = self.exit_rx.recv() => match exit {
+                                Some((exited, code)) if exited == name => break code,
+                                Some(_) => {}
+                                None => return Err(Interrupt::Deleting),
+                            },
+                            changed = self.updates.changed() => if changed.is_err() { return Err(Interrupt::Deleting) },
+                        }
+                    }
+                } else {
+                    1
+                };
+                self.running.remove(&name);
+                let finished = now_rfc3339();
+                let reason = if code == 0 { "Completed" } else { "Error" };
+                self.status(|pod| {
+                    Self::container_status(pod, true, &name, |s| {
+                        s["state"] = json!({"terminated": {"exitCode": code, "reason": reason, "finishedAt": finished}});
+                        s["ready"] = json!(code == 0);
+                        s["started"] = json!(false);
+                    })
+                });
+                if code == 0 {
+                    break;
+                }
+                if self.restart_policy() == "Never" {
+                    self.status(|pod| pod["status"]["phase"] = json!("Failed"));
+                    loop {
+                        self.wait(Duration::from_secs(3600)).await?;
+                    }
+                }
+                let delay = self.sim.config.timings.crash_backoff.after(attempt);
+                attempt += 1;
+                self.event(
+                    Some(&field_path(&name, true)),
+                    "Warning",
+                    "BackOff",
+                    &format!(
+                        "Back-off restarting failed container {name} in pod {}_{}({})",
+                        self.name, self.namespace, self.uid
+                    ),
+                );
+                self.wait(delay).await?;
+            }
+        }
+        if !inits.is_empty() {
+            self.status(|pod| Self::set_condition(pod, "Initialized", true, None, None));
+        }
+
+        for container in &containers {
+            self.start_container(container, false).await?;
+        }
+        self.wait(self.sim.config.timings.readiness).await?;
+        self.update_readiness().await;
+        Ok(())
+    }
+
+    /// Recomputes container readiness and the pod's Ready conditions and phase.
+    async fn update_readiness(&mut self) {
+        let containers = self.containers(false);
+        let mut ready_names = HashSet::new();
+        for c in &containers {
+            let name = c["name"].as_str().unwrap_or_default().to_owned();
+            if self.running.contains_key(&name) && self.probe(c).await {
+                ready_names.insert(name);
+            }
+        }
+        let all = !containers.is_empty() && ready_names.len() == containers.len();
+        let unready: Vec<String> = containers
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .filter(|n| !ready_names.contains(*n))
+            .map(str::to_owned)
+            .collect();
+        let message = format!("containers with unready status: [{}]", unready.join(" "));
+        self.status(|pod| {
+            for c in &containers {
+                let name = c["name"].as_str().unwrap_or_default();
+                let ready = ready_names.contains(name);
+                Self::container_status(pod, false, name, |s| s["ready"] = json!(ready));
+            }
+            let any_running = pod["status"]["containerStatuses"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|c| c["state"]["running"].is_object()));
+            if any_running {
+                pod["status"]["phase"] = json!("Running");
+            }
+            if all {
+                Self::set_condition(pod, "ContainersReady", true, None, None);
+                Self::set_condition(pod, "Ready", true, None, None);
+            } else {
+                Self::set_condition(
+                    pod,
+                    "ContainersReady",
+                    false,
+                    Some("ContainersNotReady"),
+                    Some(&message),
+                );
+                Self::set_condition(
+                    pod,
+                    "Ready",
+                    false,
+                    Some("ContainersNotReady"),
+                    Some(&message),
+                );
+            }
+        });
+    }
+
+    /// Running: restarts exited containers with backoff, re-probes readiness, until deletion.
+    async fn supervise(&mut self) {
+        let mut attempts: HashMap<String, u32> = HashMap::new();
+        let mut probe_tick = tokio::time::interval(
+            Duration::from_millis(200).max(self.sim.config.timings.readiness),
+        );
+        loop {
+            if self.deleting() {
+                return;
+            }
+            let exited = tokio::select! {
+                changed = self.updates.changed() => { if changed.is_err() { return; } None }
+                exit = self.exit_rx.recv() => exit,
+                _ = probe_tick.tick() => { self.update_readiness().await; None }
+            };
+            let Some((name, code)) = exited else { continue };
+            self.running.remove(&name);
+            let finished = now_rfc3339();
+            let reason = if code == 0 { "Completed" } else { "Error" };
+            let policy = self.restart_policy();
+            let restart = policy == "Always" || (policy == "OnFailure" && code != 0);
+            self.status(|pod| {
+                Self::container_status(pod, false, &name, |s| {
+                    s["lastState"] = json!({"terminated": {"exitCode": code, "reason": reason, "finishedAt": finished}});
+                    s["state"] = json!({"terminated": {"exitCode": code, "reason": reason, "finishedAt": finished}});
+                    s["ready"] = json!(false);
+                    s["started"] = json!(false);
+                });
+            });
+            self.update_readiness().await;
+            if !restart {
+                if self.running.is_empty() {
+                    let phase = if code == 0 { "Succeeded" } else { "Failed" };
+                    self.status(|pod| pod["status"]["phase"] = json!(phase));
+                }
+                continue;
+            }
+            let attempt = attempts.entry(name.clone()).or_default();
+            let delay = self.sim.config.timings.crash_backoff.after(*attempt);
+            *attempt += 1;
+            let path = field_path(&name, false);
+            self.event(
+                Some(&path),
+                "Warning",
+                "BackOff",
+                &format!(
+                    "Back-off restarting failed container {name} in pod {}_{}({})",
+                    self.name, self.namespace, self.uid
+                ),
+            );
+            let waiting = format!(
+                "back-off {} restarting failed container={name} pod={}_{}({})",
+                crate::table::human_duration(delay.as_secs() as i64),
+                self.name,
+                self.namespace,
+                self.uid
+            );
+            self.status(|pod| {
+                Self::container_status(pod, false, &name, |s| {
+                    s["state"] =
+                        json!({"waiting": {"reason": "CrashLoopBackOff", "message": waiting}});
+                    s["restartCount"] = json!(s["restartCount"].as_i64().unwrap_or(0) + 1);
+                });
+            });
+            if self.wait(delay).await.is_err() {
+                return;
+            }
+            let container = self
+                .containers(false)
+                .into_iter()
+                .find(|c| c["name"] == name.as_str())
+                .unwrap_or_default();
+            if self.start_container(&container, false).await.is_err() {
+                return;
+            }
+            self.update_readiness().await;
+        }
+    }
+
+    /// Graceful termination: `Killing`, stop the containers, then finish the deletion.
+    async fn terminate(&mut self) {
+        let Some(pod) = self.pod() else { return };
+        if pod["metadata"]["uid"] != self.uid.as_str() {
+            return;
+        }
+        while !self.reachable() {
+            // A kubelet that cannot reach the API server finishes nothing.
+            if self.updates.changed().await.is_err() {
+                return;
+            }
+        }
+        let stopping: Vec<(String, tokio::sync::oneshot::Sender<()>)> =
+            self.running.drain().collect();
+        for (name, stop) in stopping {
+            if self
+                .sim
+                .store
+                .get("/pods", &self.namespace, &self.name)
+                .is_some()
+            {
+                self.sim.recorder.publish(
+                    &self.sim,
+                    &pod,
+                    Some(&field_path(&name, false)),
+                    "Normal",
+                    "Killing",
+                    &format!("Stopping container {name}"),
+                    source(&self.node),
+                );
+            }
+            let _ = stop.send(());
+        }
+        let grace = pod["metadata"]["deletionGracePeriodSeconds"]
+            .as_u64()
+            .map(Duration::from_secs)
+            .unwrap_or_default();
+        tokio::time::sleep(
+            self.sim
+                .config
+                .timings
+                .stop
+                .min(grace)
+                .min(self.sim.config.max_pod_grace),
+        )
+        .await;
+        self.sim
+            .finish_pod_termination(&self.namespace, &self.name, &self.uid);
+    }
+}
+
+/// Runs every node's kubelet: one worker per pod bound to a node.
+pub async fn run(sim: Arc<Sim>) {
+    let images = Arc::new(ImageCache::default());
+    let mut workers: HashMap<String, watch::Sender<Option<Arc<Value>>>> = HashMap::new();
+    let mut changes = sim.store.subscribe();
+    let (pods, _) = sim.store.list("/pods", None);
+    let dispatch =
+        |sim: &Arc<Sim>,
+         pod: &Arc<Value>,
+         gone: bool,
+         workers: &mut HashMap<String, watch::Sender<Option<Arc<Value>>>>| {
+            let uid = pod["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if gone {
+                if let Some(tx) = workers.remove(&uid) {
+                    let _ = tx.send(None);
+                }
+                return;
+            }
+            if let Some(tx) = workers.get(&uid) {
+                let _ = tx.send(Some(pod.clone()));
+                return;
+            }
+            let Some(node) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) else {
+                return;
+            };
+            if sim.store.get("/nodes", "", node).is_none() {
+                // Pod GC: a pod bound to a node that does not exist cannot be stopped by anyone.
+                if pod["metadata"]["deletionTimestamp"].is_string() {
+                    let (ns, name) = (
+                        pod["metadata"]["namespace"].as_str().unwrap_or_default(),
+                        pod["metadata"]["name"].as_str().unwrap_or_default(),
+                    );
+                    sim.finish_pod_termination(ns, name, &uid);
+                }
+                return;
+            }
+            let (tx, rx) = watch::channel(Some(pod.clone()));
+            workers.insert(uid.clone(), tx);
+            let (exit_tx, exit_rx) = tokio::sync::mpsc::unbounded_channel();
+            let worker = Worker {
+                sim: sim.clone(),
+                node: node.to_owned(),
+                namespace: pod["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                name: pod["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                uid,
+                updates: rx,
+                images: images.clone(),
+                pod_ip: None,
+                running: HashMap::new(),
+                exit_tx,
+                exit_rx,
+            };
+            tokio::spawn(worker.run());
+        };
+    for pod in pods {
+        dispatch(&sim, &pod, false, &mut workers);
+    }
+    loop {
+        match changes.recv().await {
+            Ok(change) if &*change.storage == "/pods" => dispatch(
+                &sim,
+                &change.object,
+                change.kind == ChangeKind::Deleted,
+                &mut workers,
+            ),
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                let (pods, _) = sim.store.list("/pods", None);
+                let alive: HashSet<String> = pods
+                    .iter()
+                    .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
+                    .collect();
+                workers.retain(|uid, tx| {
+                    let keep = alive.contains(uid);
+                    if !keep {
+                        let _ = tx.send(None);
+                    }
+                    keep
+                });
+                for pod in pods {
+                    dispatch(&sim, &pod, false, &mut workers);
+                }
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}

@@ -1,0 +1,754 @@
+//! The scheduler, kubelets, container runtime and faults: each behaviour yields the pod status,
+//! conditions and events (reason, message, count) a real cluster would.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use berth_sim::{
+    ApiFault, BoxFuture, ContainerContext, ContainerRuntime, Frequency, NodeConfig, RequestMatch,
+    RunningContainer, SimCluster, SimConfig,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, PersistentVolumeClaim, Pod, Secret};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, ListParams, PostParams},
+};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::{api_error, cluster_with, cluster_with_nodes, eventually};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+fn pod_with(name: &str, spec: Value) -> Pod {
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"containers": [{"name": "main", "image": "nginx:1.27"}]}});
+    json_patch::merge(&mut pod["spec"], &spec);
+    serde_json::from_value(pod).unwrap()
+}
+
+async fn phase_of(pods: &Api<Pod>, name: &str, phase: &str) -> Pod {
+    eventually(WAIT, &format!("pod {name} to be {phase}"), || async {
+        let pod = pods.get_opt(name).await.unwrap()?;
+        (pod.status.as_ref()?.phase.as_deref() == Some(phase)).then_some(pod)
+    })
+    .await
+}
+
+fn condition(pod: &Pod, type_: &str) -> Option<(String, Option<String>, Option<String>)> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn events_for(client: &kube::Client, pod: &Pod) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let uid = pod.uid().unwrap();
+    events
+        .list(&ListParams::default().fields(&format!("involvedObject.uid={uid}")))
+        .await
+        .unwrap()
+        .items
+}
+
+fn find<'a>(events: &'a [Event], reason: &str) -> Option<&'a Event> {
+    events.iter().find(|e| e.reason.as_deref() == Some(reason))
+}
+
+fn waiting_reason(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()?
+        .reason
+        .clone()
+}
+
+#[tokio::test]
+async fn a_pod_is_scheduled_started_and_ready_like_a_real_one() {
+    let sim = cluster_with_nodes().await;
+    let client = sim.client().await.unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let names: Vec<String> = nodes
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|n| n.name_any())
+        .collect();
+    assert_eq!(names, ["node-1", "node-2", "node-3"]);
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &pod_with("web", json!({})))
+        .await
+        .unwrap();
+    phase_of(&pods, "web", "Running").await;
+    let pod = eventually(WAIT, "readiness", || async {
+        let p = pods.get("web").await.unwrap();
+        (condition(&p, "Ready").map(|c| c.0) == Some("True".into())).then_some(p)
+    })
+    .await;
+    let status = pod.status.clone().unwrap();
+    let ip = status.pod_ip.clone().unwrap();
+    assert!(ip.starts_with("127.") && !ip.starts_with("127.0."), "{ip}");
+    assert!(status.host_ip.unwrap().starts_with("127.0."));
+    assert!(status.start_time.is_some());
+    for type_ in [
+        "PodScheduled",
+        "PodReadyToStartContainers",
+        "Initialized",
+        "ContainersReady",
+        "Ready",
+    ] {
+        assert_eq!(
+            condition(&pod, type_).map(|c| c.0),
+            Some("True".to_owned()),
+            "{type_}"
+        );
+    }
+    let container = &status.container_statuses.unwrap()[0];
+    assert!(container.ready && container.started == Some(true));
+    assert_eq!(container.restart_count, 0);
+    assert!(container.state.as_ref().unwrap().running.is_some());
+
+    let events = events_for(&client, &pod).await;
+    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let scheduled = find(&events, "Scheduled").expect("Scheduled");
+    assert_eq!(
+        scheduled.message.as_deref(),
+        Some(format!("Successfully assigned default/web to {node}").as_str())
+    );
+    assert_eq!(
+        scheduled.reporting_component.as_deref(),
+        Some("default-scheduler")
+    );
+    assert_eq!(
+        find(&events, "Pulling").unwrap().message.as_deref(),
+        Some("Pulling image \"nginx:1.27\"")
+    );
+    assert!(
+        find(&events, "Pulled")
+            .unwrap()
+            .message
+            .as_deref()
+            .unwrap()
+            .starts_with("Successfully pulled image \"nginx:1.27\" in ")
+    );
+    assert_eq!(
+        find(&events, "Created").unwrap().message.as_deref(),
+        Some("Created container: main")
+    );
+    let started = find(&events, "Started").unwrap();
+    assert_eq!(started.message.as_deref(), Some("Started container main"));
+    assert_eq!(
+        started.source.as_ref().unwrap().component.as_deref(),
+        Some("kubelet")
+    );
+    assert_eq!(
+        started.involved_object.field_path.as_deref(),
+        Some("spec.containers{main}")
+    );
+
+    // Graceful deletion: Killing, then gone.
+    pods.delete("web", &DeleteParams::default()).await.unwrap();
+    let killing = eventually(WAIT, "the Killing event", || async {
+        let events = events_for(&client, &pod).await;
+        find(&events, "Killing").cloned()
+    })
+    .await;
+    assert_eq!(killing.message.as_deref(), Some("Stopping container main"));
+    eventually(WAIT, "the pod to be gone", || async {
+        pods.get_opt("web").await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_missing_secret_fails_mounts_until_it_is_created() {
+    let sim = cluster_with_nodes().await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let spec = json!({"volumes": [{"name": "secret-0", "secret": {"secretName": "workspace-secret"}}],
+                      "containers": [{"name": "main", "image": "nginx:1.27", "volumeMounts": [{"name": "secret-0", "mountPath": "/s"}]}]});
+    let created = pods
+        .create(&PostParams::default(), &pod_with("p", spec))
+        .await
+        .unwrap();
+    let failed = eventually(WAIT, "FailedMount to repeat", || async {
+        let events = events_for(&client, &created).await;
+        find(&events, "FailedMount")
+            .filter(|e| e.count.unwrap_or(0) >= 3)
+            .cloned()
+    })
+    .await;
+    assert_eq!(failed.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        failed.message.as_deref(),
+        Some(
+            "MountVolume.SetUp failed for volume \"secret-0\" : secret \"workspace-secret\" not found"
+        )
+    );
+    let pending = pods.get("p").await.unwrap();
+    assert_eq!(
+        pending.status.as_ref().unwrap().phase.as_deref(),
+        Some("Pending")
+    );
+    assert_eq!(
+        waiting_reason(&pending).as_deref(),
+        Some("ContainerCreating")
+    );
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "workspace-secret"}, "stringData": {"token": "x"}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let running = phase_of(&pods, "p", "Running").await;
+    assert_eq!(running.uid(), created.uid(), "the same pod heals");
+}
+
+#[tokio::test]
+async fn an_unpullable_image_backs_off() {
+    let sim = cluster_with_nodes().await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let image = "registry.invalid/devbox:1";
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &pod_with(
+                "p",
+                json!({"containers": [{"name": "main", "image": image}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    let backing_off = eventually(WAIT, "ImagePullBackOff", || async {
+        let p = pods.get("p").await.unwrap();
+        (waiting_reason(&p).as_deref() == Some("ImagePullBackOff")).then_some(p)
+    })
+    .await;
+    let state = backing_off.status.unwrap().container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap();
+    assert_eq!(
+        state.waiting.unwrap().message.as_deref(),
+        Some(format!("Back-off pulling image \"{image}\"").as_str())
+    );
+    let events = events_for(&client, &created).await;
+    let messages: Vec<&str> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Failed"))
+        .filter_map(|e| e.message.as_deref())
+        .collect();
+    assert!(messages.contains(&"Error: ErrImagePull"), "{messages:?}");
+    assert!(
+        messages.contains(&"Error: ImagePullBackOff"),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m.starts_with(&format!(
+            "Failed to pull image \"{image}\": rpc error: code = NotFound"
+        ))),
+        "{messages:?}"
+    );
+    assert_eq!(
+        find(&events, "BackOff").unwrap().message.as_deref(),
+        Some(format!("Back-off pulling image \"{image}\"").as_str())
+    );
+}
+
+#[tokio::test]
+async fn unschedulable_pods_say_why_and_schedule_when_a_node_fits() {
+    let sim = cluster_with_nodes().await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let big = json!({"containers": [{"name": "main", "image": "nginx:1.27", "resources": {"requests": {"cpu": "8"}}}]});
+    let created = pods
+        .create(&PostParams::default(), &pod_with("big", big))
+        .await
+        .unwrap();
+    let pending = eventually(WAIT, "PodScheduled=False", || async {
+        let p = pods.get("big").await.unwrap();
+        condition(&p, "PodScheduled")
+            .filter(|c| c.0 == "False")
+            .map(|c| (p, c))
+    })
+    .await;
+    assert_eq!(pending.1.1.as_deref(), Some("Unschedulable"));
+    assert_eq!(
+        pending.1.2.as_deref(),
+        Some("0/3 nodes are available: 3 Insufficient cpu.")
+    );
+    let events = events_for(&client, &created).await;
+    let failed = find(&events, "FailedScheduling").unwrap();
+    assert_eq!(
+        (failed.type_.as_deref(), failed.message.as_deref()),
+        (
+            Some("Warning"),
+            Some("0/3 nodes are available: 3 Insufficient cpu.")
+        )
+    );
+
+    sim.add_node(NodeConfig::new("node-big").capacity("16", "64Gi", 110));
+    let running = phase_of(&pods, "big", "Running").await;
+    assert_eq!(running.spec.unwrap().node_name.as_deref(), Some("node-big"));
+
+    pods.create(
+        &PostParams::default(),
+        &pod_with("picky", json!({"nodeSelector": {"disktype": "ssd"}})),
+    )
+    .await
+    .unwrap();
+    let message = eventually(WAIT, "the selector message", || async {
+        condition(&pods.get("picky").await.unwrap(), "PodScheduled").and_then(|c| c.2)
+    })
+    .await;
+    assert_eq!(
+        message,
+        "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+    );
+}
+
+#[tokio::test]
+async fn taints_repel_pods_that_do_not_tolerate_them() {
+    let config = SimConfig {
+        nodes: vec![NodeConfig::new("gpu-1").taint("dedicated", "gpu", "NoSchedule")],
+        ..SimConfig::fast()
+    };
+    let sim = cluster_with(config).await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    pods.create(&PostParams::default(), &pod_with("plain", json!({})))
+        .await
+        .unwrap();
+    let message = eventually(WAIT, "the taint message", || async {
+        condition(&pods.get("plain").await.unwrap(), "PodScheduled").and_then(|c| c.2)
+    })
+    .await;
+    assert_eq!(
+        message,
+        "0/1 nodes are available: 1 node(s) had untolerated taint {dedicated: gpu}."
+    );
+    let tolerant = json!({"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]});
+    pods.create(&PostParams::default(), &pod_with("tolerant", tolerant))
+        .await
+        .unwrap();
+    phase_of(&pods, "tolerant", "Running").await;
+}
+
+/// A runtime for tests: containers named `crash` exit 1 at once; others serve TCP on the
+/// pod IP at their first port, answering `hello from <pod>`.
+struct TestRuntime;
+
+impl ContainerRuntime for TestRuntime {
+    fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
+        Box::pin(async move {
+            let (exit_tx, exited) = tokio::sync::oneshot::channel();
+            let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let name = context.container["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if name == "crash" || context.init {
+                let _ = exit_tx.send(if context.init { 0 } else { 1 });
+                return Ok(RunningContainer { exited, stop });
+            }
+            let port = context.container["ports"][0]["containerPort"]
+                .as_u64()
+                .unwrap_or(8080) as u16;
+            let listener = tokio::net::TcpListener::bind(SocketAddr::from((context.pod_ip, port)))
+                .await
+                .map_err(|e| e.to_string())?;
+            let greeting = format!("hello from {}\n", context.pod_name);
+            tokio::spawn(async move {
+                let serve = async {
+                    loop {
+                        let Ok((mut socket, _)) = listener.accept().await else {
+                            return;
+                        };
+                        let _ = socket.write_all(greeting.as_bytes()).await;
+                    }
+                };
+                tokio::select! { _ = serve => {}, _ = stop_rx => {} }
+                let _ = exit_tx.send(0);
+            });
+            Ok(RunningContainer { exited, stop })
+        })
+    }
+}
+
+#[tokio::test]
+async fn containers_serve_on_the_pod_ip_and_crash_loops_back_off() {
+    let config = SimConfig {
+        runtime: Arc::new(TestRuntime),
+        ..SimConfig::fast()
+    };
+    let sim = cluster_with(config).await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let serving = json!({"containers": [{"name": "web", "image": "nginx:1.27", "ports": [{"containerPort": 8080}], "readinessProbe": {"tcpSocket": {"port": 8080}}}]});
+    pods.create(&PostParams::default(), &pod_with("server", serving))
+        .await
+        .unwrap();
+    let pod = phase_of(&pods, "server", "Running").await;
+    let ip: std::net::Ipv4Addr = pod.status.unwrap().pod_ip.unwrap().parse().unwrap();
+    let mut socket = tokio::net::TcpStream::connect((ip, 8080)).await.unwrap();
+    let mut text = String::new();
+    socket.read_to_string(&mut text).await.unwrap();
+    assert_eq!(text, "hello from server\n");
+
+    let crash = pods
+        .create(
+            &PostParams::default(),
+            &pod_with(
+                "crasher",
+                json!({"containers": [{"name": "crash", "image": "busybox:1"}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    let looping = eventually(WAIT, "CrashLoopBackOff with restarts", || async {
+        let p = pods.get("crasher").await.unwrap();
+        let s = p
+            .status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .first()?
+            .clone();
+        (s.restart_count >= 2 && waiting_reason(&p).as_deref() == Some("CrashLoopBackOff"))
+            .then_some(s)
+    })
+    .await;
+    let message = looping.state.unwrap().waiting.unwrap().message.unwrap();
+    assert!(
+        message.starts_with("back-off ")
+            && message.contains("restarting failed container=crash pod=crasher_default("),
+        "{message}"
+    );
+    assert_eq!(looping.last_state.unwrap().terminated.unwrap().exit_code, 1);
+    let events = events_for(&client, &crash).await;
+    let backoff = find(&events, "BackOff").unwrap();
+    assert!(
+        backoff
+            .message
+            .as_deref()
+            .unwrap()
+            .starts_with("Back-off restarting failed container crash in pod crasher_default(")
+    );
+    assert!(backoff.count.unwrap() >= 2, "the event's count grows");
+}
+
+#[tokio::test]
+async fn the_kubelet_rejects_what_does_not_fit() {
+    let sim = cluster_with_nodes().await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    // Bound directly, bypassing the scheduler: the kubelet's own accounting rejects it.
+    let spec = json!({"nodeName": "node-1", "containers": [{"name": "main", "image": "nginx:1.27", "resources": {"requests": {"cpu": "8"}}}]});
+    pods.create(&PostParams::default(), &pod_with("greedy", spec))
+        .await
+        .unwrap();
+    let failed = phase_of(&pods, "greedy", "Failed").await.status.unwrap();
+    assert_eq!(failed.reason.as_deref(), Some("OutOfcpu"));
+    assert_eq!(
+        failed.message.as_deref(),
+        Some(
+            "Pod was rejected: Node didn't have enough resource: cpu, requested: 8000, used: 0, capacity: 4000"
+        )
+    );
+}
+
+#[tokio::test]
+async fn injected_rejections_from_rust() {
+    let sim = cluster_with_nodes().await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    sim.faults().reject_next("node-2", 1, "OutOfmemory");
+    pods.create(
+        &PostParams::default(),
+        &pod_with("a", json!({"nodeName": "node-2"})),
+    )
+    .await
+    .unwrap();
+    let status = phase_of(&pods, "a", "Failed").await.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("OutOfmemory"));
+    assert!(
+        status
+            .message
+            .unwrap()
+            .starts_with("Pod was rejected: Node didn't have enough resource: memory, requested: ")
+    );
+    pods.create(
+        &PostParams::default(),
+        &pod_with("b", json!({"nodeName": "node-2"})),
+    )
+    .await
+    .unwrap();
+    phase_of(&pods, "b", "Running").await;
+
+    sim.faults().node_label_race("node-3");
+    pods.create(
+        &PostParams::default(),
+        &pod_with("c", json!({"nodeName": "node-3"})),
+    )
+    .await
+    .unwrap();
+    let status = phase_of(&pods, "c", "Failed").await.status.unwrap();
+    assert_eq!(status.reason.as_deref(), Some("NodeAffinity"));
+    assert_eq!(
+        status.message.as_deref(),
+        Some(
+            "Pod was rejected: Predicate NodeAffinity failed: node(s) didn't match Pod's node affinity/selector"
+        )
+    );
+}
+
+#[tokio::test]
+async fn seeded_rejection_fractions_are_reproducible() {
+    async fn outcomes(seed: u64) -> Vec<bool> {
+        let sim = cluster_with(SimConfig {
+            seed,
+            ..SimConfig::fast()
+        })
+        .await;
+        let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+        sim.faults().reject_fraction(0.5, "OutOfcpu");
+        let mut rejected = vec![];
+        for i in 0..12 {
+            let name = format!("p{i}");
+            pods.create(
+                &PostParams::default(),
+                &pod_with(&name, json!({"nodeName": "node-1"})),
+            )
+            .await
+            .unwrap();
+            let pod = eventually(WAIT, "admission", || async {
+                let p = pods.get(&name).await.unwrap();
+                matches!(
+                    p.status.as_ref()?.phase.as_deref(),
+                    Some("Running" | "Failed")
+                )
+                .then_some(p)
+            })
+            .await;
+            rejected.push(pod.status.unwrap().phase.as_deref() == Some("Failed"));
+        }
+        rejected
+    }
+    let first = outcomes(42).await;
+    assert_eq!(first, outcomes(42).await, "same seed, same rejections");
+    assert!(
+        first.iter().any(|r| *r) && first.iter().any(|r| !*r),
+        "{first:?}"
+    );
+}
+
+#[tokio::test]
+async fn unreachable_nodes_lose_their_pods() {
+    let sim = cluster_with_nodes().await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(
+        &PostParams::default(),
+        &pod_with("p", json!({"nodeName": "node-1"})),
+    )
+    .await
+    .unwrap();
+    phase_of(&pods, "p", "Running").await;
+    sim.faults().set_unreachable("node-1", true);
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually(WAIT, "the node to be Ready=Unknown", || async {
+        let node = nodes.get("node-1").await.unwrap();
+        let ready = node
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.status == "Unknown").then_some(())
+    })
+    .await;
+    let lost = phase_of(&pods, "p", "Unknown").await.status.unwrap();
+    assert_eq!(lost.reason.as_deref(), Some("NodeLost"));
+    assert_eq!(
+        lost.message.as_deref(),
+        Some("Node node-1 which was running pod p is unresponsive")
+    );
+    eventually(WAIT, "eviction", || async {
+        pods.get("p")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .map(|_| ())
+    })
+    .await;
+    // Deleting the node garbage-collects its pods.
+    sim.delete_node("node-1").unwrap();
+    eventually(WAIT, "the pod to be gone with its node", || async {
+        pods.get_opt("p").await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn api_errors_latency_and_review_outages() {
+    let sim = cluster_with(SimConfig::api_only()).await;
+    let client = sim.client().await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    // kube's client retries 503 and 429 by itself; the request log shows what the server did.
+    sim.faults().api_error(ApiFault {
+        matching: RequestMatch::new("create", "configmaps"),
+        code: 503,
+        frequency: Frequency::Next(2),
+    });
+    cms.create(&PostParams::default(), &cm("a")).await.unwrap();
+    assert_eq!(
+        sim.count_requests(|k| k.verb == "create" && k.resource == "configmaps" && k.code == 503),
+        2
+    );
+    assert_eq!(
+        sim.count_requests(|k| k.verb == "create" && k.resource == "configmaps" && k.code == 201),
+        1
+    );
+    sim.faults().api_error(ApiFault {
+        matching: RequestMatch::new("get", "configmaps"),
+        code: 429,
+        frequency: Frequency::Next(1),
+    });
+    cms.get("a").await.unwrap();
+    assert_eq!(sim.count_requests(|k| k.verb == "get" && k.code == 429), 1);
+
+    sim.faults().api_error(ApiFault {
+        matching: RequestMatch::new("delete", "configmaps"),
+        code: 500,
+        frequency: Frequency::Next(1),
+    });
+    let (code, reason, message) = api_error(cms.delete("a", &DeleteParams::default()).await);
+    assert_eq!((code, reason.as_str()), (500, "InternalError"));
+    assert_eq!(
+        message,
+        "Internal error occurred: injected fault (delete configmaps)"
+    );
+    sim.faults().api_error(ApiFault {
+        matching: RequestMatch::new("patch", "*"),
+        code: 409,
+        frequency: Frequency::Next(1),
+    });
+    let patched = cms
+        .patch(
+            "a",
+            &Default::default(),
+            &kube::api::Patch::Merge(json!({"data": {"x": "y"}})),
+        )
+        .await;
+    assert_eq!(api_error(patched).1, "Conflict");
+
+    sim.faults().latency(
+        RequestMatch::new("list", "configmaps"),
+        Duration::from_millis(300),
+    );
+    let started = std::time::Instant::now();
+    cms.list(&Default::default()).await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "the injected latency was applied"
+    );
+    sim.faults().clear_api_faults();
+
+    // A client that does not retry sees the 503 and the 429 with its Retry-After.
+    let mut config = kube::Config::from_custom_kubeconfig(sim.kubeconfig(), &Default::default())
+        .await
+        .unwrap();
+    config.default_retry = false;
+    let plain = kube::Client::try_from(config).unwrap();
+    sim.faults().api_error(ApiFault {
+        matching: RequestMatch::new("get", "configmaps"),
+        code: 429,
+        frequency: Frequency::Next(1),
+    });
+    let request = http::Request::get("/api/v1/namespaces/default/configmaps/a")
+        .body(kube::client::Body::empty())
+        .unwrap();
+    let response = plain.send(request).await.unwrap();
+    assert_eq!(response.status().as_u16(), 429);
+    assert_eq!(
+        response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+
+    sim.faults().token_review_unavailable(true);
+    let reviews: Api<k8s_openapi::api::authentication::v1::TokenReview> = Api::all(plain.clone());
+    let review = serde_json::from_value(json!({"spec": {"token": "x"}})).unwrap();
+    let (code, reason, _) = api_error(reviews.create(&PostParams::default(), &review).await);
+    assert_eq!((code, reason.as_str()), (503, "ServiceUnavailable"));
+    sim.faults().token_review_unavailable(false);
+    reviews
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn watches_are_cut_periodically_on_demand() {
+    let sim = cluster_with(SimConfig::api_only()).await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.client().await.unwrap(), "default");
+    sim.faults()
+        .close_watches_every(Some(Duration::from_millis(300)));
+    let stream = cms
+        .watch(
+            &kube::api::WatchParams::default().disable_bookmarks(),
+            &sim.revision().to_string(),
+        )
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(
+        Duration::from_secs(10),
+        futures::StreamExt::collect::<Vec<_>>(stream),
+    )
+    .await;
+    assert!(ended.is_ok(), "the server closed the watch");
+}
+
+#[tokio::test]
+async fn persistent_volume_claims_are_bound() {
+    let sim = cluster_with_nodes().await;
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(sim.client().await.unwrap(), "default");
+    let claim = json!({"metadata": {"name": "home"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}});
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(claim).unwrap(),
+        )
+        .await
+        .unwrap();
+    let bound = eventually(WAIT, "the claim to bind", || async {
+        let c = claims.get("home").await.unwrap();
+        (c.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(c)
+    })
+    .await;
+    assert!(bound.spec.unwrap().volume_name.unwrap().starts_with("pvc-"));
+}
+
+pub(crate) async fn started_cluster_for_kubectl() -> SimCluster {
+    cluster_with_nodes().await
+}
