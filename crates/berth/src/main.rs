@@ -46,6 +46,12 @@ struct SimArgs {
     /// Port of the API server on 127.0.0.1; 0 picks a free one.
     #[arg(long, default_value_t = 0, env = "BERTH_SIM_PORT")]
     port: u16,
+    /// How many nodes (node-1 ... node-N, 4 cpu and 16Gi each).
+    #[arg(long, default_value_t = 3, env = "BERTH_SIM_NODES")]
+    nodes: usize,
+    /// Seed of the simulator's random faults, to reproduce a run.
+    #[arg(long, default_value_t = 1, env = "BERTH_SIM_SEED")]
+    seed: u64,
 }
 
 fn main() -> ExitCode {
@@ -85,6 +91,8 @@ fn run_sim(args: SimArgs) -> ExitCode {
     runtime.block_on(async {
         let config = berth_sim::SimConfig {
             port: args.port,
+            nodes: berth_sim::NodeConfig::several(args.nodes),
+            seed: args.seed,
             ..Default::default()
         };
         let cluster = match berth_sim::SimCluster::start(config).await {
@@ -107,12 +115,17 @@ fn run_sim(args: SimArgs) -> ExitCode {
             args.kubeconfig.display()
         );
         println!(
-            "  kubectl --kubeconfig {} get namespaces",
+            "  kubectl --kubeconfig {} get nodes",
             args.kubeconfig.display()
+        );
+        println!(
+            "  make node-1 reject its next pod: kubectl annotate node node-1 \
+             sim.berth.dev/reject-next=1:OutOfcpu (more in crates/berth-sim/README.md)"
         );
         println!("berth sim: Ctrl-C or SIGTERM stops it");
         wait_for_shutdown_signal().await;
         cluster.shutdown();
+        let _ = std::fs::remove_file(&args.kubeconfig);
         println!("berth sim: stopped");
         ExitCode::SUCCESS
     })
