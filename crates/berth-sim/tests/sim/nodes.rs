@@ -705,6 +705,21 @@ async fn api_errors_latency_and_review_outages() {
         .create(&PostParams::default(), &review)
         .await
         .unwrap();
+
+    sim.faults().subject_access_review_unavailable(true);
+    let sars: Api<k8s_openapi::api::authorization::v1::SubjectAccessReview> =
+        Api::all(plain.clone());
+    let sar = serde_json::from_value(
+        json!({"spec": {"user": "u", "resourceAttributes": {"verb": "get", "resource": "pods"}}}),
+    )
+    .unwrap();
+    assert_eq!(
+        api_error(sars.create(&PostParams::default(), &sar).await).0,
+        503
+    );
+    sim.faults().subject_access_review_unavailable(false);
+    let answered = sars.create(&PostParams::default(), &sar).await.unwrap();
+    assert_eq!(answered.status.unwrap().allowed, false);
 }
 
 #[tokio::test]
