@@ -1,2 +1,13 @@
-//! The Berth operator: reconcile loop, pure state derivation, pod building, rejection recovery
-//! and the agent handshake. Built by the operator issues; empty until then.
+//! The Berth operator: the reconcile loop (`reconcile.rs`), the pure core that derives status
+//! and actions (`state.rs`), the objects a workspace needs (`pod.rs`), configuration and metrics.
+
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod pod;
+pub mod reconcile;
+pub mod state;
+
+pub use config::{Config, Policy, WarningPolicy};
+pub use error::{Error, Result};
+pub use reconcile::{run, run_with_metrics};

@@ -499,6 +499,19 @@ pub fn apply(
         });
         if !owned_elsewhere {
             remove(&mut result, path);
+            // A map or list the manager no longer applies at all goes with its last field.
+            for depth in (1..path.len()).rev() {
+                let parent: Path = path[..depth].to_vec();
+                let emptied = get(&result, &parent).is_some_and(|v| {
+                    v.as_object().is_some_and(|m| m.is_empty())
+                        || v.as_array().is_some_and(|a| a.is_empty())
+                });
+                if emptied && get(applied, &parent).is_none() {
+                    remove(&mut result, &parent);
+                } else {
+                    break;
+                }
+            }
         }
     }
     let mut applied_body = applied.clone();
@@ -596,6 +609,37 @@ mod tests {
         let owners = entries(&forced);
         let alpha = owners.iter().find(|e| e.manager == "alpha").unwrap();
         assert!(!alpha.fields.iter().any(|p| display(p) == ".spec.replicas"));
+    }
+
+    #[test]
+    fn a_map_no_longer_applied_goes_entirely() {
+        let first = apply(
+            &json!({"metadata": {"name": "x"}}),
+            &json!({"status": {"pod": {"name": "p", "uid": "u"}, "phase": "Running"}}),
+            &Writer {
+                subresource: "status",
+                ..writer("op")
+            },
+            false,
+            "things",
+            "",
+            "x",
+        )
+        .unwrap();
+        let second = apply(
+            &first,
+            &json!({"status": {"phase": "Stopped"}}),
+            &Writer {
+                subresource: "status",
+                ..writer("op")
+            },
+            false,
+            "things",
+            "",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(second["status"], json!({"phase": "Stopped"}));
     }
 
     #[test]

@@ -38,7 +38,18 @@ pub fn merge(target: &mut Value, patch: &Value) {
 /// Applies an RFC 6902 JSON patch; a failed `test` or a bad path is an error the API server
 /// reports as 422 (test) or 500-free 422/400.
 pub fn json(target: &mut Value, patch: &Value) -> ApiResult<()> {
-    let operations: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
+    // As in the API server's JSON patch library, `test` of a missing path against `null`
+    // passes (kube's finalizer helper relies on it when there are no finalizers yet).
+    let mut patch = patch.clone();
+    if let Value::Array(ops) = &mut patch {
+        ops.retain(|op| {
+            let missing = op["path"]
+                .as_str()
+                .is_some_and(|p| target.pointer(p).is_none());
+            !(op["op"] == "test" && op["value"].is_null() && missing)
+        });
+    }
+    let operations: json_patch::Patch = serde_json::from_value(patch).map_err(|e| {
         ApiError::bad_request(format!(
             "the server rejected our request due to an error in our request: {e}"
         ))
@@ -260,6 +271,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(obj["metadata"]["labels"], json!({"z": "3"}));
+    }
+
+    #[test]
+    fn json_patch_test_of_a_missing_path_against_null_passes() {
+        let mut obj = json!({"metadata": {"name": "a"}});
+        let add = json!([{"op": "test", "path": "/metadata/finalizers", "value": null}, {"op": "add", "path": "/metadata/finalizers", "value": ["x"]}]);
+        json(&mut obj, &add).unwrap();
+        assert_eq!(obj["metadata"]["finalizers"], json!(["x"]));
+        assert_eq!(
+            json(&mut obj, &add).unwrap_err().code(),
+            422,
+            "now the path exists and is not null"
+        );
     }
 
     #[test]

@@ -719,7 +719,7 @@ async fn api_errors_latency_and_review_outages() {
     );
     sim.faults().subject_access_review_unavailable(false);
     let answered = sars.create(&PostParams::default(), &sar).await.unwrap();
-    assert_eq!(answered.status.unwrap().allowed, false);
+    assert!(!answered.status.unwrap().allowed);
 }
 
 #[tokio::test]

@@ -1,0 +1,182 @@
+//! The operator's configuration: what the `berth controller` flags set. The parts the pure
+//! core needs are in [`Policy`].
+
+use std::{net::SocketAddr, str::FromStr, time::Duration};
+
+use berth_api::PodRecreationPolicy;
+
+/// How a Warning event on a workspace's pod counts (rule C7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WarningClass {
+    /// Something is wrong (it may still heal): the workspace is `Error`.
+    Error,
+    /// Expected while things settle (e.g. `FailedScheduling` while a node is added): the
+    /// message shows it, the phase stays `Starting`.
+    Transient,
+    /// Not worth showing.
+    Ignore,
+}
+
+/// One classification rule: a Warning reason, its class, and the event count from which it
+/// applies (`FailedMount` may appear once while a secret is being created).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarningRule {
+    pub reason: String,
+    pub class: WarningClass,
+    pub min_count: u32,
+}
+
+/// The classification of Warning reasons; unknown reasons are `Transient`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarningPolicy {
+    pub rules: Vec<WarningRule>,
+}
+
+/// The defaults, written as the `--warning-reasons` flag takes them.
+pub const DEFAULT_WARNING_REASONS: &str = "FailedMount=error:2,FailedAttachVolume=error:2,FailedCreatePodSandBox=error,Failed=error,BackOff=error,FailedPostStartHook=error,FailedScheduling=transient,Unhealthy=transient:3,NetworkNotReady=transient,DNSConfigForming=ignore,FailedPreStopHook=ignore";
+
+impl Default for WarningPolicy {
+    fn default() -> Self {
+        DEFAULT_WARNING_REASONS
+            .parse()
+            .expect("the default warning reasons parse")
+    }
+}
+
+impl WarningPolicy {
+    /// How a Warning with `reason` seen `count` times counts.
+    pub fn classify(&self, reason: &str, count: u32) -> WarningClass {
+        match self.rules.iter().find(|r| r.reason == reason) {
+            Some(rule) if count >= rule.min_count => rule.class,
+            Some(rule) if rule.class == WarningClass::Error => WarningClass::Transient,
+            Some(rule) => rule.class,
+            None => WarningClass::Transient,
+        }
+    }
+}
+
+impl FromStr for WarningPolicy {
+    type Err = String;
+
+    /// `Reason=class[:min_count],...` with class `error`, `transient` or `ignore`.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut rules = vec![];
+        for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (reason, rest) = item
+                .split_once('=')
+                .ok_or_else(|| format!("{item:?}: expected Reason=class[:count]"))?;
+            let (class, count) = match rest.split_once(':') {
+                Some((class, count)) => (
+                    class,
+                    count
+                        .parse::<u32>()
+                        .map_err(|_| format!("{item:?}: the count must be a number"))?,
+                ),
+                None => (rest, 1),
+            };
+            let class = match class {
+                "error" => WarningClass::Error,
+                "transient" => WarningClass::Transient,
+                "ignore" => WarningClass::Ignore,
+                other => {
+                    return Err(format!(
+                        "{item:?}: unknown class {other:?}; use error, transient or ignore"
+                    ));
+                }
+            };
+            rules.push(WarningRule {
+                reason: reason.trim().to_owned(),
+                class,
+                min_count: count.max(1),
+            });
+        }
+        Ok(WarningPolicy { rules })
+    }
+}
+
+/// What the pure core needs to decide.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    /// A start with no progress for this long fails (rule C9), unless the spec says otherwise.
+    pub start_timeout: Duration,
+    /// Rejection recovery defaults (rule C11).
+    pub recreation: PodRecreationPolicy,
+    /// The longest wait between checks of a workspace that is not running yet (rule C6).
+    pub max_requeue: Duration,
+    /// The safety-net recheck of a running workspace.
+    pub resync: Duration,
+    pub warnings: WarningPolicy,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            start_timeout: Duration::from_secs(600),
+            recreation: PodRecreationPolicy {
+                max: 3,
+                delay: Duration::from_secs(15),
+            },
+            max_requeue: Duration::from_secs(60),
+            resync: Duration::from_secs(600),
+            warnings: WarningPolicy::default(),
+        }
+    }
+}
+
+/// The operator's configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Watch one namespace, or all.
+    pub namespace: Option<String>,
+    pub policy: Policy,
+    /// How long deleting a workspace waits for its pod before removing the finalizer anyway.
+    pub deletion_grace: Duration,
+    /// Where `/metrics` is served; None: nowhere.
+    pub metrics_address: Option<SocketAddr>,
+    /// Where `/healthz` and `/readyz` are served; None: nowhere.
+    pub health_address: Option<SocketAddr>,
+    /// The field manager and event reporter name.
+    pub manager: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            namespace: None,
+            policy: Policy::default(),
+            deletion_grace: Duration::from_secs(60),
+            metrics_address: None,
+            health_address: None,
+            manager: "berth-controller".to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warning_reasons_parse_and_classify() {
+        let policy = WarningPolicy::default();
+        assert_eq!(
+            policy.classify("FailedMount", 1),
+            WarningClass::Transient,
+            "one FailedMount may be a race"
+        );
+        assert_eq!(policy.classify("FailedMount", 2), WarningClass::Error);
+        assert_eq!(
+            policy.classify("FailedScheduling", 9),
+            WarningClass::Transient
+        );
+        assert_eq!(policy.classify("DNSConfigForming", 1), WarningClass::Ignore);
+        assert_eq!(policy.classify("SomethingNew", 1), WarningClass::Transient);
+        let custom: WarningPolicy = "FailedScheduling=error,Unhealthy=ignore".parse().unwrap();
+        assert_eq!(custom.classify("FailedScheduling", 1), WarningClass::Error);
+        assert!("FailedMount".parse::<WarningPolicy>().is_err());
+        assert_eq!(
+            "FailedMount=fatal".parse::<WarningPolicy>().unwrap_err(),
+            "\"FailedMount=fatal\": unknown class \"fatal\"; use error, transient or ignore"
+        );
+    }
+}

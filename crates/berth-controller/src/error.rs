@@ -1,0 +1,49 @@
+//! The one error type of the operator, with a stable reason per variant for metrics labels
+//! and Warning events.
+
+/// What can go wrong while reconciling a workspace.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Kubernetes API refused or failed a request.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[source] Box<kube::Error>),
+    /// The finalizer helper failed to add or remove the finalizer, or cleanup failed.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// Deletion waits for the workspace's pod to stop.
+    #[error("waiting for pod {0} to stop before the workspace is deleted")]
+    PodStopping(String),
+    /// An object could not be serialized.
+    #[error("serialization: {0}")]
+    Serialization(#[from] serde_json::Error),
+}
+
+impl From<kube::Error> for Error {
+    fn from(error: kube::Error) -> Self {
+        Error::Kube(Box::new(error))
+    }
+}
+
+impl Error {
+    /// A stable, CamelCase reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(e) => match &**e {
+                kube::Error::Api(status) if status.code == 409 => "Conflict",
+                kube::Error::Api(status) if status.code == 403 => "Forbidden",
+                kube::Error::Api(status) if status.code == 422 => "Invalid",
+                kube::Error::Api(status) if status.code >= 500 || status.code == 429 => {
+                    "ApiUnavailable"
+                }
+                kube::Error::Api(_) => "ApiError",
+                _ => "ApiUnreachable",
+            },
+            Error::Finalizer(_) => "Finalizer",
+            Error::PodStopping(_) => "PodStopping",
+            Error::Serialization(_) => "Serialization",
+        }
+    }
+}
+
+/// `Result` with the operator's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,158 @@
+//! Prometheus metrics (OpenMetrics) and the `/metrics`, `/healthz`, `/readyz` endpoints.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub phase: String,
+}
+
+/// The operator's metrics.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub reconcile_duration: Family<ResultLabel, Histogram>,
+    pub reconcile_errors: Family<ReasonLabel, Counter>,
+    pub workspaces: Family<PhaseLabel, Gauge>,
+    pub start_seconds: Histogram,
+    pub status_writes: Counter,
+    /// Caches synced and the CRD served: `/readyz` answers 200.
+    pub ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("berth");
+        let reconcile_duration = Family::<ResultLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0])
+        });
+        let reconcile_errors = Family::<ReasonLabel, Counter>::default();
+        let workspaces = Family::<PhaseLabel, Gauge>::default();
+        let start_seconds = Histogram::new([1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]);
+        let status_writes = Counter::default();
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time to reconcile one workspace, by result",
+            reconcile_duration.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconcile errors, by reason",
+            reconcile_errors.clone(),
+        );
+        registry.register("workspaces", "Workspaces, by phase", workspaces.clone());
+        registry.register(
+            "workspace_start_seconds",
+            "From the start of a workspace (creation, resume, spec change) to Ready",
+            start_seconds.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "Workspace status writes",
+            status_writes.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(registry),
+            reconcile_duration,
+            reconcile_errors,
+            workspaces,
+            start_seconds,
+            status_writes,
+            ready: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Metrics {
+    /// The OpenMetrics text.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        // Writing into a String cannot fail.
+        let _ = encode(&mut text, &registry);
+        text
+    }
+
+    pub fn observe_reconcile(&self, result: &str, duration: Duration) {
+        self.reconcile_duration
+            .get_or_create(&ResultLabel {
+                result: result.to_owned(),
+            })
+            .observe(duration.as_secs_f64());
+    }
+}
+
+async fn metrics(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        metrics.render(),
+    )
+}
+
+async fn healthz() -> impl IntoResponse {
+    "ok"
+}
+
+async fn readyz(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    if metrics.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+    }
+}
+
+/// Serves `/metrics` on one address and the health endpoints on another (or the same).
+pub async fn serve(
+    metrics: Arc<Metrics>,
+    metrics_address: Option<SocketAddr>,
+    health_address: Option<SocketAddr>,
+) -> std::io::Result<()> {
+    let mut servers = tokio::task::JoinSet::new();
+    let metrics_router = Router::new().route("/metrics", get(self::metrics));
+    let health_router = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz));
+    let plan: Vec<(SocketAddr, Router<Arc<Metrics>>)> = match (metrics_address, health_address) {
+        (Some(m), Some(h)) if m == h => vec![(m, metrics_router.merge(health_router))],
+        (m, h) => m
+            .map(|a| (a, metrics_router))
+            .into_iter()
+            .chain(h.map(|a| (a, health_router)))
+            .collect(),
+    };
+    for (address, router) in plan {
+        let listener = tokio::net::TcpListener::bind(address).await?;
+        let app = router.with_state(metrics.clone());
+        servers.spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+    }
+    while servers.join_next().await.is_some() {}
+    Ok(())
+}

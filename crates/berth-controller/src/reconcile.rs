@@ -1,0 +1,497 @@
+//! The reconcile loop: kube-runtime's `Controller` on Workspaces, woken by changes of the pods,
+//! claims and services Berth owns and by Warning events of pods (rule C1). Each reconcile
+//! observes from caches (rule C3), hands the decision to the pure core, acts, and writes the
+//! status only when it changed (rule C16).
+
+use std::{collections::HashMap, sync::Arc, time::Instant};
+
+use berth_api::{Workspace, WorkspaceStatus, labels};
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Service};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
+    runtime::{
+        Controller, WatchStreamExt,
+        controller::Action as Requeue,
+        events::{Event as KubeEvent, EventType, Recorder, Reporter},
+        finalizer::{Event as Finalizer, finalizer},
+        reflector::{self, ObjectRef, Store, reflector},
+        watcher,
+    },
+};
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::{
+    Error, Result,
+    config::Config,
+    metrics::{Metrics, PhaseLabel, ReasonLabel},
+    pod,
+    state::{self, Action, Observed},
+};
+
+/// Everything a reconcile needs: the client, the caches, the recorder, the metrics.
+pub struct Context {
+    pub client: Client,
+    pub config: Config,
+    pub pods: Store<Pod>,
+    pub claims: Store<PersistentVolumeClaim>,
+    pub services: Store<Service>,
+    pub events: Store<Event>,
+    pub workspaces: Store<Workspace>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// Consecutive failures per workspace, for per-object backoff (rule C19).
+    failures: std::sync::Mutex<HashMap<ObjectRef<Workspace>, u32>>,
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn owned() -> watcher::Config {
+    watcher::Config::default().labels(&format!(
+        "{}={}",
+        labels::MANAGED_BY,
+        labels::MANAGED_BY_VALUE
+    ))
+}
+
+/// Runs the operator until the future is dropped.
+pub async fn run(client: Client, config: Config) -> Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    if config.metrics_address.is_some() || config.health_address.is_some() {
+        let (m, h, served) = (
+            config.metrics_address,
+            config.health_address,
+            metrics.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(served, m, h).await {
+                warn!(error = %e, "cannot serve metrics or health endpoints");
+            }
+        });
+    }
+    run_with_metrics(client, config, metrics).await
+}
+
+/// [`run`] with metrics the caller keeps (tests read them).
+pub async fn run_with_metrics(client: Client, config: Config, metrics: Arc<Metrics>) -> Result<()> {
+    let namespace = config.namespace.clone();
+    let ns = namespace.as_deref();
+    let workspaces: Api<Workspace> = api(&client, ns);
+
+    let (pods, pods_writer) = reflector::store::<Pod>();
+    let pod_stream = reflector(
+        pods_writer,
+        watcher(api::<Pod>(&client, ns), owned()).default_backoff(),
+    )
+    .modify(|p| p.managed_fields_mut().clear())
+    .touched_objects();
+    let (claims, claims_writer) = reflector::store::<PersistentVolumeClaim>();
+    let claim_stream = reflector(
+        claims_writer,
+        watcher(api::<PersistentVolumeClaim>(&client, ns), owned()).default_backoff(),
+    )
+    .modify(|c| c.managed_fields_mut().clear())
+    .touched_objects();
+    let (services, services_writer) = reflector::store::<Service>();
+    let service_stream = reflector(
+        services_writer,
+        watcher(api::<Service>(&client, ns), owned()).default_backoff(),
+    )
+    .modify(|s| s.managed_fields_mut().clear())
+    .touched_objects();
+    let (events, events_writer) = reflector::store::<Event>();
+    let warning_events = watcher::Config::default().fields("involvedObject.kind=Pod,type=Warning");
+    let event_stream = reflector(
+        events_writer,
+        watcher(api::<Event>(&client, ns), warning_events).default_backoff(),
+    )
+    .modify(|e| e.managed_fields_mut().clear())
+    .touched_objects();
+
+    let controller = Controller::new(workspaces, watcher::Config::default())
+        .with_config(kube::runtime::controller::Config::default().concurrency(16));
+    let workspace_store = controller.store();
+    let reporter = Reporter {
+        controller: config.manager.clone(),
+        instance: std::env::var("HOSTNAME").ok(),
+    };
+    let context = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+        config,
+        pods: pods.clone(),
+        claims,
+        services,
+        events,
+        workspaces: workspace_store,
+        metrics: metrics.clone(),
+        failures: Default::default(),
+    });
+
+    // Warning events map to the workspace of the pod they are about (found by the pod's
+    // label in the cache, else by the pod name's suffix).
+    let pods_for_events = pods.clone();
+    let event_to_workspace = move |event: Event| -> Option<ObjectRef<Workspace>> {
+        let involved = &event.involved_object;
+        let namespace = involved.namespace.clone()?;
+        let pod_name = involved.name.clone()?;
+        let workspace = pods_for_events
+            .get(&ObjectRef::new(&pod_name).within(&namespace))
+            .and_then(|p| p.labels().get(labels::WORKSPACE).cloned())
+            .or_else(|| pod_name.strip_suffix("-ws").map(str::to_owned))?;
+        Some(ObjectRef::new(&workspace).within(&namespace))
+    };
+
+    let ready_metrics = metrics.clone();
+    let ready_pods = pods.clone();
+    tokio::spawn(async move {
+        let _ = ready_pods.wait_until_ready().await;
+        ready_metrics
+            .ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+
+    controller
+        .owns_stream(pod_stream)
+        .owns_stream(claim_stream)
+        .owns_stream(service_stream)
+        .watches_stream(event_stream, event_to_workspace)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconcile failed");
+            }
+        })
+        .await;
+    Ok(())
+}
+
+async fn reconcile(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
+    let started = Instant::now();
+    let namespace = workspace.namespace().unwrap_or_default();
+    let api: Api<Workspace> = Api::namespaced(ctx.client.clone(), &namespace);
+    let reference = ObjectRef::from_obj(&*workspace);
+    let result = finalizer(&api, labels::FINALIZER, workspace, |event| async {
+        match event {
+            Finalizer::Apply(ws) => apply(ws, ctx.clone()).await,
+            Finalizer::Cleanup(ws) => cleanup(ws, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(inner)
+        | kube::runtime::finalizer::Error::CleanupFailed(inner) => inner,
+        other => Error::Finalizer(Box::new(other)),
+    });
+    ctx.metrics.observe_reconcile(
+        if result.is_ok() { "ok" } else { "error" },
+        started.elapsed(),
+    );
+    if result.is_ok() {
+        ctx.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&reference);
+    }
+    update_phase_gauge(&ctx);
+    result
+}
+
+fn error_policy(workspace: Arc<Workspace>, error: &Error, ctx: Arc<Context>) -> Requeue {
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&ReasonLabel {
+            reason: error.reason().to_owned(),
+        })
+        .inc();
+    if matches!(error, Error::PodStopping(_)) {
+        return Requeue::requeue(std::time::Duration::from_secs(1));
+    }
+    let mut failures = ctx.failures.lock().unwrap_or_else(|p| p.into_inner());
+    let attempt = failures
+        .entry(ObjectRef::from_obj(&*workspace))
+        .or_default();
+    *attempt += 1;
+    let delay = std::time::Duration::from_millis(250)
+        .saturating_mul(1 << (*attempt).min(8))
+        .min(ctx.config.policy.max_requeue);
+    warn!(workspace = %workspace.name_any(), reason = error.reason(), %error, ?delay, "reconcile failed; retrying");
+    Requeue::requeue(delay)
+}
+
+fn update_phase_gauge(ctx: &Context) {
+    let mut counts: HashMap<String, i64> = HashMap::new();
+    for ws in ctx.workspaces.state() {
+        let phase = ws.status.as_ref().and_then(|s| s.phase).unwrap_or_default();
+        *counts.entry(phase.to_string()).or_default() += 1;
+    }
+    for phase in berth_api::Phase::ALL {
+        let count = counts.get(phase.as_str()).copied().unwrap_or(0);
+        ctx.metrics
+            .workspaces
+            .get_or_create(&PhaseLabel {
+                phase: phase.to_string(),
+            })
+            .set(count);
+    }
+}
+
+/// Waits until every cache has its initial list, so a decision never rests on a cache that
+/// has not been filled yet (which would make, say, a restarted operator recreate things).
+async fn caches_ready(ctx: &Context) {
+    let _ = ctx.pods.wait_until_ready().await;
+    let _ = ctx.claims.wait_until_ready().await;
+    let _ = ctx.services.wait_until_ready().await;
+    let _ = ctx.events.wait_until_ready().await;
+}
+
+/// Observe, derive, act, report.
+async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
+    caches_ready(&ctx).await;
+    let namespace = workspace.namespace().unwrap_or_default();
+    let name = workspace.name_any();
+    let pod_name = pod::pod_name(&name);
+    let pod = ctx.pods.get(&ObjectRef::new(&pod_name).within(&namespace));
+    let claim = ctx
+        .claims
+        .get(&ObjectRef::new(&pod::claim_name(&name)).within(&namespace));
+    let service = ctx
+        .services
+        .get(&ObjectRef::new(&pod::service_name(&name)).within(&namespace));
+    let pod_uid = pod.as_ref().and_then(|p| p.uid());
+    let events: Vec<Arc<Event>> = match &pod_uid {
+        Some(uid) => ctx
+            .events
+            .state()
+            .into_iter()
+            .filter(|e| e.involved_object.uid.as_deref() == Some(uid.as_str()))
+            .collect(),
+        None => vec![],
+    };
+    let warnings: Vec<&Event> = events.iter().map(|e| e.as_ref()).collect();
+    let observed = Observed {
+        workspace: &workspace,
+        pod: pod.as_deref(),
+        warnings: &warnings,
+        claim: claim.as_deref(),
+        service: service.as_deref(),
+    };
+    let mut decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
+
+    for action in decision.actions.clone() {
+        if let Some(foreign) = act(&workspace, &action, &ctx).await? {
+            // The pod name is taken by a pod Berth does not own (our cache only holds ours):
+            // say so instead of retrying the create.
+            let observed = Observed {
+                pod: Some(&foreign),
+                ..observed
+            };
+            decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
+            break;
+        }
+    }
+    let old = workspace.status.clone().unwrap_or_default();
+    if decision.status != old {
+        write_status(&workspace, &decision.status, &ctx).await?;
+        if let (Some(started), Some(ready)) =
+            (&decision.status.started_at, &decision.status.ready_at)
+            && old.ready_at.is_none()
+        {
+            let seconds = ready.0.duration_since(started.0).as_secs_f64();
+            ctx.metrics.start_seconds.observe(seconds.max(0.0));
+        }
+    }
+    let reference = kube::Resource::object_ref(&*workspace, &());
+    for notice in &decision.notices {
+        let event = KubeEvent {
+            type_: if notice.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: notice.reason.to_owned(),
+            note: Some(notice.note.clone()),
+            action: notice.reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = ctx.recorder.publish(&event, &reference).await {
+            warn!(%error, reason = notice.reason, "cannot publish event");
+        }
+    }
+    Ok(Requeue::requeue(decision.requeue))
+}
+
+async fn write_status(
+    workspace: &Workspace,
+    status: &WorkspaceStatus,
+    ctx: &Context,
+) -> Result<()> {
+    let namespace = workspace.namespace().unwrap_or_default();
+    let api: Api<Workspace> = Api::namespaced(ctx.client.clone(), &namespace);
+    let body = json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "status": status});
+    api.patch_status(
+        &workspace.name_any(),
+        &PatchParams::apply(&ctx.config.manager).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    ctx.metrics.status_writes.inc();
+    info!(workspace = %workspace.name_any(), phase = ?status.phase, message = ?status.message, "status");
+    Ok(())
+}
+
+fn ignore_conflicts(result: Result<(), kube::Error>) -> Result<()> {
+    match result {
+        // Already there (the cache lagged) or already gone: the decision holds.
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(()),
+        other => other.map_err(Error::from),
+    }
+}
+
+/// Carries out one action. Returns the pod that blocks a create when that pod is not the
+/// workspace's own.
+async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Option<Pod>> {
+    let namespace = workspace.namespace().unwrap_or_default();
+    let client = ctx.client.clone();
+    let create = PostParams {
+        field_manager: Some(ctx.config.manager.clone()),
+        ..Default::default()
+    };
+    match action {
+        Action::CreatePod => {
+            let pods: Api<Pod> = Api::namespaced(client, &namespace);
+            let wanted = pod::build_pod(workspace);
+            match pods.create(&create, &wanted).await {
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    let existing = pods.get_opt(&wanted.name_any()).await?;
+                    Ok(existing.filter(|p| !pod::is_owned_by(&p.metadata, workspace)))
+                }
+                other => other.map(|_| None).map_err(Error::from),
+            }
+        }
+        Action::DeletePod { uid } => {
+            let pods: Api<Pod> = Api::namespaced(client, &namespace);
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            ignore_conflicts(
+                pods.delete(&pod::pod_name(&workspace.name_any()), &params)
+                    .await
+                    .map(|_| ()),
+            )
+            .map(|()| None)
+        }
+        Action::CreateClaim => {
+            let claims: Api<PersistentVolumeClaim> = Api::namespaced(client, &namespace);
+            match pod::build_claim(workspace) {
+                Some(claim) => ignore_conflicts(claims.create(&create, &claim).await.map(|_| ()))
+                    .map(|()| None),
+                None => Ok(None),
+            }
+        }
+        Action::CreateService | Action::UpdateService => {
+            let services: Api<Service> = Api::namespaced(client, &namespace);
+            match pod::build_service(workspace) {
+                Some(service) => {
+                    let params = PatchParams::apply(&ctx.config.manager).force();
+                    let mut body = serde_json::to_value(&service)?;
+                    body["apiVersion"] = json!("v1");
+                    body["kind"] = json!("Service");
+                    services
+                        .patch(&service.name_any(), &params, &Patch::Apply(&body))
+                        .await?;
+                    Ok(None)
+                }
+                None => Ok(None),
+            }
+        }
+        Action::DeleteService => {
+            let services: Api<Service> = Api::namespaced(client, &namespace);
+            ignore_conflicts(
+                services
+                    .delete(
+                        &pod::service_name(&workspace.name_any()),
+                        &DeleteParams::default(),
+                    )
+                    .await
+                    .map(|_| ()),
+            )
+            .map(|()| None)
+        }
+    }
+}
+
+/// Deletion (rule C18): stop the pod, wait until it is gone or the grace period ran out, then
+/// let the finalizer go; owned objects follow by garbage collection.
+async fn cleanup(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
+    caches_ready(&ctx).await;
+    let namespace = workspace.namespace().unwrap_or_default();
+    let pod_name = pod::pod_name(&workspace.name_any());
+    let Some(current) = ctx
+        .pods
+        .get(&ObjectRef::new(&pod_name).within(&namespace))
+        .filter(|p| pod::is_owned_by(&p.metadata, &workspace))
+    else {
+        return Ok(Requeue::await_change());
+    };
+    let deleting_for = workspace
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| Timestamp::now().duration_since(t.0))
+        .and_then(|d| std::time::Duration::try_from(d).ok())
+        .unwrap_or_default();
+    if deleting_for >= ctx.config.deletion_grace {
+        warn!(workspace = %workspace.name_any(), pod = %pod_name, "pod did not stop within the deletion grace period; deleting it at once and letting the workspace go");
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+        let _ = pods
+            .delete(
+                &pod_name,
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                },
+            )
+            .await;
+        return Ok(Requeue::await_change());
+    }
+    let status = workspace.status.clone().unwrap_or_default();
+    if status.phase != Some(berth_api::Phase::Terminating) {
+        let mut terminating = status.clone();
+        terminating.phase = Some(berth_api::Phase::Terminating);
+        terminating.message = Some(format!(
+            "Stopping pod {pod_name} before the workspace is deleted"
+        ));
+        write_status(&workspace, &terminating, &ctx).await?;
+    }
+    if current.metadata.deletion_timestamp.is_none() {
+        act(
+            &workspace,
+            &Action::DeletePod {
+                uid: current.uid().unwrap_or_default(),
+            },
+            &ctx,
+        )
+        .await?;
+    }
+    Err(Error::PodStopping(pod_name))
+}

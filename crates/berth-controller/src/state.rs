@@ -1,0 +1,704 @@
+//! The pure core: from what was observed (the workspace, its pod, the pod's Warning events,
+//! its claim and service) and the time, derive the whole status, what to do, which events to
+//! publish and when to look again. No I/O here; every rule of the phase table lives here.
+
+use std::time::Duration;
+
+use berth_api::{
+    ConditionStatus, Phase, PodRef, Workspace, WorkspaceStatus,
+    condition::{find_condition, reasons, set_condition, types},
+    labels,
+};
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::{ContainerStatus, Event, PersistentVolumeClaim, Pod, Service},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
+use kube::ResourceExt;
+
+use crate::{
+    config::{Policy, WarningClass},
+    pod::{self, is_owned_by},
+};
+
+/// Container waiting reasons that mean something is wrong (the kubelet's own words).
+pub const ERROR_WAITING_REASONS: &[&str] = &[
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "InvalidImageName",
+    "CrashLoopBackOff",
+    "RunContainerError",
+];
+
+/// What the operator saw, all from its caches.
+#[derive(Clone, Copy, Debug)]
+pub struct Observed<'a> {
+    pub workspace: &'a Workspace,
+    /// The pod with the workspace's pod name, whoever owns it.
+    pub pod: Option<&'a Pod>,
+    /// Warning events whose `involvedObject.uid` is the current pod's (rule C2).
+    pub warnings: &'a [&'a Event],
+    pub claim: Option<&'a PersistentVolumeClaim>,
+    pub service: Option<&'a Service>,
+}
+
+/// Something to do through the API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    CreateClaim,
+    CreateService,
+    UpdateService,
+    DeleteService,
+    CreatePod,
+    /// Delete the pod with this UID (a precondition, so a newer pod is never hit).
+    DeletePod {
+        uid: String,
+    },
+}
+
+/// A Kubernetes Event to publish about the workspace (rule C17).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub note: String,
+}
+
+impl Notice {
+    fn normal(reason: &'static str, note: String) -> Self {
+        Notice {
+            warning: false,
+            reason,
+            note,
+        }
+    }
+
+    fn warning(reason: &'static str, note: String) -> Self {
+        Notice {
+            warning: true,
+            reason,
+            note,
+        }
+    }
+}
+
+/// What [`derive`] decided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub status: WorkspaceStatus,
+    pub actions: Vec<Action>,
+    pub notices: Vec<Notice>,
+    pub requeue: Duration,
+}
+
+/// The most relevant thing wrong (or happening) with a pod that is not ready (rule C6).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Signal {
+    reason: String,
+    message: String,
+    error: bool,
+}
+
+fn time(now: Timestamp) -> Time {
+    Time(now)
+}
+
+/// The count of an event: `series.count`, else `count`, else 1 (rule C2).
+pub fn event_count(event: &Event) -> u32 {
+    event
+        .series
+        .as_ref()
+        .and_then(|s| s.count)
+        .or(event.count)
+        .unwrap_or(1)
+        .max(1) as u32
+}
+
+/// When an event was last seen: `series.lastObservedTime`, `lastTimestamp`, `eventTime`, then
+/// `creationTimestamp` (rule C2).
+pub fn event_time(event: &Event) -> Option<Timestamp> {
+    event
+        .series
+        .as_ref()
+        .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
+        .or_else(|| event.last_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| event.event_time.as_ref().map(|t| t.0))
+        .or_else(|| event.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+fn waiting(statuses: Option<&Vec<ContainerStatus>>) -> Option<(String, String)> {
+    statuses?.iter().find_map(|s| {
+        let waiting = s.state.as_ref()?.waiting.as_ref()?;
+        let reason = waiting.reason.clone()?;
+        Some((reason, waiting.message.clone().unwrap_or_default()))
+    })
+}
+
+/// The first signal by priority: unschedulable, then a container's waiting reason, then the
+/// newest classified Warning event.
+fn signal(pod: &Pod, warnings: &[&Event], policy: &Policy) -> Option<Signal> {
+    let status = pod.status.as_ref();
+    let scheduled = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
+    if let Some(condition) =
+        scheduled.filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+    {
+        return Some(Signal {
+            reason: reasons::UNSCHEDULABLE.to_owned(),
+            message: condition.message.clone().unwrap_or_default(),
+            error: policy.warnings.classify("FailedScheduling", 1) == WarningClass::Error,
+        });
+    }
+    let waiting = waiting(status.and_then(|s| s.init_container_statuses.as_ref()))
+        .filter(|(r, _)| ERROR_WAITING_REASONS.contains(&r.as_str()))
+        .or_else(|| {
+            waiting(status.and_then(|s| s.container_statuses.as_ref()))
+                .filter(|(r, _)| ERROR_WAITING_REASONS.contains(&r.as_str()))
+        });
+    if let Some((reason, message)) = waiting {
+        let message = if message.is_empty() {
+            reason.clone()
+        } else {
+            format!("{reason}: {message}")
+        };
+        return Some(Signal {
+            reason,
+            message,
+            error: true,
+        });
+    }
+    let newest = warnings
+        .iter()
+        .filter_map(|e| {
+            let reason = e.reason.clone()?;
+            let class = policy.warnings.classify(&reason, event_count(e));
+            (class != WarningClass::Ignore).then(|| {
+                (
+                    event_time(e),
+                    reason,
+                    e.message.clone().unwrap_or_default(),
+                    class,
+                )
+            })
+        })
+        .max_by(|a, b| a.0.cmp(&b.0));
+    newest.map(|(_, reason, message, class)| Signal {
+        message: format!("{reason}: {message}"),
+        reason,
+        error: class == WarningClass::Error,
+    })
+}
+
+fn pod_condition(pod: &Pod, type_: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+}
+
+/// The requeue of a workspace that is not running: it grows with time since the start
+/// (1 s, 2 s, 4 s ...) up to the cap (rule C6).
+pub fn requeue_interval(since_start: Duration, cap: Duration) -> Duration {
+    let seconds = since_start.as_secs().max(1);
+    let power = 1u64 << (63 - seconds.leading_zeros()).min(30);
+    Duration::from_secs(power).clamp(Duration::from_secs(1), cap.max(Duration::from_secs(1)))
+}
+
+fn elapsed(since: Option<&Time>, now: Timestamp) -> Duration {
+    since
+        .map(|t| now.duration_since(t.0))
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or_default()
+}
+
+/// Removes a condition entirely (Stalled is present only while true).
+fn clear_condition(status: &mut WorkspaceStatus, type_: &str) {
+    status.conditions.retain(|c| c.type_ != type_);
+}
+
+struct Builder<'a> {
+    status: WorkspaceStatus,
+    generation: Option<i64>,
+    now: Time,
+    actions: Vec<Action>,
+    notices: Vec<Notice>,
+    old: &'a WorkspaceStatus,
+}
+
+impl Builder<'_> {
+    fn condition(&mut self, type_: &str, status: ConditionStatus, reason: &str, message: &str) {
+        set_condition(
+            &mut self.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            self.generation,
+            &self.now,
+        );
+    }
+
+    fn phase(&mut self, phase: Phase, message: impl Into<String>) {
+        self.status.phase = Some(phase);
+        self.status.message = Some(message.into());
+    }
+}
+
+/// Derives the workspace's status and the actions that move it toward its spec.
+pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decision {
+    let workspace = observed.workspace;
+    let name = workspace.name_any();
+    let pod_name = pod::pod_name(&name);
+    let empty = WorkspaceStatus::default();
+    let old = workspace.status.as_ref().unwrap_or(&empty);
+    let mut b = Builder {
+        status: old.clone(),
+        generation: workspace.metadata.generation,
+        now: time(now),
+        actions: vec![],
+        notices: vec![],
+        old,
+    };
+    b.status.observed_generation = workspace.metadata.generation;
+    let slow = policy.resync;
+
+    // A spec that can never work waits for a change, without retries (rule C19).
+    let start_timeout = match workspace
+        .spec
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.start_timeout.as_ref())
+    {
+        Some(text) => match text.to_duration() {
+            Ok(d) => d,
+            Err(e) => {
+                let message = format!("The spec cannot work: lifecycle.startTimeout: {e}");
+                b.condition(
+                    types::STALLED,
+                    ConditionStatus::True,
+                    reasons::INVALID_SPEC,
+                    &message,
+                );
+                b.condition(
+                    types::READY,
+                    ConditionStatus::False,
+                    reasons::INVALID_SPEC,
+                    &message,
+                );
+                b.phase(Phase::Failed, message);
+                return b.finish(slow);
+            }
+        },
+        None => policy.start_timeout,
+    };
+
+    let owned_pod = observed.pod.filter(|p| is_owned_by(&p.metadata, workspace));
+    if let Some(foreign) = observed
+        .pod
+        .filter(|p| !is_owned_by(&p.metadata, workspace))
+    {
+        let message = format!(
+            "Pod {} exists and is not owned by this workspace; Berth never adopts or deletes it. Delete or rename that pod, or rename the workspace.",
+            foreign.name_any()
+        );
+        b.condition(
+            types::READY,
+            ConditionStatus::False,
+            "PodNotOwned",
+            &message,
+        );
+        b.phase(Phase::Error, message);
+        let wait = requeue_interval(
+            elapsed(b.status.started_at.as_ref(), now),
+            policy.max_requeue,
+        );
+        return b.finish(wait);
+    }
+
+    // Storage and service follow the spec whatever the pod does.
+    if pod::build_claim(workspace).is_some() && observed.claim.is_none() {
+        b.actions.push(Action::CreateClaim);
+    }
+    match (pod::build_service(workspace).is_some(), observed.service) {
+        (true, None) => b.actions.push(Action::CreateService),
+        (true, Some(s)) if !pod::service_ports_match(s, workspace) => {
+            b.actions.push(Action::UpdateService)
+        }
+        (false, Some(s)) if is_owned_by(&s.metadata, workspace) => {
+            b.actions.push(Action::DeleteService)
+        }
+        _ => {}
+    }
+
+    if workspace.spec.paused {
+        clear_condition(&mut b.status, types::STALLED);
+        b.status.started_at = None;
+        b.status.pod_recreations = None;
+        if !matches!(old.phase, Some(Phase::Stopping | Phase::Stopped)) {
+            b.notices.push(Notice::normal(
+                "Paused",
+                "Workspace paused: its pod is deleted, its storage kept".into(),
+            ));
+        }
+        b.condition(
+            types::READY,
+            ConditionStatus::False,
+            reasons::PAUSED,
+            "Workspace is paused",
+        );
+        return match owned_pod {
+            Some(p) => {
+                if p.metadata.deletion_timestamp.is_none() {
+                    b.actions.push(Action::DeletePod {
+                        uid: p.uid().unwrap_or_default(),
+                    });
+                }
+                b.phase(
+                    Phase::Stopping,
+                    format!("Stopping pod {pod_name} to pause the workspace"),
+                );
+                b.finish(Duration::from_secs(1))
+            }
+            None => {
+                b.status.pod = None;
+                b.status.agent = None;
+                for t in [types::POD_SCHEDULED, types::POD_READY, types::AGENT_READY] {
+                    clear_condition(&mut b.status, t);
+                }
+                b.phase(Phase::Stopped, "Workspace is paused; its storage is kept");
+                b.finish(slow)
+            }
+        };
+    }
+    if matches!(old.phase, Some(Phase::Stopped | Phase::Stopping))
+        && old.conditions.iter().any(|c| c.reason == reasons::PAUSED)
+    {
+        b.notices.push(Notice::normal(
+            "Resumed",
+            "Workspace resumed: creating its pod".into(),
+        ));
+    }
+
+    // Gave up earlier: stay Failed until the spec changes or the user restarts (rule C9, C12).
+    let stalled = find_condition(&old.conditions, types::STALLED)
+        .filter(|c| c.status == "True")
+        .cloned();
+    if let Some(stall) = stalled.clone().filter(|c| {
+        c.observed_generation == workspace.metadata.generation && c.reason != reasons::INVALID_SPEC
+    }) {
+        if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            b.actions.push(Action::DeletePod {
+                uid: p.uid().unwrap_or_default(),
+            });
+        }
+        if owned_pod.is_none() {
+            b.status.pod = None;
+        }
+        b.status.phase = Some(Phase::Failed);
+        b.status.message = Some(stall.message.clone());
+        return b.finish(slow);
+    }
+    if stalled.is_some() {
+        // A new generation starts again.
+        clear_condition(&mut b.status, types::STALLED);
+        b.status.started_at = None;
+        b.status.pod_recreations = None;
+    }
+
+    let Some(pod) = owned_pod else {
+        b.actions.push(Action::CreatePod);
+        if b.status.started_at.is_none() {
+            b.status.started_at = Some(time(now));
+        }
+        b.status.pod = None;
+        b.status.ready_at = None;
+        b.condition(
+            types::POD_SCHEDULED,
+            ConditionStatus::False,
+            reasons::WAITING_FOR_SCHEDULER,
+            &format!("Pod {pod_name} is being created"),
+        );
+        b.condition(
+            types::POD_READY,
+            ConditionStatus::False,
+            reasons::CONTAINER_CREATING,
+            &format!("Pod {pod_name} is being created"),
+        );
+        b.condition(
+            types::READY,
+            ConditionStatus::False,
+            reasons::CONTAINER_CREATING,
+            &format!("Pod {pod_name} is being created"),
+        );
+        b.notices
+            .push(Notice::normal("Created", format!("Created pod {pod_name}")));
+        b.phase(Phase::Pending, format!("Creating pod {pod_name}"));
+        return b.finish(Duration::from_secs(1));
+    };
+    let uid = pod.uid().unwrap_or_default();
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
+    let previous_pod = old.pod.clone();
+    b.status.pod = Some(PodRef {
+        name: pod_name.clone(),
+        uid: Some(uid.clone()),
+        ip: ip.clone(),
+        node_name: node.clone(),
+    });
+    if let (Some(ip), Some(node)) = (&ip, &node) {
+        let had_ip = previous_pod
+            .as_ref()
+            .is_some_and(|p| p.uid.as_deref() == Some(uid.as_str()) && p.ip.is_some());
+        if !had_ip {
+            b.notices.push(Notice::normal(
+                "Started",
+                format!("Pod {pod_name} started on {node} ({ip})"),
+            ));
+        }
+    }
+
+    if pod.metadata.deletion_timestamp.is_some() {
+        b.phase(
+            Phase::Stopping,
+            format!("Waiting for pod {pod_name} to stop"),
+        );
+        return b.finish(Duration::from_secs(1));
+    }
+    let current_hash = pod
+        .annotations()
+        .get(labels::SPEC_HASH)
+        .cloned()
+        .unwrap_or_default();
+    if current_hash != pod::spec_hash(&workspace.spec) {
+        b.actions.push(Action::DeletePod { uid });
+        b.status.started_at = Some(time(now));
+        b.status.ready_at = None;
+        b.phase(
+            Phase::Stopping,
+            format!("Replacing pod {pod_name}: the workspace spec changed"),
+        );
+        return b.finish(Duration::from_secs(1));
+    }
+
+    // Conditions from the pod.
+    let scheduled = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"))
+        .cloned();
+    match scheduled {
+        Some(c) if c.status == "True" => {
+            let message = format!(
+                "Pod {pod_name} is bound to {}",
+                node.as_deref().unwrap_or("a node")
+            );
+            b.condition(
+                types::POD_SCHEDULED,
+                ConditionStatus::True,
+                reasons::SCHEDULED,
+                &message,
+            )
+        }
+        Some(c) => {
+            let reason = c
+                .reason
+                .clone()
+                .unwrap_or_else(|| reasons::UNSCHEDULABLE.to_owned());
+            b.condition(
+                types::POD_SCHEDULED,
+                ConditionStatus::False,
+                &reason,
+                c.message.as_deref().unwrap_or(""),
+            );
+        }
+        None => b.condition(
+            types::POD_SCHEDULED,
+            ConditionStatus::False,
+            reasons::WAITING_FOR_SCHEDULER,
+            &format!("Pod {pod_name} waits for the scheduler"),
+        ),
+    }
+    let pod_phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default();
+    let ready = pod_condition(pod, "Ready").as_deref() == Some("True") && pod_phase == "Running";
+    let signal = signal(pod, observed.warnings, policy);
+
+    if ready {
+        b.condition(
+            types::POD_READY,
+            ConditionStatus::True,
+            reasons::CONTAINERS_READY,
+            "All containers are ready",
+        );
+        b.condition(
+            types::READY,
+            ConditionStatus::True,
+            reasons::WORKSPACE_READY,
+            "Workspace is running",
+        );
+        if find_condition(&b.old.conditions, types::READY).is_none_or(|c| c.status != "True") {
+            b.status.ready_at = Some(time(now));
+            b.notices
+                .push(Notice::normal("Ready", "Workspace is ready".into()));
+        }
+        b.phase(Phase::Running, "Workspace is running");
+        return b.finish(slow);
+    }
+    b.status.ready_at = None;
+
+    let (reason, message) = match &signal {
+        Some(s) => (s.reason.clone(), s.message.clone()),
+        None => {
+            let waiting = waiting(
+                pod.status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref()),
+            )
+            .map(|w| w.0);
+            let reason = waiting.unwrap_or_else(|| reasons::CONTAINER_CREATING.to_owned());
+            (
+                reason.clone(),
+                format!("Pod {pod_name} is starting ({reason})"),
+            )
+        }
+    };
+    b.condition(types::POD_READY, ConditionStatus::False, &reason, &message);
+    let first_false = find_condition(&b.status.conditions, types::POD_SCHEDULED)
+        .filter(|c| c.status != "True")
+        .or_else(|| find_condition(&b.status.conditions, types::POD_READY))
+        .cloned();
+    if let Some(c) = first_false {
+        b.condition(types::READY, ConditionStatus::False, &c.reason, &c.message);
+    }
+
+    match pod_phase.as_str() {
+        "Unknown" => {
+            let text = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.message.clone())
+                .unwrap_or_else(|| format!("The state of pod {pod_name} is unknown"));
+            b.phase(Phase::Unknown, text);
+        }
+        "Failed" | "Succeeded" => {
+            let why = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.reason.clone().zip(s.message.clone()))
+                .map(|(r, m)| format!("{r}: {m}"));
+            let terminated = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|cs| cs.iter().find_map(|c| c.state.as_ref()?.terminated.clone()))
+                .map(|t| {
+                    format!(
+                        "container exited with code {}{}",
+                        t.exit_code,
+                        t.message.map(|m| format!(": {m}")).unwrap_or_default()
+                    )
+                });
+            let text = why
+                .or(terminated)
+                .unwrap_or_else(|| format!("pod phase {pod_phase}"));
+            b.phase(
+                Phase::Error,
+                format!(
+                    "Pod {pod_name} {}: {text}",
+                    if pod_phase == "Failed" {
+                        "failed"
+                    } else {
+                        "exited"
+                    }
+                ),
+            );
+        }
+        _ => match &signal {
+            Some(s) if s.error => b.phase(Phase::Error, s.message.clone()),
+            Some(s) => b.phase(Phase::Starting, s.message.clone()),
+            None => b.phase(Phase::Starting, message.clone()),
+        },
+    }
+
+    // No progress for startTimeout: give up and free the node (rule C9).
+    let last_progress = b
+        .status
+        .conditions
+        .iter()
+        .map(|c| c.last_transition_time.0)
+        .chain(b.status.started_at.as_ref().map(|t| t.0))
+        .max()
+        .unwrap_or(now);
+    let stuck_for = Duration::try_from(now.duration_since(last_progress)).unwrap_or_default();
+    if stuck_for >= start_timeout {
+        let step = find_condition(&b.status.conditions, types::POD_SCHEDULED)
+            .filter(|c| c.status != "True")
+            .map(|_| "scheduling")
+            .unwrap_or("starting containers");
+        let last = signal
+            .as_ref()
+            .map(|s| s.message.clone())
+            .unwrap_or_else(|| "no warning".to_owned());
+        let text = format!(
+            "No progress for {} while {step}: {last}",
+            crate::state::human(start_timeout)
+        );
+        b.actions.push(Action::DeletePod { uid });
+        b.condition(
+            types::STALLED,
+            ConditionStatus::True,
+            reasons::START_TIMEOUT,
+            &text,
+        );
+        b.condition(
+            types::READY,
+            ConditionStatus::False,
+            reasons::START_TIMEOUT,
+            &text,
+        );
+        b.notices
+            .push(Notice::warning("StartTimeout", text.clone()));
+        b.phase(Phase::Failed, text);
+        return b.finish(slow);
+    }
+    let wait = requeue_interval(
+        elapsed(b.status.started_at.as_ref(), now),
+        policy.max_requeue,
+    )
+    .min(start_timeout - stuck_for);
+    b.finish(wait.max(Duration::from_millis(100)))
+}
+
+/// `10m`, `90s`, `1h30m`.
+pub fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    match (s / 3600, (s % 3600) / 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, m, 0) => format!("{m}m"),
+        (0, m, sec) => format!("{m}m{sec}s"),
+        (h, 0, 0) => format!("{h}h"),
+        (h, m, _) => format!("{h}h{m}m"),
+    }
+}
+
+impl Builder<'_> {
+    fn finish(self, requeue: Duration) -> Decision {
+        Decision {
+            status: self.status,
+            actions: self.actions,
+            notices: self.notices,
+            requeue,
+        }
+    }
+}

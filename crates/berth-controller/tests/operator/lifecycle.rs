@@ -1,0 +1,512 @@
+//! Workspace lifecycle end to end (rules C1-C9, C16-C19).
+
+use std::time::Duration;
+
+use berth_api::{Phase, Workspace};
+use berth_sim::{NodeConfig, SimConfig};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Secret, Service};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+
+use crate::support::{Harness, WAIT, condition, eventually, message_of, phase_of, test_config};
+
+async fn secret(h: &Harness, name: &str) {
+    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), "default");
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": name}, "stringData": {"token": "t"}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+fn pods(h: &Harness) -> Api<Pod> {
+    Api::namespaced(h.client.clone(), "default")
+}
+
+/// One observed status: (phase, message, pod uid).
+type Seen = (Option<Phase>, String, Option<String>);
+
+/// Records every (phase, message, pod uid) the workspace's status goes through.
+fn record(h: &Harness, name: &str) -> tokio::task::JoinHandle<Vec<Seen>> {
+    let stream = watcher(
+        h.workspaces(),
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    )
+    .applied_objects();
+    tokio::spawn(async move {
+        let mut seen = vec![];
+        let stream = tokio_stream_timeout(stream);
+        futures::pin_mut!(stream);
+        while let Some(Ok(ws)) = stream.next().await {
+            let ws: Workspace = ws;
+            let entry = (
+                phase_of(&ws),
+                message_of(&ws),
+                ws.status
+                    .as_ref()
+                    .and_then(|s| s.pod.as_ref())
+                    .and_then(|p| p.uid.clone()),
+            );
+            if seen.last() != Some(&entry) {
+                seen.push(entry);
+            }
+        }
+        seen
+    })
+}
+
+fn tokio_stream_timeout<S: futures::Stream>(stream: S) -> impl futures::Stream<Item = S::Item> {
+    stream.take_until(tokio::time::sleep(WAIT))
+}
+
+#[tokio::test]
+async fn a_workspace_starts_runs_and_explains_itself() {
+    let mut sim = SimConfig::fast();
+    sim.timings.pull = Duration::from_millis(300);
+    let h = Harness::start_with(sim, test_config()).await;
+    secret(&h, "git").await;
+    let history = record(&h, "alice");
+    h.create(
+        "alice",
+        json!({
+            "image": "devbox:1",
+            "ports": [{"name": "http", "port": 8080}],
+            "podTemplate": {"volumes": {
+                "home": {"size": "1Gi", "mountPath": "/home/dev"},
+                "secrets": [{"secretName": "git", "mountPath": "/secrets/git", "defaultMode": 256}]
+            }}
+        }),
+    )
+    .await;
+    let ws = h.until_phase("alice", Phase::Running).await;
+    assert_eq!(message_of(&ws), "Workspace is running");
+    let ready = condition(&ws, "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "WorkspaceReady")
+    );
+    assert_eq!(condition(&ws, "PodScheduled").unwrap().status, "True");
+    let status = ws.status.clone().unwrap();
+    assert_eq!(status.observed_generation, Some(1));
+    assert!(status.started_at.is_some() && status.ready_at.is_some());
+    let pod_ref = status.pod.unwrap();
+    assert_eq!(pod_ref.name, "alice-ws");
+
+    let pod = pods(&h).get("alice-ws").await.unwrap();
+    assert_eq!(pod.uid(), pod_ref.uid);
+    assert_eq!(pod.labels()["app.kubernetes.io/managed-by"], "berth");
+    assert_eq!(pod.labels()["berth.dev/workspace"], "alice");
+    let owner = &pod.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.controller),
+        ("Workspace", "alice", Some(true))
+    );
+    let volumes = pod.spec.as_ref().unwrap().volumes.clone().unwrap();
+    let secret_volume = volumes
+        .iter()
+        .find(|v| v.secret.is_some())
+        .unwrap()
+        .secret
+        .clone()
+        .unwrap();
+    assert_eq!(secret_volume.default_mode, Some(256));
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client.clone(), "default");
+    let claim = claims.get("alice-home").await.unwrap();
+    assert_eq!(claim.owner_references()[0].name, "alice");
+    let services: Api<Service> = Api::namespaced(h.client.clone(), "default");
+    let service = services.get("alice").await.unwrap();
+    assert_eq!(service.spec.unwrap().ports.unwrap()[0].port, 8080);
+
+    let seen = history.await.unwrap();
+    let phases: Vec<Phase> = seen.iter().filter_map(|s| s.0).fold(vec![], |mut acc, p| {
+        if acc.last() != Some(&p) {
+            acc.push(p);
+        }
+        acc
+    });
+    let pending = phases
+        .iter()
+        .position(|p| *p == Phase::Pending)
+        .expect("Pending seen");
+    let starting = phases
+        .iter()
+        .position(|p| *p == Phase::Starting)
+        .expect("Starting seen");
+    let running = phases
+        .iter()
+        .position(|p| *p == Phase::Running)
+        .expect("Running seen");
+    assert!(pending < starting && starting < running, "{phases:?}");
+
+    let events: Api<Event> = Api::namespaced(h.client.clone(), "default");
+    let about = events
+        .list(&ListParams::default().fields(&format!("involvedObject.uid={}", ws.uid().unwrap())))
+        .await
+        .unwrap();
+    let reasons: Vec<String> = about
+        .items
+        .iter()
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    for reason in ["Created", "Started", "Ready"] {
+        assert!(
+            reasons.contains(&reason.to_owned()),
+            "{reason} in {reasons:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_missing_secret_is_explained_within_two_seconds_and_heals_in_place() {
+    let h = Harness::start().await;
+    h.create("bob", json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "workspace-secret", "mountPath": "/s"}]}}})).await;
+    let events: Api<Event> = Api::namespaced(h.client.clone(), "default");
+    eventually(WAIT, "the sim's FailedMount", || async {
+        let found = events
+            .list(&ListParams::default().fields("reason=FailedMount"))
+            .await
+            .unwrap();
+        (!found.items.is_empty()).then_some(())
+    })
+    .await;
+    let failing = eventually(
+        Duration::from_secs(2),
+        "the workspace to explain the missing secret",
+        || async {
+            let ws = h.workspaces().get("bob").await.ok()?;
+            (phase_of(&ws) == Some(Phase::Error)
+                && message_of(&ws).contains("secret \"workspace-secret\" not found"))
+            .then_some(ws)
+        },
+    )
+    .await;
+    assert_eq!(condition(&failing, "Ready").unwrap().reason, "FailedMount");
+    let first_uid = failing.status.unwrap().pod.unwrap().uid;
+
+    secret(&h, "workspace-secret").await;
+    let healed = h.until_phase("bob", Phase::Running).await;
+    assert_eq!(
+        healed.status.unwrap().pod.unwrap().uid,
+        first_uid,
+        "the same pod heals; nothing was recreated"
+    );
+}
+
+#[tokio::test]
+async fn an_unpullable_image_then_a_fixed_one() {
+    let h = Harness::start().await;
+    h.create("carol", json!({"image": "registry.invalid/devbox:1"}))
+        .await;
+    let failing = h
+        .until("carol", "ImagePullBackOff", |ws| {
+            phase_of(ws) == Some(Phase::Error) && message_of(ws).contains("ImagePullBackOff")
+        })
+        .await;
+    let old_uid = failing.status.unwrap().pod.unwrap().uid;
+    h.patch_spec("carol", json!({"image": "devbox:1"})).await;
+    let running = h.until_phase("carol", Phase::Running).await;
+    let new_uid = running
+        .status
+        .as_ref()
+        .unwrap()
+        .pod
+        .as_ref()
+        .unwrap()
+        .uid
+        .clone();
+    assert_ne!(new_uid, old_uid, "a spec change replaces the pod");
+    assert_eq!(running.status.unwrap().observed_generation, Some(2));
+}
+
+#[tokio::test]
+async fn unschedulable_until_a_node_fits() {
+    let h = Harness::start().await;
+    h.create(
+        "dave",
+        json!({"image": "devbox:1", "resources": {"requests": {"cpu": "12"}}}),
+    )
+    .await;
+    let waiting = h
+        .until("dave", "the scheduler's message", |ws| {
+            message_of(ws).contains("0/3 nodes are available: 3 Insufficient cpu.")
+        })
+        .await;
+    assert_eq!(
+        condition(&waiting, "PodScheduled").unwrap().reason,
+        "Unschedulable"
+    );
+    h.sim
+        .add_node(NodeConfig::new("node-big").capacity("16", "64Gi", 110));
+    let running = h.until_phase("dave", Phase::Running).await;
+    assert_eq!(
+        running.status.unwrap().pod.unwrap().node_name.as_deref(),
+        Some("node-big")
+    );
+}
+
+#[tokio::test]
+async fn start_timeout_fails_visibly_frees_the_node_and_a_spec_change_restarts() {
+    let h = Harness::start().await;
+    h.create(
+        "erin",
+        json!({
+            "image": "registry.invalid/devbox:1",
+            "lifecycle": {"startTimeout": "2s"},
+            "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}}
+        }),
+    )
+    .await;
+    let failed = h.until_phase("erin", Phase::Failed).await;
+    let stalled = condition(&failed, "Stalled").unwrap();
+    assert_eq!(
+        (stalled.status.as_str(), stalled.reason.as_str()),
+        ("True", "StartTimeout")
+    );
+    let message = message_of(&failed);
+    assert!(
+        message.starts_with("No progress for 2s while starting containers: "),
+        "{message}"
+    );
+    assert!(
+        message.contains("ImagePull") || message.contains("ErrImagePull"),
+        "names the last warning: {message}"
+    );
+    eventually(WAIT, "the pod to be deleted", || async {
+        pods(&h)
+            .get_opt("erin-ws")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client.clone(), "default");
+    assert!(
+        claims.get_opt("erin-home").await.unwrap().is_some(),
+        "the claim stays"
+    );
+    // Still Failed a while later: it gave up until the spec changes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        phase_of(&h.workspaces().get("erin").await.unwrap()),
+        Some(Phase::Failed)
+    );
+
+    h.patch_spec("erin", json!({"image": "devbox:1"})).await;
+    let running = h.until_phase("erin", Phase::Running).await;
+    assert!(condition(&running, "Stalled").is_none());
+}
+
+#[tokio::test]
+async fn events_of_a_previous_pod_never_explain_the_next() {
+    let h = Harness::start().await;
+    let history = record(&h, "frank");
+    h.create("frank", json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "absent", "mountPath": "/s"}]}}})).await;
+    let failing = h
+        .until("frank", "FailedMount", |ws| {
+            message_of(ws).contains("secret \"absent\" not found")
+        })
+        .await;
+    let old_uid = failing.status.unwrap().pod.unwrap().uid;
+    // Same pod name, no secret any more: the old pod's FailedMount events must not leak.
+    h.workspaces()
+        .patch(
+            "frank",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{"op": "remove", "path": "/spec/podTemplate"}]))
+                    .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    let running = h.until_phase("frank", Phase::Running).await;
+    let new_uid = running.status.unwrap().pod.unwrap().uid;
+    assert_ne!(new_uid, old_uid);
+    let seen = history.await.unwrap();
+    for (phase, message, uid) in &seen {
+        if uid.is_some() && *uid == new_uid {
+            assert!(
+                !message.contains("FailedMount"),
+                "old events leaked into the new pod's story: {phase:?} {message}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn pause_keeps_storage_and_resume_starts_again() {
+    let h = Harness::start().await;
+    h.create("gina", json!({"image": "devbox:1", "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}}})).await;
+    let first = h.until_phase("gina", Phase::Running).await;
+    let first_start = first.status.unwrap().started_at;
+    h.patch_spec("gina", json!({"paused": true})).await;
+    let stopped = h.until_phase("gina", Phase::Stopped).await;
+    assert_eq!(
+        message_of(&stopped),
+        "Workspace is paused; its storage is kept"
+    );
+    assert!(pods(&h).get_opt("gina-ws").await.unwrap().is_none());
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client.clone(), "default");
+    assert!(claims.get_opt("gina-home").await.unwrap().is_some());
+    // Timestamps have second precision: resume in a later second so a reset shows.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    h.patch_spec("gina", json!({"paused": false})).await;
+    let resumed = h.until_phase("gina", Phase::Running).await;
+    assert_ne!(
+        resumed.status.unwrap().started_at,
+        first_start,
+        "startedAt resets on resume"
+    );
+    let events: Api<Event> = Api::namespaced(h.client.clone(), "default");
+    let reasons: Vec<String> = events
+        .list(&ListParams::default().fields(&format!(
+            "involvedObject.uid={}",
+            first.metadata.uid.unwrap()
+        )))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(
+        reasons.contains(&"Paused".to_owned()) && reasons.contains(&"Resumed".to_owned()),
+        "{reasons:?}"
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_workspace_removes_what_it_owns_even_when_its_pod_is_stuck() {
+    let h = Harness::start().await;
+    h.create("hank", json!({"image": "devbox:1", "ports": [{"name": "http", "port": 80}], "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"}}}})).await;
+    h.until_phase("hank", Phase::Running).await;
+    // A finalizer nobody removes keeps the pod terminating forever.
+    pods(&h)
+        .patch(
+            "hank-ws",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/stuck"]}})),
+        )
+        .await
+        .unwrap();
+    h.workspaces()
+        .delete("hank", &Default::default())
+        .await
+        .unwrap();
+    eventually(
+        WAIT,
+        "the workspace to be gone despite the stuck pod",
+        || async {
+            h.workspaces()
+                .get_opt("hank")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    let services: Api<Service> = Api::namespaced(h.client.clone(), "default");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client.clone(), "default");
+    eventually(WAIT, "the service and claim to be collected", || async {
+        (services.get_opt("hank").await.unwrap().is_none()
+            && claims.get_opt("hank-home").await.unwrap().is_none())
+        .then_some(())
+    })
+    .await;
+    pods(&h)
+        .patch(
+            "hank-ws",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    eventually(WAIT, "the pod to be collected", || async {
+        pods(&h)
+            .get_opt("hank-ws")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_foreign_pod_is_never_adopted_or_deleted() {
+    let h = Harness::start().await;
+    let foreign = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ivy-ws"}, "spec": {"containers": [{"name": "c", "image": "x:1"}]}});
+    let pod = pods(&h)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(foreign).unwrap(),
+        )
+        .await
+        .unwrap();
+    h.create("ivy", json!({"image": "devbox:1"})).await;
+    let ws = h.until_phase("ivy", Phase::Error).await;
+    assert!(message_of(&ws).starts_with("Pod ivy-ws exists and is not owned by this workspace; Berth never adopts or deletes it."), "{}", message_of(&ws));
+    let still = pods(&h).get("ivy-ws").await.unwrap();
+    assert_eq!(still.uid(), pod.uid());
+    assert!(still.owner_references().is_empty());
+}
+
+#[tokio::test]
+async fn restarting_the_operator_over_running_workspaces_writes_nothing() {
+    let mut h = Harness::start().await;
+    for name in ["w1", "w2", "w3"] {
+        h.create(name, json!({"image": "devbox:1", "ports": [{"name": "http", "port": 80}], "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"}}}})).await;
+    }
+    for name in ["w1", "w2", "w3"] {
+        h.until_phase(name, Phase::Running).await;
+    }
+    // Let the last status writes and events settle, then restart.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.stop_operator().await;
+    h.sim.reset_requests();
+    h.start_operator();
+    eventually(WAIT, "the restarted operator to list and watch", || async {
+        (h.operator_requests(&["watch"]) >= 5).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = h.operator_requests(&["create", "update", "patch", "delete"]);
+    assert_eq!(
+        writes,
+        0,
+        "writes after restart: {:?}",
+        h.sim
+            .requests()
+            .into_iter()
+            .filter(|r| r.key.user == crate::support::OPERATOR)
+            .collect::<Vec<_>>()
+    );
+    // Steady state: reconciles read from caches, so no GET or LIST after the initial lists.
+    let lists = h.operator_requests(&["list", "get"]);
+    h.workspaces()
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        h.operator_requests(&["list", "get"]),
+        lists,
+        "a reconcile made GET/LIST requests"
+    );
+}

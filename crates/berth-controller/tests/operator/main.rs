@@ -1,0 +1,6 @@
+//! The real operator against berth-sim: what a user would check with kubectl — phase,
+//! conditions, messages, events, pod UIDs (to prove no churn), and the requests it made.
+
+mod support;
+
+mod lifecycle;

@@ -1,0 +1,229 @@
+//! A simulated cluster with the Workspace CRD and the operator running in-process, as its own
+//! service account so the request log tells its requests apart.
+
+use std::time::Duration;
+
+use berth_api::{Phase, Workspace};
+use berth_controller::{Config, Policy};
+use berth_sim::{SimCluster, SimConfig};
+use k8s_openapi::{
+    api::{core::v1::ServiceAccount, rbac::v1::ClusterRoleBinding},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+
+pub const OPERATOR: &str = "system:serviceaccount:kube-system:berth-controller";
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub struct Harness {
+    pub sim: SimCluster,
+    /// The superuser client the test acts with.
+    pub client: Client,
+    operator_client: Client,
+    config: Config,
+    operator: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Operator settings for tests: the safety-net requeues are an hour, so anything that happens
+/// within a test happened because an event arrived, not because of polling.
+pub fn test_config() -> Config {
+    Config {
+        policy: Policy {
+            max_requeue: Duration::from_secs(3600),
+            resync: Duration::from_secs(3600),
+            ..Policy::default()
+        },
+        deletion_grace: Duration::from_secs(2),
+        ..Config::default()
+    }
+}
+
+impl Harness {
+    pub async fn start() -> Harness {
+        Self::start_with(SimConfig::fast(), test_config()).await
+    }
+
+    pub async fn start_with(sim_config: SimConfig, config: Config) -> Harness {
+        let sim = SimCluster::start(sim_config).await.expect("the sim starts");
+        let client = sim.client().await.unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
+            .await
+            .unwrap();
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "kube-system");
+        accounts
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "berth-controller"}})).unwrap(),
+            )
+            .await
+            .unwrap();
+        let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+        let binding = json!({
+            "metadata": {"name": "berth-controller"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"kind": "ServiceAccount", "name": "berth-controller", "namespace": "kube-system"}]
+        });
+        bindings
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(binding).unwrap(),
+            )
+            .await
+            .unwrap();
+        let token = sim
+            .issue_token(
+                "kube-system",
+                "berth-controller",
+                &[],
+                Duration::from_secs(3600),
+            )
+            .unwrap();
+        let operator_client = sim.client_with_token(&token).await.unwrap();
+        let mut harness = Harness {
+            sim,
+            client,
+            operator_client,
+            config,
+            operator: None,
+        };
+        harness.start_operator();
+        harness
+    }
+
+    pub fn start_operator(&mut self) {
+        let (client, config) = (self.operator_client.clone(), self.config.clone());
+        self.operator = Some(tokio::spawn(async move {
+            let _ = berth_controller::run(client, config).await;
+        }));
+    }
+
+    pub async fn stop_operator(&mut self) {
+        if let Some(task) = self.operator.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    pub fn workspaces(&self) -> Api<Workspace> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    pub async fn create(&self, name: &str, spec: Value) -> Workspace {
+        let body = json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": name}, "spec": spec});
+        self.workspaces()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(body).unwrap(),
+            )
+            .await
+            .unwrap()
+    }
+
+    pub async fn patch_spec(&self, name: &str, spec: Value) {
+        self.workspaces()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": spec})),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Waits until `check` holds for the workspace, returning it; on timeout the panic shows
+    /// the last status seen.
+    pub async fn until(
+        &self,
+        name: &str,
+        what: &str,
+        check: impl Fn(&Workspace) -> bool,
+    ) -> Workspace {
+        let api = self.workspaces();
+        let last = std::sync::Mutex::new(None);
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                if let Ok(Some(ws)) = api.get_opt(name).await {
+                    if check(&ws) {
+                        return ws;
+                    }
+                    *last.lock().unwrap() = ws.status.clone();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        match found {
+            Ok(ws) => ws,
+            Err(_) => panic!(
+                "timed out after {WAIT:?} waiting for {what}; last status: {:#?}",
+                last.lock().unwrap()
+            ),
+        }
+    }
+
+    pub async fn until_phase(&self, name: &str, phase: Phase) -> Workspace {
+        self.until(name, &format!("{name} to be {phase}"), |ws| {
+            phase_of(ws) == Some(phase)
+        })
+        .await
+    }
+
+    /// Requests the operator made with `verb`.
+    pub fn operator_requests(&self, verbs: &[&str]) -> u64 {
+        self.sim
+            .count_requests(|k| k.user == OPERATOR && verbs.contains(&k.verb.as_str()))
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(task) = self.operator.take() {
+            task.abort();
+        }
+    }
+}
+
+pub fn phase_of(ws: &Workspace) -> Option<Phase> {
+    ws.status.as_ref().and_then(|s| s.phase)
+}
+
+pub fn message_of(ws: &Workspace) -> String {
+    ws.status
+        .as_ref()
+        .and_then(|s| s.message.clone())
+        .unwrap_or_default()
+}
+
+pub fn condition<'a>(
+    ws: &'a Workspace,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    ws.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+/// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
