@@ -474,24 +474,23 @@ async fn cleanup(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue
             .await;
         return Ok(Requeue::await_change());
     }
-    let status = workspace.status.clone().unwrap_or_default();
-    if status.phase != Some(berth_api::Phase::Terminating) {
-        let mut terminating = status.clone();
-        terminating.phase = Some(berth_api::Phase::Terminating);
-        terminating.message = Some(format!(
-            "Stopping pod {pod_name} before the workspace is deleted"
-        ));
-        write_status(&workspace, &terminating, &ctx).await?;
+    let observed = Observed {
+        workspace: &workspace,
+        pod: Some(&current),
+        warnings: &[],
+        claim: None,
+        service: None,
+    };
+    let decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
+    for action in decision
+        .actions
+        .iter()
+        .filter(|a| matches!(a, Action::DeletePod { .. }))
+    {
+        act(&workspace, action, &ctx).await?;
     }
-    if current.metadata.deletion_timestamp.is_none() {
-        act(
-            &workspace,
-            &Action::DeletePod {
-                uid: current.uid().unwrap_or_default(),
-            },
-            &ctx,
-        )
-        .await?;
+    if workspace.status.as_ref() != Some(&decision.status) {
+        write_status(&workspace, &decision.status, &ctx).await?;
     }
     Err(Error::PodStopping(pod_name))
 }

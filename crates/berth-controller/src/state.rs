@@ -171,8 +171,11 @@ fn signal(pod: &Pod, warnings: &[&Event], policy: &Policy) -> Option<Signal> {
             error: true,
         });
     }
+    let pod_uid = pod.metadata.uid.as_deref();
     let newest = warnings
         .iter()
+        // Rule C2: only events about this very pod count; the name is reused across pods.
+        .filter(|e| e.involved_object.uid.as_deref() == pod_uid && pod_uid.is_some())
         .filter_map(|e| {
             let reason = e.reason.clone()?;
             let class = policy.warnings.classify(&reason, event_count(e));
@@ -300,6 +303,20 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
     };
 
     let owned_pod = observed.pod.filter(|p| is_owned_by(&p.metadata, workspace));
+    if workspace.metadata.deletion_timestamp.is_some() {
+        // Rule C18: the pod stops first; the finalizer goes once it is gone.
+        if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            b.actions.push(Action::DeletePod {
+                uid: p.uid().unwrap_or_default(),
+            });
+        }
+        let message = match owned_pod {
+            Some(_) => format!("Stopping pod {pod_name} before the workspace is deleted"),
+            None => "Workspace is being deleted".to_owned(),
+        };
+        b.phase(Phase::Terminating, message);
+        return b.finish(Duration::from_secs(1));
+    }
     if let Some(foreign) = observed
         .pod
         .filter(|p| !is_owned_by(&p.metadata, workspace))
@@ -702,3 +719,7 @@ impl Builder<'_> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;

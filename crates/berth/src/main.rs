@@ -1,6 +1,9 @@
 //! `berth`: the one binary. Each subcommand is one of Berth's jobs: the operator, the in-pod
 //! agent, the simulated cluster, the CRD printer, and the no-cluster dev environment.
 
+mod controller;
+mod dev;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -18,9 +21,9 @@ struct Cli {
 enum Command {
     /// Start a simulated cluster, the operator and the example workspaces, and show a live
     /// table of workspaces; use kubectl with ./berth-dev.kubeconfig in another terminal.
-    Dev,
+    Dev(dev::DevArgs),
     /// Run the operator against the current kubeconfig or the in-cluster config.
-    Controller,
+    Controller(Box<controller::ControllerArgs>),
     /// Run the in-pod agent (gRPC on :50051), supervising `-- CMD ARGS...` if given.
     Agent {
         /// The workspace's command, run and supervised by the agent.
@@ -67,10 +70,49 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Dev => not_built_yet("dev"),
-        Command::Controller => not_built_yet("controller"),
+        Command::Dev(args) => {
+            init_logging("warn");
+            block_on("dev", dev::run(args))
+        }
+        Command::Controller(args) => {
+            init_logging("info");
+            block_on("controller", controller::run(*args))
+        }
         Command::Agent { .. } => not_built_yet("agent"),
         Command::Sim(args) => run_sim(args),
+    }
+}
+
+/// Logs through `tracing`: text on a terminal, JSON otherwise; `RUST_LOG` filters.
+fn init_logging(default: &str) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if std::io::stderr().is_terminal() {
+        builder.init();
+    } else {
+        builder.json().init();
+    }
+}
+
+/// Runs `job` on a fresh runtime; an error is printed as `berth <name>: <error>`.
+fn block_on(name: &str, job: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("berth {name}: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(job) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("berth {name}: {err}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -131,7 +173,7 @@ fn run_sim(args: SimArgs) -> ExitCode {
     })
 }
 
-async fn wait_for_shutdown_signal() {
+pub(crate) async fn wait_for_shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -1,0 +1,496 @@
+//! The phase table (rule C8), one test per row family, and properties of `derive`.
+
+use std::time::Duration;
+
+use berth_api::{Phase, Workspace};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use serde_json::{Value, json};
+
+use super::*;
+use crate::{config::Policy, pod};
+
+const NOW: i64 = 1_800_000_000;
+
+fn now() -> Timestamp {
+    Timestamp::from_second(NOW).unwrap()
+}
+
+fn at(seconds_ago: i64) -> String {
+    Timestamp::from_second(NOW - seconds_ago)
+        .unwrap()
+        .to_string()
+}
+
+fn workspace(spec: Value, status: Value) -> Workspace {
+    let mut ws = crate::pod::tests::workspace("w", spec);
+    ws.status = serde_json::from_value(status).unwrap();
+    ws
+}
+
+/// The workspace's own pod with `status`, built from the spec so the hash matches.
+fn pod_of(ws: &Workspace, status: Value) -> Pod {
+    let mut pod = pod::build_pod(ws);
+    pod.metadata.uid = Some("pod-1".into());
+    pod.status = serde_json::from_value(status).unwrap();
+    pod
+}
+
+fn warning(uid: &str, reason: &str, message: &str, count: i32, seconds_ago: i64) -> Event {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("e-{reason}-{seconds_ago}"), "namespace": "team-a"},
+        "involvedObject": {"kind": "Pod", "name": "w-ws", "uid": uid},
+        "reason": reason, "message": message, "type": "Warning", "count": count, "lastTimestamp": at(seconds_ago)
+    }))
+    .unwrap()
+}
+
+fn decide(ws: &Workspace, pod: Option<&Pod>, warnings: &[Event]) -> Decision {
+    let refs: Vec<&Event> = warnings.iter().collect();
+    derive(
+        &Observed {
+            workspace: ws,
+            pod,
+            warnings: &refs,
+            claim: None,
+            service: None,
+        },
+        &Policy::default(),
+        now(),
+    )
+}
+
+fn scheduled() -> Value {
+    json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": at(5)})
+}
+
+fn started(seconds_ago: i64) -> Value {
+    json!({"phase": "Starting", "startedAt": at(seconds_ago)})
+}
+
+fn condition_of<'a>(
+    d: &'a Decision,
+    type_: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    d.status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"))
+}
+
+#[test]
+fn pending_creates_the_pod() {
+    let ws = workspace(json!({"image": "x:1"}), Value::Null);
+    let d = decide(&ws, None, &[]);
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+    assert_eq!(d.status.message.as_deref(), Some("Creating pod w-ws"));
+    assert_eq!(d.actions, vec![Action::CreatePod]);
+    assert_eq!(d.status.started_at.as_ref().map(|t| t.0), Some(now()));
+    assert_eq!(d.notices[0].reason, "Created");
+    assert_eq!(d.status.observed_generation, Some(1));
+}
+
+#[test]
+fn starting_while_containers_are_created() {
+    let ws = workspace(json!({"image": "x:1"}), started(3));
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+    );
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Starting));
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some("Pod w-ws is starting (ContainerCreating)")
+    );
+    assert_eq!(condition_of(&d, "PodScheduled").status, "True");
+    assert_eq!(condition_of(&d, "Ready").reason, "ContainerCreating");
+    assert!(d.actions.is_empty());
+}
+
+#[test]
+fn running_when_the_pod_is_ready() {
+    let ws = workspace(json!({"image": "x:1"}), started(10));
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Running", "podIP": "127.1.0.1", "conditions": [scheduled(), {"type": "Ready", "status": "True"}]}),
+    );
+    let mut ws_with_pod = ws.clone();
+    ws_with_pod.spec.image = "x:1".into();
+    let d = decide(&ws_with_pod, Some(&pod), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Running));
+    assert_eq!(d.status.message.as_deref(), Some("Workspace is running"));
+    assert_eq!(condition_of(&d, "Ready").status, "True");
+    assert_eq!(d.status.ready_at.as_ref().map(|t| t.0), Some(now()));
+    assert!(d.notices.iter().any(|n| n.reason == "Ready"));
+    assert_eq!(d.requeue, Policy::default().resync);
+}
+
+#[test]
+fn error_from_a_container_waiting_reason() {
+    let ws = workspace(json!({"image": "x:1"}), started(20));
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"x:1\""}}}]}),
+    );
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Error));
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some("ImagePullBackOff: Back-off pulling image \"x:1\"")
+    );
+    assert_eq!(condition_of(&d, "PodReady").reason, "ImagePullBackOff");
+    assert!(d.actions.is_empty(), "the pod is kept");
+}
+
+#[test]
+fn error_from_repeated_warning_events_of_this_pod_only() {
+    let ws = workspace(json!({"image": "x:1"}), started(20));
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [scheduled()]}),
+    );
+    let missing = "MountVolume.SetUp failed for volume \"secret-0\" : secret \"s\" not found";
+    let once = [warning("pod-1", "FailedMount", missing, 1, 1)];
+    assert_eq!(
+        decide(&ws, Some(&pod), &once).status.phase,
+        Some(Phase::Starting),
+        "one FailedMount is tolerated"
+    );
+    let twice = [warning("pod-1", "FailedMount", missing, 2, 1)];
+    let d = decide(&ws, Some(&pod), &twice);
+    assert_eq!(d.status.phase, Some(Phase::Error));
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some(format!("FailedMount: {missing}").as_str())
+    );
+    let other_pod = [warning("old-pod", "FailedMount", missing, 9, 0)];
+    let d = decide(&ws, Some(&pod), &other_pod);
+    assert_eq!(
+        d.status.phase,
+        Some(Phase::Starting),
+        "events of another pod with the same name do not count"
+    );
+    assert!(!d.status.message.unwrap().contains("FailedMount"));
+}
+
+#[test]
+fn the_newest_warning_wins() {
+    let ws = workspace(json!({"image": "x:1"}), started(20));
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [scheduled()]}),
+    );
+    let events = [
+        warning("pod-1", "FailedMount", "old", 5, 10),
+        warning("pod-1", "FailedCreatePodSandBox", "new", 1, 1),
+    ];
+    assert_eq!(
+        decide(&ws, Some(&pod), &events).status.message.as_deref(),
+        Some("FailedCreatePodSandBox: new")
+    );
+}
+
+#[test]
+fn unschedulable_is_explained_in_the_schedulers_words() {
+    let ws = workspace(json!({"image": "x:1"}), started(20));
+    let text = "0/3 nodes are available: 3 Insufficient cpu.";
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": text}]}),
+    );
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(
+        d.status.phase,
+        Some(Phase::Starting),
+        "FailedScheduling is transient by default"
+    );
+    assert_eq!(d.status.message.as_deref(), Some(text));
+    assert_eq!(condition_of(&d, "PodScheduled").reason, "Unschedulable");
+    assert_eq!(
+        condition_of(&d, "Ready").reason,
+        "Unschedulable",
+        "Ready names the first false prerequisite"
+    );
+}
+
+#[test]
+fn stopping_while_the_pod_goes_or_the_spec_changed() {
+    let ws = workspace(json!({"image": "x:1"}), started(20));
+    let mut deleting = pod_of(&ws, json!({"phase": "Running"}));
+    deleting.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
+    let d = decide(&ws, Some(&deleting), &[]);
+    assert_eq!(
+        (d.status.phase, d.status.message.as_deref()),
+        (Some(Phase::Stopping), Some("Waiting for pod w-ws to stop"))
+    );
+
+    let changed = workspace(json!({"image": "x:2"}), started(20));
+    let old = pod_of(&ws, json!({"phase": "Running"}));
+    let d = decide(&changed, Some(&old), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Stopping));
+    assert_eq!(
+        d.actions,
+        vec![Action::DeletePod {
+            uid: "pod-1".into()
+        }]
+    );
+    assert_eq!(
+        d.status.started_at.as_ref().map(|t| t.0),
+        Some(now()),
+        "a spec change is a new start"
+    );
+}
+
+#[test]
+fn paused_deletes_the_pod_then_is_stopped() {
+    let ws = workspace(
+        json!({"image": "x:1", "paused": true, "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"}}}}),
+        json!({"phase": "Running"}),
+    );
+    let pod = pod_of(&ws, json!({"phase": "Running"}));
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Stopping));
+    assert!(d.actions.contains(&Action::DeletePod {
+        uid: "pod-1".into()
+    }));
+    assert!(d.notices.iter().any(|n| n.reason == "Paused"));
+    let d = decide(&ws, None, &[]);
+    assert_eq!(d.status.phase, Some(Phase::Stopped));
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::DeletePod { .. } | Action::CreatePod))
+    );
+}
+
+#[test]
+fn failed_after_no_progress_for_the_start_timeout() {
+    let ws = workspace(
+        json!({"image": "x:1", "lifecycle": {"startTimeout": "60s"}}),
+        started(120),
+    );
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": at(100)}], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"x:1\""}}}]}),
+    );
+    let mut ws = ws;
+    ws.status.as_mut().unwrap().conditions = serde_json::from_value(json!([
+        {"type": "PodScheduled", "status": "True", "reason": "Scheduled", "message": "", "lastTransitionTime": at(100)},
+        {"type": "PodReady", "status": "False", "reason": "ErrImagePull", "message": "", "lastTransitionTime": at(100)},
+        {"type": "Ready", "status": "False", "reason": "ErrImagePull", "message": "", "lastTransitionTime": at(100)}
+    ]))
+    .unwrap();
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Failed));
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some(
+            "No progress for 1m while starting containers: ImagePullBackOff: Back-off pulling image \"x:1\""
+        )
+    );
+    assert_eq!(condition_of(&d, "Stalled").reason, "StartTimeout");
+    assert_eq!(
+        d.actions,
+        vec![Action::DeletePod {
+            uid: "pod-1".into()
+        }]
+    );
+    assert!(
+        d.notices
+            .iter()
+            .any(|n| n.warning && n.reason == "StartTimeout")
+    );
+
+    // It stays Failed for this generation, pod or not.
+    let mut failed = ws.clone();
+    failed.status = Some(d.status.clone());
+    let again = decide(&failed, None, &[]);
+    assert_eq!(again.status.phase, Some(Phase::Failed));
+    assert!(again.actions.is_empty());
+    // A new generation starts again.
+    failed.metadata.generation = Some(2);
+    let restarted = decide(&failed, None, &[]);
+    assert_eq!(restarted.status.phase, Some(Phase::Pending));
+    assert_eq!(restarted.actions, vec![Action::CreatePod]);
+}
+
+#[test]
+fn an_invalid_spec_waits_for_a_change() {
+    let ws = workspace(
+        json!({"image": "x:1", "lifecycle": {"startTimeout": "1x"}}),
+        Value::Null,
+    );
+    let d = decide(&ws, None, &[]);
+    assert_eq!(d.status.phase, Some(Phase::Failed));
+    assert_eq!(condition_of(&d, "Stalled").reason, "InvalidSpec");
+    assert!(d.actions.is_empty());
+    assert_eq!(d.requeue, Policy::default().resync, "no retry storm");
+}
+
+#[test]
+fn unknown_when_the_node_is_lost() {
+    let ws = workspace(json!({"image": "x:1"}), started(20));
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Unknown", "reason": "NodeLost", "message": "Node node-1 which was running pod w-ws is unresponsive"}),
+    );
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(
+        (d.status.phase, d.status.message.as_deref()),
+        (
+            Some(Phase::Unknown),
+            Some("Node node-1 which was running pod w-ws is unresponsive")
+        )
+    );
+}
+
+#[test]
+fn terminating_stops_the_pod_first() {
+    let mut ws = workspace(json!({"image": "x:1"}), json!({"phase": "Running"}));
+    ws.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
+    let pod = pod_of(&ws, json!({"phase": "Running"}));
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Terminating));
+    assert_eq!(
+        d.actions,
+        vec![Action::DeletePod {
+            uid: "pod-1".into()
+        }]
+    );
+}
+
+#[test]
+fn a_foreign_pod_is_an_error_and_left_alone() {
+    let ws = workspace(json!({"image": "x:1"}), Value::Null);
+    let mut foreign = pod_of(&ws, json!({"phase": "Running"}));
+    foreign.metadata.owner_references = None;
+    let d = decide(&ws, Some(&foreign), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Error));
+    assert!(
+        d.status
+            .message
+            .unwrap()
+            .contains("not owned by this workspace")
+    );
+    assert!(d.actions.is_empty());
+}
+
+#[test]
+fn every_phase_has_a_row() {
+    // The rows above, by the phase they end in; a new phase without a row fails here.
+    let covered = [
+        Phase::Pending,
+        Phase::Starting,
+        Phase::Running,
+        Phase::Stopping,
+        Phase::Stopped,
+        Phase::Error,
+        Phase::Failed,
+        Phase::Terminating,
+        Phase::Unknown,
+    ];
+    assert_eq!(covered.len(), Phase::ALL.len());
+}
+
+#[test]
+fn the_requeue_grows_with_time_since_the_start() {
+    let cap = Duration::from_secs(60);
+    let rows = [
+        (0, 1),
+        (1, 1),
+        (3, 2),
+        (5, 4),
+        (9, 8),
+        (40, 32),
+        (100, 60),
+        (10_000, 60),
+    ];
+    for (elapsed, want) in rows {
+        assert_eq!(
+            requeue_interval(Duration::from_secs(elapsed), cap),
+            Duration::from_secs(want),
+            "{elapsed}s"
+        );
+    }
+}
+
+#[test]
+fn an_unchanged_observation_derives_an_unchanged_status() {
+    // Rule C16: feeding the derived status back changes nothing, so nothing is written.
+    let ws = workspace(json!({"image": "x:1"}), started(10));
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Running", "podIP": "127.1.0.1", "conditions": [scheduled(), {"type": "Ready", "status": "True"}]}),
+    );
+    let first = decide(&ws, Some(&pod), &[]);
+    let mut settled = ws.clone();
+    settled.status = Some(first.status.clone());
+    let second = derive(
+        &Observed {
+            workspace: &settled,
+            pod: Some(&pod),
+            warnings: &[],
+            claim: None,
+            service: None,
+        },
+        &Policy::default(),
+        Timestamp::from_second(NOW + 30).unwrap(),
+    );
+    assert_eq!(second.status, first.status);
+    assert!(second.notices.is_empty());
+}
+
+fn arbitrary_pod_status() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let phase = prop::sample::select(vec![
+        "Pending",
+        "Running",
+        "Failed",
+        "Succeeded",
+        "Unknown",
+        "",
+    ]);
+    let waiting = prop::sample::select(vec![
+        "ContainerCreating",
+        "ImagePullBackOff",
+        "CrashLoopBackOff",
+        "ErrImagePull",
+        "Weird",
+        "",
+    ]);
+    let status = prop::sample::select(vec!["True", "False", "Unknown"]);
+    (phase, waiting, status.clone(), status, any::<bool>(), ".{0,20}").prop_map(|(phase, waiting, scheduled, ready, ip, message)| {
+        let mut s = json!({
+            "phase": phase,
+            "conditions": [{"type": "PodScheduled", "status": scheduled, "reason": "Unschedulable", "message": message}, {"type": "Ready", "status": ready}],
+            "containerStatuses": [{"name": "workspace", "image": "x", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": waiting, "message": message}}}]
+        });
+        if ip {
+            s["podIP"] = json!("127.1.0.9");
+        }
+        s
+    })
+}
+
+proptest::proptest! {
+    #[test]
+    fn derive_never_panics_and_is_deterministic(
+        status in arbitrary_pod_status(),
+        counts in proptest::collection::vec((0i32..5, 0i64..100, proptest::sample::select(vec!["FailedMount", "BackOff", "Unhealthy", "Odd"])), 0..4),
+        started in 0i64..2000,
+        paused in proptest::bool::ANY,
+    ) {
+        let ws = workspace(json!({"image": "x:1", "paused": paused}), json!({"startedAt": at(started)}));
+        let pod = pod_of(&ws, status);
+        let events: Vec<Event> = counts.iter().map(|(c, ago, reason)| warning("pod-1", reason, "m", *c, *ago)).collect();
+        let first = decide(&ws, Some(&pod), &events);
+        let second = decide(&ws, Some(&pod), &events);
+        proptest::prop_assert_eq!(&first, &second);
+        proptest::prop_assert!(first.status.phase.is_some());
+        proptest::prop_assert!(first.requeue > Duration::ZERO);
+    }
+}
