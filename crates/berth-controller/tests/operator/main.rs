@@ -4,3 +4,4 @@
 mod support;
 
 mod lifecycle;
+mod observability;

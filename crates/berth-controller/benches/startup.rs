@@ -1,0 +1,196 @@
+//! Figures for the operator, printed as a table (run: `cargo bench -p berth-controller`):
+//! API writes per workspace start, and the time from the sim's FailedMount event to the
+//! workspace status carrying it (median and p99) over 100 workspaces.
+
+use std::{collections::HashMap, time::Duration};
+
+use berth_api::{Phase, Workspace};
+use berth_sim::{SimCluster, SimConfig};
+use futures::StreamExt;
+use k8s_openapi::{
+    api::{
+        core::v1::{Event, ServiceAccount},
+        rbac::v1::ClusterRoleBinding,
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, ResourceExt,
+    api::PostParams,
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+use tokio::time::Instant;
+
+const WORKSPACES: usize = 100;
+const OPERATOR: &str = "system:serviceaccount:kube-system:berth-controller";
+
+async fn cluster() -> (SimCluster, kube::Client, kube::Client) {
+    let sim = SimCluster::start(SimConfig::fast()).await.unwrap();
+    let client = sim.client().await.unwrap();
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &berth_api::crd::workspace_crd())
+        .await
+        .unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), "kube-system")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "berth-controller"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let binding = json!({"metadata": {"name": "berth"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": "berth-controller", "namespace": "kube-system"}]});
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(binding).unwrap(),
+        )
+        .await
+        .unwrap();
+    let token = sim
+        .issue_token(
+            "kube-system",
+            "berth-controller",
+            &[],
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+    let operator = sim.client_with_token(&token).await.unwrap();
+    (sim, client, operator)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn create_all(client: &kube::Client, spec: serde_json::Value) {
+    let api: Api<Workspace> = Api::namespaced(client.clone(), "default");
+    for i in 0..WORKSPACES {
+        let body = json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": format!("w{i:03}")}, "spec": spec});
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(body).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+async fn writes_per_start() -> (f64, Vec<(String, u64)>) {
+    let (sim, client, operator) = cluster().await;
+    let config = berth_controller::Config::default();
+    let task = tokio::spawn(berth_controller::run(operator, config));
+    create_all(&client, json!({"image": "devbox:1", "ports": [{"name": "http", "port": 80}], "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"}}}})).await;
+    let api: Api<Workspace> = Api::namespaced(client.clone(), "default");
+    loop {
+        let running = api
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|w| w.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
+            .count();
+        if running == WORKSPACES {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut by_kind: HashMap<String, u64> = HashMap::new();
+    for row in sim.requests().into_iter().filter(|r| {
+        r.key.user == OPERATOR
+            && matches!(
+                r.key.verb.as_str(),
+                "create" | "update" | "patch" | "delete"
+            )
+    }) {
+        let what = if row.key.subresource.is_empty() {
+            format!("{} {}", row.key.verb, row.key.resource)
+        } else {
+            format!(
+                "{} {}/{}",
+                row.key.verb, row.key.resource, row.key.subresource
+            )
+        };
+        *by_kind.entry(what).or_default() += row.count;
+    }
+    task.abort();
+    let total: u64 = by_kind.values().sum();
+    let mut rows: Vec<(String, u64)> = by_kind.into_iter().collect();
+    rows.sort();
+    (total as f64 / WORKSPACES as f64, rows)
+}
+
+async fn failed_mount_latency() -> Vec<Duration> {
+    let (_sim, client, operator) = cluster().await;
+    let task = tokio::spawn(berth_controller::run(
+        operator,
+        berth_controller::Config::default(),
+    ));
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let workspaces: Api<Workspace> = Api::namespaced(client.clone(), "default");
+    let mut event_stream = Box::pin(
+        watcher(
+            events,
+            watcher::Config::default().fields("reason=FailedMount"),
+        )
+        .applied_objects(),
+    );
+    let mut status_stream =
+        Box::pin(watcher(workspaces, watcher::Config::default()).applied_objects());
+    create_all(&client, json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "absent", "mountPath": "/s"}]}}})).await;
+    let mut first_event: HashMap<String, Instant> = HashMap::new();
+    let mut explained: HashMap<String, Instant> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while explained.len() < WORKSPACES && Instant::now() < deadline {
+        tokio::select! {
+            Some(Ok(event)) = event_stream.next() => {
+                let pod = event.involved_object.name.unwrap_or_default();
+                let workspace = pod.trim_end_matches("-ws").to_owned();
+                first_event.entry(workspace).or_insert_with(Instant::now);
+            }
+            Some(Ok(ws)) = status_stream.next() => {
+                let message = ws.status.as_ref().and_then(|s| s.message.clone()).unwrap_or_default();
+                if message.contains("secret \"absent\" not found") {
+                    explained.entry(ws.name_any()).or_insert_with(Instant::now);
+                }
+            }
+        }
+    }
+    task.abort();
+    let mut latencies: Vec<Duration> = explained
+        .iter()
+        .filter_map(|(name, at)| {
+            first_event
+                .get(name)
+                .map(|e| at.saturating_duration_since(*e))
+        })
+        .collect();
+    latencies.sort();
+    latencies
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let (per_start, rows) = writes_per_start().await;
+    println!(
+        "API writes per workspace start ({WORKSPACES} workspaces, home claim and service each): {per_start:.2}"
+    );
+    for (what, count) in rows {
+        println!("  {what:<40} {count}");
+    }
+    let latencies = failed_mount_latency().await;
+    if latencies.is_empty() {
+        println!("FailedMount -> status: no samples");
+        return;
+    }
+    println!(
+        "FailedMount event -> workspace status carries it ({} workspaces): median {:?}, p99 {:?}, max {:?}",
+        latencies.len(),
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        latencies.last().unwrap()
+    );
+}

@@ -1,0 +1,183 @@
+//! What operators of Berth look at: metrics, health, `kubectl describe`, and specs refused at
+//! the API before the operator ever sees them.
+
+use std::{sync::Arc, time::Duration};
+
+use berth_api::Phase;
+use berth_controller::metrics::Metrics;
+use kube::api::PostParams;
+use serde_json::json;
+
+use crate::support::{Harness, OPERATOR, eventually, test_config};
+
+#[tokio::test]
+async fn metrics_count_reconciles_writes_and_phases_and_are_served() {
+    let metrics = Arc::new(Metrics::default());
+    let mut h = Harness::start().await;
+    // This test runs its own operator (namespaced, with metrics it can read).
+    h.stop_operator().await;
+    let client = h.sim.client().await.unwrap();
+    let served = metrics.clone();
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = probe.local_addr().unwrap();
+    drop(probe);
+    tokio::spawn(berth_controller::metrics::serve(
+        served,
+        Some(address),
+        Some(address),
+    ));
+    let config = berth_controller::Config {
+        namespace: Some("metrics".into()),
+        ..test_config()
+    };
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "metrics"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let operator = tokio::spawn(berth_controller::run_with_metrics(
+        client.clone(),
+        config,
+        metrics.clone(),
+    ));
+    let workspaces: kube::Api<berth_api::Workspace> =
+        kube::Api::namespaced(client.clone(), "metrics");
+    let body = json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": "m"}, "spec": {"image": "devbox:1"}});
+    workspaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(body).unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "the workspace to run", || async {
+        let ws = workspaces.get("m").await.ok()?;
+        (ws.status?.phase == Some(Phase::Running)).then_some(())
+    })
+    .await;
+    let text = eventually(Duration::from_secs(10), "the phase gauge", || async {
+        let text = metrics.render();
+        text.contains("berth_workspaces{phase=\"Running\"} 1")
+            .then_some(text)
+    })
+    .await;
+    for name in [
+        "berth_reconcile_duration_seconds_bucket",
+        "berth_status_writes_total",
+        "berth_workspace_start_seconds_count 1",
+    ] {
+        assert!(text.contains(name), "{name} missing from:\n{text}");
+    }
+    let http = |path: &'static str| async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+        socket
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+        let mut response = String::new();
+        socket.read_to_string(&mut response).await.unwrap();
+        response
+    };
+    assert!(http("/metrics").await.contains("berth_workspaces"));
+    assert!(http("/healthz").await.starts_with("HTTP/1.1 200"));
+    assert!(
+        http("/readyz").await.starts_with("HTTP/1.1 200"),
+        "caches synced"
+    );
+    operator.abort();
+}
+
+#[tokio::test]
+async fn invalid_specs_never_reach_the_operator() {
+    let h = Harness::start().await;
+    let bad = [
+        json!({"image": "x:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "s", "mountPath": "relative/path"}]}}}),
+        json!({"image": "x:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "s", "mountPath": "/same"}], "data": [{"claimName": "c", "mountPath": "/same"}]}}}),
+        json!({"image": "x:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "s", "mountPath": "/s", "defaultMode": 1000}]}}}),
+        json!({"image": ""}),
+    ];
+    let fields = [
+        "spec.podTemplate.volumes.secrets[0].mountPath",
+        "spec.podTemplate.volumes",
+        "spec.podTemplate.volumes.secrets[0].defaultMode",
+        "spec.image",
+    ];
+    for (spec, field) in bad.iter().zip(fields) {
+        let body = json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": "bad"}, "spec": spec});
+        let result = h
+            .workspaces()
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(body).unwrap(),
+            )
+            .await;
+        match result {
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{spec}");
+                assert!(
+                    status.message.contains(field),
+                    "{field} not named in: {}",
+                    status.message
+                );
+            }
+            other => panic!("{spec} was accepted: {other:?}"),
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        h.sim.count_requests(|k| k.user == OPERATOR
+            && matches!(k.verb.as_str(), "create" | "patch" | "update" | "delete")),
+        0
+    );
+}
+
+#[tokio::test]
+async fn kubectl_describe_shows_the_workspace_story() {
+    let h = Harness::start().await;
+    let present = std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !present {
+        if std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() == Ok("1") {
+            panic!("kubectl is required (BERTH_REQUIRE_KUBECTL=1) but not found on PATH");
+        }
+        eprintln!("skipping: kubectl is not installed");
+        return;
+    }
+    h.create("story", json!({"image": "devbox:1"})).await;
+    h.until_phase("story", Phase::Running).await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    h.sim.write_kubeconfig(&kubeconfig).unwrap();
+    let described = eventually(
+        Duration::from_secs(10),
+        "the events in describe",
+        || async {
+            let output = tokio::process::Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .args(["describe", "ws", "story"])
+                .output()
+                .await
+                .ok()?;
+            let text = String::from_utf8_lossy(&output.stdout).into_owned();
+            let events = text.split("Events:").nth(1)?.to_owned();
+            (events.contains("Created") && events.contains("Started") && events.contains("Ready"))
+                .then_some(text)
+        },
+    )
+    .await;
+    assert!(
+        described.contains("Phase:") && described.contains("Running"),
+        "{described}"
+    );
+    assert!(described.contains("Workspace is ready"), "{described}");
+}
