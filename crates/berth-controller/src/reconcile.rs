@@ -45,6 +45,38 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Consecutive failures per workspace, for per-object backoff (rule C19).
     failures: std::sync::Mutex<HashMap<ObjectRef<Workspace>, u32>>,
+    /// Objects this operator just created or applied, which its caches may not show yet:
+    /// (action, namespace, name) -> when. Acting again on a stale cache would only earn a 409.
+    expectations: std::sync::Mutex<HashMap<(&'static str, String, String), Instant>>,
+}
+
+/// How long a create is trusted to show up in the cache before it is tried again.
+const EXPECTATION_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Context {
+    /// Whether `what` was done for (namespace, name) within the TTL.
+    fn expected(&self, what: &'static str, namespace: &str, name: &str) -> bool {
+        let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
+        expectations.retain(|_, at| at.elapsed() < EXPECTATION_TTL);
+        expectations.contains_key(&(what, namespace.to_owned(), name.to_owned()))
+    }
+
+    fn expect(&self, what: &'static str, namespace: &str, name: &str) {
+        self.expectations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                (what, namespace.to_owned(), name.to_owned()),
+                Instant::now(),
+            );
+    }
+
+    fn forget(&self, what: &'static str, namespace: &str, name: &str) {
+        self.expectations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(what, namespace.to_owned(), name.to_owned()));
+    }
 }
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -140,6 +172,7 @@ pub async fn run_with_metrics(client: Client, config: Config, metrics: Arc<Metri
         workspaces: workspace_store,
         metrics: metrics.clone(),
         failures: Default::default(),
+        expectations: Default::default(),
     });
 
     // Warning events map to the workspace of the pod they are about (found by the pod's
@@ -291,6 +324,19 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         claim: claim.as_deref(),
         service: service.as_deref(),
     };
+    // What the caches show no longer needs an expectation.
+    if pod.is_some() {
+        ctx.forget("pod", &namespace, &name);
+    }
+    if claim.is_some() {
+        ctx.forget("claim", &namespace, &name);
+    }
+    if service
+        .as_ref()
+        .is_some_and(|s| pod::service_ports_match(s, &workspace))
+    {
+        ctx.forget("service", &namespace, &name);
+    }
     let mut decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
 
     for action in decision.actions.clone() {
@@ -372,6 +418,21 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
         field_manager: Some(ctx.config.manager.clone()),
         ..Default::default()
     };
+    let name = workspace.name_any();
+    let kind: &'static str = match action {
+        Action::CreatePod | Action::DeletePod { .. } => "pod",
+        Action::CreateClaim => "claim",
+        Action::CreateService | Action::UpdateService | Action::DeleteService => "service",
+    };
+    match action {
+        Action::CreatePod | Action::CreateClaim | Action::CreateService | Action::UpdateService => {
+            if ctx.expected(kind, &namespace, &name) {
+                return Ok(None);
+            }
+            ctx.expect(kind, &namespace, &name);
+        }
+        Action::DeletePod { .. } | Action::DeleteService => ctx.forget(kind, &namespace, &name),
+    }
     match action {
         Action::CreatePod => {
             let pods: Api<Pod> = Api::namespaced(client, &namespace);
@@ -379,7 +440,12 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
             match pods.create(&create, &wanted).await {
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     let existing = pods.get_opt(&wanted.name_any()).await?;
-                    Ok(existing.filter(|p| !pod::is_owned_by(&p.metadata, workspace)))
+                    let foreign = existing.filter(|p| !pod::is_owned_by(&p.metadata, workspace));
+                    if foreign.is_some() {
+                        // Not ours: nothing to wait for; look again next time.
+                        ctx.forget(kind, &namespace, &name);
+                    }
+                    Ok(foreign)
                 }
                 other => other.map(|_| None).map_err(Error::from),
             }
