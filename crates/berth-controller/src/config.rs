@@ -137,6 +137,21 @@ pub struct Config {
     pub health_address: Option<SocketAddr>,
     /// The field manager and event reporter name.
     pub manager: String,
+    /// Only the holder of this Lease reconciles; None: always reconcile (one replica).
+    pub leader_election: Option<LeaderElection>,
+}
+
+/// Leader election on a `coordination.k8s.io/v1` Lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderElection {
+    pub lease: String,
+    pub namespace: String,
+    /// This replica's identity, e.g. its pod name.
+    pub identity: String,
+    /// How long a lease lasts without renewal, in seconds.
+    pub duration_seconds: u64,
+    /// How long before expiry the holder renews, in seconds (less than the duration).
+    pub grace_seconds: u64,
 }
 
 impl Default for Config {
@@ -148,6 +163,7 @@ impl Default for Config {
             metrics_address: None,
             health_address: None,
             manager: "berth-controller".to_owned(),
+            leader_election: None,
         }
     }
 }

@@ -13,6 +13,9 @@ pub enum Error {
     /// Deletion waits for the workspace's pod to stop.
     #[error("waiting for pod {0} to stop before the workspace is deleted")]
     PodStopping(String),
+    /// The leader-election lease could not be used.
+    #[error("leader election: {0}")]
+    LeaderElection(String),
     /// An object could not be serialized.
     #[error("serialization: {0}")]
     Serialization(#[from] serde_json::Error),
@@ -40,6 +43,7 @@ impl Error {
             },
             Error::Finalizer(_) => "Finalizer",
             Error::PodStopping(_) => "PodStopping",
+            Error::LeaderElection(_) => "LeaderElection",
             Error::Serialization(_) => "Serialization",
         }
     }

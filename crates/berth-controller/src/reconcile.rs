@@ -118,8 +118,51 @@ pub async fn run(client: Client, config: Config) -> Result<()> {
     run_with_metrics(client, config, metrics).await
 }
 
-/// [`run`] with metrics the caller keeps (tests read them).
+/// [`run`] with metrics the caller keeps (tests read them). With leader election, reconciles
+/// run only while this replica holds the lease and stop at once when it is lost.
 pub async fn run_with_metrics(client: Client, config: Config, metrics: Arc<Metrics>) -> Result<()> {
+    let Some(election) = config.leader_election.clone() else {
+        return run_controller(client, config, metrics).await;
+    };
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &election.lease)
+        .with_namespace(&election.namespace)
+        .with_identity(&election.identity)
+        .with_duration(election.duration_seconds)
+        .with_grace(election.grace_seconds)
+        .build()
+        .await
+        .map_err(|e| Error::LeaderElection(e.to_string()))?;
+    let (mut leading, lease_task) = manager.watch().await;
+    // Standby replicas are ready too (they serve health and wait).
+    metrics
+        .ready
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let result = loop {
+        while !*leading.borrow_and_update() {
+            if leading.changed().await.is_err() {
+                return Err(Error::LeaderElection("the lease watcher stopped".into()));
+            }
+        }
+        info!(identity = %election.identity, lease = %election.lease, "leading: reconciling");
+        let lost = async {
+            loop {
+                if leading.changed().await.is_err() || !*leading.borrow() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            result = run_controller(client.clone(), config.clone(), metrics.clone()) => break result,
+            () = lost => warn!(identity = %election.identity, "lost the lease: reconciling stopped"),
+        }
+    };
+    // Dropping the receiver makes the lease task release the lease.
+    drop(leading);
+    let _ = lease_task.await;
+    result
+}
+
+async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -> Result<()> {
     let namespace = config.namespace.clone();
     let ns = namespace.as_deref();
     let workspaces: Api<Workspace> = api(&client, ns);

@@ -3,7 +3,10 @@
 use std::{net::SocketAddr, time::Duration};
 
 use berth_api::{PodRecreationPolicy, parse_duration};
-use berth_controller::{Config, Policy, WarningPolicy, config::DEFAULT_WARNING_REASONS};
+use berth_controller::{
+    Config, Policy, WarningPolicy,
+    config::{DEFAULT_WARNING_REASONS, LeaderElection},
+};
 
 fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
@@ -43,6 +46,15 @@ pub struct ControllerArgs {
     /// Where /healthz and /readyz are served ("off" to disable).
     #[arg(long, env = "BERTH_HEALTH_ADDRESS", default_value = "0.0.0.0:8081")]
     pub health_address: String,
+    /// Reconcile only while holding the leader Lease (for several replicas).
+    #[arg(long, env = "BERTH_LEADER_ELECTION", default_value_t = false)]
+    pub leader_election: bool,
+    /// The leader Lease's name.
+    #[arg(long, env = "BERTH_LEASE_NAME", default_value = "berth-controller")]
+    pub lease_name: String,
+    /// The leader Lease's namespace (default: the pod's namespace, else `default`).
+    #[arg(long, env = "BERTH_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
 }
 
 fn address(text: &str) -> Result<Option<SocketAddr>, String> {
@@ -72,6 +84,18 @@ impl ControllerArgs {
             deletion_grace: self.deletion_grace,
             metrics_address: address(&self.metrics_address)?,
             health_address: address(&self.health_address)?,
+            leader_election: self.leader_election.then(|| LeaderElection {
+                lease: self.lease_name.clone(),
+                namespace: self
+                    .lease_namespace
+                    .clone()
+                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                    .unwrap_or_else(|| "default".into()),
+                identity: std::env::var("HOSTNAME")
+                    .unwrap_or_else(|_| format!("berth-{}", std::process::id())),
+                duration_seconds: 15,
+                grace_seconds: 5,
+            }),
             ..Config::default()
         })
     }

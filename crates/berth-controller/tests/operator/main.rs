@@ -3,5 +3,6 @@
 
 mod support;
 
+mod leader;
 mod lifecycle;
 mod observability;
