@@ -234,7 +234,10 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
 
     let ready_metrics = metrics.clone();
     let ready_pods = pods.clone();
+    let ready_workspaces = context.workspaces.clone();
     tokio::spawn(async move {
+        // Ready once the Workspace list worked (the CRD is served) and the pod cache is filled.
+        let _ = ready_workspaces.wait_until_ready().await;
         let _ = ready_pods.wait_until_ready().await;
         ready_metrics
             .ready
@@ -258,6 +261,13 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
 }
 
 async fn reconcile(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
+    static RECONCILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = RECONCILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let span = tracing::info_span!("reconcile", workspace = %workspace.name_any(), namespace = %workspace.namespace().unwrap_or_default(), reconcile_id = id);
+    tracing::Instrument::instrument(reconcile_in_span(workspace, ctx), span).await
+}
+
+async fn reconcile_in_span(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
     let started = Instant::now();
     let namespace = workspace.namespace().unwrap_or_default();
     let api: Api<Workspace> = Api::namespaced(ctx.client.clone(), &namespace);

@@ -91,10 +91,15 @@ fn init_logging(default: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if std::io::stderr().is_terminal() {
-        builder.init();
-    } else {
+    let json = match std::env::var("BERTH_LOG_FORMAT").as_deref() {
+        Ok("json") => true,
+        Ok("text") => false,
+        _ => !std::io::stderr().is_terminal(),
+    };
+    if json {
         builder.json().init();
+    } else {
+        builder.init();
     }
 }
 
