@@ -234,10 +234,9 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
 
     let ready_metrics = metrics.clone();
     let ready_pods = pods.clone();
-    let ready_workspaces = context.workspaces.clone();
     tokio::spawn(async move {
-        // Ready once the Workspace list worked (the CRD is served) and the pod cache is filled.
-        let _ = ready_workspaces.wait_until_ready().await;
+        // Ready once the caches have their first lists. (The Controller's own Workspace store
+        // does not report readiness, so the CRD being served is not checked here.)
         let _ = ready_pods.wait_until_ready().await;
         ready_metrics
             .ready

@@ -87,10 +87,17 @@ async fn metrics_count_reconciles_writes_and_phases_and_are_served() {
     };
     assert!(http("/metrics").await.contains("berth_workspaces"));
     assert!(http("/healthz").await.starts_with("HTTP/1.1 200"));
-    assert!(
-        http("/readyz").await.starts_with("HTTP/1.1 200"),
-        "caches synced"
-    );
+    eventually(
+        Duration::from_secs(5),
+        "/readyz to answer 200 once caches synced",
+        || async {
+            http("/readyz")
+                .await
+                .starts_with("HTTP/1.1 200")
+                .then_some(())
+        },
+    )
+    .await;
     operator.abort();
 }
 
