@@ -106,6 +106,8 @@ pub struct Policy {
     /// The safety-net recheck of a running workspace.
     pub resync: Duration,
     pub warnings: WarningPolicy,
+    /// Which failed pods count as kubelet rejections (rule C10).
+    pub rejections: crate::rejection::RejectionPolicy,
 }
 
 impl Default for Policy {
@@ -119,6 +121,7 @@ impl Default for Policy {
             max_requeue: Duration::from_secs(60),
             resync: Duration::from_secs(600),
             warnings: WarningPolicy::default(),
+            rejections: crate::rejection::RejectionPolicy::default(),
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod error;
 pub mod metrics;
 pub mod pod;
 pub mod reconcile;
+pub mod rejection;
 pub mod state;
 
 pub use config::{Config, Policy, WarningPolicy};

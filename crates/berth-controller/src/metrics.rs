@@ -31,6 +31,12 @@ pub struct PhaseLabel {
     pub phase: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RecreationLabels {
+    pub reason: String,
+    pub attempt: String,
+}
+
 /// The operator's metrics.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -39,6 +45,7 @@ pub struct Metrics {
     pub workspaces: Family<PhaseLabel, Gauge>,
     pub start_seconds: Histogram,
     pub status_writes: Counter,
+    pub pod_recreations: Family<RecreationLabels, Counter>,
     /// Caches synced and the CRD served: `/readyz` answers 200.
     pub ready: AtomicBool,
 }
@@ -53,6 +60,7 @@ impl Default for Metrics {
         let workspaces = Family::<PhaseLabel, Gauge>::default();
         let start_seconds = Histogram::new([1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]);
         let status_writes = Counter::default();
+        let pod_recreations = Family::<RecreationLabels, Counter>::default();
         registry.register(
             "reconcile_duration_seconds",
             "Time to reconcile one workspace, by result",
@@ -74,6 +82,11 @@ impl Default for Metrics {
             "Workspace status writes",
             status_writes.clone(),
         );
+        registry.register(
+            "pod_recreations",
+            "Pods replaced after a kubelet rejection or a lost node, by reason and attempt",
+            pod_recreations.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             reconcile_duration,
@@ -81,6 +94,7 @@ impl Default for Metrics {
             workspaces,
             start_seconds,
             status_writes,
+            pod_recreations,
             ready: AtomicBool::new(false),
         }
     }

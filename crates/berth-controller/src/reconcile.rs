@@ -307,6 +307,10 @@ fn error_policy(workspace: Arc<Workspace>, error: &Error, ctx: Arc<Context>) -> 
     if matches!(error, Error::PodStopping(_)) {
         return Requeue::requeue(std::time::Duration::from_secs(1));
     }
+    if error.reason() == "Conflict" {
+        // The cache was behind; the watch brings the newer object at once.
+        return Requeue::requeue(std::time::Duration::from_millis(100));
+    }
     let mut failures = ctx.failures.lock().unwrap_or_else(|p| p.into_inner());
     let attempt = failures
         .entry(ObjectRef::from_obj(&*workspace))
@@ -390,7 +394,15 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         ctx.forget("service", &namespace, &name);
     }
     let mut decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
+    let old = workspace.status.clone().unwrap_or_default();
 
+    // The status is written before acting, conditionally on the cached resourceVersion: a
+    // decision taken on a stale cache conflicts here and is retried on fresh data instead of
+    // acting (which could, say, create a replacement pod without counting it).
+    let mut version = workspace.resource_version();
+    if decision.status != old {
+        version = write_status(&workspace, &decision.status, version, &ctx).await?;
+    }
     for action in decision.actions.clone() {
         if let Some(foreign) = act(&workspace, &action, &ctx).await? {
             // The pod name is taken by a pod Berth does not own (our cache only holds ours):
@@ -400,19 +412,22 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
                 ..observed
             };
             decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
+            write_status(&workspace, &decision.status, version.clone(), &ctx).await?;
             break;
         }
     }
-    let old = workspace.status.clone().unwrap_or_default();
-    if decision.status != old {
-        write_status(&workspace, &decision.status, &ctx).await?;
-        if let (Some(started), Some(ready)) =
-            (&decision.status.started_at, &decision.status.ready_at)
-            && old.ready_at.is_none()
-        {
-            let seconds = ready.0.duration_since(started.0).as_secs_f64();
-            ctx.metrics.start_seconds.observe(seconds.max(0.0));
-        }
+    if let Some(recreation) = &decision.recreation {
+        let labels = crate::metrics::RecreationLabels {
+            reason: recreation.reason.clone(),
+            attempt: recreation.attempt.to_string(),
+        };
+        ctx.metrics.pod_recreations.get_or_create(&labels).inc();
+    }
+    if let (Some(started), Some(ready)) = (&decision.status.started_at, &decision.status.ready_at)
+        && old.ready_at.is_none()
+    {
+        let seconds = ready.0.duration_since(started.0).as_secs_f64();
+        ctx.metrics.start_seconds.observe(seconds.max(0.0));
     }
     let reference = kube::Resource::object_ref(&*workspace, &());
     for notice in &decision.notices {
@@ -437,20 +452,29 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
 async fn write_status(
     workspace: &Workspace,
     status: &WorkspaceStatus,
+    resource_version: Option<String>,
     ctx: &Context,
-) -> Result<()> {
+) -> Result<Option<String>> {
     let namespace = workspace.namespace().unwrap_or_default();
     let api: Api<Workspace> = Api::namespaced(ctx.client.clone(), &namespace);
-    let body = json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "status": status});
-    api.patch_status(
-        &workspace.name_any(),
-        &PatchParams::apply(&ctx.config.manager).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
+    // The resourceVersion makes the write conditional: a status derived from a stale cache
+    // must not overwrite a newer one (a recreation count would be lost).
+    let body = json!({
+        "apiVersion": "berth.dev/v1alpha1",
+        "kind": "Workspace",
+        "metadata": {"resourceVersion": resource_version},
+        "status": status
+    });
+    let written = api
+        .patch_status(
+            &workspace.name_any(),
+            &PatchParams::apply(&ctx.config.manager).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
     ctx.metrics.status_writes.inc();
     info!(workspace = %workspace.name_any(), phase = ?status.phase, message = ?status.message, "status");
-    Ok(())
+    Ok(written.resource_version())
 }
 
 fn ignore_conflicts(result: Result<(), kube::Error>) -> Result<()> {
@@ -472,7 +496,7 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
     };
     let name = workspace.name_any();
     let kind: &'static str = match action {
-        Action::CreatePod | Action::DeletePod { .. } => "pod",
+        Action::CreatePod | Action::DeletePod { .. } | Action::ForceDeletePod { .. } => "pod",
         Action::CreateClaim => "claim",
         Action::CreateService | Action::UpdateService | Action::DeleteService => "service",
     };
@@ -483,7 +507,9 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
             }
             ctx.expect(kind, &namespace, &name);
         }
-        Action::DeletePod { .. } | Action::DeleteService => ctx.forget(kind, &namespace, &name),
+        Action::DeletePod { .. } | Action::ForceDeletePod { .. } | Action::DeleteService => {
+            ctx.forget(kind, &namespace, &name)
+        }
     }
     match action {
         Action::CreatePod => {
@@ -502,13 +528,15 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
                 other => other.map(|_| None).map_err(Error::from),
             }
         }
-        Action::DeletePod { uid } => {
+        Action::DeletePod { uid } | Action::ForceDeletePod { uid } => {
             let pods: Api<Pod> = Api::namespaced(client, &namespace);
+            let force = matches!(action, Action::ForceDeletePod { .. });
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
                     uid: Some(uid.clone()),
                     resource_version: None,
                 }),
+                grace_period_seconds: force.then_some(0),
                 ..Default::default()
             };
             ignore_conflicts(
@@ -608,7 +636,13 @@ async fn cleanup(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue
         act(&workspace, action, &ctx).await?;
     }
     if workspace.status.as_ref() != Some(&decision.status) {
-        write_status(&workspace, &decision.status, &ctx).await?;
+        write_status(
+            &workspace,
+            &decision.status,
+            workspace.resource_version(),
+            &ctx,
+        )
+        .await?;
     }
     Err(Error::PodStopping(pod_name))
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use berth_api::{
-    ConditionStatus, Phase, PodRef, Workspace, WorkspaceStatus,
+    ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace, WorkspaceStatus,
     condition::{find_condition, reasons, set_condition, types},
     labels,
 };
@@ -57,6 +57,19 @@ pub enum Action {
     DeletePod {
         uid: String,
     },
+    /// Delete the pod at once (grace 0): its node is gone and will never stop it.
+    ForceDeletePod {
+        uid: String,
+    },
+}
+
+/// A pod replaced after a rejection or a lost node, for the metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recreation {
+    /// The kubelet's reason, or `NodeLost`.
+    pub reason: String,
+    /// 1 for the first replacement of this start.
+    pub attempt: u32,
 }
 
 /// A Kubernetes Event to publish about the workspace (rule C17).
@@ -92,6 +105,8 @@ pub struct Decision {
     pub actions: Vec<Action>,
     pub notices: Vec<Notice>,
     pub requeue: Duration,
+    /// Set when this decision creates a replacement pod.
+    pub recreation: Option<Recreation>,
 }
 
 /// The most relevant thing wrong (or happening) with a pod that is not ready (rule C6).
@@ -233,6 +248,7 @@ struct Builder<'a> {
     actions: Vec<Action>,
     notices: Vec<Notice>,
     old: &'a WorkspaceStatus,
+    recreation: Option<Recreation>,
 }
 
 impl Builder<'_> {
@@ -268,6 +284,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         actions: vec![],
         notices: vec![],
         old,
+        recreation: None,
     };
     b.status.observed_generation = workspace.metadata.generation;
     let slow = policy.resync;
@@ -300,6 +317,33 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             }
         },
         None => policy.start_timeout,
+    };
+    let recreation = match PodRecreationPolicy::resolve(
+        workspace
+            .spec
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.pod_recreation.as_ref()),
+        policy.recreation,
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            let message = format!("The spec cannot work: lifecycle.podRecreation.delay: {e}");
+            b.condition(
+                types::STALLED,
+                ConditionStatus::True,
+                reasons::INVALID_SPEC,
+                &message,
+            );
+            b.condition(
+                types::READY,
+                ConditionStatus::False,
+                reasons::INVALID_SPEC,
+                &message,
+            );
+            b.phase(Phase::Failed, message);
+            return b.finish(slow);
+        }
     };
 
     let owned_pod = observed.pod.filter(|p| is_owned_by(&p.metadata, workspace));
@@ -356,6 +400,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
 
     if workspace.spec.paused {
         clear_condition(&mut b.status, types::STALLED);
+        clear_condition(&mut b.status, types::POD_REJECTED);
         b.status.started_at = None;
         b.status.pod_recreations = None;
         if !matches!(old.phase, Some(Phase::Stopping | Phase::Stopped)) {
@@ -425,10 +470,112 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
     if stalled.is_some() {
         // A new generation starts again.
         clear_condition(&mut b.status, types::STALLED);
+        clear_condition(&mut b.status, types::POD_REJECTED);
         b.status.started_at = None;
         b.status.pod_recreations = None;
     }
 
+    let rejected = find_condition(&b.status.conditions, types::POD_REJECTED)
+        .filter(|c| c.status == "True")
+        .cloned();
+    let lost_pod = owned_pod.is_none()
+        && rejected.is_none()
+        && old.observed_generation == workspace.metadata.generation
+        && old.pod.as_ref().is_some_and(|p| p.uid.is_some())
+        && matches!(
+            old.phase,
+            Some(Phase::Running | Phase::Starting | Phase::Error | Phase::Unknown)
+        );
+    if let (None, Some(condition)) = (owned_pod, &rejected) {
+        // The rejected (or lost) pod is gone: replace it once the delay has passed.
+        let node_lost = condition.reason == reasons::NODE_LOST;
+        // Condition times have whole seconds: count the delay from the end of that second, so
+        // it is never shortened.
+        let wait = if node_lost {
+            Duration::ZERO
+        } else {
+            recreation.delay + Duration::from_secs(1)
+        };
+        let since = Duration::try_from(now.duration_since(condition.last_transition_time.0))
+            .unwrap_or_default();
+        if since < wait {
+            return b.finish(wait - since);
+        }
+        let attempt = if node_lost {
+            b.status.pod_recreations.unwrap_or(0)
+        } else {
+            let attempt = b.status.pod_recreations.unwrap_or(0) + 1;
+            b.status.pod_recreations = Some(attempt);
+            attempt
+        };
+        let note = if node_lost {
+            format!("Creating pod {pod_name} again: the node of the last one was lost")
+        } else {
+            format!(
+                "Creating pod {pod_name} again (attempt {attempt} of {}) after its kubelet rejected the last one ({})",
+                recreation.max, condition.reason
+            )
+        };
+        b.recreation = Some(Recreation {
+            reason: condition.reason.clone(),
+            attempt: attempt.max(1),
+        });
+        b.notices.push(Notice::normal("Recreating", note));
+        b.condition(
+            types::POD_REJECTED,
+            ConditionStatus::False,
+            "PodRecreated",
+            &format!(
+                "A new pod replaced the one that was {}",
+                if node_lost {
+                    "lost with its node"
+                } else {
+                    "rejected"
+                }
+            ),
+        );
+        b.actions.push(Action::CreatePod);
+        b.status.pod = None;
+        b.condition(
+            types::POD_SCHEDULED,
+            ConditionStatus::False,
+            reasons::WAITING_FOR_SCHEDULER,
+            &format!("Pod {pod_name} is being created"),
+        );
+        b.condition(
+            types::POD_READY,
+            ConditionStatus::False,
+            reasons::CONTAINER_CREATING,
+            &format!("Pod {pod_name} is being created"),
+        );
+        b.condition(
+            types::READY,
+            ConditionStatus::False,
+            reasons::CONTAINER_CREATING,
+            &format!("Pod {pod_name} is being created"),
+        );
+        b.phase(
+            Phase::Starting,
+            format!(
+                "Creating pod {pod_name} again{}",
+                if node_lost {
+                    String::new()
+                } else {
+                    format!(" (attempt {attempt} of {})", recreation.max)
+                }
+            ),
+        );
+        return b.finish(Duration::from_secs(1));
+    }
+    if lost_pod {
+        // The pod vanished without Berth deleting it (its node was deleted, or someone
+        // removed it): start it again, counted with the lost nodes.
+        b.recreation = Some(Recreation {
+            reason: reasons::NODE_LOST.to_owned(),
+            attempt: 1,
+        });
+        b.notices.push(Notice::warning("NodeLost", format!("Pod {pod_name} disappeared (its node was deleted or it was evicted); creating it again")));
+    }
     let Some(pod) = owned_pod else {
         b.actions.push(Action::CreatePod);
         if b.status.started_at.is_none() {
@@ -497,10 +644,120 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         b.actions.push(Action::DeletePod { uid });
         b.status.started_at = Some(time(now));
         b.status.ready_at = None;
+        // A spec change is a new start: the recreation count starts over.
+        b.status.pod_recreations = None;
+        clear_condition(&mut b.status, types::POD_REJECTED);
         b.phase(
             Phase::Stopping,
             format!("Replacing pod {pod_name}: the workspace spec changed"),
         );
+        return b.finish(Duration::from_secs(1));
+    }
+
+    // A pod its kubelet rejected is replaced, a bounded number of times (rules C10-C12).
+    if let Some(rejected) = crate::rejection::detect(pod, &policy.rejections) {
+        let replaced = b.status.pod_recreations.unwrap_or(0);
+        let node = rejected
+            .node
+            .clone()
+            .unwrap_or_else(|| "its node".to_owned());
+        b.actions.push(Action::DeletePod { uid: uid.clone() });
+        b.status.pod = None;
+        b.status.ready_at = None;
+        if replaced >= recreation.max {
+            let text = format!(
+                "Pod rejected by {node} ({}) after {replaced} replacement{}; giving up (maxRecreations {}). {}",
+                rejected.reason,
+                if replaced == 1 { "" } else { "s" },
+                recreation.max,
+                rejected.message
+            );
+            let text = text.trim_end().to_owned();
+            b.condition(
+                types::POD_REJECTED,
+                ConditionStatus::True,
+                reasons::RECREATION_LIMIT_REACHED,
+                &text,
+            );
+            b.condition(
+                types::STALLED,
+                ConditionStatus::True,
+                reasons::RECREATION_LIMIT_REACHED,
+                &text,
+            );
+            b.condition(
+                types::READY,
+                ConditionStatus::False,
+                reasons::RECREATION_LIMIT_REACHED,
+                &text,
+            );
+            b.notices
+                .push(Notice::warning("RecreationLimitReached", text.clone()));
+            b.phase(Phase::Failed, text);
+            return b.finish(slow);
+        }
+        b.condition(
+            types::POD_REJECTED,
+            ConditionStatus::True,
+            &rejected.reason,
+            &rejected.message,
+        );
+        b.condition(
+            types::READY,
+            ConditionStatus::False,
+            &rejected.reason,
+            &rejected.message,
+        );
+        b.notices.push(Notice::warning(
+            "PodRejected",
+            format!(
+                "Pod {pod_name} was rejected by {node}: {}",
+                rejected.message
+            ),
+        ));
+        b.phase(
+            Phase::Starting,
+            format!(
+                "Pod rejected by {node} ({}); creating a new pod (attempt {} of {})",
+                rejected.reason,
+                replaced + 1,
+                recreation.max
+            ),
+        );
+        return b.finish(recreation.delay.max(Duration::from_millis(100)));
+    }
+    // A pod whose node is gone is replaced at once, and counted apart (rule C13).
+    let pod_phase_now = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default();
+    if pod_phase_now == "Unknown" {
+        let text = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.message.clone())
+            .unwrap_or_else(|| format!("The node of pod {pod_name} is lost"));
+        b.actions.push(Action::ForceDeletePod { uid: uid.clone() });
+        b.status.pod = None;
+        b.status.ready_at = None;
+        b.condition(
+            types::POD_REJECTED,
+            ConditionStatus::True,
+            reasons::NODE_LOST,
+            &text,
+        );
+        b.condition(
+            types::READY,
+            ConditionStatus::False,
+            reasons::NODE_LOST,
+            &text,
+        );
+        b.notices.push(Notice::warning(
+            "NodeLost",
+            format!("{text}; replacing pod {pod_name}"),
+        ));
+        b.phase(Phase::Unknown, format!("{text}; replacing the pod"));
         return b.finish(Duration::from_secs(1));
     }
 
@@ -621,13 +878,15 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
                 .and_then(|cs| cs.iter().find_map(|c| c.state.as_ref()?.terminated.clone()))
                 .map(|t| {
                     format!(
-                        "container exited with code {}{}",
+                        "container exited with code {}{}{}",
                         t.exit_code,
+                        t.reason.map(|r| format!(" ({r})")).unwrap_or_default(),
                         t.message.map(|m| format!(": {m}")).unwrap_or_default()
                     )
                 });
-            let text = why
-                .or(terminated)
+            // The container's own words first: a pod that ran and then failed crashed.
+            let text = terminated
+                .or(why)
                 .unwrap_or_else(|| format!("pod phase {pod_phase}"));
             b.phase(
                 Phase::Error,
@@ -716,6 +975,7 @@ impl Builder<'_> {
             actions: self.actions,
             notices: self.notices,
             requeue,
+            recreation: self.recreation,
         }
     }
 }

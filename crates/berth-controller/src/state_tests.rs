@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use serde_json::{Value, json};
 
 use super::*;
+use crate::state::Recreation;
 use crate::{config::Policy, pod};
 
 const NOW: i64 = 1_800_000_000;
@@ -331,7 +332,7 @@ fn an_invalid_spec_waits_for_a_change() {
 }
 
 #[test]
-fn unknown_when_the_node_is_lost() {
+fn unknown_when_the_node_is_lost_and_the_pod_is_force_replaced() {
     let ws = workspace(json!({"image": "x:1"}), started(20));
     let pod = pod_of(
         &ws,
@@ -342,9 +343,174 @@ fn unknown_when_the_node_is_lost() {
         (d.status.phase, d.status.message.as_deref()),
         (
             Some(Phase::Unknown),
-            Some("Node node-1 which was running pod w-ws is unresponsive")
+            Some("Node node-1 which was running pod w-ws is unresponsive; replacing the pod")
         )
     );
+    assert_eq!(
+        d.actions,
+        vec![Action::ForceDeletePod {
+            uid: "pod-1".into()
+        }]
+    );
+    assert_eq!(condition_of(&d, "PodRejected").reason, "NodeLost");
+    // Once gone, the pod is created again at once, without counting against maxRecreations.
+    let mut gone = ws.clone();
+    gone.status = Some(d.status.clone());
+    let again = decide(&gone, None, &[]);
+    assert_eq!(again.actions, vec![Action::CreatePod]);
+    assert_eq!(again.status.pod_recreations, None);
+    assert_eq!(
+        again.recreation.as_ref().map(|r| r.reason.as_str()),
+        Some("NodeLost")
+    );
+}
+
+fn rejected_pod(ws: &Workspace, reason: &str) -> Pod {
+    let mut pod = pod_of(
+        ws,
+        json!({"phase": "Failed", "reason": reason, "message": format!("Pod was rejected: {reason}")}),
+    );
+    pod.spec.as_mut().unwrap().node_name = Some("node-3".into());
+    pod
+}
+
+#[test]
+fn a_rejected_pod_is_replaced_after_the_delay_and_counted() {
+    let ws = workspace(
+        json!({"image": "x:1", "lifecycle": {"podRecreation": {"maxRecreations": 3, "delay": "10s"}}}),
+        started(30),
+    );
+    let d = decide(&ws, Some(&rejected_pod(&ws, "OutOfcpu")), &[]);
+    assert_eq!(
+        d.status.phase,
+        Some(Phase::Starting),
+        "clients never see Failed for a rejection"
+    );
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some("Pod rejected by node-3 (OutOfcpu); creating a new pod (attempt 1 of 3)")
+    );
+    assert_eq!(
+        d.actions,
+        vec![Action::DeletePod {
+            uid: "pod-1".into()
+        }]
+    );
+    assert_eq!(
+        (
+            condition_of(&d, "PodRejected").status.as_str(),
+            condition_of(&d, "PodRejected").reason.as_str()
+        ),
+        ("True", "OutOfcpu")
+    );
+    assert!(
+        d.notices
+            .iter()
+            .any(|n| n.warning && n.reason == "PodRejected")
+    );
+    assert_eq!(
+        d.status.pod, None,
+        "the old pod's runtime fields are cleared"
+    );
+
+    // Gone, but the delay has not passed: wait exactly the rest of it.
+    let mut waiting = ws.clone();
+    waiting.status = Some(d.status.clone());
+    let early = decide(&waiting, None, &[]);
+    assert!(early.actions.is_empty());
+    assert_eq!(
+        early.requeue,
+        Duration::from_secs(11),
+        "the delay counts from the end of the rejection's second"
+    );
+    // After the delay: a new pod, the count goes up, PodRejected flips back.
+    let later = derive(
+        &Observed {
+            workspace: &waiting,
+            pod: None,
+            warnings: &[],
+            claim: None,
+            service: None,
+        },
+        &Policy::default(),
+        Timestamp::from_second(NOW + 11).unwrap(),
+    );
+    assert_eq!(later.actions, vec![Action::CreatePod]);
+    assert_eq!(later.status.pod_recreations, Some(1));
+    assert_eq!(
+        later.status.started_at,
+        waiting.status.as_ref().unwrap().started_at,
+        "the start timeout counts from the original start"
+    );
+    assert_eq!(condition_of(&later, "PodRejected").status, "False");
+    assert!(
+        later
+            .notices
+            .iter()
+            .any(|n| n.reason == "Recreating" && n.note.contains("attempt 1 of 3"))
+    );
+    assert_eq!(
+        later.recreation,
+        Some(Recreation {
+            reason: "OutOfcpu".into(),
+            attempt: 1
+        })
+    );
+}
+
+#[test]
+fn the_recreation_limit_fails_visibly() {
+    let ws = workspace(
+        json!({"image": "x:1", "lifecycle": {"podRecreation": {"maxRecreations": 2}}}),
+        json!({"phase": "Starting", "startedAt": at(30), "podRecreations": 2}),
+    );
+    let d = decide(&ws, Some(&rejected_pod(&ws, "NodeAffinity")), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Failed));
+    assert!(d.status.message.as_deref().unwrap().starts_with(
+        "Pod rejected by node-3 (NodeAffinity) after 2 replacements; giving up (maxRecreations 2)."
+    ));
+    for type_ in ["PodRejected", "Stalled"] {
+        assert_eq!(
+            (
+                condition_of(&d, type_).status.as_str(),
+                condition_of(&d, type_).reason.as_str()
+            ),
+            ("True", "RecreationLimitReached"),
+            "{type_}"
+        );
+    }
+    assert!(
+        d.notices
+            .iter()
+            .any(|n| n.warning && n.reason == "RecreationLimitReached")
+    );
+    // No more pods for this generation.
+    let mut failed = ws.clone();
+    failed.status = Some(d.status.clone());
+    assert!(decide(&failed, None, &[]).actions.is_empty());
+    // A spec change starts over with a fresh count.
+    failed.metadata.generation = Some(2);
+    let restarted = decide(&failed, None, &[]);
+    assert_eq!(restarted.actions, vec![Action::CreatePod]);
+    assert_eq!(restarted.status.pod_recreations, None);
+}
+
+#[test]
+fn a_pod_that_ran_and_failed_is_a_crash_not_a_rejection() {
+    let ws = workspace(json!({"image": "x:1"}), started(30));
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Failed", "reason": "OutOfmemory", "message": "x",
+        "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "started": false,
+            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "killed"}}}]}),
+    );
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Error));
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some("Pod w-ws failed: container exited with code 137 (OOMKilled): killed")
+    );
+    assert!(d.actions.is_empty(), "not replaced");
 }
 
 #[test]

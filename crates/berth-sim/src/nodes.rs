@@ -320,6 +320,8 @@ fn set_ready(node: &mut Value, reachable: bool) -> bool {
         taints.retain(|t| t["key"] != key);
         changed = true;
     } else if !reachable && !has {
+        // As the node lifecycle controller does: no new pods, and existing ones are evicted.
+        taints.push(json!({"key": key, "effect": "NoSchedule", "timeAdded": now}));
         taints.push(json!({"key": key, "effect": "NoExecute", "timeAdded": now}));
         changed = true;
     }

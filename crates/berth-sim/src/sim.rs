@@ -1194,8 +1194,13 @@ impl Sim {
                     v
                 }
             };
-            let explicit_rv = patch_type != PatchType::Apply
-                && meta_str(&patched, "resourceVersion") != meta_str(&view, "resourceVersion");
+            // A resourceVersion in the patch (or in an applied configuration) is a precondition.
+            let explicit_rv = if patch_type == PatchType::Apply {
+                meta_str(body, "resourceVersion")
+                    .is_some_and(|rv| Some(rv) != meta_str(&view, "resourceVersion"))
+            } else {
+                meta_str(&patched, "resourceVersion") != meta_str(&view, "resourceVersion")
+            };
             if explicit_rv {
                 return Err(ApiError::conflict_modified(&rt.resource, &rt.group, name));
             }

@@ -37,6 +37,10 @@ pub struct ControllerArgs {
     /// How Warning events of a workspace's pod count: Reason=error|transient|ignore[:min-count],...
     #[arg(long, env = "BERTH_WARNING_REASONS", default_value = DEFAULT_WARNING_REASONS)]
     pub warning_reasons: WarningPolicy,
+    /// Which kubelet reasons of a failed, never-started pod mean "rejected": exact names, or a
+    /// prefix ending in *.
+    #[arg(long, env = "BERTH_REJECTION_REASONS", default_value = berth_controller::rejection::DEFAULT_REJECTION_REASONS)]
+    pub rejection_reasons: berth_controller::rejection::RejectionPolicy,
     /// How long deleting a workspace waits for its pod before letting the workspace go anyway.
     #[arg(long, env = "BERTH_DELETION_GRACE", default_value = "60s", value_parser = duration)]
     pub deletion_grace: Duration,
@@ -80,6 +84,7 @@ impl ControllerArgs {
                 max_requeue: self.max_requeue,
                 resync: self.resync,
                 warnings: self.warning_reasons.clone(),
+                rejections: self.rejection_reasons.clone(),
             },
             deletion_grace: self.deletion_grace,
             metrics_address: address(&self.metrics_address)?,

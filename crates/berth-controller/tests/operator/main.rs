@@ -6,3 +6,4 @@ mod support;
 mod leader;
 mod lifecycle;
 mod observability;
+mod rejection;
