@@ -99,6 +99,7 @@ async fn writes_per_start() -> (f64, Vec<(String, u64)>) {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut by_kind: HashMap<String, u64> = HashMap::new();
+    let mut conflicts = 0;
     for row in sim.requests().into_iter().filter(|r| {
         r.key.user == OPERATOR
             && matches!(
@@ -106,6 +107,10 @@ async fn writes_per_start() -> (f64, Vec<(String, u64)>) {
                 "create" | "update" | "patch" | "delete"
             )
     }) {
+        if row.key.code == 409 {
+            conflicts += row.count;
+            continue;
+        }
         let what = if row.key.subresource.is_empty() {
             format!("{} {}", row.key.verb, row.key.resource)
         } else {
@@ -116,8 +121,16 @@ async fn writes_per_start() -> (f64, Vec<(String, u64)>) {
         };
         *by_kind.entry(what).or_default() += row.count;
     }
+    by_kind.insert(
+        "(refused with 409: stale-cache writes, retried)".to_owned(),
+        conflicts,
+    );
     task.abort();
-    let total: u64 = by_kind.values().sum();
+    let total: u64 = by_kind
+        .iter()
+        .filter(|(k, _)| !k.starts_with('('))
+        .map(|(_, v)| v)
+        .sum();
     let mut rows: Vec<(String, u64)> = by_kind.into_iter().collect();
     rows.sort();
     (total as f64 / WORKSPACES as f64, rows)
