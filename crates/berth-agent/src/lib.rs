@@ -1,2 +1,17 @@
-//! The in-pod Berth agent: its gRPC service, auth layer and the client the operator uses.
-//! Built by the agent issue; empty until then.
+//! The in-pod Berth agent: the `berth.agent.v1.Agent` gRPC service (`server.rs`), its
+//! authentication and authorization through TokenReview and SubjectAccessReview (`auth.rs`),
+//! and the client the operator uses (`client.rs`).
+
+pub mod auth;
+pub mod client;
+pub mod server;
+
+/// The generated protobuf and gRPC code.
+pub mod proto {
+    tonic::include_proto!("berth.agent.v1");
+}
+
+/// The audience the operator's tokens carry for the agent.
+pub const AUDIENCE: &str = "berth-agent";
+/// The port the agent serves on.
+pub const DEFAULT_PORT: u16 = 50051;

@@ -1,0 +1,99 @@
+//! The agent's gRPC server: `berth.agent.v1.Agent` behind the auth layer, and the standard
+//! health service (unauthenticated) for the pod's readiness probe.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use tonic::{Request, Response, Status, transport::Server};
+
+use crate::{
+    auth::Authenticator,
+    proto::{
+        GetActivityRequest, GetActivityResponse, WhoAmIRequest, WhoAmIResponse,
+        agent_server::{Agent, AgentServer},
+    },
+};
+
+/// The service.
+pub struct AgentService {
+    auth: Arc<Authenticator>,
+    last_activity: std::sync::Mutex<Option<jiff::Timestamp>>,
+}
+
+impl AgentService {
+    pub fn new(auth: Arc<Authenticator>) -> Self {
+        AgentService {
+            auth,
+            last_activity: std::sync::Mutex::new(None),
+        }
+    }
+
+    async fn caller<T>(&self, request: &Request<T>) -> Result<crate::auth::Caller, Status> {
+        let header = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        self.auth.check(header).await
+    }
+}
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    async fn who_am_i(
+        &self,
+        request: Request<WhoAmIRequest>,
+    ) -> Result<Response<WhoAmIResponse>, Status> {
+        let caller = self.caller(&request).await?;
+        let scope = self.auth.scope();
+        Ok(Response::new(WhoAmIResponse {
+            caller_username: caller.username,
+            caller_groups: caller.groups,
+            workspace_namespace: scope.namespace.clone(),
+            workspace_name: scope.workspace.clone(),
+            pod_name: scope.pod.clone(),
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        }))
+    }
+
+    async fn get_activity(
+        &self,
+        request: Request<GetActivityRequest>,
+    ) -> Result<Response<GetActivityResponse>, Status> {
+        self.caller(&request).await?;
+        let last = *self.last_activity.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(Response::new(GetActivityResponse {
+            last_activity: last.map(|t| t.to_string()).unwrap_or_default(),
+        }))
+    }
+}
+
+/// Serves the agent and the health service on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    auth: Arc<Authenticator>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<AgentServer<AgentService>>()
+        .await;
+    Server::builder()
+        .add_service(health_service)
+        .add_service(AgentServer::new(AgentService::new(auth)))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+}
+
+/// Binds `address` and serves until `shutdown`.
+pub async fn bind_and_serve(
+    address: SocketAddr,
+    auth: Arc<Authenticator>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    serve(listener, auth, shutdown)
+        .await
+        .map_err(std::io::Error::other)
+}

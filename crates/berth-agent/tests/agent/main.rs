@@ -1,0 +1,240 @@
+//! The agent's authentication and authorization against berth-sim's real TokenReview,
+//! SubjectAccessReview and RBAC: each case with the exact gRPC code and message.
+
+use std::{sync::Arc, time::Duration};
+
+use berth_agent::{
+    auth::{Authenticator, Mode, Scope},
+    client::{CallError, who_am_i},
+};
+use berth_sim::{SimCluster, SimConfig};
+use k8s_openapi::api::{
+    core::v1::ServiceAccount,
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+};
+use kube::{Api, api::PostParams};
+use serde_json::{Value, json};
+use tonic::Code;
+
+async fn create<K>(api: &Api<K>, body: Value)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(body).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+struct Setup {
+    sim: SimCluster,
+    admin: kube::Client,
+}
+
+impl Setup {
+    async fn new() -> Setup {
+        let sim = SimCluster::start(SimConfig::api_only()).await.unwrap();
+        let admin = sim.client().await.unwrap();
+        for account in ["ws", "lonely", "half", "caller", "stranger"] {
+            create(
+                &Api::<ServiceAccount>::namespaced(admin.clone(), "default"),
+                json!({"metadata": {"name": account}}),
+            )
+            .await;
+        }
+        let delegate = |name: &str, account: &str| {
+            json!({"metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:auth-delegator"},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": "default"}]})
+        };
+        create(
+            &Api::<ClusterRoleBinding>::all(admin.clone()),
+            delegate("ws-delegator", "ws"),
+        )
+        .await;
+        // `half` may review tokens but not access.
+        create(&Api::<ClusterRole>::all(admin.clone()), json!({"metadata": {"name": "token-reviewer"},
+            "rules": [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}]})).await;
+        create(&Api::<ClusterRoleBinding>::all(admin.clone()), json!({"metadata": {"name": "half"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "token-reviewer"},
+            "subjects": [{"kind": "ServiceAccount", "name": "half", "namespace": "default"}]})).await;
+        create(&Api::<Role>::namespaced(admin.clone(), "default"), json!({"metadata": {"name": "agent-user"},
+            "rules": [{"apiGroups": ["berth.dev"], "resources": ["workspaces/agent"], "resourceNames": ["w"], "verbs": ["use"]}]})).await;
+        create(&Api::<RoleBinding>::namespaced(admin.clone(), "default"), json!({"metadata": {"name": "caller-uses-agent"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent-user"},
+            "subjects": [{"kind": "ServiceAccount", "name": "caller", "namespace": "default"}]})).await;
+        Setup { sim, admin }
+    }
+
+    /// Starts an agent running as `account`; returns its address.
+    async fn agent(&self, account: &str) -> String {
+        let token = self
+            .sim
+            .issue_token("default", account, &[], Duration::from_secs(3600))
+            .unwrap();
+        let client = self.sim.client_with_token(&token).await.unwrap();
+        let scope = Scope {
+            namespace: "default".into(),
+            workspace: "w".into(),
+            pod: "w-ws".into(),
+            service_account: format!("system:serviceaccount:default:{account}"),
+        };
+        let auth = Arc::new(Authenticator::new(Mode::Kube(client), scope));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        tokio::spawn(berth_agent::server::serve(
+            listener,
+            auth,
+            std::future::pending(),
+        ));
+        address
+    }
+
+    fn token(&self, account: &str, audience: &str, ttl: Duration) -> String {
+        self.sim
+            .issue_token("default", account, &[audience], ttl)
+            .unwrap()
+    }
+}
+
+async fn refused(address: &str, token: &str) -> (Code, String) {
+    match who_am_i(address, token, Duration::from_secs(5)).await {
+        Err(CallError::Refused(status)) => (status.code(), status.message().to_owned()),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn every_auth_outcome_has_its_code_and_message() {
+    let s = Setup::new().await;
+    let agent = s.agent("ws").await;
+    let hour = Duration::from_secs(3600);
+
+    assert_eq!(
+        refused(&agent, "").await,
+        (Code::Unauthenticated, "request has no bearer token".into())
+    );
+
+    let (code, message) = refused(&agent, "not-a-token").await;
+    assert_eq!(code, Code::Unauthenticated);
+    assert!(
+        message.starts_with("the token is not valid for audience berth-agent: "),
+        "{message}"
+    );
+
+    let (code, message) = refused(&agent, &s.token("caller", "berth-agent", Duration::ZERO)).await;
+    assert_eq!(code, Code::Unauthenticated);
+    assert!(message.contains("token has expired"), "{message}");
+
+    let (code, message) = refused(&agent, &s.token("caller", "somebody-else", hour)).await;
+    assert_eq!(code, Code::Unauthenticated);
+    assert!(message.contains("audiences"), "{message}");
+
+    let (code, message) = refused(&agent, &s.token("stranger", "berth-agent", hour)).await;
+    assert_eq!(code, Code::PermissionDenied);
+    assert_eq!(
+        message,
+        "User \"system:serviceaccount:default:stranger\" cannot use workspaces/agent \"w\" in API group \"berth.dev\" in the namespace \"default\""
+    );
+
+    let allowed = who_am_i(
+        &agent,
+        &s.token("caller", "berth-agent", hour),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        allowed.caller_username,
+        "system:serviceaccount:default:caller"
+    );
+    assert!(
+        allowed
+            .caller_groups
+            .contains(&"system:serviceaccounts:default".to_owned())
+    );
+    assert_eq!(
+        (
+            allowed.workspace_namespace.as_str(),
+            allowed.workspace_name.as_str(),
+            allowed.pod_name.as_str()
+        ),
+        ("default", "w", "w-ws")
+    );
+    assert_eq!(allowed.agent_version, env!("CARGO_PKG_VERSION"));
+}
+
+#[tokio::test]
+async fn review_apis_the_agent_may_not_use_say_what_to_bind() {
+    let s = Setup::new().await;
+    let hour = Duration::from_secs(3600);
+    let lonely = s.agent("lonely").await;
+    let (code, message) = refused(&lonely, &s.token("caller", "berth-agent", hour)).await;
+    assert_eq!(code, Code::Unauthenticated);
+    assert!(message.starts_with("TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:default:lonely"), "{message}");
+    assert!(message.contains("kubectl create clusterrolebinding <name> --clusterrole=system:auth-delegator --serviceaccount=default:lonely"), "{message}");
+
+    let half = s.agent("half").await;
+    let (code, message) = refused(&half, &s.token("caller", "berth-agent", hour)).await;
+    assert_eq!(code, Code::Unauthenticated);
+    assert!(message.starts_with("SubjectAccessReview API is unavailable: grant system:auth-delegator to system:serviceaccount:default:half"), "{message}");
+}
+
+#[tokio::test]
+async fn a_denial_is_forgotten_quickly_so_a_fix_takes_effect() {
+    let s = Setup::new().await;
+    let agent = s.agent("ws").await;
+    let token = s.token("stranger", "berth-agent", Duration::from_secs(3600));
+    assert_eq!(refused(&agent, &token).await.0, Code::PermissionDenied);
+    create(
+        &Api::<RoleBinding>::namespaced(s.admin.clone(), "default"),
+        json!({"metadata": {"name": "stranger-uses-agent"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent-user"},
+        "subjects": [{"kind": "ServiceAccount", "name": "stranger", "namespace": "default"}]}),
+    )
+    .await;
+    // Within the deny cache's lifetime the answer stands; after it, the fix shows.
+    tokio::time::sleep(berth_agent::auth::DENY_TTL + Duration::from_millis(200)).await;
+    let allowed = who_am_i(&agent, &token, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(
+        allowed.caller_username,
+        "system:serviceaccount:default:stranger"
+    );
+}
+
+#[tokio::test]
+async fn the_health_service_needs_no_token_and_an_absent_agent_is_unreachable() {
+    let s = Setup::new().await;
+    let agent = s.agent("ws").await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{agent}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let answer = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        answer.status(),
+        tonic_health::pb::health_check_response::ServingStatus::Serving
+    );
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    match who_am_i(&closed, "t", Duration::from_secs(2)).await {
+        Err(CallError::Unreachable { address, .. }) => assert_eq!(address, closed),
+        other => panic!("expected unreachable, got {other:?}"),
+    }
+}
