@@ -1,6 +1,7 @@
 //! `berth`: the one binary. Each subcommand is one of Berth's jobs: the operator, the in-pod
 //! agent, the simulated cluster, the CRD printer, and the no-cluster dev environment.
 
+mod agent;
 mod controller;
 mod dev;
 
@@ -25,11 +26,7 @@ enum Command {
     /// Run the operator against the current kubeconfig or the in-cluster config.
     Controller(Box<controller::ControllerArgs>),
     /// Run the in-pod agent (gRPC on :50051), supervising `-- CMD ARGS...` if given.
-    Agent {
-        /// The workspace's command, run and supervised by the agent.
-        #[arg(last = true)]
-        command: Vec<String>,
-    },
+    Agent(Box<agent::AgentArgs>),
     /// Print the Workspace CustomResourceDefinition as YAML (what `deploy/crds/` holds).
     Crd,
     /// Run only the simulated Kubernetes cluster and write a kubeconfig for it.
@@ -78,7 +75,23 @@ fn main() -> ExitCode {
             init_logging("info");
             block_on("controller", controller::run(*args))
         }
-        Command::Agent { .. } => not_built_yet("agent"),
+        Command::Agent(args) => {
+            init_logging("info");
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    eprintln!("berth agent: cannot start the async runtime: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(agent::run(*args)) {
+                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(err) => {
+                    eprintln!("berth agent: {err}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Sim(args) => run_sim(args),
     }
 }
@@ -119,11 +132,6 @@ fn block_on(name: &str, job: impl std::future::Future<Output = Result<(), String
             ExitCode::FAILURE
         }
     }
-}
-
-fn not_built_yet(subcommand: &str) -> ExitCode {
-    eprintln!("berth {subcommand}: not built yet (see the open issues)");
-    ExitCode::from(2)
 }
 
 /// `berth sim`: serve the simulated cluster until Ctrl-C or SIGTERM.

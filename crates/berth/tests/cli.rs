@@ -19,15 +19,117 @@ fn crd_prints_the_committed_crd() {
     assert_eq!(String::from_utf8(output.stdout).unwrap(), committed);
 }
 
+fn agent(script: &str) -> Command {
+    let mut command = Command::new(BERTH);
+    command.args([
+        "agent",
+        "--auth",
+        "none",
+        "--address",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    command
+}
+
 #[test]
-fn the_agent_says_it_is_not_built_yet() {
-    let output = Command::new(BERTH).arg("agent").output().unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(
-        stderr.trim(),
-        "berth agent: not built yet (see the open issues)"
+fn the_agent_exits_with_its_commands_code() {
+    let status = agent("exit 3").status().unwrap();
+    assert_eq!(status.code(), Some(3));
+    let status = agent("true").status().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn sigterm_reaches_the_supervised_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "trap 'echo got-term; exit 7' TERM; touch {}; while true; do sleep 0.05; done",
+        ready.display()
     );
+    let child = agent(&script).stdout(Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(7),
+        "the child's own exit code after it handled SIGTERM"
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains("got-term"));
+}
+
+#[test]
+fn orphaned_grandchildren_are_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("grandchild");
+    // A subshell starts a short-lived process and exits, orphaning it to the agent; the main
+    // command lives on, so the agent is still there when the orphan exits.
+    let script = format!(
+        "(sh -c 'sleep 1' & echo $! > {}); sleep 3",
+        pidfile.display()
+    );
+    let mut child = agent(&script).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pid = loop {
+        if let Ok(text) = std::fs::read_to_string(&pidfile)
+            && let Ok(pid) = text.trim().parse::<u32>()
+        {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "no grandchild pid");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stat = format!("/proc/{pid}/stat");
+    let field = |text: &str, n: usize| {
+        text.rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().nth(n))
+            .unwrap_or("")
+            .to_owned()
+    };
+    // The orphan is adopted by the agent (not by the machine's init)...
+    let adopted = (0..40).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::read_to_string(&stat).is_ok_and(|text| field(&text, 1) == child.id().to_string())
+    });
+    assert!(adopted, "the orphan was not re-parented to the agent");
+    // ...and once it exits, the agent reaps it: it must not linger as a zombie.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::read_to_string(&stat) {
+            Err(_) => break,
+            Ok(text) => {
+                let state = text
+                    .rsplit(')')
+                    .next()
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .unwrap_or("");
+                assert!(
+                    Instant::now() < deadline,
+                    "the grandchild {pid} is still there in state {state}"
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(0));
 }
 
 #[test]

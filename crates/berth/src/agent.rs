@@ -1,0 +1,84 @@
+//! `berth agent [-- CMD ...]`: the in-pod agent. It serves gRPC (authenticating callers
+//! through TokenReview and SubjectAccessReview) and, given a command, supervises it and exits
+//! with its code.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use berth_agent::auth::{Authenticator, Mode, Scope};
+
+/// How callers are authenticated.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum AuthMode {
+    /// TokenReview and SubjectAccessReview with the pod's service account (the default).
+    Kube,
+    /// Everyone is allowed: local debugging only.
+    None,
+}
+
+/// Options of `berth agent`.
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    /// Address to serve gRPC on.
+    #[arg(long, env = "BERTH_AGENT_ADDRESS", default_value = "0.0.0.0")]
+    pub address: std::net::IpAddr,
+    /// Port to serve gRPC on (0 picks a free one).
+    #[arg(long, env = "BERTH_AGENT_PORT", default_value_t = berth_agent::DEFAULT_PORT)]
+    pub port: u16,
+    /// How callers are authenticated.
+    #[arg(long, env = "BERTH_AGENT_AUTH", value_enum, default_value = "kube")]
+    pub auth: AuthMode,
+    /// The workspace's namespace (set by the operator).
+    #[arg(long, env = "BERTH_WORKSPACE_NAMESPACE", default_value = "")]
+    pub namespace: String,
+    /// The workspace's name (set by the operator).
+    #[arg(long, env = "BERTH_WORKSPACE_NAME", default_value = "")]
+    pub workspace: String,
+    /// The pod's name.
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pub pod: String,
+    /// The pod's service account, `namespace:name` (named in messages about missing RBAC).
+    #[arg(long, env = "BERTH_AGENT_SERVICE_ACCOUNT", default_value = "")]
+    pub service_account: String,
+    /// The workspace's command, run and supervised by the agent.
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// Serves, supervises; returns the exit code.
+pub async fn run(args: AgentArgs) -> Result<i32, String> {
+    let mode = match args.auth {
+        AuthMode::None => Mode::None,
+        AuthMode::Kube => Mode::Kube(
+            kube::Client::try_default()
+                .await
+                .map_err(|e| format!("cannot reach the API server for TokenReview: {e}"))?,
+        ),
+    };
+    let scope = Scope {
+        namespace: args.namespace.clone(),
+        workspace: args.workspace.clone(),
+        pod: args.pod.clone(),
+        service_account: format!("system:serviceaccount:{}", args.service_account),
+    };
+    let auth = Arc::new(Authenticator::new(mode, scope));
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.address, args.port))
+        .await
+        .map_err(|e| format!("cannot listen on {}:{}: {e}", args.address, args.port))?;
+    tracing::info!(address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "berth agent serving");
+    if args.command.is_empty() {
+        berth_agent::server::serve(listener, auth, crate::wait_for_shutdown_signal())
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok(0);
+    }
+    let server = tokio::spawn(berth_agent::server::serve(
+        listener,
+        auth,
+        std::future::pending(),
+    ));
+    let code = berth_agent::supervisor::supervise(&args.command)
+        .await
+        .map_err(|e| e.to_string())?;
+    server.abort();
+    Ok(code)
+}
