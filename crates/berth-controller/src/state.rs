@@ -252,6 +252,29 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
+    /// The conditions of a workspace whose pod is being created.
+    fn pod_being_created(&mut self, pod_name: &str) {
+        let message = format!("Pod {pod_name} is being created");
+        self.condition(
+            types::POD_SCHEDULED,
+            ConditionStatus::False,
+            reasons::WAITING_FOR_SCHEDULER,
+            &message,
+        );
+        self.condition(
+            types::POD_READY,
+            ConditionStatus::False,
+            reasons::CONTAINER_CREATING,
+            &message,
+        );
+        self.condition(
+            types::READY,
+            ConditionStatus::False,
+            reasons::CONTAINER_CREATING,
+            &message,
+        );
+    }
+
     fn condition(&mut self, type_: &str, status: ConditionStatus, reason: &str, message: &str) {
         set_condition(
             &mut self.status.conditions,
@@ -536,24 +559,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         );
         b.actions.push(Action::CreatePod);
         b.status.pod = None;
-        b.condition(
-            types::POD_SCHEDULED,
-            ConditionStatus::False,
-            reasons::WAITING_FOR_SCHEDULER,
-            &format!("Pod {pod_name} is being created"),
-        );
-        b.condition(
-            types::POD_READY,
-            ConditionStatus::False,
-            reasons::CONTAINER_CREATING,
-            &format!("Pod {pod_name} is being created"),
-        );
-        b.condition(
-            types::READY,
-            ConditionStatus::False,
-            reasons::CONTAINER_CREATING,
-            &format!("Pod {pod_name} is being created"),
-        );
+        b.pod_being_created(&pod_name);
         b.phase(
             Phase::Starting,
             format!(
@@ -583,24 +589,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         }
         b.status.pod = None;
         b.status.ready_at = None;
-        b.condition(
-            types::POD_SCHEDULED,
-            ConditionStatus::False,
-            reasons::WAITING_FOR_SCHEDULER,
-            &format!("Pod {pod_name} is being created"),
-        );
-        b.condition(
-            types::POD_READY,
-            ConditionStatus::False,
-            reasons::CONTAINER_CREATING,
-            &format!("Pod {pod_name} is being created"),
-        );
-        b.condition(
-            types::READY,
-            ConditionStatus::False,
-            reasons::CONTAINER_CREATING,
-            &format!("Pod {pod_name} is being created"),
-        );
+        b.pod_being_created(&pod_name);
         b.notices
             .push(Notice::normal("Created", format!("Created pod {pod_name}")));
         b.phase(Phase::Pending, format!("Creating pod {pod_name}"));

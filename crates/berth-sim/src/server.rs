@@ -154,21 +154,6 @@ fn json_response(code: StatusCode, value: &Value, warnings: &[String]) -> Respon
     response
 }
 
-fn render_one(rt: &ResourceType, object: &Value, render: Render) -> Value {
-    match render {
-        Render::Object => object.clone(),
-        Render::Metadata => {
-            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": object["metadata"]})
-        }
-        Render::Table(include) => table::table(
-            rt,
-            std::slice::from_ref(object),
-            json!({"resourceVersion": object["metadata"]["resourceVersion"]}),
-            include,
-        ),
-    }
-}
-
 fn decode_body(headers: &HeaderMap, bytes: &Bytes) -> ApiResult<Value> {
     if bytes.is_empty() {
         return Ok(Value::Null);
@@ -391,7 +376,7 @@ async fn route(
             let object = sim.get(&rt, namespace, name)?;
             Ok(json_response(
                 StatusCode::OK,
-                &render_one(&rt, &object, render),
+                &watch::render(&rt, &object, render),
                 &[],
             ))
         }
@@ -406,7 +391,7 @@ async fn route(
                         .cloned()
                         .unwrap_or_default()
                         .iter()
-                        .map(|o| render_one(&rt, o, Render::Metadata))
+                        .map(|o| watch::render(&rt, o, Render::Metadata))
                         .collect();
                     json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": list["metadata"], "items": items})
                 }
@@ -574,7 +559,7 @@ fn written_response(rt: &ResourceType, written: Written, render: Render) -> Resp
     };
     json_response(
         code,
-        &render_one(rt, &written.object, render),
+        &watch::render(rt, &written.object, render),
         &written.warnings,
     )
 }

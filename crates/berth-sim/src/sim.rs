@@ -1338,6 +1338,32 @@ impl Sim {
         Err(ApiError::conflict_modified(&rt.resource, &rt.group, name))
     }
 
+    /// Writes an object that stays while it is being deleted (finalizers, grace period, a
+    /// terminating namespace); a dry run only shows it.
+    fn mark_deleting(
+        &self,
+        rt: &ResourceType,
+        name: &str,
+        new: Value,
+        expected: u64,
+        ctx: &WriteContext,
+    ) -> ApiResult<Deleted> {
+        if ctx.dry_run {
+            return Ok(Deleted {
+                object: self.to_view(rt, &new),
+                removed: false,
+            });
+        }
+        let stored = self
+            .store
+            .replace(&rt.storage, new, expected)
+            .map_err(|e| store_error(e, rt, name))?;
+        Ok(Deleted {
+            object: self.to_view(rt, &stored),
+            removed: false,
+        })
+    }
+
     fn delete_once(
         &self,
         rt: &ResourceType,
@@ -1364,20 +1390,7 @@ impl Sim {
             new["metadata"]["deletionTimestamp"] = json!(now);
             new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
             new["status"]["phase"] = json!("Terminating");
-            if ctx.dry_run {
-                return Ok(Deleted {
-                    object: self.to_view(rt, &new),
-                    removed: false,
-                });
-            }
-            let stored = self
-                .store
-                .replace(&rt.storage, new, expected)
-                .map_err(|e| store_error(e, rt, name))?;
-            return Ok(Deleted {
-                object: self.to_view(rt, &stored),
-                removed: false,
-            });
+            return self.mark_deleting(rt, name, new, expected, ctx);
         }
 
         let mut fins = finalizers(current);
@@ -1477,20 +1490,7 @@ impl Sim {
             }
             new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
             new["metadata"]["finalizers"] = json!(fins);
-            if ctx.dry_run {
-                return Ok(Deleted {
-                    object: self.to_view(rt, &new),
-                    removed: false,
-                });
-            }
-            let stored = self
-                .store
-                .replace(&rt.storage, new, expected)
-                .map_err(|e| store_error(e, rt, name))?;
-            return Ok(Deleted {
-                object: self.to_view(rt, &stored),
-                removed: false,
-            });
+            return self.mark_deleting(rt, name, new, expected, ctx);
         }
 
         if ctx.dry_run {

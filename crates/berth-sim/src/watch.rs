@@ -39,7 +39,8 @@ pub struct WatchRequest {
     pub render: Render,
 }
 
-fn render(rt: &ResourceType, object: &Value, how: Render) -> Value {
+/// An object as the client asked to see it: whole, as metadata, or as a one-row Table.
+pub fn render(rt: &ResourceType, object: &Value, how: Render) -> Value {
     match how {
         Render::Object => object.clone(),
         Render::Metadata => {
