@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod client;
 pub mod server;
+pub mod sim_runtime;
 pub mod supervisor;
 
 /// The generated protobuf and gRPC code.

@@ -135,6 +135,7 @@ fn render_table(rows: &BTreeMap<String, [String; 5]>) -> String {
 pub async fn run(args: DevArgs) -> Result<(), String> {
     let cluster = berth_sim::SimCluster::start(berth_sim::SimConfig {
         nodes: berth_sim::NodeConfig::several(args.nodes),
+        runtime: std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
         ..Default::default()
     })
     .await

@@ -147,6 +147,7 @@ fn run_sim(args: SimArgs) -> ExitCode {
         let config = berth_sim::SimConfig {
             port: args.port,
             nodes: berth_sim::NodeConfig::several(args.nodes),
+            runtime: std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
             seed: args.seed,
             ..Default::default()
         };

@@ -238,3 +238,73 @@ async fn the_health_service_needs_no_token_and_an_absent_agent_is_unreachable() 
         other => panic!("expected unreachable, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_pod_running_the_agent_in_the_sim_answers_at_its_ip() {
+    let config = SimConfig {
+        runtime: Arc::new(berth_agent::sim_runtime::AgentRuntime),
+        ..SimConfig::fast()
+    };
+    let sim = SimCluster::start(config).await.unwrap();
+    let admin = sim.client().await.unwrap();
+    let setup = Setup {
+        sim,
+        admin: admin.clone(),
+    };
+    for account in ["ws", "caller"] {
+        create(
+            &Api::<ServiceAccount>::namespaced(admin.clone(), "default"),
+            json!({"metadata": {"name": account}}),
+        )
+        .await;
+    }
+    create(&Api::<ClusterRoleBinding>::all(admin.clone()), json!({"metadata": {"name": "ws-delegator"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:auth-delegator"},
+        "subjects": [{"kind": "ServiceAccount", "name": "ws", "namespace": "default"}]})).await;
+    create(&Api::<Role>::namespaced(admin.clone(), "default"), json!({"metadata": {"name": "agent-user"},
+        "rules": [{"apiGroups": ["berth.dev"], "resources": ["workspaces/agent"], "resourceNames": ["w"], "verbs": ["use"]}]})).await;
+    create(
+        &Api::<RoleBinding>::namespaced(admin.clone(), "default"),
+        json!({"metadata": {"name": "caller-uses-agent"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent-user"},
+        "subjects": [{"kind": "ServiceAccount", "name": "caller", "namespace": "default"}]}),
+    )
+    .await;
+
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin.clone(), "default");
+    create(&pods, json!({"metadata": {"name": "w-ws"}, "spec": {"serviceAccountName": "ws", "containers": [{
+        "name": "workspace", "image": "devbox:1", "command": ["/opt/berth/berth", "agent", "--", "sleep", "infinity"],
+        "env": [{"name": "BERTH_WORKSPACE_NAMESPACE", "value": "default"}, {"name": "BERTH_WORKSPACE_NAME", "value": "w"}],
+        "readinessProbe": {"grpc": {"port": 50051}}
+    }]}})).await;
+    let ip = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let pod = pods.get("w-ws").await.unwrap();
+            let status = pod.status.unwrap_or_default();
+            let ready = status
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            if ready {
+                break status.pod_ip.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the agent pod becomes ready through its gRPC probe");
+    let address = format!("{ip}:{}", berth_agent::DEFAULT_PORT);
+    let token = setup.token("caller", "berth-agent", Duration::from_secs(3600));
+    let answer = who_am_i(&address, &token, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.caller_username,
+        "system:serviceaccount:default:caller"
+    );
+    assert_eq!(
+        (answer.workspace_name.as_str(), answer.pod_name.as_str()),
+        ("w", "w-ws")
+    );
+}

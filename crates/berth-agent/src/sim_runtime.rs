@@ -1,0 +1,156 @@
+//! The container runtime the `berth` binary gives berth-sim: a container whose command is
+//! `berth agent ...` runs the agent in-process, bound to the pod's IP, authenticating with the
+//! pod's service-account token against the sim's API server (what a projected token, `ca.crt`
+//! and `KUBERNETES_SERVICE_HOST` give it in a cluster). Other containers run nothing.
+
+use std::{net::SocketAddr, sync::Arc};
+
+use base64::Engine;
+use berth_sim::{BoxFuture, ContainerContext, ContainerRuntime, IdleRuntime, RunningContainer};
+use kube::config::{
+    AuthInfo, Cluster, Context, KubeConfigOptions, Kubeconfig, NamedAuthInfo, NamedCluster,
+    NamedContext,
+};
+use serde_json::Value;
+
+use crate::auth::{Authenticator, Mode, Scope};
+
+/// Runs the Berth agent for agent containers; nothing for the rest.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AgentRuntime;
+
+/// Whether a container runs the agent: its command is `.../berth agent ...`.
+pub fn runs_agent(container: &Value) -> bool {
+    let command: Vec<&str> = container["command"]
+        .as_array()
+        .map(|c| c.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    matches!(command.as_slice(), [program, "agent", ..] if program.rsplit('/').next() == Some("berth"))
+}
+
+fn env(container: &Value, name: &str) -> Option<String> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)?["value"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The `--port` the command asks for, else the default.
+fn port(container: &Value) -> u16 {
+    let command: Vec<&str> = container["command"]
+        .as_array()
+        .map(|c| c.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    command
+        .iter()
+        .position(|a| *a == "--port")
+        .and_then(|i| command.get(i + 1))
+        .and_then(|p| p.parse().ok())
+        .or_else(|| env(container, "BERTH_AGENT_PORT").and_then(|p| p.parse().ok()))
+        .unwrap_or(crate::DEFAULT_PORT)
+}
+
+/// A client for the pod's service account, as in-cluster config would build it.
+async fn pod_client(context: &ContainerContext) -> Result<kube::Client, String> {
+    let kubeconfig = Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: "sim".into(),
+            cluster: Some(Cluster {
+                server: Some(context.api_server.clone()),
+                certificate_authority_data: Some(
+                    base64::engine::general_purpose::STANDARD.encode(&context.ca_pem),
+                ),
+                ..Default::default()
+            }),
+            other: Default::default(),
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "pod".into(),
+            auth_info: Some(AuthInfo {
+                token: Some(context.token.clone().into()),
+                ..Default::default()
+            }),
+            other: Default::default(),
+        }],
+        contexts: vec![NamedContext {
+            name: "sim".into(),
+            context: Some(Context {
+                cluster: "sim".into(),
+                user: Some("pod".into()),
+                ..Default::default()
+            }),
+            other: Default::default(),
+        }],
+        current_context: Some("sim".into()),
+        ..Default::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
+impl ContainerRuntime for AgentRuntime {
+    fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
+        if context.init || !runs_agent(&context.container) {
+            return IdleRuntime.start(context);
+        }
+        Box::pin(async move {
+            let client = pod_client(&context).await?;
+            let account = context.pod["spec"]["serviceAccountName"]
+                .as_str()
+                .unwrap_or("default");
+            let scope = Scope {
+                namespace: env(&context.container, "BERTH_WORKSPACE_NAMESPACE")
+                    .unwrap_or_else(|| context.namespace.clone()),
+                workspace: env(&context.container, "BERTH_WORKSPACE_NAME").unwrap_or_default(),
+                pod: context.pod_name.clone(),
+                service_account: format!("system:serviceaccount:{}:{account}", context.namespace),
+            };
+            let auth = Arc::new(Authenticator::new(Mode::Kube(client), scope));
+            let address = SocketAddr::from((context.pod_ip, port(&context.container)));
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| format!("cannot listen on {address}: {e}"))?;
+            let (exit_tx, exited) = tokio::sync::oneshot::channel();
+            let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(async move {
+                let result = crate::server::serve(listener, auth, async {
+                    let _ = stop_rx.await;
+                })
+                .await;
+                let _ = exit_tx.send(if result.is_ok() { 0 } else { 1 });
+            });
+            Ok(RunningContainer { exited, stop })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn agent_containers_are_recognised_by_their_command() {
+        assert!(runs_agent(
+            &json!({"command": ["/opt/berth/berth", "agent", "--", "sleep", "1"]})
+        ));
+        assert!(runs_agent(&json!({"command": ["berth", "agent"]})));
+        assert!(!runs_agent(
+            &json!({"command": ["/bin/sh", "-c", "berth agent"]})
+        ));
+        assert!(!runs_agent(&json!({"command": ["/opt/notberth", "agent"]})));
+        assert!(!runs_agent(&json!({})));
+        assert_eq!(
+            port(&json!({"command": ["berth", "agent", "--port", "6000"]})),
+            6000
+        );
+        assert_eq!(
+            port(&json!({"command": ["berth", "agent"]})),
+            crate::DEFAULT_PORT
+        );
+    }
+}
