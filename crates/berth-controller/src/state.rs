@@ -252,6 +252,24 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
+    /// A spec that can never work: Failed, Stalled=InvalidSpec, no retry storm (rule C19).
+    fn invalid_spec(mut self, message: String, requeue: Duration) -> Decision {
+        self.condition(
+            types::STALLED,
+            ConditionStatus::True,
+            reasons::INVALID_SPEC,
+            &message,
+        );
+        self.condition(
+            types::READY,
+            ConditionStatus::False,
+            reasons::INVALID_SPEC,
+            &message,
+        );
+        self.phase(Phase::Failed, message);
+        self.finish(requeue)
+    }
+
     /// The conditions of a workspace whose pod is being created.
     fn pod_being_created(&mut self, pod_name: &str) {
         let message = format!("Pod {pod_name} is being created");
@@ -323,20 +341,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             Ok(d) => d,
             Err(e) => {
                 let message = format!("The spec cannot work: lifecycle.startTimeout: {e}");
-                b.condition(
-                    types::STALLED,
-                    ConditionStatus::True,
-                    reasons::INVALID_SPEC,
-                    &message,
-                );
-                b.condition(
-                    types::READY,
-                    ConditionStatus::False,
-                    reasons::INVALID_SPEC,
-                    &message,
-                );
-                b.phase(Phase::Failed, message);
-                return b.finish(slow);
+                return b.invalid_spec(message, slow);
             }
         },
         None => policy.start_timeout,
@@ -352,20 +357,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         Ok(r) => r,
         Err(e) => {
             let message = format!("The spec cannot work: lifecycle.podRecreation.delay: {e}");
-            b.condition(
-                types::STALLED,
-                ConditionStatus::True,
-                reasons::INVALID_SPEC,
-                &message,
-            );
-            b.condition(
-                types::READY,
-                ConditionStatus::False,
-                reasons::INVALID_SPEC,
-                &message,
-            );
-            b.phase(Phase::Failed, message);
-            return b.finish(slow);
+            return b.invalid_spec(message, slow);
         }
     };
 

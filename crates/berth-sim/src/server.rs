@@ -679,34 +679,24 @@ fn review(
         answer["metadata"] = json!({});
     }
     answer["metadata"]["creationTimestamp"] = Value::Null;
-    let resource_attributes = |spec: &Value| Attributes {
-        verb: spec["resourceAttributes"]["verb"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        group: spec["resourceAttributes"]["group"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        resource: spec["resourceAttributes"]["resource"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        subresource: spec["resourceAttributes"]["subresource"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        namespace: spec["resourceAttributes"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        name: spec["resourceAttributes"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        path: spec["nonResourceAttributes"]["path"]
-            .as_str()
-            .map(str::to_owned),
+    let resource_attributes = |spec: &Value| {
+        let text = |field: &str| {
+            spec["resourceAttributes"][field]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        Attributes {
+            verb: text("verb"),
+            group: text("group"),
+            resource: text("resource"),
+            subresource: text("subresource"),
+            namespace: text("namespace"),
+            name: text("name"),
+            path: spec["nonResourceAttributes"]["path"]
+                .as_str()
+                .map(str::to_owned),
+        }
     };
     let decide = |who: &Identity, spec: &Value| -> ApiResult<Value> {
         let mut attrs = resource_attributes(spec);
