@@ -5,15 +5,9 @@
 use std::{collections::HashMap, time::Duration};
 
 use berth_api::{Phase, Workspace};
-use berth_sim::{SimCluster, SimConfig};
+use berth_sim::SimConfig;
 use futures::StreamExt;
-use k8s_openapi::{
-    api::{
-        core::v1::{Event, ServiceAccount},
-        rbac::v1::ClusterRoleBinding,
-    },
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-};
+use k8s_openapi::api::core::v1::Event;
 use kube::{
     Api, ResourceExt,
     api::PostParams,
@@ -22,42 +16,18 @@ use kube::{
 use serde_json::json;
 use tokio::time::Instant;
 
-const WORKSPACES: usize = 100;
-const OPERATOR: &str = "system:serviceaccount:kube-system:berth-controller";
+// The operator tests' harness: a sim with the CRD and the operator as its own service account.
+#[allow(dead_code)]
+#[path = "../tests/operator/support.rs"]
+mod support;
 
-async fn cluster() -> (SimCluster, kube::Client, kube::Client) {
-    let sim = SimCluster::start(SimConfig::fast()).await.unwrap();
-    let client = sim.client().await.unwrap();
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &berth_api::crd::workspace_crd())
-        .await
-        .unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), "kube-system")
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "berth-controller"}})).unwrap(),
-        )
-        .await
-        .unwrap();
-    let binding = json!({"metadata": {"name": "berth"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-        "subjects": [{"kind": "ServiceAccount", "name": "berth-controller", "namespace": "kube-system"}]});
-    Api::<ClusterRoleBinding>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(binding).unwrap(),
-        )
-        .await
-        .unwrap();
-    let token = sim
-        .issue_token(
-            "kube-system",
-            "berth-controller",
-            &[],
-            Duration::from_secs(3600),
-        )
-        .unwrap();
-    let operator = sim.client_with_token(&token).await.unwrap();
-    (sim, client, operator)
+use support::{Harness, OPERATOR};
+
+const WORKSPACES: usize = 100;
+
+/// The operator with its production defaults on the sim's fast profile.
+async fn harness() -> Harness {
+    Harness::start_with(SimConfig::fast(), berth_controller::Config::default()).await
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -78,9 +48,8 @@ async fn create_all(client: &kube::Client, spec: serde_json::Value) {
 }
 
 async fn writes_per_start() -> (f64, Vec<(String, u64)>) {
-    let (sim, client, operator) = cluster().await;
-    let config = berth_controller::Config::default();
-    let task = tokio::spawn(berth_controller::run(operator, config));
+    let h = harness().await;
+    let (sim, client) = (&h.sim, h.client.clone());
     create_all(&client, json!({"image": "devbox:1", "ports": [{"name": "http", "port": 80}], "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"}}}})).await;
     let api: Api<Workspace> = Api::namespaced(client.clone(), "default");
     loop {
@@ -125,7 +94,6 @@ async fn writes_per_start() -> (f64, Vec<(String, u64)>) {
         "(refused with 409: stale-cache writes, retried)".to_owned(),
         conflicts,
     );
-    task.abort();
     let total: u64 = by_kind
         .iter()
         .filter(|(k, _)| !k.starts_with('('))
@@ -137,11 +105,8 @@ async fn writes_per_start() -> (f64, Vec<(String, u64)>) {
 }
 
 async fn failed_mount_latency() -> Vec<Duration> {
-    let (_sim, client, operator) = cluster().await;
-    let task = tokio::spawn(berth_controller::run(
-        operator,
-        berth_controller::Config::default(),
-    ));
+    let h = harness().await;
+    let client = h.client.clone();
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     let workspaces: Api<Workspace> = Api::namespaced(client.clone(), "default");
     let mut event_stream = Box::pin(
@@ -172,7 +137,6 @@ async fn failed_mount_latency() -> Vec<Duration> {
             }
         }
     }
-    task.abort();
     let mut latencies: Vec<Duration> = explained
         .iter()
         .filter_map(|(name, at)| {

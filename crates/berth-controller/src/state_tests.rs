@@ -546,20 +546,58 @@ fn a_foreign_pod_is_an_error_and_left_alone() {
 }
 
 #[test]
-fn every_phase_has_a_row() {
-    // The rows above, by the phase they end in; a new phase without a row fails here.
-    let covered = [
-        Phase::Pending,
-        Phase::Starting,
-        Phase::Running,
-        Phase::Stopping,
-        Phase::Stopped,
-        Phase::Error,
-        Phase::Failed,
-        Phase::Terminating,
-        Phase::Unknown,
-    ];
-    assert_eq!(covered.len(), Phase::ALL.len());
+fn every_phase_is_reachable_from_some_observation() {
+    // One observation per row of the phase table; a phase that derive can no longer reach
+    // (or a new phase without a row) fails here.
+    let mut reached = std::collections::BTreeSet::new();
+    let plain = workspace(json!({"image": "x:1"}), started(10));
+    let mut phase = |ws: &Workspace, pod: Option<&Pod>| {
+        reached.insert(decide(ws, pod, &[]).status.phase.expect("a phase").as_str());
+    };
+    phase(&plain, None);
+    phase(
+        &plain,
+        Some(&pod_of(
+            &plain,
+            json!({"phase": "Pending", "conditions": [scheduled()]}),
+        )),
+    );
+    phase(
+        &plain,
+        Some(&pod_of(
+            &plain,
+            json!({"phase": "Running", "conditions": [scheduled(), {"type": "Ready", "status": "True"}]}),
+        )),
+    );
+    let mut deleting = pod_of(&plain, json!({"phase": "Running"}));
+    deleting.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
+    phase(&plain, Some(&deleting));
+    phase(
+        &workspace(json!({"image": "x:1", "paused": true}), Value::Null),
+        None,
+    );
+    phase(
+        &plain,
+        Some(&pod_of(
+            &plain,
+            json!({"phase": "Pending", "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}),
+        )),
+    );
+    phase(
+        &workspace(
+            json!({"image": "x:1", "lifecycle": {"startTimeout": "bad"}}),
+            Value::Null,
+        ),
+        None,
+    );
+    let mut going = plain.clone();
+    going.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
+    phase(&going, None);
+    phase(&plain, Some(&pod_of(&plain, json!({"phase": "Unknown"}))));
+    let all: std::collections::BTreeSet<&str> = Phase::ALL.iter().map(|p| p.as_str()).collect();
+    assert_eq!(reached, all);
 }
 
 #[test]

@@ -466,7 +466,6 @@ pub fn apply(
         } else {
             format!("Apply failed with {count} conflicts: {}", lines.join("\n"))
         };
-        let _ = (resource, name);
         return Err(ApiError::Conflict {
             message: summary,
             kind: resource.to_owned(),

@@ -450,7 +450,7 @@ async fn route(
                     let written = sim.create(&rt, namespace, body, &ctx)?;
                     Ok(written_response(&rt, written, render))
                 }
-                ("pods", "binding") => bind(sim, &rt, namespace, name, &body),
+                ("pods", "binding") => bind(sim, namespace, name, &body),
                 ("serviceaccounts", "token") => token_request(sim, namespace, name, &body),
                 ("pods", "eviction") => {
                     sim.delete(
@@ -587,13 +587,7 @@ fn list_options(query: &HashMap<String, String>) -> ApiResult<ListOptions> {
 }
 
 /// `pods/<name>/binding`: what the scheduler posts to bind a pod to a node.
-fn bind(
-    sim: &Sim,
-    rt: &ResourceType,
-    namespace: &str,
-    name: &str,
-    body: &Value,
-) -> ApiResult<Response> {
+fn bind(sim: &Sim, namespace: &str, name: &str, body: &Value) -> ApiResult<Response> {
     let node = body["target"]["name"]
         .as_str()
         .filter(|n| !n.is_empty())
@@ -609,7 +603,6 @@ fn bind(
                 }],
             )
         })?;
-    let _ = rt;
     sim.bind(namespace, name, node)?;
     Ok(json_response(
         StatusCode::CREATED,

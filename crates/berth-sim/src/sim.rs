@@ -1523,13 +1523,6 @@ impl Sim {
         {
             return;
         }
-        let options = DeleteOptions {
-            grace_period_seconds: Some(0),
-            precondition_uid: Some(uid.to_owned()),
-            ..Default::default()
-        };
-        let mut new = (*current).clone();
-        new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
         if finalizers(&current).is_empty() {
             let _ = self.store.remove(
                 &pods.storage,
@@ -1538,13 +1531,15 @@ impl Sim {
                 resource_version(&current).unwrap_or_default(),
             );
         } else {
+            // Finalizers still hold it: it waits for them with no grace left.
+            let mut new = (*current).clone();
+            new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
             let _ = self.store.replace(
                 &pods.storage,
                 new,
                 resource_version(&current).unwrap_or_default(),
             );
         }
-        let _ = options;
     }
 
     /// Binds a pending pod to a node, as the binding subresource does.

@@ -104,6 +104,12 @@ async fn rejected_once_then_running(h: &Harness, name: &str, reason: &str) {
         .unwrap()
         .items;
     assert_eq!(kubelet_rejections.len(), 1, "the sim rejected exactly once");
+    let counted = format!("berth_pod_recreations_total{{reason=\"{reason}\",attempt=\"1\"}} 1");
+    let metrics = h.metrics.render();
+    assert!(
+        metrics.contains(&counted),
+        "{counted} missing from:\n{metrics}"
+    );
     let history = seen.await.unwrap();
     assert!(
         !history.contains(&Phase::Failed),

@@ -26,6 +26,8 @@ pub struct Harness {
     operator_client: Client,
     config: Config,
     operator: Option<tokio::task::JoinHandle<()>>,
+    /// The operator's metrics, shared across restarts.
+    pub metrics: std::sync::Arc<berth_controller::metrics::Metrics>,
 }
 
 /// Operator settings for tests: the safety-net requeues are an hour, so anything that happens
@@ -90,15 +92,20 @@ impl Harness {
             operator_client,
             config,
             operator: None,
+            metrics: Default::default(),
         };
         harness.start_operator();
         harness
     }
 
     pub fn start_operator(&mut self) {
-        let (client, config) = (self.operator_client.clone(), self.config.clone());
+        let (client, config, metrics) = (
+            self.operator_client.clone(),
+            self.config.clone(),
+            self.metrics.clone(),
+        );
         self.operator = Some(tokio::spawn(async move {
-            let _ = berth_controller::run(client, config).await;
+            let _ = berth_controller::run_with_metrics(client, config, metrics).await;
         }));
     }
 

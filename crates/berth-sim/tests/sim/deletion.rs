@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy},
+    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
 };
 use serde_json::{Value, json};
 
@@ -268,7 +268,6 @@ async fn garbage_collection_background_orphan_and_foreground() {
         },
     )
     .await;
-    let _ = PropagationPolicy::Background;
 }
 
 #[tokio::test]

@@ -321,8 +321,8 @@ async fn kubectl_workflow_against_the_sim() {
                 .await
                 .trim()
                 .is_empty()
+                .eq(&false)
                 .then_some(())
-                .xor(Some(()))
         },
     )
     .await;
@@ -554,8 +554,8 @@ async fn kubectl_drives_faults() {
                 .await
                 .status
                 .success()
+                .eq(&false)
                 .then_some(())
-                .xor(Some(()))
         },
     )
     .await;
