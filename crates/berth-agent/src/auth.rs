@@ -55,6 +55,8 @@ pub struct Authenticator {
     mode: Mode,
     scope: Scope,
     cache: Mutex<Answers>,
+    /// Whether the API's refusal of a review was logged (once, until a review works again).
+    refusal_logged: std::sync::atomic::AtomicBool,
 }
 
 fn api_refusal(api: &str, error: &kube::Error, scope: &Scope) -> Status {
@@ -82,11 +84,23 @@ impl Authenticator {
             mode,
             scope,
             cache: Mutex::new(HashMap::new()),
+            refusal_logged: Default::default(),
         }
     }
 
     pub fn scope(&self) -> &Scope {
         &self.scope
+    }
+
+    /// Logs what to fix the first time the API refuses a review (the caller gets it every time).
+    fn refused(&self, status: Status) -> Status {
+        if !self
+            .refusal_logged
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(detail = status.message(), "the API server refused a review");
+        }
+        status
     }
 
     /// Authenticates and authorizes the bearer token from `authorization` metadata.
@@ -134,11 +148,7 @@ impl Authenticator {
         let reviewed = reviews
             .create(&PostParams::default(), &request)
             .await
-            .map_err(|e| {
-                let status = api_refusal("TokenReview", &e, &self.scope);
-                tracing::warn!(message = status.message(), "TokenReview failed");
-                status
-            })?;
+            .map_err(|e| self.refused(api_refusal("TokenReview", &e, &self.scope)))?;
         let status = reviewed.status.unwrap_or_default();
         if status.authenticated != Some(true) {
             return Err(Status::unauthenticated(format!(
@@ -164,7 +174,9 @@ impl Authenticator {
         let decided = sars
             .create(&PostParams::default(), &request)
             .await
-            .map_err(|e| api_refusal("SubjectAccessReview", &e, &self.scope))?;
+            .map_err(|e| self.refused(api_refusal("SubjectAccessReview", &e, &self.scope)))?;
+        self.refusal_logged
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let decision = decided.status.unwrap_or_default();
         if !decision.allowed {
             let why = decision

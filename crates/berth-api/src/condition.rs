@@ -63,8 +63,10 @@ pub mod reasons {
     pub const PERMISSION_DENIED: &str = "PermissionDenied";
     /// The agent could not be reached.
     pub const AGENT_UNREACHABLE: &str = "AgentUnreachable";
-    /// The agent's state is not known yet.
+    /// The agent's state is not known yet (e.g. the operator cannot get its token).
     pub const UNKNOWN: &str = "Unknown";
+    /// The agent is checked once the pod is ready.
+    pub const WAITING_FOR_POD: &str = "WaitingForPod";
 
     // PodRejected and Stalled
     /// A pod's node was lost; the pod is replaced.

@@ -5,7 +5,6 @@
 use std::{collections::HashMap, time::Duration};
 
 use berth_api::{Phase, Workspace};
-use berth_sim::SimConfig;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Event;
 use kube::{
@@ -27,7 +26,7 @@ const WORKSPACES: usize = 100;
 
 /// The operator with its production defaults on the sim's fast profile.
 async fn harness() -> Harness {
-    Harness::start_with(SimConfig::fast(), berth_controller::Config::default()).await
+    Harness::start_with(support::sim_config(), berth_controller::Config::default()).await
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -110,6 +110,97 @@ pub struct Policy {
     pub rejections: crate::rejection::RejectionPolicy,
 }
 
+/// The operator's side of the agent (rules C4, C14, C15).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// The image holding the `berth` binary (the operator's own image): the init container
+    /// copies it into the pod, and a workspace without a command runs it as a sidecar.
+    pub image: String,
+    /// Where `berth` is in that image.
+    pub binary: String,
+    /// The port the agent serves on in the pod.
+    pub port: u16,
+    /// The audience of the operator's tokens for the agent.
+    pub audience: String,
+    /// The service account the operator authenticates to agents as (TokenRequest).
+    pub service_account: ServiceAccountRef,
+    /// How long a requested token lives; it is renewed at 80% of its lifetime.
+    pub token_lifetime: Duration,
+    /// The connect and call timeout of a WhoAmI.
+    pub timeout: Duration,
+    /// The first retry after a failed check; it doubles up to `backoff_max`.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+/// `namespace/name` of a service account.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceAccountRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceAccountRef {
+    /// The user name Kubernetes gives its tokens.
+    pub fn username(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
+    }
+}
+
+impl std::fmt::Display for ServiceAccountRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl FromStr for ServiceAccountRef {
+    type Err = String;
+
+    /// `namespace/name`; `system:serviceaccount:namespace:name` is taken too.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let parts = match text.strip_prefix("system:serviceaccount:") {
+            Some(rest) => rest.split_once(':'),
+            None => text.split_once('/'),
+        };
+        match parts {
+            Some((namespace, name))
+                if !namespace.is_empty() && !name.is_empty() && !name.contains(['/', ':']) =>
+            {
+                Ok(ServiceAccountRef {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                })
+            }
+            _ => Err(format!(
+                "{text:?} is not a service account: expected NAMESPACE/NAME"
+            )),
+        }
+    }
+}
+
+/// The image `berth` is published as, at this version.
+pub const DEFAULT_AGENT_IMAGE: &str =
+    concat!("ghcr.io/berth-dev/berth:", env!("CARGO_PKG_VERSION"));
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            image: DEFAULT_AGENT_IMAGE.to_owned(),
+            binary: "/usr/local/bin/berth".to_owned(),
+            port: berth_agent::DEFAULT_PORT,
+            audience: berth_agent::AUDIENCE.to_owned(),
+            service_account: ServiceAccountRef {
+                namespace: "berth-system".to_owned(),
+                name: "berth-controller".to_owned(),
+            },
+            token_lifetime: Duration::from_secs(3600),
+            timeout: Duration::from_secs(5),
+            backoff_base: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
 impl Default for Policy {
     fn default() -> Self {
         Policy {
@@ -142,6 +233,7 @@ pub struct Config {
     pub manager: String,
     /// Only the holder of this Lease reconciles; None: always reconcile (one replica).
     pub leader_election: Option<LeaderElection>,
+    pub agent: AgentConfig,
 }
 
 /// Leader election on a `coordination.k8s.io/v1` Lease.
@@ -167,6 +259,7 @@ impl Default for Config {
             health_address: None,
             manager: "berth-controller".to_owned(),
             leader_election: None,
+            agent: AgentConfig::default(),
         }
     }
 }
@@ -174,6 +267,27 @@ impl Default for Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn service_accounts_parse() {
+        let sa: ServiceAccountRef = "berth-system/berth-controller".parse().unwrap();
+        assert_eq!(
+            sa.username(),
+            "system:serviceaccount:berth-system:berth-controller"
+        );
+        assert_eq!(
+            "system:serviceaccount:berth-system:berth-controller"
+                .parse::<ServiceAccountRef>()
+                .unwrap(),
+            sa
+        );
+        for bad in ["berth-controller", "/x", "x/", "a/b/c", ""] {
+            assert_eq!(
+                bad.parse::<ServiceAccountRef>().unwrap_err(),
+                format!("{bad:?} is not a service account: expected NAMESPACE/NAME")
+            );
+        }
+    }
 
     #[test]
     fn warning_reasons_parse_and_classify() {

@@ -1,6 +1,8 @@
 //! The Berth operator: the reconcile loop (`reconcile.rs`), the pure core that derives status
-//! and actions (`state.rs`), the objects a workspace needs (`pod.rs`), configuration and metrics.
+//! and actions (`state.rs`), the objects a workspace needs (`pod.rs`), the handshake with
+//! workspace agents (`agent.rs`), configuration and metrics.
 
+pub mod agent;
 pub mod config;
 pub mod error;
 pub mod metrics;

@@ -46,6 +46,8 @@ pub struct Metrics {
     pub start_seconds: Histogram,
     pub status_writes: Counter,
     pub pod_recreations: Family<RecreationLabels, Counter>,
+    /// WhoAmI calls to agents, by result (`ok` or the failure's reason).
+    pub agent_checks: Family<ResultLabel, Counter>,
     /// Caches synced and the CRD served: `/readyz` answers 200.
     pub ready: AtomicBool,
 }
@@ -61,6 +63,7 @@ impl Default for Metrics {
         let start_seconds = Histogram::new([1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]);
         let status_writes = Counter::default();
         let pod_recreations = Family::<RecreationLabels, Counter>::default();
+        let agent_checks = Family::<ResultLabel, Counter>::default();
         registry.register(
             "reconcile_duration_seconds",
             "Time to reconcile one workspace, by result",
@@ -87,6 +90,11 @@ impl Default for Metrics {
             "Pods replaced after a kubelet rejection or a lost node, by reason and attempt",
             pod_recreations.clone(),
         );
+        registry.register(
+            "agent_checks",
+            "WhoAmI calls to workspace agents, by result (ok, or the failure's reason)",
+            agent_checks.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             reconcile_duration,
@@ -95,6 +103,7 @@ impl Default for Metrics {
             start_seconds,
             status_writes,
             pod_recreations,
+            agent_checks,
             ready: AtomicBool::new(false),
         }
     }

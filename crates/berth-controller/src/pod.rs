@@ -7,20 +7,31 @@ use std::collections::BTreeMap;
 use berth_api::{Workspace, WorkspaceSpec, labels};
 use k8s_openapi::{
     api::core::v1::{
-        Container, ContainerPort, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-        PersistentVolumeClaimVolumeSource, Pod, PodSpec, SecretVolumeSource, Service, ServicePort,
+        Container, ContainerPort, EnvVar, EnvVarSource, GRPCAction, ObjectFieldSelector,
+        PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
+        PodSpec, Probe, ResourceRequirements, SecretVolumeSource, Service, ServicePort,
         ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
     },
     apimachinery::pkg::{
+        api::resource::Quantity,
         apis::meta::v1::{ObjectMeta, OwnerReference},
         util::intstr::IntOrString,
     },
 };
+
+use crate::config::AgentConfig;
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
 /// The name of the workspace container.
 pub const CONTAINER: &str = "workspace";
+/// The agent's own container, when the workspace has no command to wrap.
+pub const AGENT_CONTAINER: &str = "berth-agent";
+/// The init container that copies `berth` into the pod.
+pub const INSTALL_CONTAINER: &str = "berth-install";
+/// The `emptyDir` the agent binary is copied into, and where it is mounted.
+pub const AGENT_VOLUME: &str = "berth-agent";
+pub const AGENT_DIR: &str = "/opt/berth";
 
 fn short_hash(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());
@@ -109,8 +120,59 @@ pub fn spec_hash(spec: &WorkspaceSpec) -> String {
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-/// The workspace's pod.
-pub fn build_pod(workspace: &Workspace) -> Pod {
+/// What every container running the agent gets: who it serves, and a gRPC readiness probe on
+/// its health service.
+fn agent_env(workspace: &Workspace, agent: &AgentConfig) -> Vec<EnvVar> {
+    let namespace = workspace.namespace().unwrap_or_default();
+    let account = workspace
+        .spec
+        .service_account_name
+        .clone()
+        .unwrap_or_else(|| "default".to_owned());
+    let value = |name: &str, value: String| EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        value_from: None,
+    };
+    vec![
+        value("BERTH_WORKSPACE_NAMESPACE", namespace.clone()),
+        value("BERTH_WORKSPACE_NAME", workspace.name_any()),
+        EnvVar {
+            name: "POD_NAME".to_owned(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "metadata.name".to_owned(),
+                    api_version: None,
+                }),
+                ..Default::default()
+            }),
+        },
+        value(
+            "BERTH_AGENT_SERVICE_ACCOUNT",
+            format!("{namespace}:{account}"),
+        ),
+        value("BERTH_AGENT_PORT", agent.port.to_string()),
+    ]
+}
+
+fn agent_probe(agent: &AgentConfig) -> Probe {
+    Probe {
+        grpc: Some(GRPCAction {
+            port: i32::from(agent.port),
+            service: None,
+        }),
+        period_seconds: Some(2),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}
+
+/// The workspace's pod, with the agent injected (rule C4): with a command, an init container
+/// copies `berth` into an `emptyDir` and the workspace container runs `berth agent -- <command>`,
+/// so the agent supervises it; without one, the image's own entrypoint runs untouched and the
+/// agent runs beside it in its own container (it cannot know the image's command).
+pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
     let spec = &workspace.spec;
     let name = workspace.name_any();
     let template = spec.pod_template.clone().unwrap_or_default();
@@ -173,11 +235,68 @@ pub fn build_pod(workspace: &Workspace) -> Pod {
         });
     }
 
+    let mut init_containers = vec![];
+    let mut sidecars = vec![];
+    let mut env = spec.env.clone();
+    let (command, probe) = match &spec.command {
+        Some(command) if !command.is_empty() => {
+            volumes.push(Volume {
+                name: AGENT_VOLUME.into(),
+                empty_dir: Some(Default::default()),
+                ..Default::default()
+            });
+            let mount = |read_only: bool| VolumeMount {
+                name: AGENT_VOLUME.into(),
+                mount_path: AGENT_DIR.into(),
+                read_only: read_only.then_some(true),
+                ..Default::default()
+            };
+            mounts.push(mount(true));
+            init_containers.push(Container {
+                name: INSTALL_CONTAINER.into(),
+                image: Some(agent.image.clone()),
+                command: Some(vec![
+                    agent.binary.clone(),
+                    "install".into(),
+                    format!("{AGENT_DIR}/berth"),
+                ]),
+                volume_mounts: Some(vec![mount(false)]),
+                ..Default::default()
+            });
+            // The agent's variables come last: they win over the spec's.
+            env.extend(agent_env(workspace, agent));
+            let mut wrapped = vec![format!("{AGENT_DIR}/berth"), "agent".into(), "--".into()];
+            wrapped.extend(command.iter().cloned());
+            (Some(wrapped), Some(agent_probe(agent)))
+        }
+        _ => {
+            sidecars.push(Container {
+                name: AGENT_CONTAINER.into(),
+                image: Some(agent.image.clone()),
+                command: Some(vec![agent.binary.clone(), "agent".into()]),
+                env: Some(agent_env(workspace, agent)),
+                readiness_probe: Some(agent_probe(agent)),
+                resources: Some(ResourceRequirements {
+                    requests: Some(
+                        [
+                            ("cpu".to_owned(), Quantity("10m".into())),
+                            ("memory".to_owned(), Quantity("32Mi".into())),
+                        ]
+                        .into(),
+                    ),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            (None, None)
+        }
+    };
     let container = Container {
         name: CONTAINER.into(),
         image: Some(spec.image.clone()),
-        command: spec.command.clone(),
-        env: (!spec.env.is_empty()).then(|| spec.env.clone()),
+        command,
+        readiness_probe: probe,
+        env: (!env.is_empty()).then_some(env),
         resources: spec.resources.clone(),
         ports: (!spec.ports.is_empty()).then(|| {
             spec.ports
@@ -201,7 +320,8 @@ pub fn build_pod(workspace: &Workspace) -> Pod {
             annotations,
         ),
         spec: Some(PodSpec {
-            containers: vec![container],
+            init_containers: (!init_containers.is_empty()).then_some(init_containers),
+            containers: std::iter::once(container).chain(sidecars).collect(),
             volumes: (!volumes.is_empty()).then_some(volumes),
             service_account_name: spec.service_account_name.clone(),
             node_selector: (!template.node_selector.is_empty())
@@ -303,6 +423,7 @@ pub fn service_ports_match(service: &Service, workspace: &Workspace) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::config::DEFAULT_AGENT_IMAGE;
     use serde_json::json;
 
     /// A workspace as the API server would return it.
@@ -348,7 +469,7 @@ pub(crate) mod tests {
                 }
             }),
         );
-        let pod = build_pod(&ws);
+        let pod = build_pod(&ws, &AgentConfig::default());
         let value = serde_json::to_value(&pod).unwrap();
         assert_eq!(value["metadata"]["name"], "alice-ws");
         assert_eq!(
@@ -369,8 +490,33 @@ pub(crate) mod tests {
         let spec = &value["spec"];
         assert_eq!(
             spec["containers"][0]["command"],
-            json!(["sleep", "infinity"])
+            json!(["/opt/berth/berth", "agent", "--", "sleep", "infinity"]),
+            "the agent supervises the workspace's command"
         );
+        assert_eq!(
+            spec["initContainers"],
+            json!([{
+                "name": "berth-install",
+                "image": DEFAULT_AGENT_IMAGE,
+                "command": ["/usr/local/bin/berth", "install", "/opt/berth/berth"],
+                "volumeMounts": [{"name": "berth-agent", "mountPath": "/opt/berth"}]
+            }])
+        );
+        assert_eq!(
+            spec["containers"][0]["readinessProbe"]["grpc"],
+            json!({"port": 50051})
+        );
+        assert_eq!(
+            spec["containers"][0]["env"],
+            json!([
+                {"name": "BERTH_WORKSPACE_NAMESPACE", "value": "team-a"},
+                {"name": "BERTH_WORKSPACE_NAME", "value": "alice"},
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "BERTH_AGENT_SERVICE_ACCOUNT", "value": "team-a:dev"},
+                {"name": "BERTH_AGENT_PORT", "value": "50051"}
+            ])
+        );
+        assert_eq!(spec["containers"].as_array().unwrap().len(), 1);
         assert_eq!(spec["serviceAccountName"], "dev");
         assert_eq!(spec["nodeSelector"], json!({"disk": "ssd"}));
         assert_eq!(
@@ -378,8 +524,13 @@ pub(crate) mod tests {
             json!([
                 {"name": "home", "persistentVolumeClaim": {"claimName": "alice-home"}},
                 {"name": "data-0", "persistentVolumeClaim": {"claimName": "shared", "readOnly": true}},
-                {"name": "secret-0", "secret": {"secretName": "git", "defaultMode": 256, "optional": true}}
+                {"name": "secret-0", "secret": {"secretName": "git", "defaultMode": 256, "optional": true}},
+                {"name": "berth-agent", "emptyDir": {}}
             ])
+        );
+        assert_eq!(
+            spec["containers"][0]["volumeMounts"][3],
+            json!({"name": "berth-agent", "mountPath": "/opt/berth", "readOnly": true})
         );
         assert_eq!(
             spec["containers"][0]["volumeMounts"][2],
@@ -393,6 +544,38 @@ pub(crate) mod tests {
             json!({"berth.dev/workspace": "alice"})
         );
         assert_eq!(service["spec"]["ports"][0]["targetPort"], 8080);
+    }
+
+    #[test]
+    fn without_a_command_the_image_entrypoint_runs_and_the_agent_is_a_sidecar() {
+        let ws = workspace(
+            "bob",
+            json!({"image": "devbox:1", "env": [{"name": "A", "value": "1"}]}),
+        );
+        let agent = AgentConfig {
+            image: "registry.example/berth:9".into(),
+            port: 6000,
+            ..AgentConfig::default()
+        };
+        let spec = serde_json::to_value(build_pod(&ws, &agent)).unwrap()["spec"].clone();
+        assert_eq!(spec["initContainers"], serde_json::Value::Null);
+        assert_eq!(spec["volumes"], serde_json::Value::Null);
+        let workspace_container = &spec["containers"][0];
+        assert_eq!(workspace_container["name"], "workspace");
+        assert_eq!(workspace_container["command"], serde_json::Value::Null);
+        assert_eq!(
+            workspace_container["env"],
+            json!([{"name": "A", "value": "1"}])
+        );
+        let sidecar = &spec["containers"][1];
+        assert_eq!(sidecar["name"], "berth-agent");
+        assert_eq!(sidecar["image"], "registry.example/berth:9");
+        assert_eq!(sidecar["command"], json!(["/usr/local/bin/berth", "agent"]));
+        assert_eq!(sidecar["readinessProbe"]["grpc"], json!({"port": 6000}));
+        assert_eq!(
+            sidecar["env"][3],
+            json!({"name": "BERTH_AGENT_SERVICE_ACCOUNT", "value": "team-a:default"})
+        );
     }
 
     #[test]
@@ -412,8 +595,9 @@ pub(crate) mod tests {
         fn building_twice_gives_the_same_pod(image in "[a-z]{1,10}:[0-9]{1,3}", port in 1i32..65535, mode in 0i32..512) {
             let ws = workspace("p", json!({"image": image, "ports": [{"name": "p", "port": port}],
                 "podTemplate": {"volumes": {"secrets": [{"secretName": "s", "mountPath": "/s", "defaultMode": mode}]}}}));
-            proptest::prop_assert_eq!(build_pod(&ws), build_pod(&ws));
-            let pod = serde_json::to_value(build_pod(&ws)).unwrap();
+            let agent = AgentConfig::default();
+            proptest::prop_assert_eq!(build_pod(&ws, &agent), build_pod(&ws, &agent));
+            let pod = serde_json::to_value(build_pod(&ws, &agent)).unwrap();
             proptest::prop_assert_eq!(&pod["spec"]["volumes"][0]["secret"]["defaultMode"], &json!(mode));
         }
     }

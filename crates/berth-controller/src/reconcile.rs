@@ -26,6 +26,7 @@ use tracing::{info, warn};
 
 use crate::{
     Error, Result,
+    agent::AgentChecker,
     config::Config,
     metrics::{Metrics, PhaseLabel, ReasonLabel},
     pod,
@@ -43,6 +44,8 @@ pub struct Context {
     pub workspaces: Store<Workspace>,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
+    /// WhoAmI calls to the agents of ready pods (rules C14, C15).
+    pub agents: AgentChecker,
     /// Consecutive failures per workspace, for per-object backoff (rule C19).
     failures: std::sync::Mutex<HashMap<ObjectRef<Workspace>, u32>>,
     /// Objects this operator just created or applied, which its caches may not show yet:
@@ -207,6 +210,7 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
     let context = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), reporter),
+        agents: AgentChecker::new(client.clone(), config.agent.clone()),
         config,
         pods: pods.clone(),
         claims,
@@ -373,12 +377,17 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         None => vec![],
     };
     let warnings: Vec<&Event> = events.iter().map(|e| e.as_ref()).collect();
+    let agent = ctx
+        .agents
+        .check(&workspace, pod.as_deref(), &ctx.metrics)
+        .await;
     let observed = Observed {
         workspace: &workspace,
         pod: pod.as_deref(),
         warnings: &warnings,
         claim: claim.as_deref(),
         service: service.as_deref(),
+        agent: agent.as_ref(),
     };
     // What the caches show no longer needs an expectation.
     if pod.is_some() {
@@ -514,7 +523,7 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
     match action {
         Action::CreatePod => {
             let pods: Api<Pod> = Api::namespaced(client, &namespace);
-            let wanted = pod::build_pod(workspace);
+            let wanted = pod::build_pod(workspace, &ctx.config.agent);
             match pods.create(&create, &wanted).await {
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     let existing = pods.get_opt(&wanted.name_any()).await?;
@@ -626,6 +635,7 @@ async fn cleanup(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue
         warnings: &[],
         claim: None,
         service: None,
+        agent: None,
     };
     let decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
     for action in decision

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use berth_api::{
-    ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace, WorkspaceStatus,
+    AgentStatus, ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace, WorkspaceStatus,
     condition::{find_condition, reasons, set_condition, types},
     labels,
 };
@@ -43,6 +43,58 @@ pub struct Observed<'a> {
     pub warnings: &'a [&'a Event],
     pub claim: Option<&'a PersistentVolumeClaim>,
     pub service: Option<&'a Service>,
+    /// The last WhoAmI to the current pod's agent, when one was made (rule C14).
+    pub agent: Option<&'a AgentCheck>,
+}
+
+/// What the operator's WhoAmI to a pod's agent found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentCheck {
+    pub pod_uid: String,
+    /// `ip:port` the agent was called at.
+    pub address: String,
+    pub outcome: AgentOutcome,
+    /// The call was made for this reconcile (a failure is published as an event once per call).
+    pub fresh: bool,
+    /// After a failure: how long until the next call (rule C15's backoff).
+    pub retry_in: Duration,
+}
+
+/// The answer of a WhoAmI.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgentOutcome {
+    /// The agent authenticated the operator as `identity`.
+    Verified { identity: String },
+    /// The call failed: `reason` is the gRPC code's name (`Unauthenticated`,
+    /// `PermissionDenied`), `AgentUnreachable`, or `Unknown`; `message` is the agent's.
+    Failed { reason: String, message: String },
+}
+
+/// The address of the agent to check, when the workspace's pod is ready and its agent has not
+/// been verified for this pod UID yet (rule C14: once per pod).
+pub fn agent_to_check(workspace: &Workspace, pod: Option<&Pod>, port: u16) -> Option<String> {
+    let pod = pod.filter(|p| is_owned_by(&p.metadata, workspace))?;
+    let verified = workspace
+        .status
+        .as_ref()
+        .and_then(|s| s.agent.as_ref())
+        .and_then(|a| a.verified_pod_uid.as_deref());
+    let current = pod.annotations().get(labels::SPEC_HASH).map(String::as_str)
+        == Some(pod::spec_hash(&workspace.spec).as_str());
+    let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
+    (workspace.metadata.deletion_timestamp.is_none()
+        && pod.metadata.deletion_timestamp.is_none()
+        && !workspace.spec.paused
+        && current
+        && pod_is_ready(pod)
+        && verified != pod.metadata.uid.as_deref())
+    .then(|| format!("{ip}:{port}"))
+}
+
+/// Running, with its Ready condition true.
+fn pod_is_ready(pod: &Pod) -> bool {
+    pod_condition(pod, "Ready").as_deref() == Some("True")
+        && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
 /// Something to do through the API.
@@ -272,6 +324,8 @@ impl Builder<'_> {
 
     /// The conditions of a workspace whose pod is being created.
     fn pod_being_created(&mut self, pod_name: &str) {
+        self.status.agent = None;
+        self.agent_waits_for(pod_name);
         let message = format!("Pod {pod_name} is being created");
         self.condition(
             types::POD_SCHEDULED,
@@ -290,6 +344,16 @@ impl Builder<'_> {
             ConditionStatus::False,
             reasons::CONTAINER_CREATING,
             &message,
+        );
+    }
+
+    /// AgentReady while there is no ready pod to check the agent of.
+    fn agent_waits_for(&mut self, pod_name: &str) {
+        self.condition(
+            types::AGENT_READY,
+            ConditionStatus::Unknown,
+            reasons::WAITING_FOR_POD,
+            &format!("The agent is checked once pod {pod_name} is ready"),
         );
     }
 
@@ -591,6 +655,15 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
     let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
     let previous_pod = old.pod.clone();
+    // Rule C14: an agent is verified once per pod; a new pod is checked again.
+    let agent_verified = old
+        .agent
+        .as_ref()
+        .and_then(|a| a.verified_pod_uid.as_deref())
+        == Some(uid.as_str());
+    if !agent_verified {
+        b.status.agent = None;
+    }
     b.status.pod = Some(PodRef {
         name: pod_name.clone(),
         uid: Some(uid.clone()),
@@ -786,7 +859,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         .as_ref()
         .and_then(|s| s.phase.clone())
         .unwrap_or_default();
-    let ready = pod_condition(pod, "Ready").as_deref() == Some("True") && pod_phase == "Running";
+    let ready = pod_is_ready(pod);
     let signal = signal(pod, observed.warnings, policy);
 
     if ready {
@@ -796,6 +869,70 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             reasons::CONTAINERS_READY,
             "All containers are ready",
         );
+        if !agent_verified {
+            // Rule C14: Ready only once the agent authenticated the operator; rule C15: a
+            // failure keeps the pod untouched, says why, and is retried with backoff.
+            let check = observed.agent.filter(|c| c.pod_uid == uid);
+            match check.map(|c| (c, &c.outcome)) {
+                Some((c, AgentOutcome::Verified { identity })) => {
+                    b.status.agent = Some(AgentStatus {
+                        address: Some(c.address.clone()),
+                        identity: Some(identity.clone()),
+                        verified_pod_uid: Some(uid.clone()),
+                    });
+                    b.condition(
+                        types::AGENT_READY,
+                        ConditionStatus::True,
+                        reasons::AGENT_VERIFIED,
+                        &format!(
+                            "The agent at {} authenticated the operator as {identity}",
+                            c.address
+                        ),
+                    );
+                }
+                Some((c, AgentOutcome::Failed { reason, message })) => {
+                    b.status.agent = Some(AgentStatus {
+                        address: Some(c.address.clone()),
+                        ..Default::default()
+                    });
+                    b.condition(types::AGENT_READY, ConditionStatus::False, reason, message);
+                    b.condition(types::READY, ConditionStatus::False, reason, message);
+                    let what = if reason == reasons::AGENT_UNREACHABLE {
+                        "cannot be reached"
+                    } else {
+                        "refused the operator"
+                    };
+                    let text = format!(
+                        "The agent of pod {pod_name} at {} {what} ({reason}): {message}. The pod is kept; Berth keeps retrying.",
+                        c.address
+                    );
+                    if c.fresh {
+                        b.notices
+                            .push(Notice::warning("AgentAuthFailed", text.clone()));
+                    }
+                    b.status.ready_at = None;
+                    b.phase(Phase::Error, text);
+                    return b.finish(c.retry_in.max(Duration::from_millis(100)));
+                }
+                None => {
+                    let message = format!("Pod {pod_name} is ready; checking its agent");
+                    b.condition(
+                        types::AGENT_READY,
+                        ConditionStatus::Unknown,
+                        reasons::UNKNOWN,
+                        &message,
+                    );
+                    b.condition(
+                        types::READY,
+                        ConditionStatus::False,
+                        reasons::UNKNOWN,
+                        &message,
+                    );
+                    b.phase(Phase::Starting, message);
+                    return b.finish(Duration::from_secs(1));
+                }
+            }
+        }
         b.condition(
             types::READY,
             ConditionStatus::True,
@@ -829,6 +966,9 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         }
     };
     b.condition(types::POD_READY, ConditionStatus::False, &reason, &message);
+    if !agent_verified {
+        b.agent_waits_for(&pod_name);
+    }
     let first_false = find_condition(&b.status.conditions, types::POD_SCHEDULED)
         .filter(|c| c.status != "True")
         .or_else(|| find_condition(&b.status.conditions, types::POD_READY))
@@ -893,6 +1033,8 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         .status
         .conditions
         .iter()
+        // Waiting for the pod before the agent is checked is not progress.
+        .filter(|c| c.type_ != types::AGENT_READY)
         .map(|c| c.last_transition_time.0)
         .chain(b.status.started_at.as_ref().map(|t| t.0))
         .max()

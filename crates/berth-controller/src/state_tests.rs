@@ -31,7 +31,7 @@ fn workspace(spec: Value, status: Value) -> Workspace {
 
 /// The workspace's own pod with `status`, built from the spec so the hash matches.
 fn pod_of(ws: &Workspace, status: Value) -> Pod {
-    let mut pod = pod::build_pod(ws);
+    let mut pod = pod::build_pod(ws, &Default::default());
     pod.metadata.uid = Some("pod-1".into());
     pod.status = serde_json::from_value(status).unwrap();
     pod
@@ -55,9 +55,54 @@ fn decide(ws: &Workspace, pod: Option<&Pod>, warnings: &[Event]) -> Decision {
             warnings: &refs,
             claim: None,
             service: None,
+            agent: None,
         },
         &Policy::default(),
         now(),
+    )
+}
+
+/// [`decide`] after a WhoAmI to the pod's agent.
+fn decide_checked(ws: &Workspace, pod: &Pod, check: &AgentCheck) -> Decision {
+    derive(
+        &Observed {
+            workspace: ws,
+            pod: Some(pod),
+            warnings: &[],
+            claim: None,
+            service: None,
+            agent: Some(check),
+        },
+        &Policy::default(),
+        now(),
+    )
+}
+
+const OPERATOR: &str = "system:serviceaccount:berth-system:berth-controller";
+
+fn check(outcome: AgentOutcome, fresh: bool) -> AgentCheck {
+    AgentCheck {
+        pod_uid: "pod-1".into(),
+        address: "127.1.0.1:50051".into(),
+        outcome,
+        fresh,
+        retry_in: Duration::from_secs(5),
+    }
+}
+
+fn verified() -> AgentCheck {
+    check(
+        AgentOutcome::Verified {
+            identity: OPERATOR.into(),
+        },
+        true,
+    )
+}
+
+fn ready_pod(ws: &Workspace) -> Pod {
+    pod_of(
+        ws,
+        json!({"phase": "Running", "podIP": "127.1.0.1", "conditions": [scheduled(), {"type": "Ready", "status": "True"}]}),
     )
 }
 
@@ -111,21 +156,176 @@ fn starting_while_containers_are_created() {
 }
 
 #[test]
-fn running_when_the_pod_is_ready() {
+fn running_when_the_pod_is_ready_and_its_agent_authenticated_the_operator() {
     let ws = workspace(json!({"image": "x:1"}), started(10));
-    let pod = pod_of(
-        &ws,
-        json!({"phase": "Running", "podIP": "127.1.0.1", "conditions": [scheduled(), {"type": "Ready", "status": "True"}]}),
+    let pod = ready_pod(&ws);
+    assert_eq!(
+        agent_to_check(&ws, Some(&pod), 50051).as_deref(),
+        Some("127.1.0.1:50051")
     );
-    let mut ws_with_pod = ws.clone();
-    ws_with_pod.spec.image = "x:1".into();
-    let d = decide(&ws_with_pod, Some(&pod), &[]);
+    let d = decide_checked(&ws, &pod, &verified());
     assert_eq!(d.status.phase, Some(Phase::Running));
     assert_eq!(d.status.message.as_deref(), Some("Workspace is running"));
     assert_eq!(condition_of(&d, "Ready").status, "True");
+    let agent_ready = condition_of(&d, "AgentReady");
+    assert_eq!(
+        (agent_ready.status.as_str(), agent_ready.reason.as_str()),
+        ("True", "AgentVerified")
+    );
+    assert_eq!(
+        agent_ready.message,
+        format!("The agent at 127.1.0.1:50051 authenticated the operator as {OPERATOR}")
+    );
+    assert_eq!(
+        d.status.agent,
+        Some(berth_api::AgentStatus {
+            address: Some("127.1.0.1:50051".into()),
+            identity: Some(OPERATOR.into()),
+            verified_pod_uid: Some("pod-1".into()),
+        })
+    );
     assert_eq!(d.status.ready_at.as_ref().map(|t| t.0), Some(now()));
     assert!(d.notices.iter().any(|n| n.reason == "Ready"));
     assert_eq!(d.requeue, Policy::default().resync);
+}
+
+#[test]
+fn a_ready_pod_waits_for_its_agent_check() {
+    let ws = workspace(json!({"image": "x:1"}), started(10));
+    let pod = ready_pod(&ws);
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Starting));
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some("Pod w-ws is ready; checking its agent")
+    );
+    assert_eq!(condition_of(&d, "PodReady").status, "True");
+    assert_eq!(condition_of(&d, "AgentReady").status, "Unknown");
+    assert_eq!(condition_of(&d, "Ready").status, "False");
+    assert!(d.status.ready_at.is_none());
+    // Before the pod is ready there is nothing to check.
+    let starting = pod_of(
+        &ws,
+        json!({"phase": "Pending", "podIP": "127.1.0.1", "conditions": [scheduled()]}),
+    );
+    assert_eq!(agent_to_check(&ws, Some(&starting), 50051), None);
+    let d = decide(&ws, Some(&starting), &[]);
+    let agent_ready = condition_of(&d, "AgentReady");
+    assert_eq!(
+        (agent_ready.status.as_str(), agent_ready.reason.as_str()),
+        ("Unknown", "WaitingForPod")
+    );
+}
+
+#[test]
+fn an_agent_auth_failure_keeps_the_pod_and_says_what_to_fix() {
+    let ws = workspace(json!({"image": "x:1"}), started(10));
+    let pod = ready_pod(&ws);
+    let message = "TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:team-a:default";
+    let failed = check(
+        AgentOutcome::Failed {
+            reason: "Unauthenticated".into(),
+            message: message.into(),
+        },
+        true,
+    );
+    let d = decide_checked(&ws, &pod, &failed);
+    assert_eq!(d.status.phase, Some(Phase::Error));
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some(
+            format!("The agent of pod w-ws at 127.1.0.1:50051 refused the operator (Unauthenticated): {message}. The pod is kept; Berth keeps retrying.").as_str()
+        )
+    );
+    for type_ in ["AgentReady", "Ready"] {
+        let c = condition_of(&d, type_);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            ("False", "Unauthenticated", message),
+            "{type_}"
+        );
+    }
+    assert!(d.actions.is_empty(), "rule C15: the pod is never touched");
+    assert_eq!(
+        d.notices
+            .iter()
+            .map(|n| (n.warning, n.reason))
+            .collect::<Vec<_>>(),
+        [(true, "AgentAuthFailed")]
+    );
+    assert_eq!(d.requeue, Duration::from_secs(5), "the backoff's wait");
+    assert_eq!(
+        d.status
+            .agent
+            .as_ref()
+            .and_then(|a| a.verified_pod_uid.as_ref()),
+        None
+    );
+
+    // Looking again before the next call: the same status, no new event.
+    let mut seen = ws.clone();
+    seen.status = Some(d.status.clone());
+    let again = decide_checked(
+        &seen,
+        &pod,
+        &AgentCheck {
+            fresh: false,
+            ..failed
+        },
+    );
+    assert_eq!(again.status, d.status, "nothing to write (rule C16)");
+    assert!(again.notices.is_empty());
+    assert!(again.actions.is_empty());
+}
+
+#[test]
+fn an_unreachable_agent_is_said_so() {
+    let ws = workspace(json!({"image": "x:1"}), started(10));
+    let pod = ready_pod(&ws);
+    let failed = check(
+        AgentOutcome::Failed {
+            reason: "AgentUnreachable".into(),
+            message: "the agent at 127.1.0.1:50051 cannot be reached: connection refused".into(),
+        },
+        true,
+    );
+    let d = decide_checked(&ws, &pod, &failed);
+    assert_eq!(d.status.phase, Some(Phase::Error));
+    assert!(d.status.message.as_deref().unwrap().starts_with(
+        "The agent of pod w-ws at 127.1.0.1:50051 cannot be reached (AgentUnreachable)"
+    ));
+    assert_eq!(condition_of(&d, "Ready").reason, "AgentUnreachable");
+    assert!(d.actions.is_empty());
+}
+
+#[test]
+fn the_agent_is_verified_once_per_pod() {
+    let ws = workspace(json!({"image": "x:1"}), started(10));
+    let pod = ready_pod(&ws);
+    let mut running = ws.clone();
+    running.status = Some(decide_checked(&ws, &pod, &verified()).status);
+    assert_eq!(
+        agent_to_check(&running, Some(&pod), 50051),
+        None,
+        "verified for this pod UID"
+    );
+    let d = decide(&running, Some(&pod), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Running));
+    assert_eq!(d.status, running.status.clone().unwrap(), "nothing changes");
+
+    // A new pod (same name, new UID) is checked again.
+    let mut replacement = pod.clone();
+    replacement.metadata.uid = Some("pod-2".into());
+    assert!(agent_to_check(&running, Some(&replacement), 50051).is_some());
+    let d = decide(&running, Some(&replacement), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Starting));
+    assert_eq!(
+        d.status.agent, None,
+        "the old pod's verification is dropped"
+    );
+    // A check of another pod does not count for this one.
+    let d = decide_checked(&running, &replacement, &verified());
+    assert_eq!(d.status.phase, Some(Phase::Starting));
 }
 
 #[test]
@@ -431,6 +631,7 @@ fn a_rejected_pod_is_replaced_after_the_delay_and_counted() {
             warnings: &[],
             claim: None,
             service: None,
+            agent: None,
         },
         &Policy::default(),
         Timestamp::from_second(NOW + 11).unwrap(),
@@ -551,6 +752,13 @@ fn every_phase_is_reachable_from_some_observation() {
     // (or a new phase without a row) fails here.
     let mut reached = std::collections::BTreeSet::new();
     let plain = workspace(json!({"image": "x:1"}), started(10));
+    reached.insert(
+        decide_checked(&plain, &ready_pod(&plain), &verified())
+            .status
+            .phase
+            .expect("a phase")
+            .as_str(),
+    );
     let mut phase = |ws: &Workspace, pod: Option<&Pod>| {
         reached.insert(decide(ws, pod, &[]).status.phase.expect("a phase").as_str());
     };
@@ -560,13 +768,6 @@ fn every_phase_is_reachable_from_some_observation() {
         Some(&pod_of(
             &plain,
             json!({"phase": "Pending", "conditions": [scheduled()]}),
-        )),
-    );
-    phase(
-        &plain,
-        Some(&pod_of(
-            &plain,
-            json!({"phase": "Running", "conditions": [scheduled(), {"type": "Ready", "status": "True"}]}),
         )),
     );
     let mut deleting = pod_of(&plain, json!({"phase": "Running"}));
@@ -640,6 +841,7 @@ fn an_unchanged_observation_derives_an_unchanged_status() {
             warnings: &[],
             claim: None,
             service: None,
+            agent: None,
         },
         &Policy::default(),
         Timestamp::from_second(NOW + 30).unwrap(),

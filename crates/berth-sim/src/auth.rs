@@ -127,6 +127,16 @@ impl Tokens {
             .insert(token.to_owned(), info);
     }
 
+    /// Every token known, for tests that prove no token leaks into logs.
+    pub fn all(&self) -> Vec<String> {
+        self.issued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     /// Issues a new token for `identity`.
     pub fn issue(
         &self,

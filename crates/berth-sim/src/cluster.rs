@@ -248,6 +248,12 @@ impl SimCluster {
             .map(|(token, _)| token)
     }
 
+    /// Every bearer token this cluster knows (issued, or the kubeconfig's): tests assert none
+    /// of them appears in log output.
+    pub fn issued_tokens(&self) -> Vec<String> {
+        self.sim.tokens.all()
+    }
+
     /// The request log.
     pub fn requests(&self) -> Vec<RequestCount> {
         self.sim.requests.snapshot()

@@ -11,6 +11,7 @@ mod events;
 mod faults;
 mod gc;
 mod kubelet;
+pub mod manifests;
 mod nodes;
 mod openapi;
 mod patch;

@@ -195,7 +195,6 @@ pub struct Sim {
     pub address: OnceLock<String>,
     pub ca_pem: OnceLock<String>,
     next_cluster_ip: AtomicU32,
-    next_pod_ip: AtomicU32,
     pub faults: crate::faults::Faults,
     pub recorder: crate::recorder::Recorder,
     terminations: tokio::sync::mpsc::UnboundedSender<(String, String, String, Duration)>,
@@ -311,7 +310,6 @@ impl Sim {
             address: OnceLock::new(),
             ca_pem: OnceLock::new(),
             next_cluster_ip: AtomicU32::new(1),
-            next_pod_ip: AtomicU32::new(1),
             faults: crate::faults::Faults::new(seed),
             recorder: crate::recorder::Recorder::default(),
             terminations,
@@ -1583,9 +1581,13 @@ impl Sim {
         Err(ApiError::conflict_modified("pods", "", name))
     }
 
-    /// A fresh pod IP: a unique loopback address outside 127.0.0.0/16.
+    /// A fresh pod IP: a loopback address outside 127.0.0.0/16, unique across every sim in
+    /// this process (servers in pods bind it) and starting at a random point, so sims in
+    /// different processes rarely meet.
     pub fn next_pod_ip(&self) -> std::net::Ipv4Addr {
-        let n = self.next_pod_ip.fetch_add(1, Ordering::Relaxed);
+        static NEXT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
+        let next = NEXT.get_or_init(|| AtomicU32::new(rand::random_range(1..1 << 22)));
+        let n = next.fetch_add(1, Ordering::Relaxed) % (1 << 23);
         std::net::Ipv4Addr::new(
             127,
             1 + ((n >> 16) & 0x7f) as u8,

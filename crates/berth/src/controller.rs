@@ -5,7 +5,7 @@ use std::{net::SocketAddr, time::Duration};
 use berth_api::{PodRecreationPolicy, parse_duration};
 use berth_controller::{
     Config, Policy, WarningPolicy,
-    config::{DEFAULT_WARNING_REASONS, LeaderElection},
+    config::{AgentConfig, DEFAULT_WARNING_REASONS, LeaderElection, ServiceAccountRef},
 };
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -59,6 +59,45 @@ pub struct ControllerArgs {
     /// The leader Lease's namespace (default: the pod's namespace, else `default`).
     #[arg(long, env = "BERTH_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
+    /// The service account the operator authenticates to workspace agents as, NAMESPACE/NAME
+    /// (its tokens come from the TokenRequest API). In a pod: the pod's own service account.
+    #[arg(long, env = "BERTH_SERVICE_ACCOUNT", value_parser = |s: &str| s.parse::<ServiceAccountRef>())]
+    pub service_account: Option<ServiceAccountRef>,
+    /// The image holding the `berth` binary, injected into workspace pods as the agent.
+    #[arg(long, env = "BERTH_AGENT_IMAGE", default_value = berth_controller::config::DEFAULT_AGENT_IMAGE)]
+    pub agent_image: String,
+    /// Where `berth` is inside that image.
+    #[arg(
+        long,
+        env = "BERTH_AGENT_BINARY",
+        default_value = "/usr/local/bin/berth"
+    )]
+    pub agent_binary: String,
+    /// The port agents serve gRPC on.
+    #[arg(long, env = "BERTH_AGENT_PORT", default_value_t = berth_agent::DEFAULT_PORT)]
+    pub agent_port: u16,
+    /// The first wait after a failed agent check; it doubles up to --agent-backoff-max.
+    #[arg(long, env = "BERTH_AGENT_BACKOFF_BASE", default_value = "5s", value_parser = duration)]
+    pub agent_backoff_base: Duration,
+    /// The longest wait between agent checks.
+    #[arg(long, env = "BERTH_AGENT_BACKOFF_MAX", default_value = "5m", value_parser = duration)]
+    pub agent_backoff_max: Duration,
+}
+
+/// Where a pod's service-account token is mounted.
+const POD_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+/// The service account a service-account token belongs to: its `sub` claim,
+/// `system:serviceaccount:NAMESPACE:NAME`. The token is not verified; it only names the
+/// operator's own account.
+pub fn token_service_account(token: &str) -> Option<ServiceAccountRef> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    claims["sub"].as_str()?.parse().ok()
 }
 
 fn address(text: &str) -> Result<Option<SocketAddr>, String> {
@@ -101,8 +140,29 @@ impl ControllerArgs {
                 duration_seconds: 15,
                 grace_seconds: 5,
             }),
+            agent: AgentConfig {
+                image: self.agent_image.clone(),
+                binary: self.agent_binary.clone(),
+                port: self.agent_port,
+                service_account: self.service_account()?,
+                backoff_base: self.agent_backoff_base,
+                backoff_max: self.agent_backoff_max.max(self.agent_backoff_base),
+                ..AgentConfig::default()
+            },
             ..Config::default()
         })
+    }
+
+    fn service_account(&self) -> Result<ServiceAccountRef, String> {
+        if let Some(account) = &self.service_account {
+            return Ok(account.clone());
+        }
+        std::fs::read_to_string(POD_TOKEN)
+            .ok()
+            .and_then(|token| token_service_account(token.trim()))
+            .ok_or_else(|| {
+                "cannot tell which service account the operator authenticates to agents as: pass --service-account NAMESPACE/NAME (or set BERTH_SERVICE_ACCOUNT); in a pod it is the pod's own".to_owned()
+            })
     }
 }
 
@@ -112,8 +172,38 @@ pub async fn run(args: ControllerArgs) -> Result<(), String> {
     let client = kube::Client::try_default()
         .await
         .map_err(|e| format!("cannot reach Kubernetes: {e}"))?;
-    tracing::info!(namespace = ?config.namespace, "berth controller starting");
+    tracing::info!(namespace = ?config.namespace, service_account = %config.agent.service_account, "berth controller starting");
     berth_controller::run(client, config)
         .await
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_token_names_its_service_account() {
+        use base64::Engine;
+        let encode = |v: serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+        };
+        let token = format!(
+            "{}.{}.signature",
+            encode(serde_json::json!({"alg": "RS256"})),
+            encode(
+                serde_json::json!({"sub": "system:serviceaccount:berth-system:berth-controller"})
+            )
+        );
+        assert_eq!(
+            token_service_account(&token),
+            Some(ServiceAccountRef {
+                namespace: "berth-system".into(),
+                name: "berth-controller".into()
+            })
+        );
+        assert_eq!(token_service_account("not-a-jwt"), None);
+        let user = format!("x.{}.y", encode(serde_json::json!({"sub": "alice"})));
+        assert_eq!(token_service_account(&user), None);
+    }
 }

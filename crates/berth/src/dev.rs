@@ -10,12 +10,9 @@ use std::{
 };
 
 use berth_api::Workspace;
-use berth_controller::Config;
+use berth_controller::{Config, config::AgentConfig};
 use futures::StreamExt;
-use k8s_openapi::{
-    api::core::v1::{ConfigMap, Secret},
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Client, ResourceExt,
     api::PostParams,
@@ -39,7 +36,12 @@ pub struct DevArgs {
     pub nodes: usize,
 }
 
-/// Applies every manifest in `folder` (Secrets, ConfigMaps, Workspaces), in file order.
+/// The RBAC of `deploy/rbac/`: `berth dev` runs the operator with exactly what the README
+/// documents.
+const OPERATOR_RBAC: &str = include_str!("../../../deploy/rbac/berth-controller.yaml");
+const WORKSPACE_RBAC: &str = include_str!("../../../deploy/rbac/workspace-service-account.yaml");
+
+/// Creates every object of every manifest in `folder`, in file order.
 async fn apply_examples(client: &Client, folder: &PathBuf) -> Result<Vec<String>, String> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
         .map_err(|e| format!("cannot read {}: {e}", folder.display()))?
@@ -51,52 +53,12 @@ async fn apply_examples(client: &Client, folder: &PathBuf) -> Result<Vec<String>
     for file in files {
         let text = std::fs::read_to_string(&file)
             .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-        let documents: Vec<serde_json::Value> =
-            serde_saphyr::from_multiple(&text).map_err(|e| format!("{}: {e}", file.display()))?;
-        for document in documents.into_iter().filter(|d| !d.is_null()) {
-            let namespace = document["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or("default")
-                .to_owned();
-            let kind = document["kind"].as_str().unwrap_or_default().to_owned();
-            let result = match kind.as_str() {
-                "Workspace" => create::<Workspace>(client, &namespace, document).await,
-                "Secret" => create::<Secret>(client, &namespace, document).await,
-                "ConfigMap" => create::<ConfigMap>(client, &namespace, document).await,
-                other => Err(format!(
-                    "{}: berth dev applies Workspaces, Secrets and ConfigMaps, not {other}",
-                    file.display()
-                )),
-            };
-            applied.push(result.map_err(|e| format!("{}: {e}", file.display()))?);
-        }
+        let created = berth_sim::manifests::create_all(client, &text, "default")
+            .await
+            .map_err(|e| format!("{}: {e}", file.display()))?;
+        applied.extend(created);
     }
     Ok(applied)
-}
-
-async fn create<K>(
-    client: &Client,
-    namespace: &str,
-    document: serde_json::Value,
-) -> Result<String, String>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug,
-{
-    let object: K = serde_json::from_value(document).map_err(|e| e.to_string())?;
-    let api: Api<K> = Api::namespaced(client.clone(), namespace);
-    let created = api
-        .create(&PostParams::default(), &object)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(format!(
-        "{}/{}",
-        K::kind(&()).to_lowercase(),
-        created.name_any()
-    ))
 }
 
 /// One row of the table: name, phase, ready, recreations, message.
@@ -149,12 +111,37 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot install the CRD: {e}"))?;
 
+    // The operator runs as its own service account with the RBAC of deploy/rbac/, as the
+    // chart installs it; the `default` service account may delegate auth for its agents.
+    for manifest in [OPERATOR_RBAC, WORKSPACE_RBAC] {
+        berth_sim::manifests::create_all(&client, manifest, "default")
+            .await
+            .map_err(|e| format!("cannot create the RBAC of deploy/rbac: {e}"))?;
+    }
     let config = Config {
         metrics_address: None,
         health_address: None,
+        agent: AgentConfig {
+            // Retry failed agent checks sooner than in production, so a fix shows quickly.
+            backoff_base: Duration::from_secs(2),
+            backoff_max: Duration::from_secs(20),
+            ..AgentConfig::default()
+        },
         ..Config::default()
     };
-    let operator_client = client.clone();
+    let account = &config.agent.service_account;
+    let token = cluster
+        .issue_token(
+            &account.namespace,
+            &account.name,
+            &[],
+            Duration::from_secs(30 * 24 * 3600),
+        )
+        .map_err(|e| format!("cannot issue the operator's token: {e}"))?;
+    let operator_client = cluster
+        .client_with_token(&token)
+        .await
+        .map_err(|e| e.to_string())?;
     let operator =
         tokio::spawn(async move { berth_controller::run(operator_client, config).await });
 
@@ -171,6 +158,10 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
     );
     println!(
         "berth dev: make node-1 reject its next pod:  kubectl --kubeconfig {} annotate node node-1 sim.berth.dev/reject-next=1:OutOfcpu",
+        args.kubeconfig.display()
+    );
+    println!(
+        "berth dev: let no-delegator's agent authenticate:  kubectl --kubeconfig {} create clusterrolebinding berth-agent-default-no-delegator --clusterrole=system:auth-delegator --serviceaccount=default:no-delegator",
         args.kubeconfig.display()
     );
     println!(

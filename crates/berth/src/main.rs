@@ -27,6 +27,12 @@ enum Command {
     Controller(Box<controller::ControllerArgs>),
     /// Run the in-pod agent (gRPC on :50051), supervising `-- CMD ARGS...` if given.
     Agent(Box<agent::AgentArgs>),
+    /// Copy this binary to PATH (executable): how the init container puts the agent into a
+    /// workspace pod, since the image has no shell or `cp`.
+    Install {
+        /// Where the copy goes, e.g. /opt/berth/berth.
+        path: std::path::PathBuf,
+    },
     /// Print the Workspace CustomResourceDefinition as YAML (what `deploy/crds/` holds).
     Crd,
     /// Run only the simulated Kubernetes cluster and write a kubeconfig for it.
@@ -68,7 +74,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Dev(args) => {
-            init_logging("warn");
+            // The table shows what agent checks find; their warnings would repeat it.
+            init_logging("warn,berth_agent::auth=error,berth_controller::agent=error");
             block_on("dev", dev::run(args))
         }
         Command::Controller(args) => {
@@ -93,7 +100,31 @@ fn main() -> ExitCode {
             }
         }
         Command::Sim(args) => run_sim(args),
+        Command::Install { path } => match install(&path) {
+            Ok(()) => {
+                println!("berth install: copied to {}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("berth install: {err}");
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+/// Copies the running binary to `path` through a temporary file beside it, so the target is
+/// never seen half-written.
+fn install(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let me = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let partial = path.with_extension("partial");
+    std::fs::copy(&me, &partial)
+        .map_err(|e| format!("cannot copy {} to {}: {e}", me.display(), partial.display()))?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("cannot make {} executable: {e}", partial.display()))?;
+    std::fs::rename(&partial, path)
+        .map_err(|e| format!("cannot move the copy to {}: {e}", path.display()))
 }
 
 /// Logs through `tracing`: text on a terminal, JSON otherwise; `RUST_LOG` filters.

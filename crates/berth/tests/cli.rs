@@ -19,6 +19,38 @@ fn crd_prints_the_committed_crd() {
     assert_eq!(String::from_utf8(output.stdout).unwrap(), committed);
 }
 
+/// The init container's step: `berth install PATH` leaves a working, executable copy.
+#[test]
+fn install_copies_an_executable_berth() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("berth");
+    let output = Command::new(BERTH)
+        .args(["install", target.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let mode = std::fs::metadata(&target).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o755);
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        std::fs::read(BERTH).unwrap()
+    );
+    let copy = Command::new(&target).arg("--version").output().unwrap();
+    assert!(String::from_utf8_lossy(&copy.stdout).starts_with("berth "));
+    assert!(!dir.path().join("berth.partial").exists());
+    // A folder that does not exist: a clear error, no partial file.
+    let output = Command::new(BERTH)
+        .args([
+            "install",
+            dir.path().join("no/such/berth").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).starts_with("berth install: cannot copy"));
+}
+
 fn agent(script: &str) -> Command {
     let mut command = Command::new(BERTH);
     command.args([
@@ -282,6 +314,11 @@ fn dev_shows_the_examples_reaching_their_phases() {
         stdout.lines().any(|l| l.starts_with("unschedulable")
             && l.contains("0/3 nodes are available: 3 Insufficient cpu.")),
         "{stdout}"
+    );
+    let unauthenticated = last("no-delegator", "Error").unwrap_or_else(|| panic!("{stdout}"));
+    assert!(
+        unauthenticated.contains("(Unauthenticated): TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:default:no-delegator"),
+        "{unauthenticated}"
     );
     assert!(stdout.trim_end().ends_with("berth dev: stopped"));
     assert!(

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use berth_api::{Phase, Workspace};
-use berth_sim::{NodeConfig, SimConfig};
+use berth_sim::NodeConfig;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::{
@@ -71,7 +71,7 @@ fn tokio_stream_timeout<S: futures::Stream>(stream: S) -> impl futures::Stream<I
 
 #[tokio::test]
 async fn a_workspace_starts_runs_and_explains_itself() {
-    let mut sim = SimConfig::fast();
+    let mut sim = crate::support::sim_config();
     sim.timings.pull = Duration::from_millis(300);
     let h = Harness::start_with(sim, test_config()).await;
     secret(&h, "git").await;

@@ -39,6 +39,7 @@ async fn metrics_count_reconciles_writes_and_phases_and_are_served() {
         )
         .await
         .unwrap();
+    h.grant_auth_delegator("metrics", "default").await;
     let operator = tokio::spawn(berth_controller::run_with_metrics(
         client.clone(),
         config,
@@ -69,6 +70,7 @@ async fn metrics_count_reconciles_writes_and_phases_and_are_served() {
         "berth_reconcile_duration_seconds_bucket",
         "berth_status_writes_total",
         "berth_workspace_start_seconds_count 1",
+        "berth_agent_checks_total{result=\"ok\"} 1",
     ] {
         assert!(text.contains(name), "{name} missing from:\n{text}");
     }

@@ -20,7 +20,7 @@ use crate::support::{
 fn one_node() -> SimConfig {
     SimConfig {
         nodes: vec![NodeConfig::new("node-1")],
-        ..SimConfig::fast()
+        ..crate::support::sim_config()
     }
 }
 
@@ -253,7 +253,7 @@ async fn a_pod_that_ran_and_then_failed_is_not_replaced() {
 
 #[tokio::test]
 async fn a_deleted_node_loses_its_pod_and_the_workspace_moves() {
-    let h = Harness::start_with(SimConfig::fast(), quick_recreation()).await;
+    let h = Harness::start_with(crate::support::sim_config(), quick_recreation()).await;
     h.create("mover", json!({"image": "devbox:1"})).await;
     let running = h.until_phase("mover", Phase::Running).await;
     let node = running.status.unwrap().pod.unwrap().node_name.unwrap();
@@ -284,7 +284,7 @@ async fn a_deleted_node_loses_its_pod_and_the_workspace_moves() {
 
 #[tokio::test]
 async fn an_unreachable_node_loses_its_pod_and_the_workspace_moves() {
-    let h = Harness::start_with(SimConfig::fast(), quick_recreation()).await;
+    let h = Harness::start_with(crate::support::sim_config(), quick_recreation()).await;
     h.create("stranded", json!({"image": "devbox:1"})).await;
     let running = h.until_phase("stranded", Phase::Running).await;
     let node = running.status.unwrap().pod.unwrap().node_name.unwrap();
@@ -318,7 +318,7 @@ async fn two_hundred_workspaces_with_ten_percent_rejections_all_run() {
     let h = Harness::start_with(
         SimConfig {
             seed: 7,
-            ..SimConfig::fast()
+            ..crate::support::sim_config()
         },
         quick_recreation(),
     )

@@ -4,19 +4,30 @@
 use std::time::Duration;
 
 use berth_api::{Phase, Workspace};
-use berth_controller::{Config, Policy};
+use berth_controller::{Config, Policy, config::AgentConfig};
 use berth_sim::{SimCluster, SimConfig};
-use k8s_openapi::{
-    api::{core::v1::ServiceAccount, rbac::v1::ClusterRoleBinding},
-    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
-};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Client,
     api::{Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
 
-pub const OPERATOR: &str = "system:serviceaccount:kube-system:berth-controller";
+pub const OPERATOR: &str = "system:serviceaccount:berth-system:berth-controller";
+
+/// The RBAC the README documents: the operator runs with exactly this.
+pub const OPERATOR_RBAC: &str = include_str!("../../../../deploy/rbac/berth-controller.yaml");
+/// `system:auth-delegator` for the `default` service account of `default`.
+pub const WORKSPACE_RBAC: &str =
+    include_str!("../../../../deploy/rbac/workspace-service-account.yaml");
+
+/// The fast sim, with the Berth agent running in-process in workspace pods.
+pub fn sim_config() -> SimConfig {
+    SimConfig {
+        runtime: std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
+        ..SimConfig::fast()
+    }
+}
 pub const WAIT: Duration = Duration::from_secs(20);
 
 pub struct Harness {
@@ -40,13 +51,18 @@ pub fn test_config() -> Config {
             ..Policy::default()
         },
         deletion_grace: Duration::from_secs(2),
+        agent: AgentConfig {
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(2),
+            ..AgentConfig::default()
+        },
         ..Config::default()
     }
 }
 
 impl Harness {
     pub async fn start() -> Harness {
-        Self::start_with(SimConfig::fast(), test_config()).await
+        Self::start_with(sim_config(), test_config()).await
     }
 
     pub async fn start_with(sim_config: SimConfig, config: Config) -> Harness {
@@ -56,30 +72,14 @@ impl Harness {
         crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
             .await
             .unwrap();
-        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), "kube-system");
-        accounts
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": "berth-controller"}})).unwrap(),
-            )
-            .await
-            .unwrap();
-        let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
-        let binding = json!({
-            "metadata": {"name": "berth-controller"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-            "subjects": [{"kind": "ServiceAccount", "name": "berth-controller", "namespace": "kube-system"}]
-        });
-        bindings
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(binding).unwrap(),
-            )
-            .await
-            .unwrap();
+        for manifest in [OPERATOR_RBAC, WORKSPACE_RBAC] {
+            berth_sim::manifests::create_all(&client, manifest, "default")
+                .await
+                .unwrap();
+        }
         let token = sim
             .issue_token(
-                "kube-system",
+                "berth-system",
                 "berth-controller",
                 &[],
                 Duration::from_secs(3600),
@@ -178,6 +178,29 @@ impl Harness {
             phase_of(ws) == Some(phase)
         })
         .await
+    }
+
+    /// Binds `system:auth-delegator` to a workspace service account, as the README says to
+    /// (the kubectl line the agent's error message points at).
+    pub async fn grant_auth_delegator(&self, namespace: &str, account: &str) {
+        let binding = format!(
+            "apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: berth-agent-{namespace}-{account}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: system:auth-delegator
+subjects:
+  - kind: ServiceAccount
+    name: {account}
+    namespace: {namespace}
+"
+        );
+        berth_sim::manifests::create_all(&self.client, &binding, "default")
+            .await
+            .unwrap();
     }
 
     /// Requests the operator made with `verb`.

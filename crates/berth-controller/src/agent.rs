@@ -1,0 +1,218 @@
+//! The operator's side of the handshake with workspace agents (rules C14, C15): a token for
+//! its own service account from the TokenRequest API (audience `berth-agent`), cached until 80%
+//! of its lifetime, and WhoAmI calls to agents, at most one per backoff step per pod. The
+//! decision of what a result means is the pure core's (`state.rs`).
+
+use std::{
+    collections::HashMap,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use berth_agent::client::{CallError, who_am_i};
+use berth_api::{Workspace, condition::reasons};
+use k8s_openapi::api::{
+    authentication::v1::{TokenRequest, TokenRequestSpec},
+    core::v1::{Pod, ServiceAccount},
+};
+use kube::{Api, Client, ResourceExt, api::PostParams};
+use tracing::{info, warn};
+
+use crate::{
+    config::AgentConfig,
+    metrics::{Metrics, ResultLabel},
+    state::{self, AgentCheck, AgentOutcome},
+};
+
+/// The wait after `failures` consecutive failed checks: base, 2 x base, 4 x base ... capped.
+pub fn backoff(failures: u32, base: Duration, max: Duration) -> Duration {
+    base.saturating_mul(1u32 << failures.saturating_sub(1).min(20))
+        .min(max)
+}
+
+struct CachedToken {
+    token: String,
+    renew_at: Instant,
+}
+
+/// The last failed check of a workspace's pod, and when to try again.
+struct Attempt {
+    check: AgentCheck,
+    failures: u32,
+    next_at: Instant,
+}
+
+/// Checks agents for the reconcile loop.
+pub struct AgentChecker {
+    client: Client,
+    config: AgentConfig,
+    token: tokio::sync::Mutex<Option<CachedToken>>,
+    attempts: Mutex<HashMap<(String, String), Attempt>>,
+}
+
+impl AgentChecker {
+    pub fn new(client: Client, config: AgentConfig) -> Self {
+        AgentChecker {
+            client,
+            config,
+            token: Default::default(),
+            attempts: Default::default(),
+        }
+    }
+
+    /// The check of the workspace's pod's agent, when it needs one: a fresh call when none was
+    /// made for this pod or the backoff ran out, else the last failure again.
+    pub async fn check(
+        &self,
+        workspace: &Workspace,
+        pod: Option<&Pod>,
+        metrics: &Metrics,
+    ) -> Option<AgentCheck> {
+        let key = (
+            workspace.namespace().unwrap_or_default(),
+            workspace.name_any(),
+        );
+        let Some(address) = state::agent_to_check(workspace, pod, self.config.port) else {
+            self.attempts().remove(&key);
+            return None;
+        };
+        let pod_uid = pod.and_then(|p| p.uid()).unwrap_or_default();
+        let failures = match self.attempts().get(&key) {
+            Some(last) if last.check.pod_uid == pod_uid => {
+                let now = Instant::now();
+                if now < last.next_at {
+                    return Some(AgentCheck {
+                        fresh: false,
+                        retry_in: last.next_at - now,
+                        ..last.check.clone()
+                    });
+                }
+                last.failures
+            }
+            _ => 0,
+        };
+        let outcome = self.call(&address).await;
+        let result = match &outcome {
+            AgentOutcome::Verified { .. } => "ok".to_owned(),
+            AgentOutcome::Failed { reason, .. } => reason.clone(),
+        };
+        metrics
+            .agent_checks
+            .get_or_create(&ResultLabel { result })
+            .inc();
+        let (workspace_namespace, workspace_name) = &key;
+        let mut check = AgentCheck {
+            pod_uid,
+            address,
+            outcome,
+            fresh: true,
+            retry_in: Duration::ZERO,
+        };
+        match &check.outcome {
+            AgentOutcome::Verified { identity } => {
+                info!(namespace = %workspace_namespace, workspace = %workspace_name, address = %check.address, %identity, "the agent authenticated the operator");
+                self.attempts().remove(&key);
+            }
+            AgentOutcome::Failed { reason, message } => {
+                let failures = failures + 1;
+                check.retry_in =
+                    backoff(failures, self.config.backoff_base, self.config.backoff_max);
+                warn!(namespace = %workspace_namespace, workspace = %workspace_name, address = %check.address, %reason, detail = %message, retry_in = ?check.retry_in, "the agent check failed; the pod is kept");
+                self.attempts().insert(
+                    key,
+                    Attempt {
+                        check: check.clone(),
+                        failures,
+                        next_at: Instant::now() + check.retry_in,
+                    },
+                );
+            }
+        }
+        Some(check)
+    }
+
+    fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Attempt>> {
+        self.attempts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn call(&self, address: &str) -> AgentOutcome {
+        let token = match self.token().await {
+            Ok(token) => token,
+            Err(message) => {
+                return AgentOutcome::Failed {
+                    reason: reasons::UNKNOWN.to_owned(),
+                    message,
+                };
+            }
+        };
+        match who_am_i(address, &token, self.config.timeout).await {
+            Ok(answer) => AgentOutcome::Verified {
+                identity: answer.caller_username,
+            },
+            Err(e @ CallError::Unreachable { .. }) => AgentOutcome::Failed {
+                reason: reasons::AGENT_UNREACHABLE.to_owned(),
+                message: e.to_string(),
+            },
+            Err(CallError::Refused(status)) => AgentOutcome::Failed {
+                // The gRPC code's name: Unauthenticated, PermissionDenied, ...
+                reason: format!("{:?}", status.code()),
+                message: status.message().to_owned(),
+            },
+        }
+    }
+
+    /// The operator's token for agents, requested again at 80% of its lifetime.
+    async fn token(&self) -> Result<String, String> {
+        let mut cached = self.token.lock().await;
+        if let Some(token) = cached.as_ref().filter(|t| Instant::now() < t.renew_at) {
+            return Ok(token.token.clone());
+        }
+        let account = &self.config.service_account;
+        let accounts: Api<ServiceAccount> =
+            Api::namespaced(self.client.clone(), &account.namespace);
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![self.config.audience.clone()],
+                expiration_seconds: Some(self.config.token_lifetime.as_secs().max(600) as i64),
+                bound_object_ref: None,
+            },
+            ..Default::default()
+        };
+        let requested = Instant::now();
+        let answer = accounts
+            .create_token_request(&account.name, &PostParams::default(), &request)
+            .await
+            .map_err(|e| {
+                format!("cannot get a token for the operator's service account {account} (TokenRequest): {e}")
+            })?;
+        let status = answer
+            .status
+            .ok_or_else(|| format!("the TokenRequest for {account} returned no token"))?;
+        let lifetime = Duration::try_from(
+            status
+                .expiration_timestamp
+                .0
+                .duration_since(jiff::Timestamp::now()),
+        )
+        .unwrap_or_default();
+        *cached = Some(CachedToken {
+            token: status.token.clone(),
+            renew_at: requested + lifetime.mul_f64(0.8),
+        });
+        info!(service_account = %account, lifetime = ?lifetime, "requested a token for agents");
+        Ok(status.token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_base_to_the_cap() {
+        let (base, max) = (Duration::from_secs(5), Duration::from_secs(300));
+        let schedule: Vec<u64> = (1..=9).map(|n| backoff(n, base, max).as_secs()).collect();
+        assert_eq!(schedule, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(backoff(1000, base, max), max, "no overflow");
+    }
+}
