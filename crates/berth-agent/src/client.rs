@@ -41,7 +41,12 @@ pub async fn who_am_i(
     request.metadata_mut().insert("authorization", value);
     match client.who_am_i(request).await {
         Ok(response) => Ok(response.into_inner()),
-        Err(status) if status.code() == tonic::Code::Unavailable => {
+        // The transport failed (the status wraps its error, e.g. the connection closed
+        // mid-call), or the agent is not there: nothing answered.
+        Err(status)
+            if status.code() == tonic::Code::Unavailable
+                || std::error::Error::source(&status).is_some() =>
+        {
             Err(unreachable(status.message().to_owned()))
         }
         Err(status) => Err(CallError::Refused(status)),

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod agent;
 mod leader;
 mod lifecycle;
 mod observability;

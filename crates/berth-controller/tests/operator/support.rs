@@ -66,6 +66,7 @@ impl Harness {
     }
 
     pub async fn start_with(sim_config: SimConfig, config: Config) -> Harness {
+        capture_logs();
         let sim = SimCluster::start(sim_config).await.expect("the sim starts");
         let client = sim.client().await.unwrap();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -238,6 +239,52 @@ pub fn condition<'a>(
         .conditions
         .iter()
         .find(|c| c.type_ == type_)
+}
+
+/// Every log line of this test binary (the operators, the sims and the in-process agents):
+/// tests assert what is, and is not, in them.
+static LOGS: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> =
+    std::sync::OnceLock::new();
+
+#[derive(Clone)]
+struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the global subscriber writing into [`LOGS`], once.
+fn capture_logs() {
+    LOGS.get_or_init(|| {
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+        let writer = LogBuffer(buffer.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                "info,berth_controller=debug,berth_agent=debug,kube=debug",
+            ))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        buffer
+    });
+}
+
+/// What was logged so far.
+pub fn logs() -> String {
+    LOGS.get()
+        .map(|b| String::from_utf8_lossy(&b.lock().unwrap_or_else(|p| p.into_inner())).into_owned())
+        .unwrap_or_default()
 }
 
 /// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.

@@ -1,0 +1,469 @@
+//! The handshake with the in-pod agent end to end (rules C4, C14, C15): the agent runs
+//! in-process in the sim's pods and authenticates the operator through the sim's real
+//! TokenReview, SubjectAccessReview and RBAC.
+
+use std::{sync::Arc, time::Duration};
+
+use berth_api::Phase;
+use berth_controller::config::AgentConfig;
+use berth_sim::{BoxFuture, ContainerContext, ContainerRuntime, RunningContainer, SimConfig};
+use k8s_openapi::api::{
+    core::v1::{Event, Pod, ServiceAccount},
+    rbac::v1::ClusterRole,
+};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, PostParams},
+};
+use serde_json::json;
+
+use crate::support::{
+    Harness, OPERATOR, condition, eventually, message_of, phase_of, sim_config, test_config,
+};
+
+/// Asserts the logs of this test binary say each of `expected` (every string of one entry on
+/// one line, so the capture is known to work) and hold none of the sim's tokens.
+fn assert_logs_without_tokens(h: &Harness, expected: &[&[&str]]) {
+    let text = crate::support::logs();
+    for wanted in expected {
+        assert!(
+            text.lines().any(|l| wanted.iter().all(|w| l.contains(w))),
+            "no log line has all of {wanted:?}"
+        );
+    }
+    let tokens = h.sim.issued_tokens();
+    assert!(
+        tokens.len() >= 3,
+        "the operator's, a pod's, the agent call's"
+    );
+    for token in tokens {
+        assert!(
+            !text.contains(&token),
+            "a token appears in the logs: {}",
+            text.lines()
+                .find(|l| l.contains(&token))
+                .unwrap_or_default()
+        );
+    }
+}
+
+fn pods(h: &Harness) -> Api<Pod> {
+    Api::namespaced(h.client.clone(), "default")
+}
+
+async fn pod_uid(h: &Harness, workspace: &str) -> String {
+    pods(h)
+        .get(&format!("{workspace}-ws"))
+        .await
+        .unwrap()
+        .uid()
+        .unwrap()
+}
+
+async fn service_account(h: &Harness, name: &str) {
+    let accounts: Api<ServiceAccount> = Api::namespaced(h.client.clone(), "default");
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+/// Events about the object with `uid`, as (reason, note).
+async fn events_about(h: &Harness, uid: &str) -> Vec<(String, String)> {
+    let events: Api<Event> = Api::namespaced(h.client.clone(), "default");
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.uid.as_deref() == Some(uid))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+fn agent_checks(h: &Harness, result: &str) -> u64 {
+    let needle = format!("berth_agent_checks_total{{result=\"{result}\"}} ");
+    h.metrics
+        .render()
+        .lines()
+        .find_map(|l| l.strip_prefix(needle.as_str()))
+        .map(|n| n.trim().parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// Holds for `period` while the agent check keeps failing: the pod keeps its UID, none of its
+/// containers restarts, and nothing kills it (rule C15).
+async fn assert_no_churn(h: &Harness, workspace: &str, uid: &str, period: Duration) {
+    let until = tokio::time::Instant::now() + period;
+    while tokio::time::Instant::now() < until {
+        let pod = pods(h).get(&format!("{workspace}-ws")).await.unwrap();
+        assert_eq!(pod.uid().as_deref(), Some(uid), "the pod was replaced");
+        assert!(
+            pod.metadata.deletion_timestamp.is_none(),
+            "the pod is being deleted"
+        );
+        let restarts: i32 = pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default()
+            .iter()
+            .map(|c| c.restart_count)
+            .sum();
+        assert_eq!(restarts, 0, "a container was restarted");
+        let ws = h.workspaces().get(workspace).await.unwrap();
+        assert_eq!(phase_of(&ws), Some(Phase::Error), "{}", message_of(&ws));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let events = events_about(h, uid).await;
+    assert!(
+        !events.iter().any(|(reason, _)| reason == "Killing"),
+        "{events:?}"
+    );
+}
+
+/// A user would see: `kubectl get ws` says Running; `AgentReady=True (AgentVerified)`;
+/// `status.agent` names the pod's address, the operator's identity and the verified pod UID.
+/// The token is requested once and the agent is called once per pod.
+#[tokio::test]
+async fn the_operator_authenticates_to_the_agent_before_the_workspace_is_ready() {
+    let mut h = Harness::start().await;
+    h.create(
+        "alice",
+        json!({"image": "devbox:1", "command": ["/bin/sh", "-c", "sleep infinity"]}),
+    )
+    .await;
+    let ws = h.until_phase("alice", Phase::Running).await;
+    let pod = pods(&h).get("alice-ws").await.unwrap();
+    let spec = serde_json::to_value(pod.spec.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        spec["containers"][0]["command"],
+        json!([
+            "/opt/berth/berth",
+            "agent",
+            "--",
+            "/bin/sh",
+            "-c",
+            "sleep infinity"
+        ])
+    );
+    assert_eq!(spec["initContainers"][0]["name"], "berth-install");
+    let agent_ready = condition(&ws, "AgentReady").unwrap();
+    assert_eq!(
+        (agent_ready.status.as_str(), agent_ready.reason.as_str()),
+        ("True", "AgentVerified")
+    );
+    let agent = ws.status.as_ref().unwrap().agent.clone().unwrap();
+    assert_eq!(agent.identity.as_deref(), Some(OPERATOR));
+    assert_eq!(agent.verified_pod_uid, pod.uid());
+    let ip = pod.status.as_ref().unwrap().pod_ip.clone().unwrap();
+    assert_eq!(agent.address, Some(format!("{ip}:50051")));
+    assert_eq!(agent_checks(&h, "ok"), 1);
+
+    // A second workspace (without a command: the agent is a sidecar) reuses the token.
+    h.create("bob", json!({"image": "devbox:1"})).await;
+    let bob = h.until_phase("bob", Phase::Running).await;
+    assert_eq!(
+        bob.status.unwrap().agent.unwrap().identity.as_deref(),
+        Some(OPERATOR)
+    );
+    assert_eq!(
+        h.sim.count_requests(|k| k.user == OPERATOR
+            && k.verb == "create"
+            && k.resource == "serviceaccounts"
+            && k.subresource == "token"),
+        1,
+        "the token is cached"
+    );
+    assert_eq!(agent_checks(&h, "ok"), 2);
+
+    // Once per pod UID: a restarted operator does not call the verified agents again.
+    h.stop_operator().await;
+    h.sim.reset_requests();
+    h.start_operator();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(agent_checks(&h, "ok"), 2);
+    assert_eq!(
+        phase_of(&h.workspaces().get("alice").await.unwrap()),
+        Some(Phase::Running)
+    );
+    assert_logs_without_tokens(
+        &h,
+        &[
+            &["the agent authenticated the operator", "workspace=alice"],
+            &["requested a token for agents"],
+        ],
+    );
+}
+
+/// A user would see: `Error`, `Ready=False` with reason `Unauthenticated` and the agent's words
+/// naming `system:auth-delegator`; a Warning `AgentAuthFailed`; the pod untouched. After the
+/// binding, the same pod becomes Running.
+#[tokio::test]
+async fn a_workspace_account_without_auth_delegator_is_explained_and_never_churned() {
+    let h = Harness::start().await;
+    service_account(&h, "no-delegator").await;
+    let created = h
+        .create(
+            "carol",
+            json!({"image": "devbox:1", "command": ["sleep", "infinity"], "serviceAccountName": "no-delegator"}),
+        )
+        .await;
+    let ws = h
+        .until("carol", "Ready=False (Unauthenticated)", |ws| {
+            condition(ws, "Ready").is_some_and(|c| c.reason == "Unauthenticated")
+        })
+        .await;
+    let ready = condition(&ws, "Ready").unwrap();
+    assert_eq!(ready.status, "False");
+    assert!(
+        ready.message.contains("TokenReview API is unavailable")
+            && ready.message.contains("system:auth-delegator")
+            && ready
+                .message
+                .contains("system:serviceaccount:default:no-delegator"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(
+        condition(&ws, "AgentReady").unwrap().reason,
+        "Unauthenticated"
+    );
+    assert_eq!(phase_of(&ws), Some(Phase::Error));
+    assert!(
+        message_of(&ws).contains("The pod is kept"),
+        "{}",
+        message_of(&ws)
+    );
+    let uid = pod_uid(&h, "carol").await;
+
+    assert_no_churn(&h, "carol", &uid, Duration::from_secs(10)).await;
+    let events = events_about(&h, &created.uid().unwrap()).await;
+    assert!(
+        events
+            .iter()
+            .any(|(reason, note)| reason == "AgentAuthFailed"
+                && note.contains("system:auth-delegator")),
+        "{events:?}"
+    );
+    assert!(
+        agent_checks(&h, "Unauthenticated") >= 2,
+        "it keeps retrying"
+    );
+
+    h.grant_auth_delegator("default", "no-delegator").await;
+    let ws = h.until_phase("carol", Phase::Running).await;
+    assert_eq!(pod_uid(&h, "carol").await, uid, "the same pod");
+    assert_eq!(condition(&ws, "AgentReady").unwrap().status, "True");
+    assert_logs_without_tokens(
+        &h,
+        &[
+            &["the API server refused a review", "no-delegator"],
+            &[
+                "the agent check failed",
+                "workspace=carol",
+                "Unauthenticated",
+            ],
+        ],
+    );
+}
+
+/// A user would see: `Error`, reason `PermissionDenied` and the agent's words; the pod kept.
+/// Granting `use` on `workspaces/agent` back makes the same pod Running.
+#[tokio::test]
+async fn an_operator_without_use_on_the_agent_is_permission_denied_and_never_churns() {
+    let h = Harness::start().await;
+    let roles: Api<ClusterRole> = Api::all(h.client.clone());
+    let full = roles.get("berth-controller").await.unwrap();
+    let mut without_use = full.clone();
+    without_use
+        .rules
+        .as_mut()
+        .unwrap()
+        .retain(|r| !r.verbs.contains(&"use".to_owned()));
+    assert_ne!(without_use.rules, full.rules);
+    roles
+        .replace("berth-controller", &PostParams::default(), &without_use)
+        .await
+        .unwrap();
+
+    h.create(
+        "dave",
+        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
+    )
+    .await;
+    let ws = h
+        .until("dave", "Ready=False (PermissionDenied)", |ws| {
+            condition(ws, "Ready").is_some_and(|c| c.reason == "PermissionDenied")
+        })
+        .await;
+    let ready = condition(&ws, "Ready").unwrap();
+    assert!(
+        ready.message.contains(&format!(
+            "User \"{OPERATOR}\" cannot use workspaces/agent \"dave\" in API group \"berth.dev\" in the namespace \"default\""
+        )),
+        "{}",
+        ready.message
+    );
+    let uid = pod_uid(&h, "dave").await;
+    assert_no_churn(&h, "dave", &uid, Duration::from_secs(10)).await;
+
+    let mut restored = roles.get("berth-controller").await.unwrap();
+    restored.rules = full.rules;
+    roles
+        .replace("berth-controller", &PostParams::default(), &restored)
+        .await
+        .unwrap();
+    h.until_phase("dave", Phase::Running).await;
+    assert_eq!(pod_uid(&h, "dave").await, uid, "the same pod");
+}
+
+/// Something else holds the agent's port in the pod (the probe connects; gRPC fails): the
+/// agent of workspaces named `unreachable` is replaced by a listener that drops connections.
+struct PortSquatter;
+
+impl ContainerRuntime for PortSquatter {
+    fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
+        let squat = !context.init
+            && berth_agent::sim_runtime::runs_agent(&context.container)
+            && context.container["env"].as_array().is_some_and(|env| {
+                env.iter()
+                    .any(|e| e["name"] == "BERTH_WORKSPACE_NAME" && e["value"] == "unreachable")
+            });
+        if !squat {
+            return berth_agent::sim_runtime::AgentRuntime.start(context);
+        }
+        Box::pin(async move {
+            let address = (context.pod_ip, berth_agent::DEFAULT_PORT);
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| e.to_string())?;
+            let (exit_tx, exited) = tokio::sync::oneshot::channel();
+            let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            tokio::spawn(async move {
+                let accept = async {
+                    while let Ok((connection, _)) = listener.accept().await {
+                        drop(connection);
+                    }
+                };
+                tokio::select! {
+                    _ = accept => {}
+                    _ = stop_rx => {}
+                }
+                let _ = exit_tx.send(0);
+            });
+            Ok(RunningContainer { exited, stop })
+        })
+    }
+}
+
+/// A user would see: `Error`, reason `AgentUnreachable`, the pod kept. With a 200 ms base the
+/// checks come 200 ms, 400 ms, 800 ms, 1.6 s, 3.2 s apart: the backoff's schedule, not a loop.
+#[tokio::test]
+async fn an_unreachable_agent_is_retried_on_the_backoff_schedule() {
+    let base = Duration::from_millis(200);
+    let mut config = test_config();
+    config.agent = AgentConfig {
+        backoff_base: base,
+        backoff_max: Duration::from_secs(60),
+        timeout: Duration::from_secs(2),
+        ..AgentConfig::default()
+    };
+    let h = Harness::start_with(
+        SimConfig {
+            runtime: Arc::new(PortSquatter),
+            ..sim_config()
+        },
+        config,
+    )
+    .await;
+    h.create(
+        "unreachable",
+        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
+    )
+    .await;
+    let ws = h
+        .until("unreachable", "Ready=False (AgentUnreachable)", |ws| {
+            condition(ws, "Ready").is_some_and(|c| c.reason == "AgentUnreachable")
+        })
+        .await;
+    assert_eq!(phase_of(&ws), Some(Phase::Error));
+    assert!(
+        message_of(&ws).contains("cannot be reached (AgentUnreachable)"),
+        "{}",
+        message_of(&ws)
+    );
+    let uid = pod_uid(&h, "unreachable").await;
+
+    // When each attempt happened, as the attempt counter shows it (polled every 10 ms).
+    let mut seen = vec![];
+    let mut last = 0;
+    let window = tokio::time::Instant::now() + Duration::from_secs(8);
+    while tokio::time::Instant::now() < window {
+        let count = agent_checks(&h, "AgentUnreachable");
+        if count != last {
+            seen.push((count, tokio::time::Instant::now()));
+            last = count;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let gaps: Vec<(u64, Duration)> = seen
+        .windows(2)
+        .filter(|w| w[1].0 == w[0].0 + 1)
+        .map(|w| (w[0].0, w[1].1 - w[0].1))
+        .collect();
+    assert!(gaps.len() >= 2, "it keeps retrying: {seen:?}");
+    for (failures, gap) in &gaps {
+        let scheduled = base * (1 << (failures - 1));
+        assert!(
+            *gap + Duration::from_millis(60) >= scheduled,
+            "attempt {} came {gap:?} after the one before; the backoff says {scheduled:?} (all: {gaps:?})",
+            failures + 1
+        );
+    }
+    // 200 ms doubling: after 8 s of the 12.4 s the first 7 attempts take, never more than 7.
+    assert!(last <= 7, "{last} attempts: {seen:?}");
+    assert_eq!(pod_uid(&h, "unreachable").await, uid, "the pod is kept");
+    let events = events_about(&h, &uid).await;
+    assert!(
+        !events.iter().any(|(reason, _)| reason == "Killing"),
+        "{events:?}"
+    );
+}
+
+/// A workspace whose pod is not ready is never called, and its AgentReady says why.
+#[tokio::test]
+async fn the_agent_is_not_called_before_the_pod_is_ready() {
+    let h = Harness::start().await;
+    h.create(
+        "erin",
+        json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "absent", "mountPath": "/s"}]}}}),
+    )
+    .await;
+    let ws = h.until_phase("erin", Phase::Error).await;
+    let agent_ready = condition(&ws, "AgentReady").unwrap();
+    assert_eq!(
+        (agent_ready.status.as_str(), agent_ready.reason.as_str()),
+        ("Unknown", "WaitingForPod")
+    );
+    // Let the operator settle on the error, then count every call made, whatever its result.
+    eventually(Duration::from_secs(5), "the event of the error", || async {
+        let uid = h.workspaces().get("erin").await.ok()?.uid()?;
+        events_about(&h, &uid)
+            .await
+            .iter()
+            .any(|(r, _)| r == "Created")
+            .then_some(())
+    })
+    .await;
+    let calls = h
+        .metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("berth_agent_checks_total"))
+        .count();
+    assert_eq!(calls, 0, "{}", h.metrics.render());
+}
