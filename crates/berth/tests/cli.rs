@@ -268,6 +268,27 @@ fn controller_refuses_bad_flags_with_a_clear_message() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&output.stderr).contains("unknown class \"fatal\""));
+    let output = Command::new(BERTH)
+        .args(["controller", "--service-account", "berth-controller"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("\"berth-controller\" is not a service account: expected NAMESPACE/NAME")
+    );
+    // Outside a pod, the operator's identity for agents must be given.
+    let output = Command::new(BERTH)
+        .arg("controller")
+        .env_remove("BERTH_SERVICE_ACCOUNT")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("pass --service-account NAMESPACE/NAME (or set BERTH_SERVICE_ACCOUNT)"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// What a person sees in the first seconds of `berth dev`: every example reaches the phase
