@@ -897,10 +897,12 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
                     });
                     b.condition(types::AGENT_READY, ConditionStatus::False, reason, message);
                     b.condition(types::READY, ConditionStatus::False, reason, message);
-                    let what = if reason == reasons::AGENT_UNREACHABLE {
-                        "cannot be reached"
-                    } else {
-                        "refused the operator"
+                    let what = match reason.as_str() {
+                        reasons::AGENT_UNREACHABLE => "cannot be reached",
+                        reasons::UNAUTHENTICATED | reasons::PERMISSION_DENIED => {
+                            "refused the operator"
+                        }
+                        _ => "could not be checked",
                     };
                     let text = format!(
                         "The agent of pod {pod_name} at {} {what} ({reason}): {message}. The pod is kept; Berth keeps retrying.",

@@ -321,6 +321,46 @@ async fn an_operator_without_use_on_the_agent_is_permission_denied_and_never_chu
     assert_eq!(pod_uid(&h, "dave").await, uid, "the same pod");
 }
 
+/// A user would see: `Error`, reason `Unknown`, a message naming TokenRequest and the operator's
+/// service account; the agent is never called without a token. Granting it back heals.
+#[tokio::test]
+async fn an_operator_that_cannot_get_its_token_says_so() {
+    use k8s_openapi::api::rbac::v1::Role;
+    let h = Harness::start().await;
+    let roles: Api<Role> = Api::namespaced(h.client.clone(), "berth-system");
+    let full = roles.get("berth-controller").await.unwrap();
+    let mut without_tokens = full.clone();
+    without_tokens.rules.as_mut().unwrap().retain(|r| {
+        !r.resources
+            .iter()
+            .flatten()
+            .any(|r| r == "serviceaccounts/token")
+    });
+    roles
+        .replace("berth-controller", &PostParams::default(), &without_tokens)
+        .await
+        .unwrap();
+    h.create("frank", json!({"image": "devbox:1"})).await;
+    let ws = h
+        .until("frank", "Ready=False (Unknown)", |ws| {
+            condition(ws, "Ready").is_some_and(|c| c.reason == "Unknown" && c.status == "False")
+        })
+        .await;
+    assert_eq!(phase_of(&ws), Some(Phase::Error));
+    let message = message_of(&ws);
+    assert!(
+        message.contains("could not be checked (Unknown): cannot get a token for the operator's service account berth-system/berth-controller (TokenRequest)"),
+        "{message}"
+    );
+    let mut restored = roles.get("berth-controller").await.unwrap();
+    restored.rules = full.rules;
+    roles
+        .replace("berth-controller", &PostParams::default(), &restored)
+        .await
+        .unwrap();
+    h.until_phase("frank", Phase::Running).await;
+}
+
 /// Something else holds the agent's port in the pod (the probe connects; gRPC fails): the
 /// agent of workspaces named `unreachable` is replaced by a listener that drops connections.
 struct PortSquatter;
