@@ -1,6 +1,10 @@
 //! The client the operator uses: `WhoAmI` with a bearer token.
 
-use tonic::{Request, Status, metadata::MetadataValue, transport::Channel};
+use tonic::{
+    Request, Status,
+    metadata::MetadataValue,
+    transport::{Certificate, Channel, ClientTlsConfig},
+};
 
 use crate::proto::{WhoAmIRequest, WhoAmIResponse, agent_client::AgentClient};
 
@@ -15,24 +19,49 @@ pub enum CallError {
     Refused(Status),
 }
 
-/// Calls `WhoAmI` on the agent at `address` (`host:port`) as the bearer of `token`.
+/// How the operator verifies an agent that serves TLS: the CA bundle its certificate chains
+/// to; the certificate must name [`crate::TLS_SERVER_NAME`] (pod IPs change, names do not).
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    pub ca_pem: Vec<u8>,
+}
+
+/// Calls `WhoAmI` on the agent at `address` (`host:port`) as the bearer of `token`, over TLS
+/// when `tls` is given.
 pub async fn who_am_i(
     address: &str,
     token: &str,
     timeout: std::time::Duration,
+    tls: Option<&ClientTls>,
 ) -> Result<WhoAmIResponse, CallError> {
     let unreachable = |message: String| CallError::Unreachable {
         address: address.to_owned(),
         message,
     };
-    let endpoint = Channel::from_shared(format!("http://{address}"))
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Channel::from_shared(format!("{scheme}://{address}"))
         .map_err(|e| unreachable(e.to_string()))?
         .connect_timeout(timeout)
         .timeout(timeout);
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+                    .domain_name(crate::TLS_SERVER_NAME),
+            )
+            .map_err(|e| unreachable(format!("bad TLS settings: {e}")))?;
+    }
+    let channel = endpoint.connect().await.map_err(|e| {
+        // The transport error's own text is terse ("transport error"); its causes say why.
+        let mut message = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            message = format!("{message}: {cause}");
+            source = cause.source();
+        }
+        unreachable(message)
+    })?;
     let mut client = AgentClient::new(channel);
     let mut request = Request::new(WhoAmIRequest {});
     let value: MetadataValue<_> = format!("Bearer {token}")

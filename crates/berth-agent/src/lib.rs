@@ -17,3 +17,8 @@ pub mod proto {
 pub const AUDIENCE: &str = "berth-agent";
 /// The port the agent serves on.
 pub const DEFAULT_PORT: u16 = 50051;
+/// The name an agent's TLS certificate must carry; the operator verifies it, not the pod IP.
+pub const TLS_SERVER_NAME: &str = "berth-agent";
+/// The variables naming the agent's TLS certificate and key files (both, or neither).
+pub const TLS_CERT_ENV: &str = "BERTH_AGENT_TLS_CERT";
+pub const TLS_KEY_ENV: &str = "BERTH_AGENT_TLS_KEY";

@@ -1,9 +1,12 @@
 //! The agent's gRPC server: `berth.agent.v1.Agent` behind the auth layer, and the standard
 //! health service (unauthenticated) for the pod's readiness probe.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::sync::Arc;
 
-use tonic::{Request, Response, Status, transport::Server};
+use tonic::{
+    Request, Response, Status,
+    transport::{Identity, Server, ServerTlsConfig},
+};
 
 use crate::{
     auth::Authenticator,
@@ -66,17 +69,33 @@ impl Agent for AgentService {
     }
 }
 
-/// Serves the agent and the health service on `listener` until `shutdown` resolves.
+/// The agent's TLS certificate (it must name [`crate::TLS_SERVER_NAME`]) and key, PEM.
+#[derive(Clone)]
+pub struct TlsIdentity {
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+/// Serves the agent and the health service on `listener` until `shutdown` resolves, over TLS
+/// when given an identity.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     auth: Arc<Authenticator>,
+    tls: Option<TlsIdentity>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<AgentServer<AgentService>>()
         .await;
-    Server::builder()
+    let mut builder = Server::builder();
+    if let Some(identity) = tls {
+        builder = builder.tls_config(
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(identity.cert_pem, identity.key_pem)),
+        )?;
+    }
+    builder
         .add_service(health_service)
         .add_service(AgentServer::new(AgentService::new(auth)))
         .serve_with_incoming_shutdown(
@@ -84,16 +103,4 @@ pub async fn serve(
             shutdown,
         )
         .await
-}
-
-/// Binds `address` and serves until `shutdown`.
-pub async fn bind_and_serve(
-    address: SocketAddr,
-    auth: Arc<Authenticator>,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(address).await?;
-    serve(listener, auth, shutdown)
-        .await
-        .map_err(std::io::Error::other)
 }

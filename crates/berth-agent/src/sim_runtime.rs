@@ -13,7 +13,11 @@ use kube::config::{
 };
 use serde_json::Value;
 
-use crate::auth::{Authenticator, Mode, Scope};
+use crate::{
+    TLS_CERT_ENV, TLS_KEY_ENV,
+    auth::{Authenticator, Mode, Scope},
+    server::TlsIdentity,
+};
 
 /// Runs the Berth agent for agent containers; nothing for the rest.
 #[derive(Clone, Copy, Debug, Default)]
@@ -110,6 +114,22 @@ impl ContainerRuntime for AgentRuntime {
                 service_account: format!("system:serviceaccount:{}:{account}", context.namespace),
             };
             let auth = Arc::new(Authenticator::new(Mode::Kube(client), scope));
+            // TLS files come from the container's mounted secret, as on a real node.
+            let file = |variable: &str| -> Result<Option<Vec<u8>>, String> {
+                match env(&context.container, variable) {
+                    None => Ok(None),
+                    Some(path) => context
+                        .files
+                        .get(&path)
+                        .cloned()
+                        .map(Some)
+                        .ok_or_else(|| format!("cannot read {path}: no such file")),
+                }
+            };
+            let tls = match (file(TLS_CERT_ENV)?, file(TLS_KEY_ENV)?) {
+                (Some(cert_pem), Some(key_pem)) => Some(TlsIdentity { cert_pem, key_pem }),
+                _ => None,
+            };
             let address = SocketAddr::from((context.pod_ip, port(&context.container)));
             let listener = tokio::net::TcpListener::bind(address)
                 .await
@@ -117,7 +137,7 @@ impl ContainerRuntime for AgentRuntime {
             let (exit_tx, exited) = tokio::sync::oneshot::channel();
             let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
             tokio::spawn(async move {
-                let result = crate::server::serve(listener, auth, async {
+                let result = crate::server::serve(listener, auth, tls, async {
                     let _ = stop_rx.await;
                 })
                 .await;

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use berth_agent::client::{CallError, who_am_i};
+use berth_agent::client::{CallError, ClientTls, who_am_i};
 use berth_api::{Workspace, condition::reasons};
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
@@ -91,7 +91,8 @@ impl AgentChecker {
             }
             _ => 0,
         };
-        let outcome = self.call(&address).await;
+        let tls = pod.is_some_and(crate::pod::serves_agent_tls);
+        let outcome = self.call(&address, tls).await;
         let result = match &outcome {
             AgentOutcome::Verified { .. } => "ok".to_owned(),
             AgentOutcome::Failed { reason, .. } => reason.clone(),
@@ -135,7 +136,19 @@ impl AgentChecker {
         self.attempts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn call(&self, address: &str) -> AgentOutcome {
+    async fn call(&self, address: &str, tls: bool) -> AgentOutcome {
+        let client_tls = match (tls, &self.config.tls) {
+            (false, _) => None,
+            (true, Some(config)) => Some(ClientTls {
+                ca_pem: config.ca_pem.clone(),
+            }),
+            (true, None) => {
+                return AgentOutcome::Failed {
+                    reason: reasons::UNKNOWN.to_owned(),
+                    message: "the agent serves TLS but the operator has no CA to verify it (--agent-tls-ca); the pod was made when TLS was on".to_owned(),
+                };
+            }
+        };
         let token = match self.token().await {
             Ok(token) => token,
             Err(message) => {
@@ -145,7 +158,7 @@ impl AgentChecker {
                 };
             }
         };
-        match who_am_i(address, &token, self.config.timeout).await {
+        match who_am_i(address, &token, self.config.timeout, client_tls.as_ref()).await {
             Ok(answer) => AgentOutcome::Verified {
                 identity: answer.caller_username,
             },

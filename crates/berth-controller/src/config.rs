@@ -131,6 +131,18 @@ pub struct AgentConfig {
     /// The first retry after a failed check; it doubles up to `backoff_max`.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// Agents serve TLS with a certificate from this secret, verified against this CA.
+    pub tls: Option<AgentTls>,
+}
+
+/// TLS between the operator and agents (agent.md, Transport).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentTls {
+    /// A `kubernetes.io/tls` secret in each workspace's namespace; its certificate must name
+    /// `berth-agent`.
+    pub secret: String,
+    /// The CA bundle (PEM) the operator verifies agents' certificates against.
+    pub ca_pem: Vec<u8>,
 }
 
 /// `namespace/name` of a service account.
@@ -197,6 +209,7 @@ impl Default for AgentConfig {
             timeout: Duration::from_secs(5),
             backoff_base: Duration::from_secs(5),
             backoff_max: Duration::from_secs(300),
+            tls: None,
         }
     }
 }

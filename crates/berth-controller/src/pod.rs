@@ -10,7 +10,7 @@ use k8s_openapi::{
         Container, ContainerPort, EnvVar, EnvVarSource, GRPCAction, ObjectFieldSelector,
         PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
         PodSpec, Probe, ResourceRequirements, SecretVolumeSource, Service, ServicePort,
-        ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+        ServiceSpec, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
     },
     apimachinery::pkg::{
         api::resource::Quantity,
@@ -32,6 +32,18 @@ pub const INSTALL_CONTAINER: &str = "berth-install";
 /// The `emptyDir` the agent binary is copied into, and where it is mounted.
 pub const AGENT_VOLUME: &str = "berth-agent";
 pub const AGENT_DIR: &str = "/opt/berth";
+/// The agent's TLS secret volume, and where it is mounted.
+pub const AGENT_TLS_VOLUME: &str = "berth-agent-tls";
+pub const AGENT_TLS_DIR: &str = "/etc/berth/agent-tls";
+
+/// Whether the pod's agent serves TLS (the pod was built with the TLS secret; pods made before
+/// TLS was turned on keep plaintext until they are replaced).
+pub fn serves_agent_tls(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|v| v.iter().any(|v| v.name == AGENT_TLS_VOLUME))
+}
 
 fn short_hash(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());
@@ -154,18 +166,56 @@ fn agent_env(workspace: &Workspace, agent: &AgentConfig) -> Vec<EnvVar> {
         ),
         value("BERTH_AGENT_PORT", agent.port.to_string()),
     ]
+    .into_iter()
+    .chain(agent.tls.iter().flat_map(|_| {
+        [
+            value(
+                berth_agent::TLS_CERT_ENV,
+                format!("{AGENT_TLS_DIR}/tls.crt"),
+            ),
+            value(berth_agent::TLS_KEY_ENV, format!("{AGENT_TLS_DIR}/tls.key")),
+        ]
+    }))
+    .collect()
 }
 
+/// The agent's readiness probe: its gRPC health service, or a TCP connect with TLS (the
+/// kubelet's gRPC probes cannot speak TLS).
 fn agent_probe(agent: &AgentConfig) -> Probe {
+    let port = i32::from(agent.port);
     Probe {
-        grpc: Some(GRPCAction {
-            port: i32::from(agent.port),
+        grpc: agent.tls.is_none().then_some(GRPCAction {
+            port,
             service: None,
+        }),
+        tcp_socket: agent.tls.is_some().then_some(TCPSocketAction {
+            port: IntOrString::Int(port),
+            host: None,
         }),
         period_seconds: Some(2),
         failure_threshold: Some(3),
         ..Default::default()
     }
+}
+
+/// The agent's TLS secret, mounted where its variables point.
+fn agent_tls_mount(agent: &AgentConfig, volumes: &mut Vec<Volume>) -> Option<VolumeMount> {
+    let tls = agent.tls.as_ref()?;
+    volumes.push(Volume {
+        name: AGENT_TLS_VOLUME.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(tls.secret.clone()),
+            default_mode: Some(0o400),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    Some(VolumeMount {
+        name: AGENT_TLS_VOLUME.into(),
+        mount_path: AGENT_TLS_DIR.into(),
+        read_only: Some(true),
+        ..Default::default()
+    })
 }
 
 /// The workspace's pod, with the agent injected (rule C4): with a command, an init container
@@ -252,6 +302,7 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
                 ..Default::default()
             };
             mounts.push(mount(true));
+            mounts.extend(agent_tls_mount(agent, &mut volumes));
             init_containers.push(Container {
                 name: INSTALL_CONTAINER.into(),
                 image: Some(agent.image.clone()),
@@ -270,11 +321,13 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
             (Some(wrapped), Some(agent_probe(agent)))
         }
         _ => {
+            let tls_mount = agent_tls_mount(agent, &mut volumes);
             sidecars.push(Container {
                 name: AGENT_CONTAINER.into(),
                 image: Some(agent.image.clone()),
                 command: Some(vec![agent.binary.clone(), "agent".into()]),
                 env: Some(agent_env(workspace, agent)),
+                volume_mounts: tls_mount.map(|m| vec![m]),
                 readiness_probe: Some(agent_probe(agent)),
                 resources: Some(ResourceRequirements {
                     requests: Some(
@@ -576,6 +629,45 @@ pub(crate) mod tests {
             sidecar["env"][3],
             json!({"name": "BERTH_AGENT_SERVICE_ACCOUNT", "value": "team-a:default"})
         );
+    }
+
+    #[test]
+    fn with_tls_the_agent_mounts_its_secret_and_is_probed_by_tcp() {
+        let agent = AgentConfig {
+            tls: Some(crate::config::AgentTls {
+                secret: "agent-cert".into(),
+                ca_pem: b"ca".to_vec(),
+            }),
+            ..AgentConfig::default()
+        };
+        for (spec, container) in [
+            (json!({"image": "devbox:1", "command": ["sleep", "1"]}), 0),
+            (json!({"image": "devbox:1"}), 1),
+        ] {
+            let ws = workspace("t", spec);
+            let pod = build_pod(&ws, &agent);
+            assert!(serves_agent_tls(&pod));
+            assert!(!serves_agent_tls(&build_pod(&ws, &AgentConfig::default())));
+            let spec = serde_json::to_value(pod.spec.unwrap()).unwrap();
+            let volumes = spec["volumes"].as_array().unwrap();
+            assert!(volumes.contains(&json!({"name": "berth-agent-tls", "secret": {"secretName": "agent-cert", "defaultMode": 256}})));
+            let runs_agent = &spec["containers"][container];
+            assert!(runs_agent["volumeMounts"].as_array().unwrap().contains(
+                &json!({"name": "berth-agent-tls", "mountPath": "/etc/berth/agent-tls", "readOnly": true})
+            ));
+            let env = runs_agent["env"].as_array().unwrap();
+            assert!(env.contains(
+                &json!({"name": "BERTH_AGENT_TLS_CERT", "value": "/etc/berth/agent-tls/tls.crt"})
+            ));
+            assert!(env.contains(
+                &json!({"name": "BERTH_AGENT_TLS_KEY", "value": "/etc/berth/agent-tls/tls.key"})
+            ));
+            assert_eq!(
+                runs_agent["readinessProbe"],
+                json!({"tcpSocket": {"port": 50051}, "periodSeconds": 2, "failureThreshold": 3}),
+                "kubelet gRPC probes cannot speak TLS"
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! `CrashLoopBackOff`, and graceful termination with `Killing`.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     net::Ipv4Addr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -576,6 +576,71 @@ impl Worker {
         }
     }
 
+    /// The files of the secret and config map volumes mounted into `container`, by path, as
+    /// the kubelet would write them (`items` pick and rename keys).
+    fn mounted_files(&self, pod: &Value, container: &Value) -> BTreeMap<String, Vec<u8>> {
+        use base64::Engine;
+        let mut files = BTreeMap::new();
+        let volumes = pod["spec"]["volumes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for mount in container["volumeMounts"].as_array().into_iter().flatten() {
+            let Some(volume) = volumes.iter().find(|v| v["name"] == mount["name"]) else {
+                continue;
+            };
+            let (source, object) = if !volume["secret"].is_null() {
+                let name = volume["secret"]["secretName"].as_str().unwrap_or_default();
+                (
+                    &volume["secret"],
+                    self.sim.store.get("/secrets", &self.namespace, name),
+                )
+            } else if !volume["configMap"].is_null() {
+                let name = volume["configMap"]["name"].as_str().unwrap_or_default();
+                (
+                    &volume["configMap"],
+                    self.sim.store.get("/configmaps", &self.namespace, name),
+                )
+            } else {
+                continue;
+            };
+            let Some(object) = object else { continue };
+            let mut data: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+            for (key, value) in object["data"].as_object().into_iter().flatten() {
+                let text = value.as_str().unwrap_or_default();
+                let bytes = if volume["secret"].is_null() {
+                    text.as_bytes().to_vec()
+                } else {
+                    base64::engine::general_purpose::STANDARD
+                        .decode(text)
+                        .unwrap_or_default()
+                };
+                data.insert(key.clone(), bytes);
+            }
+            let base = mount["mountPath"]
+                .as_str()
+                .unwrap_or_default()
+                .trim_end_matches('/');
+            match source["items"].as_array() {
+                Some(items) => {
+                    for item in items {
+                        let key = item["key"].as_str().unwrap_or_default();
+                        if let Some(bytes) = data.get(key) {
+                            let path = item["path"].as_str().unwrap_or(key);
+                            files.insert(format!("{base}/{path}"), bytes.clone());
+                        }
+                    }
+                }
+                None => {
+                    for (key, bytes) in data {
+                        files.insert(format!("{base}/{key}"), bytes);
+                    }
+                }
+            }
+        }
+        files
+    }
+
     fn context(&self, container: &Value, init: bool) -> ContainerContext {
         let pod = self.pod().map(|p| (*p).clone()).unwrap_or_default();
         let account = pod["spec"]["serviceAccountName"]
@@ -596,6 +661,7 @@ impl Worker {
             namespace: self.namespace.clone(),
             pod_name: self.name.clone(),
             pod_uid: self.uid.clone(),
+            files: self.mounted_files(&pod, container),
             pod,
             container: container.clone(),
             init,

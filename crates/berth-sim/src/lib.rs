@@ -40,3 +40,4 @@ pub use runtime::{
     BoxFuture, ContainerContext, ContainerRuntime, IdleRuntime, RunningContainer, SharedRuntime,
 };
 pub use sim::{PodTermination, SimConfig};
+pub use tls::{Authority, TlsError};

@@ -26,6 +26,8 @@ pub struct ContainerContext {
     pub api_server: String,
     /// The cluster CA, what `ca.crt` holds.
     pub ca_pem: String,
+    /// The files of the secret and config map volumes mounted into this container, by path.
+    pub files: std::collections::BTreeMap<String, Vec<u8>>,
 }
 
 /// A started container: it reports its exit code once, and stops when asked.

@@ -4,7 +4,10 @@
 
 use std::{net::SocketAddr, sync::Arc};
 
-use berth_agent::auth::{Authenticator, Mode, Scope};
+use berth_agent::{
+    auth::{Authenticator, Mode, Scope},
+    server::TlsIdentity,
+};
 
 /// How callers are authenticated.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -39,6 +42,12 @@ pub struct AgentArgs {
     /// The pod's service account, `namespace:name` (named in messages about missing RBAC).
     #[arg(long, env = "BERTH_AGENT_SERVICE_ACCOUNT", default_value = "")]
     pub service_account: String,
+    /// Serve TLS with this certificate (PEM; it must name `berth-agent`), with --tls-key.
+    #[arg(long, env = berth_agent::TLS_CERT_ENV, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The TLS certificate's private key (PEM).
+    #[arg(long, env = berth_agent::TLS_KEY_ENV, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
     /// The workspace's command, run and supervised by the agent.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -61,12 +70,22 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
         service_account: format!("system:serviceaccount:{}", args.service_account),
     };
     let auth = Arc::new(Authenticator::new(mode, scope));
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsIdentity {
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+        }),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.address, args.port))
         .await
         .map_err(|e| format!("cannot listen on {}:{}: {e}", args.address, args.port))?;
     tracing::info!(address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "berth agent serving");
     if args.command.is_empty() {
-        berth_agent::server::serve(listener, auth, crate::wait_for_shutdown_signal())
+        berth_agent::server::serve(listener, auth, tls, crate::wait_for_shutdown_signal())
             .await
             .map_err(|e| e.to_string())?;
         return Ok(0);
@@ -74,6 +93,7 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
     let server = tokio::spawn(berth_agent::server::serve(
         listener,
         auth,
+        tls,
         std::future::pending(),
     ));
     let code = berth_agent::supervisor::supervise(&args.command)

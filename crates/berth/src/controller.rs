@@ -5,7 +5,7 @@ use std::{net::SocketAddr, time::Duration};
 use berth_api::{PodRecreationPolicy, parse_duration};
 use berth_controller::{
     Config, Policy, WarningPolicy,
-    config::{AgentConfig, DEFAULT_WARNING_REASONS, LeaderElection, ServiceAccountRef},
+    config::{AgentConfig, AgentTls, DEFAULT_WARNING_REASONS, LeaderElection, ServiceAccountRef},
 };
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -82,6 +82,13 @@ pub struct ControllerArgs {
     /// The longest wait between agent checks.
     #[arg(long, env = "BERTH_AGENT_BACKOFF_MAX", default_value = "5m", value_parser = duration)]
     pub agent_backoff_max: Duration,
+    /// Agents serve TLS with the certificate of this kubernetes.io/tls secret (in each
+    /// workspace's namespace; the certificate must name `berth-agent`). Needs --agent-tls-ca.
+    #[arg(long, env = "BERTH_AGENT_TLS_SECRET", requires = "agent_tls_ca")]
+    pub agent_tls_secret: Option<String>,
+    /// The CA bundle (PEM file) agents' certificates are verified against.
+    #[arg(long, env = "BERTH_AGENT_TLS_CA", requires = "agent_tls_secret")]
+    pub agent_tls_ca: Option<std::path::PathBuf>,
 }
 
 /// Where a pod's service-account token is mounted.
@@ -147,10 +154,29 @@ impl ControllerArgs {
                 service_account: self.service_account()?,
                 backoff_base: self.agent_backoff_base,
                 backoff_max: self.agent_backoff_max.max(self.agent_backoff_base),
+                tls: self.agent_tls()?,
                 ..AgentConfig::default()
             },
             ..Config::default()
         })
+    }
+
+    fn agent_tls(&self) -> Result<Option<AgentTls>, String> {
+        let (Some(secret), Some(ca)) = (&self.agent_tls_secret, &self.agent_tls_ca) else {
+            return Ok(None);
+        };
+        let ca_pem = std::fs::read(ca)
+            .map_err(|e| format!("cannot read the agent CA bundle {}: {e}", ca.display()))?;
+        if !String::from_utf8_lossy(&ca_pem).contains("-----BEGIN CERTIFICATE-----") {
+            return Err(format!(
+                "{} holds no PEM certificate (--agent-tls-ca)",
+                ca.display()
+            ));
+        }
+        Ok(Some(AgentTls {
+            secret: secret.clone(),
+            ca_pem,
+        }))
     }
 
     fn service_account(&self) -> Result<ServiceAccountRef, String> {

@@ -276,6 +276,34 @@ fn controller_refuses_bad_flags_with_a_clear_message() {
         String::from_utf8_lossy(&output.stderr)
             .contains("\"berth-controller\" is not a service account: expected NAMESPACE/NAME")
     );
+    // TLS settings come in pairs, and the CA must be a certificate.
+    let output = Command::new(BERTH)
+        .args(["controller", "--agent-tls-secret", "agent-cert"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--agent-tls-ca"));
+    let output = Command::new(BERTH)
+        .args(["agent", "--tls-cert", "/etc/berth/agent-tls/tls.crt"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--tls-key"));
+    let not_a_ca = tempfile::NamedTempFile::new().unwrap();
+    let output = Command::new(BERTH)
+        .args([
+            "controller",
+            "--service-account",
+            "berth-system/berth-controller",
+        ])
+        .args(["--agent-tls-secret", "agent-cert", "--agent-tls-ca"])
+        .arg(not_a_ca.path())
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("holds no PEM certificate (--agent-tls-ca)"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     // Outside a pod, the operator's identity for agents must be given.
     let output = Command::new(BERTH)
         .arg("controller")

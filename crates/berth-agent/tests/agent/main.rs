@@ -5,7 +5,8 @@ use std::{sync::Arc, time::Duration};
 
 use berth_agent::{
     auth::{Authenticator, Mode, Scope},
-    client::{CallError, who_am_i},
+    client::{CallError, ClientTls, who_am_i},
+    server::TlsIdentity,
 };
 use berth_sim::{SimCluster, SimConfig};
 use k8s_openapi::api::{
@@ -70,6 +71,11 @@ impl Setup {
 
     /// Starts an agent running as `account`; returns its address.
     async fn agent(&self, account: &str) -> String {
+        self.agent_with_tls(account, None).await
+    }
+
+    /// [`Setup::agent`], serving TLS with `tls`.
+    async fn agent_with_tls(&self, account: &str, tls: Option<TlsIdentity>) -> String {
         let token = self
             .sim
             .issue_token("default", account, &[], Duration::from_secs(3600))
@@ -87,6 +93,7 @@ impl Setup {
         tokio::spawn(berth_agent::server::serve(
             listener,
             auth,
+            tls,
             std::future::pending(),
         ));
         address
@@ -100,7 +107,7 @@ impl Setup {
 }
 
 async fn refused(address: &str, token: &str) -> (Code, String) {
-    match who_am_i(address, token, Duration::from_secs(5)).await {
+    match who_am_i(address, token, Duration::from_secs(5), None).await {
         Err(CallError::Refused(status)) => (status.code(), status.message().to_owned()),
         other => panic!("expected a refusal, got {other:?}"),
     }
@@ -143,6 +150,7 @@ async fn every_auth_outcome_has_its_code_and_message() {
         &agent,
         &s.token("caller", "berth-agent", hour),
         Duration::from_secs(5),
+        None,
     )
     .await
     .unwrap();
@@ -197,7 +205,7 @@ async fn a_denial_is_forgotten_quickly_so_a_fix_takes_effect() {
     .await;
     // Within the deny cache's lifetime the answer stands; after it, the fix shows.
     tokio::time::sleep(berth_agent::auth::DENY_TTL + Duration::from_millis(200)).await;
-    let allowed = who_am_i(&agent, &token, Duration::from_secs(5))
+    let allowed = who_am_i(&agent, &token, Duration::from_secs(5), None)
         .await
         .unwrap();
     assert_eq!(
@@ -233,10 +241,63 @@ async fn the_health_service_needs_no_token_and_an_absent_agent_is_unreachable() 
         .local_addr()
         .unwrap()
         .to_string();
-    match who_am_i(&closed, "t", Duration::from_secs(2)).await {
+    match who_am_i(&closed, "t", Duration::from_secs(2), None).await {
         Err(CallError::Unreachable { address, .. }) => assert_eq!(address, closed),
         other => panic!("expected unreachable, got {other:?}"),
     }
+}
+
+/// Over TLS the operator trusts an agent whose certificate chains to its CA and names
+/// `berth-agent`; anything else is unreachable, never an answer.
+#[tokio::test]
+async fn over_tls_an_agent_is_trusted_by_its_ca_and_name() {
+    let s = Setup::new().await;
+    let authority = berth_sim::Authority::generate().unwrap();
+    let identity = |names: &[&str]| {
+        let (_, _, cert_pem, key_pem) = authority.issue(names).unwrap();
+        TlsIdentity {
+            cert_pem: cert_pem.into_bytes(),
+            key_pem: key_pem.into_bytes(),
+        }
+    };
+    let agent = s
+        .agent_with_tls("ws", Some(identity(&[berth_agent::TLS_SERVER_NAME])))
+        .await;
+    let token = s.token("caller", "berth-agent", Duration::from_secs(3600));
+    let tls = ClientTls {
+        ca_pem: authority.ca_pem().as_bytes().to_vec(),
+    };
+    let answer = who_am_i(&agent, &token, Duration::from_secs(5), Some(&tls))
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.caller_username,
+        "system:serviceaccount:default:caller"
+    );
+
+    let unreachable = |result: Result<_, CallError>| match result {
+        Err(CallError::Unreachable { message, .. }) => message,
+        other => panic!("expected unreachable, got {other:?}"),
+    };
+    // Plaintext to a TLS agent.
+    unreachable(who_am_i(&agent, &token, Duration::from_secs(5), None).await);
+    // A CA that did not sign it.
+    let other = ClientTls {
+        ca_pem: berth_sim::Authority::generate()
+            .unwrap()
+            .ca_pem()
+            .as_bytes()
+            .to_vec(),
+    };
+    let message = unreachable(who_am_i(&agent, &token, Duration::from_secs(5), Some(&other)).await);
+    assert!(message.contains("certificate"), "{message}");
+    // A certificate for another name.
+    let misnamed = s
+        .agent_with_tls("ws", Some(identity(&["somebody-else"])))
+        .await;
+    let message =
+        unreachable(who_am_i(&misnamed, &token, Duration::from_secs(5), Some(&tls)).await);
+    assert!(message.contains("certificate"), "{message}");
 }
 
 #[tokio::test]
@@ -296,7 +357,7 @@ async fn a_pod_running_the_agent_in_the_sim_answers_at_its_ip() {
     .expect("the agent pod becomes ready through its gRPC probe");
     let address = format!("{ip}:{}", berth_agent::DEFAULT_PORT);
     let token = setup.token("caller", "berth-agent", Duration::from_secs(3600));
-    let answer = who_am_i(&address, &token, Duration::from_secs(5))
+    let answer = who_am_i(&address, &token, Duration::from_secs(5), None)
         .await
         .unwrap();
     assert_eq!(

@@ -361,6 +361,70 @@ async fn an_operator_that_cannot_get_its_token_says_so() {
     h.until_phase("frank", Phase::Running).await;
 }
 
+/// With TLS on, the agent serves the certificate of the namespace's secret and the operator
+/// verifies it against its CA: the workspace runs, and the agent no longer speaks plaintext.
+#[tokio::test]
+async fn over_tls_the_operator_verifies_the_agent_it_calls() {
+    use k8s_openapi::api::core::v1::Secret;
+    let authority = berth_sim::Authority::generate().unwrap();
+    let (_, _, cert_pem, key_pem) = authority.issue(&[berth_agent::TLS_SERVER_NAME]).unwrap();
+    let mut config = test_config();
+    config.agent.tls = Some(berth_controller::config::AgentTls {
+        secret: "berth-agent-tls".into(),
+        ca_pem: authority.ca_pem().as_bytes().to_vec(),
+    });
+    let h = Harness::start_with(sim_config(), config).await;
+    let secrets: Api<Secret> = Api::namespaced(h.client.clone(), "default");
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "berth-agent-tls"},
+                "type": "kubernetes.io/tls",
+                "stringData": {"tls.crt": cert_pem, "tls.key": key_pem}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    h.create(
+        "grace",
+        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
+    )
+    .await;
+    h.create("heidi", json!({"image": "devbox:1"})).await;
+    for name in ["grace", "heidi"] {
+        let ws = h.until_phase(name, Phase::Running).await;
+        let agent = ws.status.unwrap().agent.unwrap();
+        assert_eq!(agent.identity.as_deref(), Some(OPERATOR));
+        // The agent speaks only TLS now.
+        let token = h
+            .sim
+            .issue_token(
+                "berth-system",
+                "berth-controller",
+                &["berth-agent"],
+                Duration::from_secs(600),
+            )
+            .unwrap();
+        let plaintext = berth_agent::client::who_am_i(
+            agent.address.as_deref().unwrap(),
+            &token,
+            Duration::from_secs(5),
+            None,
+        )
+        .await;
+        assert!(
+            matches!(
+                plaintext,
+                Err(berth_agent::client::CallError::Unreachable { .. })
+            ),
+            "{plaintext:?}"
+        );
+    }
+    assert_eq!(agent_checks(&h, "ok"), 2);
+}
+
 /// Something else holds the agent's port in the pod (the probe connects; gRPC fails): the
 /// agent of workspaces named `unreachable` is replaced by a listener that drops connections.
 struct PortSquatter;
