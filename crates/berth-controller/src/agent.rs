@@ -92,7 +92,7 @@ impl AgentChecker {
             _ => 0,
         };
         let tls = pod.is_some_and(crate::pod::serves_agent_tls);
-        let outcome = self.call(&address, tls).await;
+        let outcome = self.call(&address, tls, &key).await;
         let result = match &outcome {
             AgentOutcome::Verified { .. } => "ok".to_owned(),
             AgentOutcome::Failed { reason, .. } => reason.clone(),
@@ -136,7 +136,9 @@ impl AgentChecker {
         self.attempts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn call(&self, address: &str, tls: bool) -> AgentOutcome {
+    /// One WhoAmI; an answer counts only from the agent of `workspace` (namespace, name): a pod
+    /// IP reused by another workspace's pod must not vouch for this one.
+    async fn call(&self, address: &str, tls: bool, workspace: &(String, String)) -> AgentOutcome {
         let client_tls = match (tls, &self.config.tls) {
             (false, _) => None,
             (true, Some(config)) => Some(ClientTls {
@@ -159,6 +161,22 @@ impl AgentChecker {
             }
         };
         match who_am_i(address, &token, self.config.timeout, client_tls.as_ref()).await {
+            Ok(answer)
+                if (&answer.workspace_namespace, &answer.workspace_name)
+                    != (&workspace.0, &workspace.1) =>
+            {
+                AgentOutcome::Failed {
+                    reason: reasons::UNKNOWN.to_owned(),
+                    message: format!(
+                        "the agent at {address} serves workspace {}/{} (pod {}), not {}/{}",
+                        answer.workspace_namespace,
+                        answer.workspace_name,
+                        answer.pod_name,
+                        workspace.0,
+                        workspace.1
+                    ),
+                }
+            }
             Ok(answer) => AgentOutcome::Verified {
                 identity: answer.caller_username,
             },

@@ -425,19 +425,35 @@ async fn over_tls_the_operator_verifies_the_agent_it_calls() {
     assert_eq!(agent_checks(&h, "ok"), 2);
 }
 
-/// Something else holds the agent's port in the pod (the probe connects; gRPC fails): the
-/// agent of workspaces named `unreachable` is replaced by a listener that drops connections.
-struct PortSquatter;
+/// The agent runtime, with two workspaces' agents tampered with: for `unreachable`, something
+/// else holds the agent's port (the probe connects; gRPC fails: a listener that drops
+/// connections); for `impostor`, the agent believes it serves workspace `someone-else` (as a
+/// reused pod IP would make it look).
+struct Tampered;
 
-impl ContainerRuntime for PortSquatter {
-    fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
-        let squat = !context.init
-            && berth_agent::sim_runtime::runs_agent(&context.container)
-            && context.container["env"].as_array().is_some_and(|env| {
-                env.iter()
-                    .any(|e| e["name"] == "BERTH_WORKSPACE_NAME" && e["value"] == "unreachable")
-            });
-        if !squat {
+fn agent_of(context: &ContainerContext, workspace: &str) -> bool {
+    !context.init
+        && berth_agent::sim_runtime::runs_agent(&context.container)
+        && context.container["env"].as_array().is_some_and(|env| {
+            env.iter()
+                .any(|e| e["name"] == "BERTH_WORKSPACE_NAME" && e["value"] == workspace)
+        })
+}
+
+impl ContainerRuntime for Tampered {
+    fn start(&self, mut context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
+        if agent_of(&context, "impostor") {
+            for e in context.container["env"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+            {
+                if e["name"] == "BERTH_WORKSPACE_NAME" {
+                    e["value"] = json!("someone-else");
+                }
+            }
+        }
+        if !agent_of(&context, "unreachable") {
             return berth_agent::sim_runtime::AgentRuntime.start(context);
         }
         Box::pin(async move {
@@ -478,7 +494,7 @@ async fn an_unreachable_agent_is_retried_on_the_backoff_schedule() {
     };
     let h = Harness::start_with(
         SimConfig {
-            runtime: Arc::new(PortSquatter),
+            runtime: Arc::new(Tampered),
             ..sim_config()
         },
         config,
@@ -535,6 +551,42 @@ async fn an_unreachable_agent_is_retried_on_the_backoff_schedule() {
     assert!(
         !events.iter().any(|(reason, _)| reason == "Killing"),
         "{events:?}"
+    );
+}
+
+/// An agent that answers for another workspace does not make this one Ready.
+#[tokio::test]
+async fn an_agent_answering_for_another_workspace_is_not_trusted() {
+    let h = Harness::start_with(
+        SimConfig {
+            runtime: Arc::new(Tampered),
+            ..sim_config()
+        },
+        test_config(),
+    )
+    .await;
+    h.create(
+        "impostor",
+        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
+    )
+    .await;
+    let ws = h
+        .until("impostor", "Ready=False (Unknown)", |ws| {
+            condition(ws, "Ready").is_some_and(|c| c.reason == "Unknown" && c.status == "False")
+        })
+        .await;
+    assert_eq!(phase_of(&ws), Some(Phase::Error));
+    let message = &condition(&ws, "AgentReady").unwrap().message;
+    assert!(
+        message.contains(
+            "serves workspace default/someone-else (pod impostor-ws), not default/impostor"
+        ),
+        "{message}"
+    );
+    assert_eq!(
+        ws.status.unwrap().agent.unwrap().verified_pod_uid,
+        None,
+        "never verified"
     );
 }
 
