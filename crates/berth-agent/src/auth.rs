@@ -13,7 +13,7 @@ use k8s_openapi::api::{authentication::v1::TokenReview, authorization::v1::Subje
 use kube::{Api, api::PostParams};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tonic::{Code, Status};
+use tonic::{Code, Status, metadata::MetadataValue};
 
 /// How long an allowed caller is remembered.
 pub const ALLOW_TTL: Duration = Duration::from_secs(300);
@@ -151,11 +151,17 @@ impl Authenticator {
             .map_err(|e| self.refused(api_refusal("TokenReview", &e, &self.scope)))?;
         let status = reviewed.status.unwrap_or_default();
         if status.authenticated != Some(true) {
-            return Err(Status::unauthenticated(format!(
+            let mut refusal = Status::unauthenticated(format!(
                 "the token is not valid for audience {}: {}",
                 crate::AUDIENCE,
                 status.error.unwrap_or_else(|| "not authenticated".into())
-            )));
+            ));
+            // Tells the caller that a new token may help (it may not, when the review API
+            // itself is refused).
+            refusal
+                .metadata_mut()
+                .insert(crate::TOKEN_REJECTED, MetadataValue::from_static("true"));
+            return Err(refusal);
         }
         let user = status.user.unwrap_or_default();
         let caller = Caller {

@@ -26,6 +26,11 @@ pub struct ClientTls {
     pub ca_pem: Vec<u8>,
 }
 
+/// Whether the agent rejected the token itself (so a new token may be accepted).
+pub fn token_rejected(status: &Status) -> bool {
+    status.metadata().contains_key(crate::TOKEN_REJECTED)
+}
+
 /// Calls `WhoAmI` on the agent at `address` (`host:port`) as the bearer of `token`, over TLS
 /// when `tls` is given.
 pub async fn who_am_i(

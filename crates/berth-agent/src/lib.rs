@@ -19,6 +19,9 @@ pub const AUDIENCE: &str = "berth-agent";
 pub const DEFAULT_PORT: u16 = 50051;
 /// The name an agent's TLS certificate must carry; the operator verifies it, not the pod IP.
 pub const TLS_SERVER_NAME: &str = "berth-agent";
+/// Metadata of an `Unauthenticated` answer when the token itself was rejected (expired, wrong
+/// audience, its service account deleted), so the caller knows a new token may help.
+pub const TOKEN_REJECTED: &str = "berth-token-rejected";
 /// The variables naming the agent's TLS certificate and key files (both, or neither).
 pub const TLS_CERT_ENV: &str = "BERTH_AGENT_TLS_CERT";
 pub const TLS_KEY_ENV: &str = "BERTH_AGENT_TLS_KEY";

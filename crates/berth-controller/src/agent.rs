@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use berth_agent::client::{CallError, ClientTls, who_am_i};
+use berth_agent::client::{CallError, ClientTls, token_rejected, who_am_i};
 use berth_api::{Workspace, condition::reasons};
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
@@ -151,16 +151,30 @@ impl AgentChecker {
                 };
             }
         };
-        let token = match self.token().await {
-            Ok(token) => token,
-            Err(message) => {
-                return AgentOutcome::Failed {
-                    reason: reasons::UNKNOWN.to_owned(),
-                    message,
-                };
+        let mut answer;
+        let mut renewed = false;
+        loop {
+            let (token, fresh) = match self.token().await {
+                Ok(token) => token,
+                Err(message) => {
+                    return AgentOutcome::Failed {
+                        reason: reasons::UNKNOWN.to_owned(),
+                        message,
+                    };
+                }
+            };
+            answer = who_am_i(address, &token, self.config.timeout, client_tls.as_ref()).await;
+            match &answer {
+                // The cached token was rejected (its service account was re-created, say):
+                // get a new one and ask once more.
+                Err(CallError::Refused(status)) if token_rejected(status) && !fresh && !renewed => {
+                    self.forget_token(&token).await;
+                    renewed = true;
+                }
+                _ => break,
             }
-        };
-        match who_am_i(address, &token, self.config.timeout, client_tls.as_ref()).await {
+        }
+        match answer {
             Ok(answer)
                 if (&answer.workspace_namespace, &answer.workspace_name)
                     != (&workspace.0, &workspace.1) =>
@@ -192,11 +206,21 @@ impl AgentChecker {
         }
     }
 
-    /// The operator's token for agents, requested again at 80% of its lifetime.
-    async fn token(&self) -> Result<String, String> {
+    /// Drops the cached token if it is still `token`.
+    async fn forget_token(&self, token: &str) {
+        let mut cached = self.token.lock().await;
+        if cached.as_ref().is_some_and(|c| c.token == token) {
+            info!("an agent rejected the operator's token; requesting a new one");
+            *cached = None;
+        }
+    }
+
+    /// The operator's token for agents, requested again at 80% of its lifetime; and whether it
+    /// was just requested.
+    async fn token(&self) -> Result<(String, bool), String> {
         let mut cached = self.token.lock().await;
         if let Some(token) = cached.as_ref().filter(|t| Instant::now() < t.renew_at) {
-            return Ok(token.token.clone());
+            return Ok((token.token.clone(), false));
         }
         let account = &self.config.service_account;
         let accounts: Api<ServiceAccount> =
@@ -231,7 +255,7 @@ impl AgentChecker {
             renew_at: requested + lifetime.mul_f64(0.8),
         });
         info!(service_account = %account, lifetime = ?lifetime, "requested a token for agents");
-        Ok(status.token)
+        Ok((status.token, true))
     }
 }
 

@@ -110,6 +110,9 @@ pub enum TokenError {
         token: Vec<String>,
         wanted: Vec<String>,
     },
+    /// Its service account was deleted (or deleted and created again, with a new UID).
+    #[error("service account token has been invalidated")]
+    Invalidated,
 }
 
 /// Tokens the sim issued.

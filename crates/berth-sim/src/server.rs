@@ -85,8 +85,7 @@ fn authenticate(sim: &Sim, headers: &HeaderMap) -> ApiResult<Identity> {
     let identity =
         match header_str(headers, "authorization").and_then(|v| v.strip_prefix("Bearer ")) {
             Some(token) => sim
-                .tokens
-                .review(token.trim(), &[API_AUDIENCE.to_owned()])
+                .review_token(token.trim(), &[API_AUDIENCE.to_owned()])
                 .map(|(who, _)| who)
                 .map_err(|_| ApiError::Unauthorized)?,
             None => Identity::anonymous(),
@@ -728,7 +727,7 @@ fn review(
             } else {
                 wanted
             };
-            answer["status"] = match sim.tokens.review(token, &wanted) {
+            answer["status"] = match sim.review_token(token, &wanted) {
                 Ok((who, audiences)) => json!({
                     "authenticated": true,
                     "user": {"username": who.username, "uid": who.uid, "groups": who.groups},

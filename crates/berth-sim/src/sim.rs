@@ -1596,6 +1596,26 @@ impl Sim {
         )
     }
 
+    /// Checks a bearer token for `wanted` audiences, as the API server's authenticator does: a
+    /// service account's token holds only while that very account (same UID) exists.
+    pub fn review_token(
+        &self,
+        token: &str,
+        wanted: &[String],
+    ) -> Result<(Identity, Vec<String>), crate::auth::TokenError> {
+        let (identity, audiences) = self.tokens.review(token, wanted)?;
+        if let Some(account) = identity.username.strip_prefix("system:serviceaccount:")
+            && !identity.uid.is_empty()
+        {
+            let (namespace, name) = account.split_once(':').unwrap_or_default();
+            let current = self.store.get("/serviceaccounts", namespace, name);
+            if current.as_ref().and_then(|sa| meta_str(sa, "uid")) != Some(identity.uid.as_str()) {
+                return Err(crate::auth::TokenError::Invalidated);
+            }
+        }
+        Ok((identity, audiences))
+    }
+
     /// Issues a token for a service account, as TokenRequest does (any lifetime, for tests).
     pub fn issue_token(
         &self,

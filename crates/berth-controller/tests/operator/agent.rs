@@ -321,6 +321,81 @@ async fn an_operator_without_use_on_the_agent_is_permission_denied_and_never_chu
     assert_eq!(pod_uid(&h, "dave").await, uid, "the same pod");
 }
 
+/// A user would see nothing: after the account the operator calls agents as is deleted and
+/// created again (its cached token now invalid), the next workspace still becomes Running: the
+/// agent says the token itself was rejected, the operator requests a new one and asks again.
+#[tokio::test]
+async fn a_rejected_token_is_renewed_at_once() {
+    // A second account for agent calls, so deleting it leaves the operator's API access alone.
+    let caller = "system:serviceaccount:berth-system:agent-caller";
+    let mut config = test_config();
+    config.agent.service_account = "berth-system/agent-caller".parse().unwrap();
+    let h = Harness::start_with(sim_config(), config).await;
+    let rbac = "
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: agent-caller, namespace: berth-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: agent-caller}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: berth-controller}
+subjects: [{kind: ServiceAccount, name: agent-caller, namespace: berth-system}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: agent-caller-tokens, namespace: berth-system}
+rules: [{apiGroups: [''], resources: [serviceaccounts/token], resourceNames: [agent-caller], verbs: [create]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: agent-caller-tokens, namespace: berth-system}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: agent-caller-tokens}
+subjects: [{kind: ServiceAccount, name: berth-controller, namespace: berth-system}]
+";
+    berth_sim::manifests::create_all(&h.client, rbac, "default")
+        .await
+        .unwrap();
+    h.create("ivan", json!({"image": "devbox:1"})).await;
+    let ivan = h.until_phase("ivan", Phase::Running).await;
+    assert_eq!(
+        ivan.status.unwrap().agent.unwrap().identity.as_deref(),
+        Some(caller)
+    );
+
+    let accounts: Api<ServiceAccount> = Api::namespaced(h.client.clone(), "berth-system");
+    accounts
+        .delete("agent-caller", &Default::default())
+        .await
+        .unwrap();
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "agent-caller"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    h.create("judy", json!({"image": "devbox:1"})).await;
+    let judy = h.until_phase("judy", Phase::Running).await;
+    assert_eq!(
+        judy.status.unwrap().agent.unwrap().identity.as_deref(),
+        Some(caller)
+    );
+    let token_requests = h.sim.count_requests(|k| {
+        k.user == OPERATOR
+            && k.verb == "create"
+            && k.resource == "serviceaccounts"
+            && k.subresource == "token"
+    });
+    assert_eq!(token_requests, 2, "one renewal");
+    assert_eq!(
+        agent_checks(&h, "Unauthenticated"),
+        0,
+        "the retry is part of the same check"
+    );
+    assert_eq!(agent_checks(&h, "ok"), 2);
+}
+
 /// A user would see: `Error`, reason `Unknown`, a message naming TokenRequest and the operator's
 /// service account; the agent is never called without a token. Granting it back heals.
 #[tokio::test]

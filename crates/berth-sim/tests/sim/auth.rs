@@ -192,6 +192,27 @@ async fn token_request_and_token_review() {
         .await,
     );
     assert_eq!(code, 404);
+
+    // A token outlives its service account only as garbage: deleted, or deleted and created
+    // again with a new UID, the account's old tokens are invalid.
+    let api_token = sim
+        .issue_token("default", "agent", &[], Duration::from_secs(600))
+        .unwrap();
+    let as_agent = sim.client_with_token(&api_token).await.unwrap();
+    sas.delete("agent", &Default::default()).await.unwrap();
+    service_account(&admin, "default", "agent").await;
+    let review = token_review(&admin, &token, &["berth-agent"])
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(review.authenticated, Some(false));
+    assert_eq!(
+        review.error.as_deref(),
+        Some("[invalid bearer token, service account token has been invalidated]")
+    );
+    let pods: Api<Pod> = Api::namespaced(as_agent, "default");
+    assert_eq!(api_error(pods.list(&ListParams::default()).await).0, 401);
 }
 
 #[tokio::test]
