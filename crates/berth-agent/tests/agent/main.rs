@@ -106,6 +106,14 @@ impl Setup {
     }
 }
 
+/// Whether the refusal says the token itself was rejected (so the caller renews it).
+async fn token_marked_rejected(address: &str, token: &str) -> bool {
+    match who_am_i(address, token, Duration::from_secs(5), None).await {
+        Err(CallError::Refused(status)) => berth_agent::client::token_rejected(&status),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
 async fn refused(address: &str, token: &str) -> (Code, String) {
     match who_am_i(address, token, Duration::from_secs(5), None).await {
         Err(CallError::Refused(status)) => (status.code(), status.message().to_owned()),
@@ -172,6 +180,19 @@ async fn every_auth_outcome_has_its_code_and_message() {
         ("default", "w", "w-ws")
     );
     assert_eq!(allowed.agent_version, env!("CARGO_PKG_VERSION"));
+
+    // Only a token the TokenReview rejected is marked so; a new token cannot help the rest.
+    for token in [
+        "not-a-token".to_owned(),
+        s.token("caller", "berth-agent", Duration::ZERO),
+        s.token("caller", "somebody-else", hour),
+    ] {
+        assert!(token_marked_rejected(&agent, &token).await);
+    }
+    assert!(!token_marked_rejected(&agent, "").await);
+    assert!(!token_marked_rejected(&agent, &s.token("stranger", "berth-agent", hour)).await);
+    let lonely = s.agent("lonely").await;
+    assert!(!token_marked_rejected(&lonely, &s.token("caller", "berth-agent", hour)).await);
 }
 
 #[tokio::test]
