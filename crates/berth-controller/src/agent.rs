@@ -5,9 +5,13 @@
 
 use std::{
     collections::HashMap,
-    sync::Mutex,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
+
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
+use tracing::Instrument;
 
 use berth_agent::client::{CallError, ClientTls, token_rejected, who_am_i};
 use berth_api::{Workspace, condition::reasons};
@@ -15,7 +19,7 @@ use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
     core::v1::{Pod, ServiceAccount},
 };
-use kube::{Api, Client, ResourceExt, api::PostParams};
+use kube::{Api, Client, ResourceExt, api::PostParams, runtime::reflector::ObjectRef};
 use tracing::{info, warn};
 
 use crate::{
@@ -35,105 +39,232 @@ struct CachedToken {
     renew_at: Instant,
 }
 
-/// The last failed check of a workspace's pod, and when to try again.
-struct Attempt {
-    check: AgentCheck,
-    failures: u32,
-    next_at: Instant,
+/// How long a reconcile waits for a WhoAmI before leaving it to finish in the background (and
+/// wake the workspace then): a slow or silent agent never holds a reconcile worker.
+const INLINE_WAIT: Duration = Duration::from_millis(250);
+
+type Key = (String, String);
+
+/// The state of a workspace's agent check.
+enum Attempt {
+    /// A call to the agent of `pod_uid` runs; `done` turns true when its result is stored.
+    InFlight {
+        pod_uid: String,
+        done: watch::Receiver<bool>,
+    },
+    /// The last call's result; a failure is repeated until `next_at`.
+    Done {
+        check: AgentCheck,
+        failures: u32,
+        next_at: Instant,
+        /// Handed to a reconcile already (its event was published then).
+        delivered: bool,
+    },
+}
+
+/// What the background calls share with the reconcile loop.
+struct Shared {
+    client: Client,
+    config: AgentConfig,
+    metrics: Arc<Metrics>,
+    token: tokio::sync::Mutex<Option<CachedToken>>,
+    attempts: Mutex<HashMap<Key, Attempt>>,
+    /// Wakes a workspace whose check finished in the background.
+    wake: UnboundedSender<ObjectRef<Workspace>>,
 }
 
 /// Checks agents for the reconcile loop.
 pub struct AgentChecker {
-    client: Client,
-    config: AgentConfig,
-    token: tokio::sync::Mutex<Option<CachedToken>>,
-    attempts: Mutex<HashMap<(String, String), Attempt>>,
+    shared: Arc<Shared>,
 }
 
 impl AgentChecker {
-    pub fn new(client: Client, config: AgentConfig) -> Self {
-        AgentChecker {
+    /// The checker, and the stream of workspaces to reconcile when a background check ends.
+    pub fn new(
+        client: Client,
+        config: AgentConfig,
+        metrics: Arc<Metrics>,
+    ) -> (Self, UnboundedReceiver<ObjectRef<Workspace>>) {
+        let (wake, woken) = futures::channel::mpsc::unbounded();
+        let shared = Shared {
             client,
             config,
+            metrics,
             token: Default::default(),
             attempts: Default::default(),
-        }
+            wake,
+        };
+        (
+            AgentChecker {
+                shared: Arc::new(shared),
+            },
+            woken,
+        )
     }
 
-    /// The check of the workspace's pod's agent, when it needs one: a fresh call when none was
-    /// made for this pod or the backoff ran out, else the last failure again.
-    pub async fn check(
-        &self,
-        workspace: &Workspace,
-        pod: Option<&Pod>,
-        metrics: &Metrics,
-    ) -> Option<AgentCheck> {
+    /// The check of the workspace's pod's agent, when it needs one: the result of a call, made
+    /// now when none was made for this pod or the backoff ran out; the last failure again while
+    /// the backoff runs; None while a call is still running (the workspace is woken when it
+    /// ends) or when nothing needs checking.
+    pub async fn check(&self, workspace: &Workspace, pod: Option<&Pod>) -> Option<AgentCheck> {
+        let shared = &self.shared;
         let key = (
             workspace.namespace().unwrap_or_default(),
             workspace.name_any(),
         );
-        let Some(address) = state::agent_to_check(workspace, pod, self.config.port) else {
-            self.attempts().remove(&key);
+        let Some(address) = state::agent_to_check(workspace, pod, shared.config.port) else {
+            shared.attempts().remove(&key);
             return None;
         };
         let pod_uid = pod.and_then(|p| p.uid()).unwrap_or_default();
-        let failures = match self.attempts().get(&key) {
-            Some(last) if last.check.pod_uid == pod_uid => {
-                let now = Instant::now();
-                if now < last.next_at {
-                    return Some(AgentCheck {
-                        fresh: false,
-                        retry_in: last.next_at - now,
-                        ..last.check.clone()
-                    });
-                }
-                last.failures
+        let done = match shared.result(&key, &pod_uid) {
+            Lookup::Result(check) => return Some(check),
+            Lookup::Running(done) => done,
+            Lookup::Due { failures } => {
+                let tls = pod.is_some_and(crate::pod::serves_agent_tls);
+                Shared::start(shared, key.clone(), pod_uid.clone(), address, tls, failures)
             }
-            _ => 0,
         };
-        let tls = pod.is_some_and(crate::pod::serves_agent_tls);
-        let outcome = self.call(&address, tls, &key).await;
+        let mut done = done;
+        let _ = tokio::time::timeout(INLINE_WAIT, done.wait_for(|d| *d)).await;
+        match shared.result(&key, &pod_uid) {
+            Lookup::Result(check) => Some(check),
+            Lookup::Running(_) | Lookup::Due { .. } => None,
+        }
+    }
+}
+
+/// What [`Shared::result`] found.
+enum Lookup {
+    Result(AgentCheck),
+    Running(watch::Receiver<bool>),
+    /// A call is due; `failures` so far for this pod.
+    Due {
+        failures: u32,
+    },
+}
+
+impl Shared {
+    fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Attempt>> {
+        self.attempts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The stored state of the check of `pod_uid`'s agent.
+    fn result(&self, key: &Key, pod_uid: &str) -> Lookup {
+        let mut attempts = self.attempts();
+        match attempts.get_mut(key) {
+            Some(Attempt::InFlight { pod_uid: uid, done }) if uid == pod_uid => {
+                Lookup::Running(done.clone())
+            }
+            Some(Attempt::Done {
+                check,
+                failures,
+                next_at,
+                delivered,
+            }) if check.pod_uid == pod_uid => {
+                let now = Instant::now();
+                let verified = matches!(check.outcome, AgentOutcome::Verified { .. });
+                if verified || !*delivered || now < *next_at {
+                    let fresh = !*delivered;
+                    *delivered = true;
+                    Lookup::Result(AgentCheck {
+                        fresh,
+                        retry_in: next_at.saturating_duration_since(now),
+                        ..check.clone()
+                    })
+                } else {
+                    Lookup::Due {
+                        failures: *failures,
+                    }
+                }
+            }
+            _ => Lookup::Due { failures: 0 },
+        }
+    }
+
+    /// Starts a WhoAmI in the background; returns what turns true when its result is stored.
+    fn start(
+        shared: &Arc<Shared>,
+        key: Key,
+        pod_uid: String,
+        address: String,
+        tls: bool,
+        failures: u32,
+    ) -> watch::Receiver<bool> {
+        let (done_tx, done) = watch::channel(false);
+        shared.attempts().insert(
+            key.clone(),
+            Attempt::InFlight {
+                pod_uid: pod_uid.clone(),
+                done: done.clone(),
+            },
+        );
+        let shared = shared.clone();
+        tokio::spawn(
+            async move {
+                let outcome = shared.call(&address, tls, &key).await;
+                shared.finish(key, pod_uid, address, outcome, failures);
+                let _ = done_tx.send(true);
+            }
+            .in_current_span(),
+        );
+        done
+    }
+
+    /// Stores a call's result (unless the workspace moved on meanwhile), counts and logs it,
+    /// and wakes the workspace.
+    fn finish(
+        &self,
+        key: Key,
+        pod_uid: String,
+        address: String,
+        outcome: AgentOutcome,
+        failures: u32,
+    ) {
         let result = match &outcome {
             AgentOutcome::Verified { .. } => "ok".to_owned(),
             AgentOutcome::Failed { reason, .. } => reason.clone(),
         };
-        metrics
+        self.metrics
             .agent_checks
             .get_or_create(&ResultLabel { result })
             .inc();
-        let (workspace_namespace, workspace_name) = &key;
-        let mut check = AgentCheck {
-            pod_uid,
-            address,
-            outcome,
-            fresh: true,
-            retry_in: Duration::ZERO,
-        };
-        match &check.outcome {
+        let (namespace, name) = &key;
+        let (failures, retry_in) = match &outcome {
             AgentOutcome::Verified { identity } => {
-                info!(namespace = %workspace_namespace, workspace = %workspace_name, address = %check.address, %identity, "the agent authenticated the operator");
-                self.attempts().remove(&key);
+                info!(%namespace, workspace = %name, %address, %identity, "the agent authenticated the operator");
+                (0, Duration::ZERO)
             }
             AgentOutcome::Failed { reason, message } => {
                 let failures = failures + 1;
-                check.retry_in =
-                    backoff(failures, self.config.backoff_base, self.config.backoff_max);
-                warn!(namespace = %workspace_namespace, workspace = %workspace_name, address = %check.address, %reason, detail = %message, retry_in = ?check.retry_in, "the agent check failed; the pod is kept");
-                self.attempts().insert(
-                    key,
-                    Attempt {
-                        check: check.clone(),
-                        failures,
-                        next_at: Instant::now() + check.retry_in,
-                    },
-                );
+                let retry_in = backoff(failures, self.config.backoff_base, self.config.backoff_max);
+                warn!(%namespace, workspace = %name, %address, %reason, detail = %message, ?retry_in, "the agent check failed; the pod is kept");
+                (failures, retry_in)
             }
+        };
+        let mut attempts = self.attempts();
+        let still_wanted = matches!(attempts.get(&key), Some(Attempt::InFlight { pod_uid: uid, .. }) if *uid == pod_uid);
+        if still_wanted {
+            attempts.insert(
+                key.clone(),
+                Attempt::Done {
+                    check: AgentCheck {
+                        pod_uid,
+                        address,
+                        outcome,
+                        fresh: true,
+                        retry_in,
+                    },
+                    failures,
+                    next_at: Instant::now() + retry_in,
+                    delivered: false,
+                },
+            );
+            drop(attempts);
+            let _ = self
+                .wake
+                .unbounded_send(ObjectRef::new(name).within(namespace));
         }
-        Some(check)
-    }
-
-    fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Attempt>> {
-        self.attempts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// One WhoAmI; an answer counts only from the agent of `workspace` (namespace, name): a pod

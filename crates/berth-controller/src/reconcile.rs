@@ -207,10 +207,12 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
         controller: config.manager.clone(),
         instance: std::env::var("HOSTNAME").ok(),
     };
+    let (agents, agents_done) =
+        AgentChecker::new(client.clone(), config.agent.clone(), metrics.clone());
     let context = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), reporter),
-        agents: AgentChecker::new(client.clone(), config.agent.clone()),
+        agents,
         config,
         pods: pods.clone(),
         claims,
@@ -252,6 +254,7 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
         .owns_stream(claim_stream)
         .owns_stream(service_stream)
         .watches_stream(event_stream, event_to_workspace)
+        .reconcile_on(agents_done)
         .shutdown_on_signal()
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
@@ -377,10 +380,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         None => vec![],
     };
     let warnings: Vec<&Event> = events.iter().map(|e| e.as_ref()).collect();
-    let agent = ctx
-        .agents
-        .check(&workspace, pod.as_deref(), &ctx.metrics)
-        .await;
+    let agent = ctx.agents.check(&workspace, pod.as_deref()).await;
     let observed = Observed {
         workspace: &workspace,
         pod: pod.as_deref(),

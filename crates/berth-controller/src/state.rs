@@ -931,7 +931,8 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
                         &message,
                     );
                     b.phase(Phase::Starting, message);
-                    return b.finish(Duration::from_secs(1));
+                    // The check runs in the background and wakes the workspace when it ends.
+                    return b.finish(policy.max_requeue);
                 }
             }
         }

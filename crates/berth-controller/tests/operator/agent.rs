@@ -528,7 +528,8 @@ impl ContainerRuntime for Tampered {
                 }
             }
         }
-        if !agent_of(&context, "unreachable") {
+        let hang = agent_of(&context, "hang");
+        if !hang && !agent_of(&context, "unreachable") {
             return berth_agent::sim_runtime::AgentRuntime.start(context);
         }
         Box::pin(async move {
@@ -540,8 +541,12 @@ impl ContainerRuntime for Tampered {
             let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
             tokio::spawn(async move {
                 let accept = async {
+                    let mut held = vec![];
                     while let Ok((connection, _)) = listener.accept().await {
-                        drop(connection);
+                        if hang {
+                            // Accept, then never answer.
+                            held.push(connection);
+                        }
                     }
                 };
                 tokio::select! {
@@ -627,6 +632,51 @@ async fn an_unreachable_agent_is_retried_on_the_backoff_schedule() {
         !events.iter().any(|(reason, _)| reason == "Killing"),
         "{events:?}"
     );
+}
+
+/// A user would see: a workspace whose agent never answers is `Starting` ("checking its
+/// agent") and can be deleted at once: the call runs in the background, never in the way of
+/// the workspace's reconciles (its timeout here is a minute).
+#[tokio::test]
+async fn a_silent_agent_never_blocks_the_workspace() {
+    let mut config = test_config();
+    config.agent.timeout = Duration::from_secs(60);
+    let h = Harness::start_with(
+        SimConfig {
+            runtime: Arc::new(Tampered),
+            ..sim_config()
+        },
+        config,
+    )
+    .await;
+    h.create(
+        "hang",
+        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
+    )
+    .await;
+    let ws = h
+        .until("hang", "the agent check to be under way", |ws| {
+            message_of(ws) == "Pod hang-ws is ready; checking its agent"
+        })
+        .await;
+    let agent_ready = condition(&ws, "AgentReady").unwrap();
+    assert_eq!(
+        (agent_ready.status.as_str(), agent_ready.reason.as_str()),
+        ("Unknown", "Unknown")
+    );
+    h.workspaces()
+        .delete("hang", &Default::default())
+        .await
+        .unwrap();
+    eventually(crate::support::WAIT, "the workspace to be gone", || async {
+        h.workspaces()
+            .get_opt("hang")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
 }
 
 /// An agent that answers for another workspace does not make this one Ready.
