@@ -1,7 +1,8 @@
 //! The operator's side of the handshake with workspace agents (rules C14, C15): a token for
 //! its own service account from the TokenRequest API (audience `berth-agent`), cached until 80%
-//! of its lifetime, and WhoAmI calls to agents, at most one per backoff step per pod. The
-//! decision of what a result means is the pure core's (`state.rs`).
+//! of its lifetime, and WhoAmI calls to agents, at most one per backoff step per pod, each in
+//! its own task so a silent agent never holds a reconcile. The decision of what a result means
+//! is the pure core's (`state.rs`).
 
 use std::{
     collections::HashMap,
@@ -9,18 +10,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
-use tokio::sync::watch;
-use tracing::Instrument;
-
 use berth_agent::client::{CallError, ClientTls, token_rejected, who_am_i};
 use berth_api::{Workspace, condition::reasons};
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
     core::v1::{Pod, ServiceAccount},
 };
 use kube::{Api, Client, ResourceExt, api::PostParams, runtime::reflector::ObjectRef};
-use tracing::{info, warn};
+use tokio::sync::watch;
+use tracing::{Instrument, info, warn};
 
 use crate::{
     config::AgentConfig,
@@ -117,7 +116,7 @@ impl AgentChecker {
             return None;
         };
         let pod_uid = pod.and_then(|p| p.uid()).unwrap_or_default();
-        let done = match shared.result(&key, &pod_uid) {
+        let mut done = match shared.result(&key, &pod_uid) {
             Lookup::Result(check) => return Some(check),
             Lookup::Running(done) => done,
             Lookup::Due { failures } => {
@@ -125,12 +124,19 @@ impl AgentChecker {
                 Shared::start(shared, key.clone(), pod_uid.clone(), address, tls, failures)
             }
         };
-        let mut done = done;
         let _ = tokio::time::timeout(INLINE_WAIT, done.wait_for(|d| *d)).await;
         match shared.result(&key, &pod_uid) {
             Lookup::Result(check) => Some(check),
             Lookup::Running(_) | Lookup::Due { .. } => None,
         }
+    }
+
+    /// Forgets a workspace that is going away (a call still running then stores nothing).
+    pub fn forget(&self, workspace: &Workspace) {
+        self.shared.attempts().remove(&(
+            workspace.namespace().unwrap_or_default(),
+            workspace.name_any(),
+        ));
     }
 }
 

@@ -599,6 +599,7 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
 /// let the finalizer go; owned objects follow by garbage collection.
 async fn cleanup(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
     caches_ready(&ctx).await;
+    ctx.agents.forget(&workspace);
     let namespace = workspace.namespace().unwrap_or_default();
     let pod_name = pod::pod_name(&workspace.name_any());
     let Some(current) = ctx
