@@ -47,9 +47,11 @@ type Key = (String, String);
 /// The state of a workspace's agent check.
 enum Attempt {
     /// A call to the agent of `pod_uid` runs; `done` turns true when its result is stored.
+    /// A retry keeps the failure before it, which still stands meanwhile.
     InFlight {
         pod_uid: String,
         done: watch::Receiver<bool>,
+        previous: Option<AgentCheck>,
     },
     /// The last call's result; a failure is repeated until `next_at`.
     Done {
@@ -118,16 +120,19 @@ impl AgentChecker {
         let pod_uid = pod.and_then(|p| p.uid()).unwrap_or_default();
         let mut done = match shared.result(&key, &pod_uid) {
             Lookup::Result(check) => return Some(check),
-            Lookup::Running(done) => done,
-            Lookup::Due { failures } => {
+            Lookup::Running(done, _) => done,
+            Lookup::Due { failures, previous } => {
                 let tls = pod.is_some_and(crate::pod::serves_agent_tls);
-                Shared::start(shared, key.clone(), pod_uid.clone(), address, tls, failures)
+                let (key, uid) = (key.clone(), pod_uid.clone());
+                Shared::start(shared, key, uid, address, tls, failures, previous)
             }
         };
         let _ = tokio::time::timeout(INLINE_WAIT, done.wait_for(|d| *d)).await;
         match shared.result(&key, &pod_uid) {
             Lookup::Result(check) => Some(check),
-            Lookup::Running(_) | Lookup::Due { .. } => None,
+            // A retry still running: the last failure stands (the status does not flap).
+            Lookup::Running(_, previous) => previous,
+            Lookup::Due { .. } => None,
         }
     }
 
@@ -143,10 +148,12 @@ impl AgentChecker {
 /// What [`Shared::result`] found.
 enum Lookup {
     Result(AgentCheck),
-    Running(watch::Receiver<bool>),
-    /// A call is due; `failures` so far for this pod.
+    /// A call runs; the failure before it, if any, still stands.
+    Running(watch::Receiver<bool>, Option<AgentCheck>),
+    /// A call is due; `failures` so far for this pod, and the last of them.
     Due {
         failures: u32,
+        previous: Option<AgentCheck>,
     },
 }
 
@@ -159,9 +166,19 @@ impl Shared {
     fn result(&self, key: &Key, pod_uid: &str) -> Lookup {
         let mut attempts = self.attempts();
         match attempts.get_mut(key) {
-            Some(Attempt::InFlight { pod_uid: uid, done }) if uid == pod_uid => {
-                Lookup::Running(done.clone())
-            }
+            Some(Attempt::InFlight {
+                pod_uid: uid,
+                done,
+                previous,
+            }) if uid == pod_uid => Lookup::Running(
+                done.clone(),
+                previous.clone().map(|check| AgentCheck {
+                    fresh: false,
+                    // The wake comes when the call ends, within its timeout.
+                    retry_in: self.config.timeout,
+                    ..check
+                }),
+            ),
             Some(Attempt::Done {
                 check,
                 failures,
@@ -181,10 +198,14 @@ impl Shared {
                 } else {
                     Lookup::Due {
                         failures: *failures,
+                        previous: Some(check.clone()),
                     }
                 }
             }
-            _ => Lookup::Due { failures: 0 },
+            _ => Lookup::Due {
+                failures: 0,
+                previous: None,
+            },
         }
     }
 
@@ -196,6 +217,7 @@ impl Shared {
         address: String,
         tls: bool,
         failures: u32,
+        previous: Option<AgentCheck>,
     ) -> watch::Receiver<bool> {
         let (done_tx, done) = watch::channel(false);
         shared.attempts().insert(
@@ -203,6 +225,7 @@ impl Shared {
             Attempt::InFlight {
                 pod_uid: pod_uid.clone(),
                 done: done.clone(),
+                previous,
             },
         );
         let shared = shared.clone();

@@ -529,7 +529,8 @@ impl ContainerRuntime for Tampered {
             }
         }
         let hang = agent_of(&context, "hang");
-        if !hang && !agent_of(&context, "unreachable") {
+        let slow = agent_of(&context, "slow");
+        if !hang && !slow && !agent_of(&context, "unreachable") {
             return berth_agent::sim_runtime::AgentRuntime.start(context);
         }
         Box::pin(async move {
@@ -546,6 +547,12 @@ impl ContainerRuntime for Tampered {
                         if hang {
                             // Accept, then never answer.
                             held.push(connection);
+                        } else if slow {
+                            // Drop the connection after a while.
+                            tokio::spawn(async move {
+                                tokio::time::sleep(Duration::from_millis(400)).await;
+                                drop(connection);
+                            });
                         }
                     }
                 };
@@ -619,7 +626,7 @@ async fn an_unreachable_agent_is_retried_on_the_backoff_schedule() {
     for (failures, gap) in &gaps {
         let scheduled = base * (1 << (failures - 1));
         assert!(
-            *gap + Duration::from_millis(60) >= scheduled,
+            *gap + Duration::from_millis(100) >= scheduled,
             "attempt {} came {gap:?} after the one before; the backoff says {scheduled:?} (all: {gaps:?})",
             failures + 1
         );
@@ -677,6 +684,40 @@ async fn a_silent_agent_never_blocks_the_workspace() {
             .then_some(())
     })
     .await;
+}
+
+/// A user would see the failure stand while each retry runs: an agent that takes 400 ms to
+/// fail keeps the workspace `Error` (AgentUnreachable) throughout, never back to `Starting`.
+#[tokio::test]
+async fn a_slow_failing_agent_keeps_its_failure_shown_while_retrying() {
+    let h = Harness::start_with(
+        SimConfig {
+            runtime: Arc::new(Tampered),
+            ..sim_config()
+        },
+        test_config(),
+    )
+    .await;
+    h.create(
+        "slow",
+        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
+    )
+    .await;
+    h.until("slow", "Ready=False (AgentUnreachable)", |ws| {
+        condition(ws, "Ready").is_some_and(|c| c.reason == "AgentUnreachable")
+    })
+    .await;
+    let attempts = agent_checks(&h, "AgentUnreachable");
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < until {
+        let ws = h.workspaces().get("slow").await.unwrap();
+        assert_eq!(phase_of(&ws), Some(Phase::Error), "{}", message_of(&ws));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        agent_checks(&h, "AgentUnreachable") >= attempts + 2,
+        "retries ran meanwhile"
+    );
 }
 
 /// An agent that answers for another workspace does not make this one Ready.
