@@ -240,10 +240,19 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
 
     let ready_metrics = metrics.clone();
     let ready_pods = pods.clone();
+    let served: Api<Workspace> = api(&client, ns);
     tokio::spawn(async move {
-        // Ready once the caches have their first lists. (The Controller's own Workspace store
-        // does not report readiness, so the CRD being served is not checked here.)
+        // Ready once the caches have their first lists and Workspaces can be listed (the CRD
+        // is served). The Controller's own Workspace store does not signal readiness when its
+        // first list failed, so the API is asked directly, once a second until it answers.
         let _ = ready_pods.wait_until_ready().await;
+        while served
+            .list_metadata(&kube::api::ListParams::default().limit(1))
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
         ready_metrics
             .ready
             .store(true, std::sync::atomic::Ordering::Relaxed);

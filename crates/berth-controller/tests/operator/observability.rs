@@ -10,6 +10,39 @@ use serde_json::json;
 
 use crate::support::{Harness, OPERATOR, eventually, test_config};
 
+/// `/readyz` says ready only once the Workspace CRD is served and listed, not merely when the
+/// other caches are.
+#[tokio::test]
+async fn not_ready_until_the_crd_is_served() {
+    use std::sync::atomic::Ordering;
+    let sim = berth_sim::SimCluster::start(berth_sim::SimConfig::api_only())
+        .await
+        .unwrap();
+    let client = sim.client().await.unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let operator = tokio::spawn(berth_controller::run_with_metrics(
+        client.clone(),
+        test_config(),
+        metrics.clone(),
+    ));
+    // The pod, claim, service and event caches list at once; the Workspace one cannot.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!metrics.ready.load(Ordering::Relaxed));
+    let crds: kube::Api<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    > = kube::Api::all(client);
+    crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(15),
+        "ready once the CRD is served",
+        || async { metrics.ready.load(Ordering::Relaxed).then_some(()) },
+    )
+    .await;
+    operator.abort();
+}
+
 #[tokio::test]
 async fn metrics_count_reconciles_writes_and_phases_and_are_served() {
     let metrics = Arc::new(Metrics::default());
