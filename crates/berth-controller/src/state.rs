@@ -88,7 +88,11 @@ pub fn agent_to_check(workspace: &Workspace, pod: Option<&Pod>, port: u16) -> Op
         && current
         && pod_is_ready(pod)
         && verified != pod.metadata.uid.as_deref())
-    .then(|| format!("{ip}:{port}"))
+    .then(|| match ip.parse::<std::net::IpAddr>() {
+        // `[fd00::1]:50051` for IPv6 pods.
+        Ok(ip) => std::net::SocketAddr::new(ip, port).to_string(),
+        Err(_) => format!("{ip}:{port}"),
+    })
 }
 
 /// Running, with its Ready condition true.

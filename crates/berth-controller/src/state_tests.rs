@@ -190,6 +190,19 @@ fn running_when_the_pod_is_ready_and_its_agent_authenticated_the_operator() {
 }
 
 #[test]
+fn an_ipv6_pod_is_called_at_a_bracketed_address() {
+    let ws = workspace(json!({"image": "x:1"}), started(10));
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Running", "podIP": "fd00:10:244::7", "conditions": [scheduled(), {"type": "Ready", "status": "True"}]}),
+    );
+    assert_eq!(
+        agent_to_check(&ws, Some(&pod), 50051).as_deref(),
+        Some("[fd00:10:244::7]:50051")
+    );
+}
+
+#[test]
 fn a_ready_pod_waits_for_its_agent_check() {
     let ws = workspace(json!({"image": "x:1"}), started(10));
     let pod = ready_pod(&ws);
