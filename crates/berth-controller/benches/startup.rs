@@ -1,6 +1,8 @@
-//! Figures for the operator, printed as a table (run: `cargo bench -p berth-controller`):
-//! API writes per workspace start, and the time from the sim's FailedMount event to the
-//! workspace status carrying it (median and p99) over 100 workspaces.
+//! Figures for the operator, printed as a table (run: `cargo bench -p berth-controller`;
+//! `BERTH_BENCH_WORKSPACES=1000` for the scale run): the time until every workspace runs
+//! (agents verified), API writes per workspace start, the process's peak memory (sim, operator
+//! and agents together), and the time from the sim's FailedMount event to the workspace status
+//! carrying it (median and p99). 100 workspaces by default.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -22,11 +24,33 @@ mod support;
 
 use support::{Harness, OPERATOR};
 
-const WORKSPACES: usize = 100;
+/// How many workspaces each run starts.
+fn workspace_count() -> usize {
+    std::env::var("BERTH_BENCH_WORKSPACES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100)
+}
 
-/// The operator with its production defaults on the sim's fast profile.
+/// The operator with its production defaults on the sim's fast profile, with a node per 50
+/// workspaces (and at least 3).
 async fn harness() -> Harness {
-    Harness::start_with(support::sim_config(), berth_controller::Config::default()).await
+    let sim = berth_sim::SimConfig {
+        nodes: berth_sim::NodeConfig::several((workspace_count() / 50).max(3)),
+        ..support::sim_config()
+    };
+    Harness::start_with(sim, berth_controller::Config::default()).await
+}
+
+/// The peak resident memory of this process, from `/proc/self/status`.
+fn peak_rss() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:").map(|v| v.trim().to_owned()))
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -35,7 +59,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 async fn create_all(client: &kube::Client, spec: serde_json::Value) {
     let api: Api<Workspace> = Api::namespaced(client.clone(), "default");
-    for i in 0..WORKSPACES {
+    for i in 0..workspace_count() {
         let body = json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": format!("w{i:03}")}, "spec": spec});
         api.create(
             &PostParams::default(),
@@ -46,8 +70,9 @@ async fn create_all(client: &kube::Client, spec: serde_json::Value) {
     }
 }
 
-async fn writes_per_start() -> (f64, Vec<(String, u64)>) {
+async fn writes_per_start() -> (Duration, f64, Vec<(String, u64)>) {
     let h = harness().await;
+    let started = Instant::now();
     let (sim, client) = (&h.sim, h.client.clone());
     create_all(&client, json!({"image": "devbox:1", "ports": [{"name": "http", "port": 80}], "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"}}}})).await;
     let api: Api<Workspace> = Api::namespaced(client.clone(), "default");
@@ -60,11 +85,12 @@ async fn writes_per_start() -> (f64, Vec<(String, u64)>) {
             .iter()
             .filter(|w| w.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
             .count();
-        if running == WORKSPACES {
+        if running == workspace_count() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let all_running = started.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut by_kind: HashMap<String, u64> = HashMap::new();
     let mut conflicts = 0;
@@ -100,7 +126,7 @@ async fn writes_per_start() -> (f64, Vec<(String, u64)>) {
         .sum();
     let mut rows: Vec<(String, u64)> = by_kind.into_iter().collect();
     rows.sort();
-    (total as f64 / WORKSPACES as f64, rows)
+    (all_running, total as f64 / workspace_count() as f64, rows)
 }
 
 async fn failed_mount_latency() -> Vec<Duration> {
@@ -121,7 +147,7 @@ async fn failed_mount_latency() -> Vec<Duration> {
     let mut first_event: HashMap<String, Instant> = HashMap::new();
     let mut explained: HashMap<String, Instant> = HashMap::new();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while explained.len() < WORKSPACES && Instant::now() < deadline {
+    while explained.len() < workspace_count() && Instant::now() < deadline {
         tokio::select! {
             Some(Ok(event)) = event_stream.next() => {
                 let pod = event.involved_object.name.unwrap_or_default();
@@ -150,9 +176,11 @@ async fn failed_mount_latency() -> Vec<Duration> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let (per_start, rows) = writes_per_start().await;
+    let n = workspace_count();
+    let (all_running, per_start, rows) = writes_per_start().await;
+    println!("{n} workspaces created to all Running (agents verified): {all_running:?}");
     println!(
-        "API writes per workspace start ({WORKSPACES} workspaces, home claim and service each): {per_start:.2}"
+        "API writes per workspace start ({n} workspaces, home claim and service each): {per_start:.2}"
     );
     for (what, count) in rows {
         println!("  {what:<40} {count}");
@@ -168,5 +196,9 @@ async fn main() {
         percentile(&latencies, 0.5),
         percentile(&latencies, 0.99),
         latencies.last().unwrap()
+    );
+    println!(
+        "peak resident memory of the process (sim, operator, agents): {}",
+        peak_rss()
     );
 }
