@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod config;
 pub mod error;
+pub mod event_index;
 pub mod metrics;
 pub mod pod;
 pub mod reconcile;

@@ -6,7 +6,7 @@
 use std::{collections::HashMap, sync::Arc, time::Instant};
 
 use berth_api::{Workspace, WorkspaceStatus, labels};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Service};
 use kube::{
@@ -28,6 +28,7 @@ use crate::{
     Error, Result,
     agent::AgentChecker,
     config::Config,
+    event_index::EventIndex,
     metrics::{Metrics, PhaseLabel, ReasonLabel},
     pod,
     state::{self, Action, Observed},
@@ -41,6 +42,8 @@ pub struct Context {
     pub claims: Store<PersistentVolumeClaim>,
     pub services: Store<Service>,
     pub events: Store<Event>,
+    /// The events in `events` by the UID of their pod.
+    pub event_index: Arc<EventIndex>,
     pub workspaces: Store<Workspace>,
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
@@ -192,11 +195,14 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
     .modify(|s| s.managed_fields_mut().clear())
     .touched_objects();
     let (events, events_writer) = reflector::store::<Event>();
+    let event_index = Arc::new(EventIndex::default());
+    let indexed = event_index.clone();
     let warning_events = watcher::Config::default().fields("involvedObject.kind=Pod,type=Warning");
     let event_stream = reflector(
         events_writer,
         watcher(api::<Event>(&client, ns), warning_events).default_backoff(),
     )
+    .inspect_ok(move |change| indexed.apply(change))
     .modify(|e| e.managed_fields_mut().clear())
     .touched_objects();
 
@@ -218,6 +224,7 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
         claims,
         services,
         events,
+        event_index,
         workspaces: workspace_store,
         metrics: metrics.clone(),
         failures: Default::default(),
@@ -381,10 +388,10 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     let pod_uid = pod.as_ref().and_then(|p| p.uid());
     let events: Vec<Arc<Event>> = match &pod_uid {
         Some(uid) => ctx
-            .events
-            .state()
-            .into_iter()
-            .filter(|e| e.involved_object.uid.as_deref() == Some(uid.as_str()))
+            .event_index
+            .about(uid)
+            .iter()
+            .filter_map(|reference| ctx.events.get(reference))
             .collect(),
         None => vec![],
     };
