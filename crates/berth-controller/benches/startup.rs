@@ -70,10 +70,49 @@ async fn create_all(client: &kube::Client, spec: serde_json::Value) {
     }
 }
 
-async fn writes_per_start() -> (Duration, f64, Vec<(String, u64)>) {
-    let h = harness().await;
+/// What a restart of the operator over running workspaces costs.
+struct Resync {
+    /// Until `/readyz` would answer 200.
+    ready: Duration,
+    /// Writes in the first 10 s after the restart (goal: 0).
+    writes: u64,
+    /// WhoAmI calls in those 10 s (goal: 0, each pod's agent is verified once).
+    agent_calls: u64,
+}
+
+fn agent_calls(h: &Harness) -> u64 {
+    h.metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("berth_agent_checks_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+async fn resync(h: &mut Harness) -> Resync {
+    use std::sync::atomic::Ordering;
+    h.stop_operator().await;
+    h.sim.reset_requests();
+    h.metrics.ready.store(false, Ordering::Relaxed);
+    let calls_before = agent_calls(h);
+    let restarted = Instant::now();
+    h.start_operator();
+    while !h.metrics.ready.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ready = restarted.elapsed();
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(ready)).await;
+    Resync {
+        ready,
+        writes: h.operator_requests(&["create", "update", "patch", "delete"]),
+        agent_calls: agent_calls(h) - calls_before,
+    }
+}
+
+async fn writes_per_start() -> (Duration, f64, Vec<(String, u64)>, Resync) {
+    let mut h = harness().await;
     let started = Instant::now();
-    let (sim, client) = (&h.sim, h.client.clone());
+    let client = h.client.clone();
     create_all(&client, json!({"image": "devbox:1", "ports": [{"name": "http", "port": 80}], "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"}}}})).await;
     let api: Api<Workspace> = Api::namespaced(client.clone(), "default");
     loop {
@@ -88,13 +127,14 @@ async fn writes_per_start() -> (Duration, f64, Vec<(String, u64)>) {
         if running == workspace_count() {
             break;
         }
+
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let all_running = started.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut by_kind: HashMap<String, u64> = HashMap::new();
     let mut conflicts = 0;
-    for row in sim.requests().into_iter().filter(|r| {
+    for row in h.sim.requests().into_iter().filter(|r| {
         r.key.user == OPERATOR
             && matches!(
                 r.key.verb.as_str(),
@@ -126,7 +166,13 @@ async fn writes_per_start() -> (Duration, f64, Vec<(String, u64)>) {
         .sum();
     let mut rows: Vec<(String, u64)> = by_kind.into_iter().collect();
     rows.sort();
-    (all_running, total as f64 / workspace_count() as f64, rows)
+    let resync = resync(&mut h).await;
+    (
+        all_running,
+        total as f64 / workspace_count() as f64,
+        rows,
+        resync,
+    )
 }
 
 async fn failed_mount_latency() -> Vec<Duration> {
@@ -177,7 +223,7 @@ async fn failed_mount_latency() -> Vec<Duration> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let n = workspace_count();
-    let (all_running, per_start, rows) = writes_per_start().await;
+    let (all_running, per_start, rows, resync) = writes_per_start().await;
     println!("{n} workspaces created to all Running (agents verified): {all_running:?}");
     println!(
         "API writes per workspace start ({n} workspaces, home claim and service each): {per_start:.2}"
@@ -185,6 +231,10 @@ async fn main() {
     for (what, count) in rows {
         println!("  {what:<40} {count}");
     }
+    println!(
+        "operator restarted over {n} running workspaces: ready after {:?}; in its first 10 s {} writes, {} agent calls",
+        resync.ready, resync.writes, resync.agent_calls
+    );
     let latencies = failed_mount_latency().await;
     if latencies.is_empty() {
         println!("FailedMount -> status: no samples");

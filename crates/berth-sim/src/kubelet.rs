@@ -1011,9 +1011,17 @@ impl Worker {
     /// Running: restarts exited containers with backoff, re-probes readiness, until deletion.
     async fn supervise(&mut self) {
         let mut attempts: HashMap<String, u32> = HashMap::new();
-        let mut probe_tick = tokio::time::interval(
-            Duration::from_millis(200).max(self.sim.config.timings.readiness),
-        );
+        // Readiness probes run every `periodSeconds` (10 by default), as a real kubelet's do;
+        // containers without a probe change readiness only when they start or exit.
+        let period = self
+            .containers(false)
+            .iter()
+            .map(|c| &c["readinessProbe"])
+            .filter(|p| p.is_object())
+            .map(|p| Duration::from_secs(p["periodSeconds"].as_u64().unwrap_or(10).max(1)))
+            .min()
+            .unwrap_or(Duration::from_secs(10));
+        let mut probe_tick = tokio::time::interval(period.max(self.sim.config.timings.readiness));
         loop {
             if self.deleting() {
                 return;

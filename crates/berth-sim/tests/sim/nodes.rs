@@ -354,6 +354,18 @@ async fn taints_repel_pods_that_do_not_tolerate_them() {
 /// pod IP at their first port, answering `hello from <pod>`.
 struct TestRuntime;
 
+/// Connections each pod's server accepted, by pod name.
+static ACCEPTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn accepted(pod: &str) -> usize {
+    ACCEPTED
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|p| *p == pod)
+        .count()
+}
+
 impl ContainerRuntime for TestRuntime {
     fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
         Box::pin(async move {
@@ -374,12 +386,14 @@ impl ContainerRuntime for TestRuntime {
                 .await
                 .map_err(|e| e.to_string())?;
             let greeting = format!("hello from {}\n", context.pod_name);
+            let pod = context.pod_name.clone();
             tokio::spawn(async move {
                 let serve = async {
                     loop {
                         let Ok((mut socket, _)) = listener.accept().await else {
                             return;
                         };
+                        ACCEPTED.lock().unwrap().push(pod.clone());
                         let _ = socket.write_all(greeting.as_bytes()).await;
                     }
                 };
@@ -389,6 +403,31 @@ impl ContainerRuntime for TestRuntime {
             Ok(RunningContainer { exited, stop })
         })
     }
+}
+
+/// A running pod's readiness probe runs every `periodSeconds`, as a real kubelet's does (not
+/// on the sim's own clock).
+#[tokio::test]
+async fn readiness_probes_run_every_period() {
+    let config = SimConfig {
+        runtime: Arc::new(TestRuntime),
+        ..SimConfig::fast()
+    };
+    let sim = cluster_with(config).await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let probed = json!({"containers": [{"name": "web", "image": "nginx:1.27", "ports": [{"containerPort": 8080}],
+        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}]});
+    pods.create(&PostParams::default(), &pod_with("probed", probed))
+        .await
+        .unwrap();
+    phase_of(&pods, "probed", "Running").await;
+    let before = accepted("probed");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let probes = accepted("probed") - before;
+    assert!(
+        (2..=5).contains(&probes),
+        "{probes} probes in 3 s with periodSeconds 1"
+    );
 }
 
 #[tokio::test]
