@@ -299,57 +299,50 @@ impl Shared {
     /// One WhoAmI; an answer counts only from the agent of `workspace` (namespace, name): a pod
     /// IP reused by another workspace's pod must not vouch for this one.
     async fn call(&self, address: &str, tls: bool, workspace: &(String, String)) -> AgentOutcome {
+        let unknown = |message: String| AgentOutcome::Failed {
+            reason: reasons::UNKNOWN.to_owned(),
+            message,
+        };
         let client_tls = match (tls, &self.config.tls) {
             (false, _) => None,
             (true, Some(config)) => Some(ClientTls {
                 ca_pem: config.ca_pem.clone(),
             }),
             (true, None) => {
-                return AgentOutcome::Failed {
-                    reason: reasons::UNKNOWN.to_owned(),
-                    message: "the agent serves TLS but the operator has no CA to verify it (--agent-tls-ca); the pod was made when TLS was on".to_owned(),
-                };
+                return unknown("the agent serves TLS but the operator has no CA to verify it (--agent-tls-ca); the pod was made when TLS was on".to_owned());
             }
         };
-        let mut answer;
-        let mut renewed = false;
-        loop {
-            let (token, fresh) = match self.token().await {
-                Ok(token) => token,
-                Err(message) => {
-                    return AgentOutcome::Failed {
-                        reason: reasons::UNKNOWN.to_owned(),
-                        message,
-                    };
-                }
+        let call = |token: String| {
+            let client_tls = client_tls.clone();
+            async move { who_am_i(address, &token, self.config.timeout, client_tls.as_ref()).await }
+        };
+        let (token, fresh) = match self.token().await {
+            Ok(token) => token,
+            Err(message) => return unknown(message),
+        };
+        let mut answer = call(token.clone()).await;
+        // A cached token the agent rejected (its service account was re-created, say): get a
+        // new one and ask once more.
+        if !fresh && matches!(&answer, Err(CallError::Refused(s)) if token_rejected(s)) {
+            self.forget_token(&token).await;
+            answer = match self.token().await {
+                Ok((renewed, _)) => call(renewed).await,
+                Err(message) => return unknown(message),
             };
-            answer = who_am_i(address, &token, self.config.timeout, client_tls.as_ref()).await;
-            match &answer {
-                // The cached token was rejected (its service account was re-created, say):
-                // get a new one and ask once more.
-                Err(CallError::Refused(status)) if token_rejected(status) && !fresh && !renewed => {
-                    self.forget_token(&token).await;
-                    renewed = true;
-                }
-                _ => break,
-            }
         }
         match answer {
             Ok(answer)
                 if (&answer.workspace_namespace, &answer.workspace_name)
                     != (&workspace.0, &workspace.1) =>
             {
-                AgentOutcome::Failed {
-                    reason: reasons::UNKNOWN.to_owned(),
-                    message: format!(
-                        "the agent at {address} serves workspace {}/{} (pod {}), not {}/{}",
-                        answer.workspace_namespace,
-                        answer.workspace_name,
-                        answer.pod_name,
-                        workspace.0,
-                        workspace.1
-                    ),
-                }
+                unknown(format!(
+                    "the agent at {address} serves workspace {}/{} (pod {}), not {}/{}",
+                    answer.workspace_namespace,
+                    answer.workspace_name,
+                    answer.pod_name,
+                    workspace.0,
+                    workspace.1
+                ))
             }
             Ok(answer) => AgentOutcome::Verified {
                 identity: answer.caller_username,

@@ -8,6 +8,7 @@ pub mod error;
 pub mod event_index;
 pub mod metrics;
 pub mod pod;
+pub mod rbac;
 pub mod reconcile;
 pub mod rejection;
 pub mod state;

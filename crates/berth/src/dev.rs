@@ -10,7 +10,7 @@ use std::{
 };
 
 use berth_api::Workspace;
-use berth_controller::{Config, config::AgentConfig};
+use berth_controller::{Config, config::AgentConfig, rbac};
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
@@ -35,11 +35,6 @@ pub struct DevArgs {
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
 }
-
-/// The RBAC of `deploy/rbac/`: `berth dev` runs the operator with exactly what the README
-/// documents.
-const OPERATOR_RBAC: &str = include_str!("../../../deploy/rbac/berth-controller.yaml");
-const WORKSPACE_RBAC: &str = include_str!("../../../deploy/rbac/workspace-service-account.yaml");
 
 /// Creates every object of every manifest in `folder`, in file order.
 async fn apply_examples(client: &Client, folder: &PathBuf) -> Result<Vec<String>, String> {
@@ -113,7 +108,7 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
 
     // The operator runs as its own service account with the RBAC of deploy/rbac/, as the
     // chart installs it; the `default` service account may delegate auth for its agents.
-    for manifest in [OPERATOR_RBAC, WORKSPACE_RBAC] {
+    for manifest in [rbac::OPERATOR, rbac::WORKSPACE_SERVICE_ACCOUNT] {
         berth_sim::manifests::create_all(&client, manifest, "default")
             .await
             .map_err(|e| format!("cannot create the RBAC of deploy/rbac: {e}"))?;

@@ -77,6 +77,18 @@ fn the_agent_exits_with_its_commands_code() {
     assert_eq!(status.code(), Some(0));
 }
 
+/// `--auth none` lets everyone in, so it says so at start.
+#[test]
+fn auth_mode_none_warns_at_start() {
+    let output = agent("true").output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("auth mode none: every caller is allowed; use it for local debugging only"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("WARN"), "{stderr}");
+}
+
 #[test]
 fn sigterm_reaches_the_supervised_command() {
     let dir = tempfile::tempdir().unwrap();

@@ -47,6 +47,11 @@ fn assert_logs_without_tokens(h: &Harness, expected: &[&[&str]]) {
     }
 }
 
+/// A workspace whose command the agent wraps.
+fn wrapped() -> serde_json::Value {
+    json!({"image": "devbox:1", "command": ["sleep", "infinity"]})
+}
+
 fn pods(h: &Harness) -> Api<Pod> {
     Api::namespaced(h.client.clone(), "default")
 }
@@ -212,11 +217,7 @@ async fn a_workspace_account_without_auth_delegator_is_explained_and_never_churn
             json!({"image": "devbox:1", "command": ["sleep", "infinity"], "serviceAccountName": "no-delegator"}),
         )
         .await;
-    let ws = h
-        .until("carol", "Ready=False (Unauthenticated)", |ws| {
-            condition(ws, "Ready").is_some_and(|c| c.reason == "Unauthenticated")
-        })
-        .await;
+    let ws = h.until_not_ready("carol", "Unauthenticated").await;
     let ready = condition(&ws, "Ready").unwrap();
     assert_eq!(ready.status, "False");
     assert!(
@@ -290,16 +291,8 @@ async fn an_operator_without_use_on_the_agent_is_permission_denied_and_never_chu
         .await
         .unwrap();
 
-    h.create(
-        "dave",
-        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
-    )
-    .await;
-    let ws = h
-        .until("dave", "Ready=False (PermissionDenied)", |ws| {
-            condition(ws, "Ready").is_some_and(|c| c.reason == "PermissionDenied")
-        })
-        .await;
+    h.create("dave", wrapped()).await;
+    let ws = h.until_not_ready("dave", "PermissionDenied").await;
     let ready = condition(&ws, "Ready").unwrap();
     assert!(
         ready.message.contains(&format!(
@@ -416,11 +409,7 @@ async fn an_operator_that_cannot_get_its_token_says_so() {
         .await
         .unwrap();
     h.create("frank", json!({"image": "devbox:1"})).await;
-    let ws = h
-        .until("frank", "Ready=False (Unknown)", |ws| {
-            condition(ws, "Ready").is_some_and(|c| c.reason == "Unknown" && c.status == "False")
-        })
-        .await;
+    let ws = h.until_not_ready("frank", "Unknown").await;
     assert_eq!(phase_of(&ws), Some(Phase::Error));
     let message = message_of(&ws);
     assert!(
@@ -462,11 +451,7 @@ async fn over_tls_the_operator_verifies_the_agent_it_calls() {
         )
         .await
         .unwrap();
-    h.create(
-        "grace",
-        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
-    )
-    .await;
+    h.create("grace", wrapped()).await;
     h.create("heidi", json!({"image": "devbox:1"})).await;
     for name in ["grace", "heidi"] {
         let ws = h.until_phase(name, Phase::Running).await;
@@ -500,10 +485,23 @@ async fn over_tls_the_operator_verifies_the_agent_it_calls() {
     assert_eq!(agent_checks(&h, "ok"), 2);
 }
 
-/// The agent runtime, with two workspaces' agents tampered with: for `unreachable`, something
-/// else holds the agent's port (the probe connects; gRPC fails: a listener that drops
-/// connections); for `impostor`, the agent believes it serves workspace `someone-else` (as a
-/// reused pod IP would make it look).
+/// A harness whose pods run the [`Tampered`] agents.
+async fn tampered(config: berth_controller::Config) -> Harness {
+    Harness::start_with(
+        SimConfig {
+            runtime: Arc::new(Tampered),
+            ..sim_config()
+        },
+        config,
+    )
+    .await
+}
+
+/// The agent runtime, with some workspaces' agents tampered with. For `unreachable`, `hang`
+/// and `slow`, something else holds the agent's port (the probe connects; gRPC fails): a
+/// listener that drops connections at once, never answers, or drops them after 400 ms. For
+/// `impostor`, the agent believes it serves workspace `someone-else` (as a reused pod IP would
+/// make it look).
 struct Tampered;
 
 fn agent_of(context: &ContainerContext, workspace: &str) -> bool {
@@ -579,24 +577,9 @@ async fn an_unreachable_agent_is_retried_on_the_backoff_schedule() {
         timeout: Duration::from_secs(2),
         ..AgentConfig::default()
     };
-    let h = Harness::start_with(
-        SimConfig {
-            runtime: Arc::new(Tampered),
-            ..sim_config()
-        },
-        config,
-    )
-    .await;
-    h.create(
-        "unreachable",
-        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
-    )
-    .await;
-    let ws = h
-        .until("unreachable", "Ready=False (AgentUnreachable)", |ws| {
-            condition(ws, "Ready").is_some_and(|c| c.reason == "AgentUnreachable")
-        })
-        .await;
+    let h = tampered(config).await;
+    h.create("unreachable", wrapped()).await;
+    let ws = h.until_not_ready("unreachable", "AgentUnreachable").await;
     assert_eq!(phase_of(&ws), Some(Phase::Error));
     assert!(
         message_of(&ws).contains("cannot be reached (AgentUnreachable)"),
@@ -648,19 +631,8 @@ async fn an_unreachable_agent_is_retried_on_the_backoff_schedule() {
 async fn a_silent_agent_never_blocks_the_workspace() {
     let mut config = test_config();
     config.agent.timeout = Duration::from_secs(60);
-    let h = Harness::start_with(
-        SimConfig {
-            runtime: Arc::new(Tampered),
-            ..sim_config()
-        },
-        config,
-    )
-    .await;
-    h.create(
-        "hang",
-        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
-    )
-    .await;
+    let h = tampered(config).await;
+    h.create("hang", wrapped()).await;
     let ws = h
         .until("hang", "the agent check to be under way", |ws| {
             message_of(ws) == "Pod hang-ws is ready; checking its agent"
@@ -690,23 +662,9 @@ async fn a_silent_agent_never_blocks_the_workspace() {
 /// fail keeps the workspace `Error` (AgentUnreachable) throughout, never back to `Starting`.
 #[tokio::test]
 async fn a_slow_failing_agent_keeps_its_failure_shown_while_retrying() {
-    let h = Harness::start_with(
-        SimConfig {
-            runtime: Arc::new(Tampered),
-            ..sim_config()
-        },
-        test_config(),
-    )
-    .await;
-    h.create(
-        "slow",
-        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
-    )
-    .await;
-    h.until("slow", "Ready=False (AgentUnreachable)", |ws| {
-        condition(ws, "Ready").is_some_and(|c| c.reason == "AgentUnreachable")
-    })
-    .await;
+    let h = tampered(test_config()).await;
+    h.create("slow", wrapped()).await;
+    h.until_not_ready("slow", "AgentUnreachable").await;
     let attempts = agent_checks(&h, "AgentUnreachable");
     let until = tokio::time::Instant::now() + Duration::from_secs(5);
     while tokio::time::Instant::now() < until {
@@ -723,24 +681,9 @@ async fn a_slow_failing_agent_keeps_its_failure_shown_while_retrying() {
 /// An agent that answers for another workspace does not make this one Ready.
 #[tokio::test]
 async fn an_agent_answering_for_another_workspace_is_not_trusted() {
-    let h = Harness::start_with(
-        SimConfig {
-            runtime: Arc::new(Tampered),
-            ..sim_config()
-        },
-        test_config(),
-    )
-    .await;
-    h.create(
-        "impostor",
-        json!({"image": "devbox:1", "command": ["sleep", "infinity"]}),
-    )
-    .await;
-    let ws = h
-        .until("impostor", "Ready=False (Unknown)", |ws| {
-            condition(ws, "Ready").is_some_and(|c| c.reason == "Unknown" && c.status == "False")
-        })
-        .await;
+    let h = tampered(test_config()).await;
+    h.create("impostor", wrapped()).await;
+    let ws = h.until_not_ready("impostor", "Unknown").await;
     assert_eq!(phase_of(&ws), Some(Phase::Error));
     let message = &condition(&ws, "AgentReady").unwrap().message;
     assert!(

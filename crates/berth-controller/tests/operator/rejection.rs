@@ -251,6 +251,20 @@ async fn a_pod_that_ran_and_then_failed_is_not_replaced() {
     assert!(condition(&h.workspaces().get("crash").await.unwrap(), "PodRejected").is_none());
 }
 
+/// Waits until the workspace runs on a node other than `node`.
+async fn running_off(h: &Harness, name: &str, node: &str) -> berth_api::Workspace {
+    h.until(name, "Running on another node", |ws| {
+        phase_of(ws) == Some(Phase::Running)
+            && ws
+                .status
+                .as_ref()
+                .and_then(|s| s.pod.as_ref())
+                .and_then(|p| p.node_name.as_deref())
+                .is_some_and(|n| n != node)
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_deleted_node_loses_its_pod_and_the_workspace_moves() {
     let h = Harness::start_with(crate::support::sim_config(), quick_recreation()).await;
@@ -258,17 +272,7 @@ async fn a_deleted_node_loses_its_pod_and_the_workspace_moves() {
     let running = h.until_phase("mover", Phase::Running).await;
     let node = running.status.unwrap().pod.unwrap().node_name.unwrap();
     h.sim.delete_node(&node).unwrap();
-    let moved = h
-        .until("mover", "Running on another node", |ws| {
-            phase_of(ws) == Some(Phase::Running)
-                && ws
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.pod.as_ref())
-                    .and_then(|p| p.node_name.as_deref())
-                    .is_some_and(|n| n != node)
-        })
-        .await;
+    let moved = running_off(&h, "mover", &node).await;
     assert_eq!(
         moved.status.unwrap().pod_recreations,
         None,
@@ -289,17 +293,7 @@ async fn an_unreachable_node_loses_its_pod_and_the_workspace_moves() {
     let running = h.until_phase("stranded", Phase::Running).await;
     let node = running.status.unwrap().pod.unwrap().node_name.unwrap();
     h.sim.faults().set_unreachable(&node, true);
-    let moved = h
-        .until("stranded", "Running on another node", |ws| {
-            phase_of(ws) == Some(Phase::Running)
-                && ws
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.pod.as_ref())
-                    .and_then(|p| p.node_name.as_deref())
-                    .is_some_and(|n| n != node)
-        })
-        .await;
+    let moved = running_off(&h, "stranded", &node).await;
     assert!(condition(&moved, "PodRejected").is_some_and(|c| c.status == "False"));
     let reasons: Vec<String> = workspace_events(&h, "stranded")
         .await

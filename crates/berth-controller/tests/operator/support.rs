@@ -15,12 +15,6 @@ use serde_json::{Value, json};
 
 pub const OPERATOR: &str = "system:serviceaccount:berth-system:berth-controller";
 
-/// The RBAC the README documents: the operator runs with exactly this.
-pub const OPERATOR_RBAC: &str = include_str!("../../../../deploy/rbac/berth-controller.yaml");
-/// `system:auth-delegator` for the `default` service account of `default`.
-pub const WORKSPACE_RBAC: &str =
-    include_str!("../../../../deploy/rbac/workspace-service-account.yaml");
-
 /// The fast sim, with the Berth agent running in-process in workspace pods.
 pub fn sim_config() -> SimConfig {
     SimConfig {
@@ -73,7 +67,11 @@ impl Harness {
         crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
             .await
             .unwrap();
-        for manifest in [OPERATOR_RBAC, WORKSPACE_RBAC] {
+        // The RBAC the README documents: the operator runs with exactly this.
+        for manifest in [
+            berth_controller::rbac::OPERATOR,
+            berth_controller::rbac::WORKSPACE_SERVICE_ACCOUNT,
+        ] {
             berth_sim::manifests::create_all(&client, manifest, "default")
                 .await
                 .unwrap();
@@ -172,6 +170,14 @@ impl Harness {
                 last.lock().unwrap()
             ),
         }
+    }
+
+    /// Waits until the workspace's `Ready` condition is False with `reason`.
+    pub async fn until_not_ready(&self, name: &str, reason: &str) -> Workspace {
+        self.until(name, &format!("Ready=False ({reason})"), |ws| {
+            condition(ws, "Ready").is_some_and(|c| c.status == "False" && c.reason == reason)
+        })
+        .await
     }
 
     pub async fn until_phase(&self, name: &str, phase: Phase) -> Workspace {
