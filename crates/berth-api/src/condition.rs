@@ -53,6 +53,8 @@ pub mod reasons {
     pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
     /// The pod's containers are ready.
     pub const CONTAINERS_READY: &str = "ContainersReady";
+    /// The pod's containers run but are not ready yet.
+    pub const CONTAINERS_NOT_READY: &str = "ContainersNotReady";
 
     // AgentReady
     /// The agent accepted the operator's identity.

@@ -10,9 +10,6 @@ pub enum Error {
     /// The finalizer helper failed to add or remove the finalizer, or cleanup failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
-    /// Deletion waits for the workspace's pod to stop.
-    #[error("waiting for pod {0} to stop before the workspace is deleted")]
-    PodStopping(String),
     /// The leader-election lease could not be used.
     #[error("leader election: {0}")]
     LeaderElection(String),
@@ -42,7 +39,6 @@ impl Error {
                 _ => "ApiUnreachable",
             },
             Error::Finalizer(_) => "Finalizer",
-            Error::PodStopping(_) => "PodStopping",
             Error::LeaderElection(_) => "LeaderElection",
             Error::Serialization(_) => "Serialization",
         }

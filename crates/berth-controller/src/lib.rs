@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod pod;
 pub mod rbac;
 pub mod reconcile;
+pub mod refusal;
 pub mod rejection;
 pub mod state;
 

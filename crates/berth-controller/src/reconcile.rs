@@ -31,6 +31,7 @@ use crate::{
     event_index::EventIndex,
     metrics::{Metrics, PhaseLabel, ReasonLabel},
     pod,
+    refusal::Refusal,
     state::{self, Action, Observed},
 };
 
@@ -51,6 +52,8 @@ pub struct Context {
     pub agents: AgentChecker,
     /// Consecutive failures per workspace, for per-object backoff (rule C19).
     failures: std::sync::Mutex<HashMap<ObjectRef<Workspace>, u32>>,
+    /// The API server's last refusal of an action per workspace, until that action succeeds.
+    refusals: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Refusal>>,
     /// Objects this operator just created or applied, which its caches may not show yet:
     /// (action, namespace, name) -> when. Acting again on a stale cache would only earn a 409.
     expectations: std::sync::Mutex<HashMap<(&'static str, String, String), Instant>>,
@@ -75,6 +78,23 @@ impl Context {
                 (what, namespace.to_owned(), name.to_owned()),
                 Instant::now(),
             );
+    }
+
+    /// The last refusal of an action for the workspace, as seen from a later reconcile.
+    fn refusal(&self, workspace: &ObjectRef<Workspace>) -> Option<Refusal> {
+        let refusals = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        refusals.get(workspace).map(|r| Refusal {
+            fresh: false,
+            ..r.clone()
+        })
+    }
+
+    fn set_refusal(&self, workspace: &ObjectRef<Workspace>, refusal: Option<Refusal>) {
+        let mut refusals = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        match refusal {
+            Some(r) => refusals.insert(workspace.clone(), r),
+            None => refusals.remove(workspace),
+        };
     }
 
     fn forget(&self, what: &'static str, namespace: &str, name: &str) {
@@ -228,6 +248,7 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
         workspaces: workspace_store,
         metrics: metrics.clone(),
         failures: Default::default(),
+        refusals: Default::default(),
         expectations: Default::default(),
     });
 
@@ -294,18 +315,32 @@ async fn reconcile_in_span(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Resu
     let namespace = workspace.namespace().unwrap_or_default();
     let api: Api<Workspace> = Api::namespaced(ctx.client.clone(), &namespace);
     let reference = ObjectRef::from_obj(&*workspace);
-    let result = finalizer(&api, labels::FINALIZER, workspace, |event| async {
-        match event {
-            Finalizer::Apply(ws) => apply(ws, ctx.clone()).await,
-            Finalizer::Cleanup(ws) => cleanup(ws, ctx.clone()).await,
-        }
-    })
-    .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(inner)
-        | kube::runtime::finalizer::Error::CleanupFailed(inner) => inner,
-        other => Error::Finalizer(Box::new(other)),
-    });
+    let deleting = workspace.metadata.deletion_timestamp.is_some()
+        && workspace
+            .finalizers()
+            .iter()
+            .any(|f| f == labels::FINALIZER);
+    let waiting = match deleting {
+        true => cleanup(&workspace, &ctx).await,
+        false => Ok(None),
+    };
+    let result = match waiting {
+        Ok(Some(requeue)) => Ok(requeue),
+        Err(error) => Err(error),
+        // The finalizer helper adds the finalizer, and removes it once cleanup is done.
+        Ok(None) => finalizer(&api, labels::FINALIZER, workspace, |event| async {
+            match event {
+                Finalizer::Apply(ws) => apply(ws, ctx.clone()).await,
+                Finalizer::Cleanup(_) => Ok(Requeue::await_change()),
+            }
+        })
+        .await
+        .map_err(|e| match e {
+            kube::runtime::finalizer::Error::ApplyFailed(inner)
+            | kube::runtime::finalizer::Error::CleanupFailed(inner) => inner,
+            other => Error::Finalizer(Box::new(other)),
+        }),
+    };
     ctx.metrics.observe_reconcile(
         if result.is_ok() { "ok" } else { "error" },
         started.elapsed(),
@@ -327,9 +362,6 @@ fn error_policy(workspace: Arc<Workspace>, error: &Error, ctx: Arc<Context>) -> 
             reason: error.reason().to_owned(),
         })
         .inc();
-    if matches!(error, Error::PodStopping(_)) {
-        return Requeue::requeue(std::time::Duration::from_secs(1));
-    }
     if error.reason() == "Conflict" {
         // The cache was behind; the watch brings the newer object at once.
         return Requeue::requeue(std::time::Duration::from_millis(100));
@@ -397,6 +429,8 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     };
     let warnings: Vec<&Event> = events.iter().map(|e| e.as_ref()).collect();
     let agent = ctx.agents.check(&workspace, pod.as_deref()).await;
+    let reference = ObjectRef::from_obj(&*workspace);
+    let refusal = ctx.refusal(&reference);
     let observed = Observed {
         workspace: &workspace,
         pod: pod.as_deref(),
@@ -404,6 +438,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         claim: claim.as_deref(),
         service: service.as_deref(),
         agent: agent.as_ref(),
+        refusal: refusal.as_ref(),
     };
     // What the caches show no longer needs an expectation.
     if pod.is_some() {
@@ -418,7 +453,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     {
         ctx.forget("service", &namespace, &name);
     }
-    let mut decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
+    let decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
     let old = workspace.status.clone().unwrap_or_default();
 
     // The status is written before acting, conditionally on the cached resourceVersion: a
@@ -428,19 +463,57 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     if decision.status != old {
         version = write_status(&workspace, &decision.status, version, &ctx).await?;
     }
-    for action in decision.actions.clone() {
-        if let Some(foreign) = act(&workspace, &action, &ctx).await? {
-            // The pod name is taken by a pod Berth does not own (our cache only holds ours):
-            // say so instead of retrying the create.
-            let observed = Observed {
-                pod: Some(&foreign),
-                ..observed
-            };
-            decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
-            write_status(&workspace, &decision.status, version.clone(), &ctx).await?;
-            break;
+    let mut foreign = None;
+    let mut refused = None;
+    for action in &decision.actions {
+        match act(&workspace, action, &ctx).await {
+            Ok(Some(pod)) => foreign = Some(pod),
+            Ok(None) => {
+                if refusal.as_ref().is_some_and(|r| r.action == *action) {
+                    ctx.set_refusal(&reference, None);
+                }
+            }
+            Err(Error::Kube(e)) if matches!(*e, kube::Error::Api(_)) => {
+                let kube::Error::Api(answer) = *e else {
+                    unreachable!("matched above")
+                };
+                warn!(workspace = %name, action = %action.describe(&name), code = answer.code, message = %answer.message, "the API server refused an action");
+                let now = Timestamp::now();
+                let latest = Refusal::new(
+                    action.clone(),
+                    answer.code,
+                    &answer.reason,
+                    &answer.message,
+                    workspace.metadata.generation,
+                    refused.as_ref().or(refusal.as_ref()),
+                    now,
+                );
+                ctx.set_refusal(&reference, Some(latest.clone()));
+                refused = Some(latest);
+            }
+            Err(other) => return Err(other),
         }
     }
+    // What acting found out (a refusal, a pod that is not ours) is said at once: derive again
+    // from the status just written, as the next reconcile would.
+    let mut decisions = vec![decision];
+    if foreign.is_some() || refused.is_some() {
+        let mut written = (*workspace).clone();
+        written.status = Some(decisions[0].status.clone());
+        written.metadata.resource_version = version.clone();
+        let observed = Observed {
+            workspace: &written,
+            pod: foreign.as_ref().or(pod.as_deref()),
+            refusal: refused.as_ref().or(refusal.as_ref()),
+            ..observed
+        };
+        let again = state::derive(&observed, &ctx.config.policy, Timestamp::now());
+        if again.status != decisions[0].status {
+            write_status(&workspace, &again.status, version.clone(), &ctx).await?;
+        }
+        decisions.push(again);
+    }
+    let decision = decisions.last().expect("one decision at least").clone();
     if let Some(recreation) = &decision.recreation {
         let labels = crate::metrics::RecreationLabels {
             reason: recreation.reason.clone(),
@@ -455,7 +528,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         ctx.metrics.start_seconds.observe(seconds.max(0.0));
     }
     let reference = kube::Resource::object_ref(&*workspace, &());
-    for notice in &decision.notices {
+    for notice in decisions.iter().flat_map(|d| &d.notices) {
         let event = KubeEvent {
             type_: if notice.warning {
                 EventType::Warning
@@ -514,7 +587,6 @@ fn ignore_conflicts(result: Result<(), kube::Error>) -> Result<()> {
 /// workspace's own.
 async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Option<Pod>> {
     let namespace = workspace.namespace().unwrap_or_default();
-    let client = ctx.client.clone();
     let create = PostParams {
         field_manager: Some(ctx.config.manager.clone()),
         ..Default::default()
@@ -525,36 +597,47 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
         Action::CreateClaim => "claim",
         Action::CreateService | Action::UpdateService | Action::DeleteService => "service",
     };
-    match action {
-        Action::CreatePod | Action::CreateClaim | Action::CreateService | Action::UpdateService => {
-            if ctx.expected(kind, &namespace, &name) {
-                return Ok(None);
-            }
-            ctx.expect(kind, &namespace, &name);
-        }
-        Action::DeletePod { .. } | Action::ForceDeletePod { .. } | Action::DeleteService => {
-            ctx.forget(kind, &namespace, &name)
-        }
+    let creates = matches!(
+        action,
+        Action::CreatePod | Action::CreateClaim | Action::CreateService | Action::UpdateService
+    );
+    if creates && ctx.expected(kind, &namespace, &name) {
+        return Ok(None);
     }
+    if !creates {
+        ctx.forget(kind, &namespace, &name);
+    }
+    let done = perform(workspace, action, ctx, &namespace, create).await;
+    // Only what the API server accepted is expected to show up in the cache.
+    if creates && matches!(done, Ok(None)) {
+        ctx.expect(kind, &namespace, &name);
+    }
+    done
+}
+
+async fn perform(
+    workspace: &Workspace,
+    action: &Action,
+    ctx: &Context,
+    namespace: &str,
+    create: PostParams,
+) -> Result<Option<Pod>> {
+    let client = ctx.client.clone();
     match action {
         Action::CreatePod => {
-            let pods: Api<Pod> = Api::namespaced(client, &namespace);
+            let pods: Api<Pod> = Api::namespaced(client, namespace);
             let wanted = pod::build_pod(workspace, &ctx.config.agent);
             match pods.create(&create, &wanted).await {
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     let existing = pods.get_opt(&wanted.name_any()).await?;
-                    let foreign = existing.filter(|p| !pod::is_owned_by(&p.metadata, workspace));
-                    if foreign.is_some() {
-                        // Not ours: nothing to wait for; look again next time.
-                        ctx.forget(kind, &namespace, &name);
-                    }
-                    Ok(foreign)
+                    // Ours (the cache lags) is expected; a foreign one is reported.
+                    Ok(existing.filter(|p| !pod::is_owned_by(&p.metadata, workspace)))
                 }
                 other => other.map(|_| None).map_err(Error::from),
             }
         }
         Action::DeletePod { uid } | Action::ForceDeletePod { uid } => {
-            let pods: Api<Pod> = Api::namespaced(client, &namespace);
+            let pods: Api<Pod> = Api::namespaced(client, namespace);
             let force = matches!(action, Action::ForceDeletePod { .. });
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
@@ -572,7 +655,7 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
             .map(|()| None)
         }
         Action::CreateClaim => {
-            let claims: Api<PersistentVolumeClaim> = Api::namespaced(client, &namespace);
+            let claims: Api<PersistentVolumeClaim> = Api::namespaced(client, namespace);
             match pod::build_claim(workspace) {
                 Some(claim) => ignore_conflicts(claims.create(&create, &claim).await.map(|_| ()))
                     .map(|()| None),
@@ -580,7 +663,7 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
             }
         }
         Action::CreateService | Action::UpdateService => {
-            let services: Api<Service> = Api::namespaced(client, &namespace);
+            let services: Api<Service> = Api::namespaced(client, namespace);
             match pod::build_service(workspace) {
                 Some(service) => {
                     let params = PatchParams::apply(&ctx.config.manager).force();
@@ -596,7 +679,7 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
             }
         }
         Action::DeleteService => {
-            let services: Api<Service> = Api::namespaced(client, &namespace);
+            let services: Api<Service> = Api::namespaced(client, namespace);
             ignore_conflicts(
                 services
                     .delete(
@@ -612,18 +695,20 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
 }
 
 /// Deletion (rule C18): stop the pod, wait until it is gone or the grace period ran out, then
-/// let the finalizer go; owned objects follow by garbage collection.
-async fn cleanup(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
-    caches_ready(&ctx).await;
-    ctx.agents.forget(&workspace);
+/// let the finalizer go; owned objects follow by garbage collection. `None` once the finalizer
+/// may go; while the pod stops, when to look again (waiting is not an error).
+async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>> {
+    caches_ready(ctx).await;
+    ctx.agents.forget(workspace);
+    ctx.set_refusal(&ObjectRef::from_obj(workspace), None);
     let namespace = workspace.namespace().unwrap_or_default();
     let pod_name = pod::pod_name(&workspace.name_any());
     let Some(current) = ctx
         .pods
         .get(&ObjectRef::new(&pod_name).within(&namespace))
-        .filter(|p| pod::is_owned_by(&p.metadata, &workspace))
+        .filter(|p| pod::is_owned_by(&p.metadata, workspace))
     else {
-        return Ok(Requeue::await_change());
+        return Ok(None);
     };
     let deleting_for = workspace
         .metadata
@@ -644,15 +729,16 @@ async fn cleanup(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue
                 },
             )
             .await;
-        return Ok(Requeue::await_change());
+        return Ok(None);
     }
     let observed = Observed {
-        workspace: &workspace,
+        workspace,
         pod: Some(&current),
         warnings: &[],
         claim: None,
         service: None,
         agent: None,
+        refusal: None,
     };
     let decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
     for action in decision
@@ -660,16 +746,16 @@ async fn cleanup(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue
         .iter()
         .filter(|a| matches!(a, Action::DeletePod { .. }))
     {
-        act(&workspace, action, &ctx).await?;
+        act(workspace, action, ctx).await?;
     }
     if workspace.status.as_ref() != Some(&decision.status) {
         write_status(
-            &workspace,
+            workspace,
             &decision.status,
             workspace.resource_version(),
-            &ctx,
+            ctx,
         )
         .await?;
     }
-    Err(Error::PodStopping(pod_name))
+    Ok(Some(Requeue::requeue(std::time::Duration::from_secs(1))))
 }

@@ -19,6 +19,7 @@ use kube::ResourceExt;
 use crate::{
     config::{Policy, WarningClass},
     pod::{self, is_owned_by},
+    refusal::Refusal,
 };
 
 /// Container waiting reasons that mean something is wrong (the kubelet's own words).
@@ -45,6 +46,8 @@ pub struct Observed<'a> {
     pub service: Option<&'a Service>,
     /// The last WhoAmI to the current pod's agent, when one was made (rule C14).
     pub agent: Option<&'a AgentCheck>,
+    /// The API server's refusal of the last attempt at an action, until that action succeeds.
+    pub refusal: Option<&'a Refusal>,
 }
 
 /// What the operator's WhoAmI to a pod's agent found.
@@ -95,6 +98,17 @@ pub fn agent_to_check(workspace: &Workspace, pod: Option<&Pod>, port: u16) -> Op
     })
 }
 
+/// Whether a container of the pod (not an init container) is running.
+fn containers_running(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        })
+}
+
 /// Running, with its Ready condition true.
 fn pod_is_ready(pod: &Pod) -> bool {
     pod_condition(pod, "Ready").as_deref() == Some("True")
@@ -117,6 +131,34 @@ pub enum Action {
     ForceDeletePod {
         uid: String,
     },
+}
+
+impl Action {
+    /// What the action does, as a person would say it: `create pod w-ws`.
+    pub fn describe(&self, workspace: &str) -> String {
+        match self {
+            Action::CreateClaim => format!("create claim {}", pod::claim_name(workspace)),
+            Action::CreateService => format!("create service {}", pod::service_name(workspace)),
+            Action::UpdateService => format!("update service {}", pod::service_name(workspace)),
+            Action::DeleteService => format!("delete service {}", pod::service_name(workspace)),
+            Action::CreatePod => format!("create pod {}", pod::pod_name(workspace)),
+            Action::DeletePod { .. } | Action::ForceDeletePod { .. } => {
+                format!("delete pod {}", pod::pod_name(workspace))
+            }
+        }
+    }
+
+    /// The reason of the Warning event published when the API server refuses the action, as
+    /// Kubernetes' own controllers name it.
+    pub fn refused_reason(&self) -> &'static str {
+        match self {
+            Action::CreateClaim | Action::CreateService | Action::CreatePod => "FailedCreate",
+            Action::UpdateService => "FailedUpdate",
+            Action::DeleteService | Action::DeletePod { .. } | Action::ForceDeletePod { .. } => {
+                "FailedDelete"
+            }
+        }
+    }
 }
 
 /// A pod replaced after a rejection or a lost node, for the metrics.
@@ -305,6 +347,10 @@ struct Builder<'a> {
     notices: Vec<Notice>,
     old: &'a WorkspaceStatus,
     recreation: Option<Recreation>,
+    /// A refusal of an action derived from this very spec, with the name of the workspace.
+    refusal: Option<(&'a Refusal, String)>,
+    /// The cap of every requeue and retry delay.
+    max_requeue: Duration,
 }
 
 impl Builder<'_> {
@@ -394,9 +440,31 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         notices: vec![],
         old,
         recreation: None,
+        refusal: observed
+            .refusal
+            .filter(|r| r.generation == workspace.metadata.generation)
+            .map(|r| (r, name.clone())),
+        max_requeue: policy.max_requeue,
     };
     b.status.observed_generation = workspace.metadata.generation;
     let slow = policy.resync;
+
+    let owned_pod = observed.pod.filter(|p| is_owned_by(&p.metadata, workspace));
+    // Deletion first: a spec that cannot work must not hold up its own deletion.
+    if workspace.metadata.deletion_timestamp.is_some() {
+        // Rule C18: the pod stops first; the finalizer goes once it is gone.
+        if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            b.actions.push(Action::DeletePod {
+                uid: p.uid().unwrap_or_default(),
+            });
+        }
+        let message = match owned_pod {
+            Some(_) => format!("Stopping pod {pod_name} before the workspace is deleted"),
+            None => "Workspace is being deleted".to_owned(),
+        };
+        b.phase(Phase::Terminating, message);
+        return b.finish(Duration::from_secs(1));
+    }
 
     // A spec that can never work waits for a change, without retries (rule C19).
     let start_timeout = match workspace
@@ -429,21 +497,6 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         }
     };
 
-    let owned_pod = observed.pod.filter(|p| is_owned_by(&p.metadata, workspace));
-    if workspace.metadata.deletion_timestamp.is_some() {
-        // Rule C18: the pod stops first; the finalizer goes once it is gone.
-        if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
-            b.actions.push(Action::DeletePod {
-                uid: p.uid().unwrap_or_default(),
-            });
-        }
-        let message = match owned_pod {
-            Some(_) => format!("Stopping pod {pod_name} before the workspace is deleted"),
-            None => "Workspace is being deleted".to_owned(),
-        };
-        b.phase(Phase::Terminating, message);
-        return b.finish(Duration::from_secs(1));
-    }
     if let Some(foreign) = observed
         .pod
         .filter(|p| !is_owned_by(&p.metadata, workspace))
@@ -650,10 +703,28 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         b.status.pod = None;
         b.status.ready_at = None;
         b.pod_being_created(&pod_name);
-        b.notices
-            .push(Notice::normal("Created", format!("Created pod {pod_name}")));
         b.phase(Phase::Pending, format!("Creating pod {pod_name}"));
-        return b.finish(Duration::from_secs(1));
+        // A create the API server keeps refusing is no progress either (rule C9), counted from
+        // the first attempt.
+        let Some(refused) = b
+            .refusal
+            .as_ref()
+            .map(|(r, _)| *r)
+            .filter(|r| r.action == Action::CreatePod)
+        else {
+            return b.finish(Duration::from_secs(1));
+        };
+        let stuck_for = elapsed(b.status.started_at.as_ref(), now);
+        if stuck_for >= start_timeout {
+            let text = format!(
+                "No progress for {} while creating pod {pod_name}: {}",
+                human(start_timeout),
+                refused.message
+            );
+            b.actions.clear();
+            return b.start_timed_out(text, slow);
+        }
+        return b.finish(start_timeout - stuck_for);
     };
     let uid = pod.uid().unwrap_or_default();
     let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
@@ -674,16 +745,25 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         ip: ip.clone(),
         node_name: node.clone(),
     });
-    if let (Some(ip), Some(node)) = (&ip, &node) {
-        let had_ip = previous_pod
-            .as_ref()
-            .is_some_and(|p| p.uid.as_deref() == Some(uid.as_str()) && p.ip.is_some());
-        if !had_ip {
-            b.notices.push(Notice::normal(
-                "Started",
-                format!("Pod {pod_name} started on {node} ({ip})"),
-            ));
-        }
+    // Events tell only what happened (rule C17): `Created` once the pod exists, `Started` once
+    // one of its containers runs.
+    let new_pod = previous_pod.as_ref().and_then(|p| p.uid.as_deref()) != Some(uid.as_str());
+    if new_pod {
+        b.notices
+            .push(Notice::normal("Created", format!("Created pod {pod_name}")));
+    }
+    let was_running = !new_pod
+        && find_condition(&old.conditions, types::POD_READY)
+            .is_some_and(|c| c.status == "True" || c.reason == reasons::CONTAINERS_NOT_READY);
+    if containers_running(pod) && !was_running {
+        b.notices.push(Notice::normal(
+            "Started",
+            format!(
+                "Pod {pod_name} started on {} ({})",
+                node.as_deref().unwrap_or("its node"),
+                ip.as_deref().unwrap_or("no IP")
+            ),
+        ));
     }
 
     if pod.metadata.deletion_timestamp.is_some() {
@@ -965,11 +1045,19 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
                     .and_then(|s| s.container_statuses.as_ref()),
             )
             .map(|w| w.0);
-            let reason = waiting.unwrap_or_else(|| reasons::CONTAINER_CREATING.to_owned());
-            (
-                reason.clone(),
-                format!("Pod {pod_name} is starting ({reason})"),
-            )
+            match waiting {
+                None if containers_running(pod) => (
+                    reasons::CONTAINERS_NOT_READY.to_owned(),
+                    format!("Pod {pod_name} is running; waiting for its containers to be ready"),
+                ),
+                waiting => {
+                    let reason = waiting.unwrap_or_else(|| reasons::CONTAINER_CREATING.to_owned());
+                    (
+                        reason.clone(),
+                        format!("Pod {pod_name} is starting ({reason})"),
+                    )
+                }
+            }
         }
     };
     b.condition(types::POD_READY, ConditionStatus::False, &reason, &message);
@@ -1061,22 +1149,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             crate::state::human(start_timeout)
         );
         b.actions.push(Action::DeletePod { uid });
-        b.condition(
-            types::STALLED,
-            ConditionStatus::True,
-            reasons::START_TIMEOUT,
-            &text,
-        );
-        b.condition(
-            types::READY,
-            ConditionStatus::False,
-            reasons::START_TIMEOUT,
-            &text,
-        );
-        b.notices
-            .push(Notice::warning("StartTimeout", text.clone()));
-        b.phase(Phase::Failed, text);
-        return b.finish(slow);
+        return b.start_timed_out(text, slow);
     }
     let wait = requeue_interval(
         elapsed(b.status.started_at.as_ref(), now),
@@ -1099,7 +1172,57 @@ pub fn human(d: Duration) -> String {
 }
 
 impl Builder<'_> {
-    fn finish(self, requeue: Duration) -> Decision {
+    /// Gives up on a start that made no progress for `startTimeout` (rule C9).
+    fn start_timed_out(mut self, text: String, requeue: Duration) -> Decision {
+        self.condition(
+            types::STALLED,
+            ConditionStatus::True,
+            reasons::START_TIMEOUT,
+            &text,
+        );
+        self.condition(
+            types::READY,
+            ConditionStatus::False,
+            reasons::START_TIMEOUT,
+            &text,
+        );
+        self.notices
+            .push(Notice::warning("StartTimeout", text.clone()));
+        self.phase(Phase::Failed, text);
+        self.finish(requeue)
+    }
+
+    /// The decision, with a refused action accounted for: while the decision still asks for
+    /// the action the API server refused, the workspace is `Error` with the API server's words
+    /// (a Warning event when the refusal is fresh), and the action waits out its backoff.
+    fn finish(mut self, mut requeue: Duration) -> Decision {
+        let still_wanted = self
+            .refusal
+            .as_ref()
+            .filter(|(r, _)| self.actions.contains(&r.action));
+        if let Some((refused, workspace)) = still_wanted.cloned()
+            && !matches!(self.status.phase, Some(Phase::Failed | Phase::Terminating))
+        {
+            let text = format!(
+                "Cannot {}: {}",
+                refused.action.describe(&workspace),
+                refused.message
+            );
+            self.condition(types::READY, ConditionStatus::False, &refused.reason, &text);
+            if refused.fresh {
+                self.notices.push(Notice::warning(
+                    refused.action.refused_reason(),
+                    text.clone(),
+                ));
+            }
+            self.status.ready_at = None;
+            self.phase(Phase::Error, text);
+            let wait = refused.retry_in(self.now.0, self.max_requeue);
+            if !wait.is_zero() {
+                self.actions.retain(|a| *a != refused.action);
+                requeue = requeue.min(wait);
+            }
+        }
         Decision {
             status: self.status,
             actions: self.actions,

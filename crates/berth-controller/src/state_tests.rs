@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use serde_json::{Value, json};
 
 use super::*;
+use crate::refusal::Refusal;
 use crate::state::Recreation;
 use crate::{config::Policy, pod};
 
@@ -56,6 +57,7 @@ fn decide(ws: &Workspace, pod: Option<&Pod>, warnings: &[Event]) -> Decision {
             claim: None,
             service: None,
             agent: None,
+            refusal: None,
         },
         &Policy::default(),
         now(),
@@ -72,6 +74,7 @@ fn decide_checked(ws: &Workspace, pod: &Pod, check: &AgentCheck) -> Decision {
             claim: None,
             service: None,
             agent: Some(check),
+            refusal: None,
         },
         &Policy::default(),
         now(),
@@ -133,8 +136,142 @@ fn pending_creates_the_pod() {
     assert_eq!(d.status.message.as_deref(), Some("Creating pod w-ws"));
     assert_eq!(d.actions, vec![Action::CreatePod]);
     assert_eq!(d.status.started_at.as_ref().map(|t| t.0), Some(now()));
-    assert_eq!(d.notices[0].reason, "Created");
+    // Nothing was created yet: `Created` is told once the pod exists.
+    assert!(d.notices.is_empty(), "{:?}", d.notices);
     assert_eq!(d.status.observed_generation, Some(1));
+}
+
+fn notice_reasons(d: &Decision) -> Vec<&'static str> {
+    d.notices.iter().map(|n| n.reason).collect()
+}
+
+#[test]
+fn events_tell_what_happened_created_once_the_pod_exists_started_once_a_container_runs() {
+    let ws = workspace(json!({"image": "x:1"}), started(3));
+    let waiting = json!({"phase": "Pending", "podIP": "10.0.0.1", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]});
+    let pod = pod_of(&ws, waiting);
+    let d = decide(&ws, Some(&pod), &[]);
+    // The pod has an IP, but no container ever ran: not `Started`.
+    assert_eq!(notice_reasons(&d), ["Created"]);
+
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        serde_json::to_value(&d.status).unwrap(),
+    );
+    let running = json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"running": {}}}]});
+    let pod = pod_of(&ws, running);
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(notice_reasons(&d), ["Started"]);
+    assert_eq!(condition_of(&d, "PodReady").reason, "ContainersNotReady");
+
+    // Seen again: nothing new happened.
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        serde_json::to_value(&d.status).unwrap(),
+    );
+    let d = decide(&ws, Some(&pod), &[]);
+    assert!(d.notices.is_empty(), "{:?}", d.notices);
+}
+
+fn refused(action: Action, attempts: u32, seconds_ago: i64, fresh: bool) -> Refusal {
+    Refusal {
+        action,
+        reason: "Forbidden".into(),
+        message: "pods \"w-ws\" is forbidden: error looking up service account team-a/nope: serviceaccount \"nope\" not found".into(),
+        generation: Some(1),
+        attempts,
+        at: Timestamp::from_second(NOW - seconds_ago).unwrap(),
+        fresh,
+    }
+}
+
+fn decide_refused(ws: &Workspace, pod: Option<&Pod>, refusal: &Refusal) -> Decision {
+    derive(
+        &Observed {
+            workspace: ws,
+            pod,
+            warnings: &[],
+            claim: None,
+            service: None,
+            agent: None,
+            refusal: Some(refusal),
+        },
+        &Policy::default(),
+        now(),
+    )
+}
+
+#[test]
+fn a_refused_create_is_an_error_in_the_api_servers_words_with_a_warning_and_backoff() {
+    let ws = workspace(json!({"image": "x:1"}), started(1));
+    let d = decide_refused(&ws, None, &refused(Action::CreatePod, 1, 0, true));
+    assert_eq!(d.status.phase, Some(Phase::Error));
+    let text = "Cannot create pod w-ws: pods \"w-ws\" is forbidden: error looking up service account team-a/nope: serviceaccount \"nope\" not found";
+    assert_eq!(d.status.message.as_deref(), Some(text));
+    let ready = condition_of(&d, "Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "Forbidden")
+    );
+    assert_eq!(notice_reasons(&d), ["FailedCreate"]);
+    assert!(d.notices[0].warning);
+    // Not tried again before its backoff: 1 s after the first refusal.
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert_eq!(d.requeue, Duration::from_secs(1));
+
+    // The same refusal seen by a later reconcile: no new event, and the delay has grown.
+    let d = decide_refused(&ws, None, &refused(Action::CreatePod, 3, 1, false));
+    assert!(d.notices.is_empty());
+    assert_eq!(d.status.phase, Some(Phase::Error));
+    assert_eq!(d.requeue, Duration::from_secs(3));
+    // Once the backoff ran out the create is tried again, still showing the refusal.
+    let d = decide_refused(&ws, None, &refused(Action::CreatePod, 3, 4, false));
+    assert_eq!(d.actions, vec![Action::CreatePod]);
+    assert_eq!(d.status.message.as_deref(), Some(text));
+}
+
+#[test]
+fn a_refusal_of_an_older_spec_or_of_an_action_no_longer_wanted_is_forgotten() {
+    let mut ws = workspace(json!({"image": "x:1"}), started(1));
+    ws.metadata.generation = Some(2);
+    let d = decide_refused(&ws, None, &refused(Action::CreatePod, 5, 0, false));
+    assert_eq!(d.status.phase, Some(Phase::Pending));
+    assert_eq!(d.actions, vec![Action::CreatePod]);
+
+    let ws = workspace(json!({"image": "x:1"}), started(1));
+    let pod = ready_pod(&ws);
+    let d = decide_refused(&ws, Some(&pod), &refused(Action::CreatePod, 5, 0, false));
+    assert_ne!(d.status.phase, Some(Phase::Error));
+}
+
+#[test]
+fn a_create_refused_until_the_start_timeout_fails_the_workspace() {
+    let ws = workspace(
+        json!({"image": "x:1", "lifecycle": {"startTimeout": "1m"}}),
+        started(61),
+    );
+    let d = decide_refused(&ws, None, &refused(Action::CreatePod, 6, 1, false));
+    assert_eq!(d.status.phase, Some(Phase::Failed));
+    let stalled = condition_of(&d, "Stalled");
+    assert_eq!(stalled.reason, "StartTimeout");
+    assert!(
+        stalled
+            .message
+            .starts_with("No progress for 1m while creating pod w-ws: pods \"w-ws\" is forbidden"),
+        "{}",
+        stalled.message
+    );
+    assert!(d.actions.is_empty());
+    assert_eq!(notice_reasons(&d), ["StartTimeout"]);
+
+    // Before the timeout, the requeue does not overshoot it.
+    let ws = workspace(
+        json!({"image": "x:1", "lifecycle": {"startTimeout": "1m"}}),
+        started(59),
+    );
+    let d = decide_refused(&ws, None, &refused(Action::CreatePod, 9, 0, false));
+    assert_eq!(d.status.phase, Some(Phase::Error));
+    assert_eq!(d.requeue, Duration::from_secs(1));
 }
 
 #[test]
@@ -232,7 +369,10 @@ fn a_ready_pod_waits_for_its_agent_check() {
 
 #[test]
 fn an_agent_auth_failure_keeps_the_pod_and_says_what_to_fix() {
-    let ws = workspace(json!({"image": "x:1"}), started(10));
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        json!({"phase": "Starting", "startedAt": at(10), "pod": {"name": "w-ws", "uid": "pod-1"}}),
+    );
     let pod = ready_pod(&ws);
     let message = "TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:team-a:default";
     let failed = check(
@@ -645,6 +785,7 @@ fn a_rejected_pod_is_replaced_after_the_delay_and_counted() {
             claim: None,
             service: None,
             agent: None,
+            refusal: None,
         },
         &Policy::default(),
         Timestamp::from_second(NOW + 11).unwrap(),
@@ -855,6 +996,7 @@ fn an_unchanged_observation_derives_an_unchanged_status() {
             claim: None,
             service: None,
             agent: None,
+            refusal: None,
         },
         &Policy::default(),
         Timestamp::from_second(NOW + 30).unwrap(),

@@ -18,6 +18,20 @@ static DNS1123_LABEL: LazyLock<Regex> =
 static DNS1035_LABEL: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^[a-z]([-a-z0-9]*[a-z0-9])?$").expect("valid regex"));
 
+static QUALIFIED_NAME: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$").expect("valid regex")
+});
+static ENV_VAR_NAME: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$").expect("valid regex"));
+static IANA_SVC_NAME: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$").expect("valid regex"));
+static QUANTITY: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$").expect("valid regex")
+});
+
+/// The most bytes all of an object's annotations may take, keys and values together.
+pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
+
 fn invalid(field: &str, value: &str, message: &str) -> Cause {
     Cause {
         reason: "FieldValueInvalid".to_owned(),
@@ -54,13 +68,142 @@ pub fn check_label(field: &str, value: &str) -> Option<Cause> {
     })
 }
 
-fn check_dns1035(field: &str, value: &str) -> Option<Cause> {
+pub fn check_dns1035(field: &str, value: &str) -> Option<Cause> {
     if value.len() > 63 {
         return Some(invalid(field, value, "must be no more than 63 characters"));
     }
     (!DNS1035_LABEL.is_match(value)).then(|| {
         invalid(field, value, "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')")
     })
+}
+
+/// Validates a label or annotation key: an optional DNS-1123 subdomain prefix and `/`, then a
+/// name of at most 63 alphanumerics, `-`, `_` and `.`.
+pub fn check_qualified_name(field: &str, key: &str) -> Vec<Cause> {
+    let mut causes = vec![];
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        if prefix.is_empty() {
+            causes.push(invalid(field, key, "prefix part must be non-empty"));
+        } else if let Some(cause) = check_subdomain(field, prefix) {
+            let message = cause.message.replacen(
+                &format!("Invalid value: \"{prefix}\": "),
+                "prefix part ",
+                1,
+            );
+            causes.push(invalid(field, key, &message));
+        }
+    }
+    if name.is_empty() {
+        causes.push(invalid(field, key, "name part must be non-empty"));
+    } else if name.len() > 63 {
+        causes.push(invalid(
+            field,
+            key,
+            "name part must be no more than 63 characters",
+        ));
+    } else if !QUALIFIED_NAME.is_match(name) || name.contains('/') {
+        causes.push(invalid(field, key, "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"));
+    }
+    causes
+}
+
+/// Validates a label value: empty, or at most 63 alphanumerics, `-`, `_` and `.`, starting and
+/// ending alphanumeric.
+pub fn check_label_value(field: &str, value: &str) -> Option<Cause> {
+    if value.len() > 63 {
+        return Some(invalid(field, value, "must be no more than 63 characters"));
+    }
+    (!value.is_empty() && !QUALIFIED_NAME.is_match(value)).then(|| {
+        invalid(field, value, "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
+    })
+}
+
+/// Validates an environment variable name.
+pub fn check_env_var_name(field: &str, name: &str) -> Option<Cause> {
+    (!ENV_VAR_NAME.is_match(name)).then(|| {
+        invalid(field, name, "a valid environment variable name must consist of alphabetic characters, digits, '_', '-', or '.', and must not start with a digit (e.g. 'my.env-name',  or 'MY_ENV.NAME',  or 'MyEnvName1', regex used for validation is '[-._a-zA-Z][-._a-zA-Z0-9]*')")
+    })
+}
+
+/// Validates a container port name (an IANA service name: at most 15 characters).
+pub fn check_port_name(field: &str, name: &str) -> Option<Cause> {
+    if name.len() > 15 {
+        return Some(invalid(field, name, "must be no more than 15 characters"));
+    }
+    if !IANA_SVC_NAME.is_match(name) {
+        return Some(invalid(
+            field,
+            name,
+            "must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)",
+        ));
+    }
+    if name.contains("--") {
+        return Some(invalid(field, name, "must not contain consecutive hyphens"));
+    }
+    (!name.chars().any(|c| c.is_ascii_lowercase()))
+        .then(|| invalid(field, name, "must contain at least one letter (a-z)"))
+}
+
+/// The labels and annotations of any object, as the real API server validates ObjectMeta.
+pub fn validate_metadata(object: &Value) -> Vec<Cause> {
+    let mut causes = vec![];
+    if let Some(labels) = object["metadata"]["labels"].as_object() {
+        for (key, value) in labels {
+            causes.extend(check_qualified_name("metadata.labels", key));
+            if let Some(cause) =
+                check_label_value("metadata.labels", value.as_str().unwrap_or_default())
+            {
+                causes.push(cause);
+            }
+        }
+    }
+    if let Some(annotations) = object["metadata"]["annotations"].as_object() {
+        let mut size = 0;
+        for (key, value) in annotations {
+            causes.extend(check_qualified_name(
+                "metadata.annotations",
+                &key.to_lowercase(),
+            ));
+            size += key.len() + value.as_str().map_or(0, str::len);
+        }
+        if size > TOTAL_ANNOTATION_SIZE_LIMIT {
+            causes.push(Cause {
+                reason: "FieldValueTooLong".to_owned(),
+                message: format!(
+                    "Too long: may not be more than {TOTAL_ANNOTATION_SIZE_LIMIT} bytes"
+                ),
+                field: "metadata.annotations".to_owned(),
+            });
+        }
+    }
+    causes
+}
+
+/// A quantity the API server cannot decode: the message of its 400 answer.
+pub fn bad_quantity(object: &Value) -> Option<String> {
+    let lists = ["initContainers", "containers"];
+    let quantities = lists
+        .iter()
+        .filter_map(|l| object["spec"][l].as_array())
+        .flatten()
+        .flat_map(|c| ["requests", "limits"].map(|k| c["resources"][k].clone()))
+        .filter_map(|m| m.as_object().cloned())
+        .flat_map(|m| m.into_iter().map(|(_, v)| v));
+    for value in quantities {
+        let ok = match &value {
+            Value::String(s) => QUANTITY.is_match(s) && crate::quantity::parse_milli(s).is_some(),
+            Value::Number(_) => true,
+            _ => false,
+        };
+        if !ok {
+            return Some("quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'".to_owned());
+        }
+    }
+    None
 }
 
 /// Validates the object's name for its type.
@@ -278,7 +421,7 @@ pub fn fold_string_data(secret: &mut Value) {
 
 /// Validation of built-in types on create and update.
 pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
-    let mut causes = vec![];
+    let mut causes = validate_metadata(object);
     if rt.is_custom || !rt.group.is_empty() {
         return causes;
     }
@@ -326,6 +469,21 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
                 if c["image"].as_str().is_none_or(|i| i.trim().is_empty()) {
                     causes.push(required(&format!("{base}.image")));
                 }
+                for (j, env) in c["env"].as_array().into_iter().flatten().enumerate() {
+                    let name = env["name"].as_str().unwrap_or_default();
+                    if let Some(cause) = check_env_var_name(&format!("{base}.env[{j}].name"), name)
+                    {
+                        causes.push(cause);
+                    }
+                }
+                for (j, port) in c["ports"].as_array().into_iter().flatten().enumerate() {
+                    if let Some(name) = port["name"].as_str()
+                        && let Some(cause) =
+                            check_port_name(&format!("{base}.ports[{j}].name"), name)
+                    {
+                        causes.push(cause);
+                    }
+                }
                 if let Some(mounts) = c["volumeMounts"].as_array() {
                     for (j, m) in mounts.iter().enumerate() {
                         let name = m["name"].as_str().unwrap_or_default();
@@ -342,9 +500,26 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
         }
     }
     if rt.resource == "services"
+        && let Some(selector) = object["spec"]["selector"].as_object()
+    {
+        for (key, value) in selector {
+            causes.extend(check_qualified_name("spec.selector", key));
+            if let Some(cause) =
+                check_label_value("spec.selector", value.as_str().unwrap_or_default())
+            {
+                causes.push(cause);
+            }
+        }
+    }
+    if rt.resource == "services"
         && let Some(ports) = object["spec"]["ports"].as_array()
     {
         for (i, port) in ports.iter().enumerate() {
+            if let Some(name) = port["name"].as_str()
+                && let Some(cause) = check_label(&format!("spec.ports[{i}].name"), name)
+            {
+                causes.push(cause);
+            }
             let number = port["port"].as_i64().unwrap_or(0);
             if !(1..=65535).contains(&number) {
                 causes.push(invalid(

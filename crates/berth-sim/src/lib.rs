@@ -17,6 +17,7 @@ mod openapi;
 mod patch;
 mod protobuf;
 mod quantity;
+mod quota;
 mod recorder;
 mod requests;
 mod resources;
@@ -32,7 +33,22 @@ mod tls;
 mod watch;
 
 pub use cluster::{ClientError, SimCluster, StartError};
-pub use error::ApiError;
+pub use error::{ApiError, Cause};
+
+/// The real API server's rules for names, labels, annotations, environment variable names and
+/// port names, as the sim enforces them (so what an operator derives can be checked against
+/// them in its own tests).
+pub mod validation {
+    pub use crate::builtin::{
+        TOTAL_ANNOTATION_SIZE_LIMIT, check_env_var_name, check_label as check_dns1123_label,
+        check_label_value, check_port_name, check_qualified_name, check_subdomain,
+    };
+
+    /// A DNS-1035 label (Service names).
+    pub fn check_dns1035_label(field: &str, value: &str) -> Option<crate::Cause> {
+        crate::builtin::check_dns1035(field, value)
+    }
+}
 pub use faults::{ApiFault, Faults, Frequency, RequestMatch};
 pub use nodes::{Backoff, NodeConfig, Timings};
 pub use requests::{RequestCount, RequestKey};

@@ -288,6 +288,17 @@ fn builtin_types() -> Vec<ResourceType> {
         Spec {
             group: "",
             version: "v1",
+            resource: "resourcequotas",
+            kind: "ResourceQuota",
+            namespaced: true,
+            short: &["quota"],
+            subresources: &["status"],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "",
+            version: "v1",
             resource: "persistentvolumes",
             kind: "PersistentVolume",
             namespaced: false,

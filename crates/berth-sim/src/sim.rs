@@ -595,6 +595,21 @@ impl Sim {
             .collect())
     }
 
+    /// A pod whose quantities cannot be decoded is a bad request, as the real decoder says.
+    fn check_quantities(rt: &ResourceType, object: &Value) -> ApiResult<()> {
+        if !(rt.group.is_empty() && rt.resource == "pods") {
+            return Ok(());
+        }
+        match builtin::bad_quantity(object) {
+            Some(message) => Err(ApiError::bad_request(format!(
+                "{kind} in version \"{}\" cannot be handled as a {kind}: {message}",
+                rt.version,
+                kind = rt.kind
+            ))),
+            None => Ok(()),
+        }
+    }
+
     fn invalid(rt: &ResourceType, name: &str, causes: Vec<Cause>) -> ApiError {
         ApiError::invalid(&rt.kind, &rt.group, name, causes)
     }
@@ -676,6 +691,7 @@ impl Sim {
                     group: String::new(),
                 });
             }
+            crate::quota::admit_pod(&self.store, namespace, &name, &object)?;
         }
         if let Some(meta) = object["metadata"].as_object_mut() {
             for server_field in [
@@ -702,6 +718,7 @@ impl Sim {
             builtin::cluster_ip(self.next_cluster_ip.fetch_add(1, Ordering::Relaxed))
         });
         let warnings = self.admit_custom(rt, &mut object, None, ctx.strict, &name)?;
+        Self::check_quantities(rt, &object)?;
         let causes = builtin::validate(rt, &object);
         if !causes.is_empty() {
             return Err(Self::invalid(rt, &name, causes));
@@ -964,6 +981,7 @@ impl Sim {
             }
         }
         let warnings = self.admit_custom(rt, &mut new, Some(current), ctx.strict, &name)?;
+        Self::check_quantities(rt, &new)?;
         let mut causes = builtin::validate(rt, &new);
         if rt.resource == "pods" && rt.group.is_empty() && subresource.is_empty() {
             causes.extend(builtin::pod_spec_update_forbidden(current, &new));

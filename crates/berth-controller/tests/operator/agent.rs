@@ -8,17 +8,15 @@ use berth_api::Phase;
 use berth_controller::config::AgentConfig;
 use berth_sim::{BoxFuture, ContainerContext, ContainerRuntime, RunningContainer, SimConfig};
 use k8s_openapi::api::{
-    core::v1::{Event, Pod, ServiceAccount},
+    core::v1::{Pod, ServiceAccount},
     rbac::v1::ClusterRole,
 };
-use kube::{
-    Api, ResourceExt,
-    api::{ListParams, PostParams},
-};
+use kube::{Api, ResourceExt, api::PostParams};
 use serde_json::json;
 
 use crate::support::{
-    Harness, OPERATOR, condition, eventually, message_of, phase_of, sim_config, test_config,
+    Harness, OPERATOR, condition, events_about, eventually, message_of, phase_of, sim_config,
+    test_config,
 };
 
 /// Asserts the logs of this test binary say each of `expected` (every string of one entry on
@@ -74,20 +72,6 @@ async fn service_account(h: &Harness, name: &str) {
         )
         .await
         .unwrap();
-}
-
-/// Events about the object with `uid`, as (reason, note).
-async fn events_about(h: &Harness, uid: &str) -> Vec<(String, String)> {
-    let events: Api<Event> = Api::namespaced(h.client.clone(), "default");
-    events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.uid.as_deref() == Some(uid))
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-        .collect()
 }
 
 fn agent_checks(h: &Harness, result: &str) -> u64 {

@@ -7,4 +7,5 @@ mod agent;
 mod leader;
 mod lifecycle;
 mod observability;
+mod refusal;
 mod rejection;

@@ -225,6 +225,21 @@ impl Drop for Harness {
     }
 }
 
+/// The (reason, message) of every event about the object with `uid`.
+pub async fn events_about(h: &Harness, uid: &str) -> Vec<(String, String)> {
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(h.client.clone(), "default");
+    events
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.uid.as_deref() == Some(uid))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
 pub fn phase_of(ws: &Workspace) -> Option<Phase> {
     ws.status.as_ref().and_then(|s| s.phase)
 }

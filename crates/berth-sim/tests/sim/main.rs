@@ -3,6 +3,7 @@
 
 mod support;
 
+mod admission;
 mod api;
 mod auth;
 mod crd;

@@ -1,0 +1,155 @@
+//! When the API server says no: the workspace says so in the API server's words, with a
+//! Warning event and a growing delay, and heals once the cause is fixed.
+//!
+//! What a user sees for a workspace whose pod the API server refuses:
+//! `kubectl get ws` -> `Error`; `Ready=False` with the API's reason (`Forbidden`,
+//! `QuotaExceeded`); the message `Cannot create pod <name>: <the API server's message>`; a
+//! Warning `FailedCreate` event with the same words; no `Created` event (nothing was created).
+
+use std::time::Duration;
+
+use berth_api::Phase;
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota, ServiceAccount};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, PostParams},
+};
+use serde_json::json;
+
+use crate::support::{Harness, OPERATOR, condition, events_about, message_of};
+
+fn pod_creates(h: &Harness) -> u64 {
+    h.sim.count_requests(|k| {
+        k.user == OPERATOR && k.verb == "create" && k.resource == "pods" && k.subresource.is_empty()
+    })
+}
+
+#[tokio::test]
+async fn a_refused_pod_is_explained_in_the_api_servers_words_backs_off_and_heals() {
+    let h = Harness::start().await;
+    let ws = h
+        .create(
+            "nosa",
+            json!({"image": "devbox:1", "command": ["sleep", "inf"], "serviceAccountName": "does-not-exist"}),
+        )
+        .await;
+    let failing = h.until_not_ready("nosa", "Forbidden").await;
+    assert_eq!(failing.status.as_ref().unwrap().phase, Some(Phase::Error));
+    assert_eq!(
+        message_of(&failing),
+        "Cannot create pod nosa-ws: pods \"nosa-ws\" is forbidden: error looking up service account default/does-not-exist: serviceaccount \"does-not-exist\" not found"
+    );
+    assert_eq!(
+        condition(&failing, "Ready").unwrap().message,
+        message_of(&failing)
+    );
+
+    // The refusal is retried with a growing delay (1 s, 2 s, 4 s ...), not in a loop.
+    let before = pod_creates(&h);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let retries = pod_creates(&h) - before;
+    assert!(
+        (1..=3).contains(&retries),
+        "{retries} creates in 4 s after the first refusal"
+    );
+    let events = events_about(&h, &ws.uid().unwrap()).await;
+    let warnings: Vec<&(String, String)> =
+        events.iter().filter(|(r, _)| r == "FailedCreate").collect();
+    assert!(!warnings.is_empty(), "a FailedCreate event: {events:?}");
+    assert!(
+        warnings[0]
+            .1
+            .contains("serviceaccount \"does-not-exist\" not found"),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings.len() <= 1,
+        "the same refusal is one event (a series), not one per attempt: {events:?}"
+    );
+    assert!(
+        !events.iter().any(|(r, _)| r == "Created"),
+        "nothing was created: {events:?}"
+    );
+
+    // Fixed: the account exists, and the next retry creates the pod.
+    let accounts: Api<ServiceAccount> = Api::namespaced(h.client.clone(), "default");
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "does-not-exist"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    h.grant_auth_delegator("default", "does-not-exist").await;
+    h.until_phase("nosa", Phase::Running).await;
+    let events = events_about(&h, &ws.uid().unwrap()).await;
+    assert!(events.iter().any(|(r, _)| r == "Created"), "{events:?}");
+}
+
+#[tokio::test]
+async fn a_quota_refusal_is_quota_exceeded_and_heals_when_room_is_made() {
+    let h = Harness::start().await;
+    let quotas: Api<ResourceQuota> = Api::namespaced(h.client.clone(), "default");
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "two-pods"}, "spec": {"hard": {"pods": "1"}}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(h.client.clone(), "default");
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "hog"}, "spec": {"containers": [{"name": "c", "image": "x:1"}]}}))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    h.create(
+        "quota",
+        json!({"image": "devbox:1", "command": ["sleep", "inf"]}),
+    )
+    .await;
+    let failing = h.until_not_ready("quota", "QuotaExceeded").await;
+    assert_eq!(
+        message_of(&failing),
+        "Cannot create pod quota-ws: pods \"quota-ws\" is forbidden: exceeded quota: two-pods, requested: pods=1, used: pods=1, limited: pods=1"
+    );
+    pods.delete(
+        "hog",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    h.until_phase("quota", Phase::Running).await;
+}
+
+#[tokio::test]
+async fn a_create_refused_for_the_whole_start_timeout_fails_the_workspace() {
+    let h = Harness::start().await;
+    h.create(
+        "stuck",
+        json!({"image": "devbox:1", "serviceAccountName": "never", "lifecycle": {"startTimeout": "3s"}}),
+    )
+    .await;
+    let failed = h.until_phase("stuck", Phase::Failed).await;
+    let stalled = condition(&failed, "Stalled").unwrap();
+    assert_eq!(stalled.reason, "StartTimeout");
+    assert!(
+        stalled.message.starts_with(
+            "No progress for 3s while creating pod stuck-ws: pods \"stuck-ws\" is forbidden: error looking up service account default/never"
+        ),
+        "{}",
+        stalled.message
+    );
+    // Given up: no more creates until the spec changes.
+    let before = pod_creates(&h);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(pod_creates(&h), before);
+}

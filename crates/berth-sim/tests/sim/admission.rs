@@ -1,0 +1,217 @@
+//! Admission: the refusals a real API server makes after validation — the ServiceAccount
+//! plugin and ResourceQuota — with its words.
+
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use kube::{
+    Api,
+    api::{DeleteParams, PostParams},
+};
+use serde_json::json;
+
+use crate::support::{api_error, cluster, pod};
+
+fn pod_with(name: &str, spec: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+}
+
+#[tokio::test]
+async fn a_pod_whose_service_account_does_not_exist_is_refused() {
+    let sim = cluster().await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let refused = pods
+        .create(
+            &PostParams::default(),
+            &pod_with(
+                "p",
+                json!({"serviceAccountName": "nope", "containers": [{"name": "c", "image": "x:1"}]}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        api_error(refused),
+        (
+            403,
+            "Forbidden".into(),
+            "pods \"p\" is forbidden: error looking up service account default/nope: serviceaccount \"nope\" not found".into()
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_resource_quota_refuses_pods_past_its_hard_limits() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), "default");
+    quotas
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "compute"},
+                "spec": {"hard": {"count/pods": "2", "requests.cpu": "1", "requests.memory": "1Gi"}}
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let sized = |name: &str, cpu: &str| {
+        pod_with(
+            name,
+            json!({"containers": [{"name": "c", "image": "x:1", "resources": {"requests": {"cpu": cpu, "memory": "256Mi"}}}]}),
+        )
+    };
+    // A pod that does not say what it requests cannot be counted.
+    assert_eq!(
+        api_error(pods.create(&PostParams::default(), &pod("bare", "web")).await),
+        (
+            403,
+            "Forbidden".into(),
+            "pods \"bare\" is forbidden: failed quota: compute: must specify requests.cpu for: main; requests.memory for: main".into()
+        )
+    );
+    pods.create(&PostParams::default(), &sized("a", "600m"))
+        .await
+        .unwrap();
+    assert_eq!(
+        api_error(pods.create(&PostParams::default(), &sized("b", "500m")).await),
+        (
+            403,
+            "Forbidden".into(),
+            "pods \"b\" is forbidden: exceeded quota: compute, requested: requests.cpu=500m, used: requests.cpu=600m, limited: requests.cpu=1".into()
+        )
+    );
+    pods.create(&PostParams::default(), &sized("b", "400m"))
+        .await
+        .unwrap();
+    assert_eq!(
+        api_error(pods.create(&PostParams::default(), &sized("c", "0")).await).2,
+        "pods \"c\" is forbidden: exceeded quota: compute, requested: count/pods=1, used: count/pods=2, limited: count/pods=2"
+    );
+    // Room again once a pod is gone.
+    pods.delete(
+        "a",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    pods.create(&PostParams::default(), &sized("c", "100m"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn names_labels_annotations_env_names_port_names_and_quantities_follow_the_real_rules() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Service};
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let container = json!({"name": "c", "image": "x:1"});
+    let labelled = |labels: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p", "labels": labels}, "spec": {"containers": [container.clone()]}})).unwrap()
+    };
+    let long = "a".repeat(64);
+    let (code, _, message) = api_error(
+        pods.create(
+            &PostParams::default(),
+            &labelled(json!({"berth.dev/workspace": long})),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains(&format!(
+            "metadata.labels: Invalid value: \"{long}\": must be no more than 63 characters"
+        )),
+        "{message}"
+    );
+    let (_, _, message) = api_error(
+        pods.create(&PostParams::default(), &labelled(json!({"bad key!": "x"})))
+            .await,
+    );
+    assert!(
+        message.contains("name part must consist of alphanumeric characters"),
+        "{message}"
+    );
+
+    let huge = "x".repeat(256 * 1024);
+    let annotated: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "big", "annotations": {"a": huge}}}))
+            .unwrap();
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let (code, _, message) = api_error(configmaps.create(&PostParams::default(), &annotated).await);
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("metadata.annotations: Too long: may not be more than 262144 bytes"),
+        "{message}"
+    );
+
+    let with = |container: serde_json::Value| -> Pod {
+        serde_json::from_value(
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [container]}}),
+        )
+        .unwrap()
+    };
+    let (code, _, message) = api_error(
+        pods.create(
+            &PostParams::default(),
+            &with(json!({"name": "c", "image": "x:1", "env": [{"name": "1BAD", "value": "x"}]})),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("spec.containers[0].env[0].name: Invalid value: \"1BAD\": a valid environment variable name"),
+        "{message}"
+    );
+    let (_, _, message) = api_error(
+        pods.create(
+            &PostParams::default(),
+            &with(json!({"name": "c", "image": "x:1", "ports": [{"name": "a-very-long-port-name", "containerPort": 80}]})),
+        )
+        .await,
+    );
+    assert!(
+        message.contains("spec.containers[0].ports[0].name: Invalid value: \"a-very-long-port-name\": must be no more than 15 characters"),
+        "{message}"
+    );
+    let (code, _, message) = api_error(
+        pods.create(
+            &PostParams::default(),
+            &with(json!({"name": "c", "image": "x:1", "resources": {"requests": {"cpu": "lots"}}})),
+        )
+        .await,
+    );
+    assert_eq!(code, 400);
+    assert!(
+        message.contains("quantities must match the regular expression"),
+        "{message}"
+    );
+
+    // Service names are DNS-1035 labels; selectors are label values.
+    let services: Api<Service> = Api::namespaced(client, "default");
+    let service = |name: &str, selector: &str| -> Service {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"selector": {"app": selector}, "ports": [{"port": 80}]}})).unwrap()
+    };
+    let (code, _, message) = api_error(
+        services
+            .create(&PostParams::default(), &service("1abc", "x"))
+            .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("a DNS-1035 label must consist of"),
+        "{message}"
+    );
+    let (_, _, message) = api_error(
+        services
+            .create(&PostParams::default(), &service("ok", &long))
+            .await,
+    );
+    assert!(
+        message.contains("spec.selector: Invalid value"),
+        "{message}"
+    );
+}
