@@ -48,8 +48,11 @@ pub struct WorkspaceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
 
-    /// Environment variables of the workspace container (core/v1 EnvVar).
+    /// Environment variables of the workspace container (core/v1 EnvVar). Names are
+    /// C-identifier-like (`[-._a-zA-Z][-._a-zA-Z0-9]*`); names starting with `BERTH_` are the
+    /// agent's and refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "env_schema")]
     pub env: Vec<EnvVar>,
 
     /// CPU and memory requests and limits of the workspace container.
@@ -61,7 +64,8 @@ pub struct WorkspaceSpec {
     #[schemars(length(max = 32))]
     #[x_kube(
         validation = Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message("each port name must be unique"),
-        validation = Rule::new("self.all(p, self.exists_one(q, q.port == p.port))").message("each port number must be unique")
+        validation = Rule::new("self.all(p, self.exists_one(q, q.port == p.port))").message("each port number must be unique"),
+        validation = Rule::new("self.all(p, p.name.matches('[a-z]'))").message("each port name must contain at least one letter (a-z), as Kubernetes requires of container port names")
     )]
     pub ports: Vec<WorkspacePort>,
 
@@ -87,15 +91,43 @@ pub struct WorkspaceSpec {
     pub lifecycle: Option<Lifecycle>,
 }
 
+/// The most environment variables a workspace may set (a bound for the CRD's rule costs).
+pub const MAX_ENV: u64 = 256;
+
+/// The schema of `spec.env`: core/v1 EnvVar items whose names follow the real API server's
+/// rule, and may not take the agent's `BERTH_` prefix (the agent's settings are the
+/// operator's, never the user's).
+fn env_schema(generator: &mut SchemaGenerator) -> Schema {
+    let mut items = generator.subschema_for::<EnvVar>();
+    if let Some(name) = items
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("name"))
+        .and_then(|n| n.as_object_mut())
+    {
+        name.insert("maxLength".into(), 256.into());
+        name.insert("pattern".into(), r"^[-._a-zA-Z][-._a-zA-Z0-9]*$".into());
+        name.insert(
+            "x-kubernetes-validations".into(),
+            serde_json::json!([{
+                "rule": "!self.startsWith('BERTH_')",
+                "message": "environment variables starting with BERTH_ are reserved for the Berth agent"
+            }]),
+        );
+    }
+    json_schema!({
+        "type": "array",
+        "maxItems": MAX_ENV,
+        "items": items
+    })
+}
+
 /// A port the workspace serves.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspacePort {
-    /// The port's name, a DNS-1123 label (e.g. `http`); unique within the workspace.
-    #[schemars(
-        length(min = 1, max = 63),
-        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    )]
+    /// The port's name (e.g. `http`), unique within the workspace: at most 15 lowercase
+    /// letters, digits and single hyphens, with at least one letter (a container port name).
+    #[schemars(length(min = 1, max = 15), regex(pattern = r"^[a-z0-9](-?[a-z0-9])*$"))]
     pub name: String,
     /// The port number the workspace container listens on, 1 to 65535.
     #[schemars(range(min = 1, max = 65535))]

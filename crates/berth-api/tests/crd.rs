@@ -158,12 +158,14 @@ fn spec_constraints_are_in_the_schema() {
         (port["minimum"].as_f64(), port["maximum"].as_f64()),
         (Some(1.0), Some(65535.0))
     );
+    // A container port name: at most 15 characters, no double hyphen (an IANA service name).
     let port_name = at(&s, "spec.ports[].name");
-    assert_eq!(
-        port_name["pattern"],
-        json!(berth_api::workspace::DNS1123_LABEL_PATTERN)
-    );
-    assert_eq!(port_name["maxLength"], json!(63));
+    assert_eq!(port_name["pattern"], json!("^[a-z0-9](-?[a-z0-9])*$"));
+    assert_eq!(port_name["maxLength"], json!(15));
+
+    let env_name = at(&s, "spec.env[].name");
+    assert_eq!(env_name["pattern"], json!("^[-._a-zA-Z][-._a-zA-Z0-9]*$"));
+    assert_eq!(at(&s, "spec.env")["maxItems"], json!(256));
 
     for path in [
         "spec.podTemplate.volumes.secrets[].secretName",
@@ -252,7 +254,8 @@ fn cel_rules_are_in_the_schema_with_messages() {
         messages,
         [
             "each port name must be unique",
-            "each port number must be unique"
+            "each port number must be unique",
+            "each port name must contain at least one letter (a-z), as Kubernetes requires of container port names"
         ]
     );
 }
@@ -355,5 +358,25 @@ mod cel_semantics {
         );
         assert_eq!(errs.len(), 1, "{errs:?}");
         assert!(errs[0].contains("each port number must be unique"));
+        let errs = errors(json!({"image": "x", "ports": [{"name": "8080", "port": 80}]}));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("must contain at least one letter"));
+    }
+
+    #[test]
+    fn the_agents_berth_variables_are_refused_in_env() {
+        let errs =
+            errors(json!({"image": "x", "env": [{"name": "BERTH_AGENT_AUTH", "value": "none"}]}));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(
+            errs[0].contains(
+                "environment variables starting with BERTH_ are reserved for the Berth agent"
+            ),
+            "{errs:?}"
+        );
+        assert_eq!(
+            errors(json!({"image": "x", "env": [{"name": "EDITOR", "value": "vim"}]})),
+            Vec::<String>::new()
+        );
     }
 }

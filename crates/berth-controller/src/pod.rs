@@ -4,7 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use berth_api::{Workspace, WorkspaceSpec, labels};
+use berth_api::{
+    Workspace, WorkspaceSpec,
+    labels::{self, bounded},
+};
 use k8s_openapi::{
     api::core::v1::{
         Container, ContainerPort, EnvVar, EnvVarSource, GRPCAction, ObjectFieldSelector,
@@ -43,25 +46,6 @@ pub fn serves_agent_tls(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.volumes.as_ref())
         .is_some_and(|v| v.iter().any(|v| v.name == AGENT_TLS_VOLUME))
-}
-
-fn short_hash(text: &str) -> String {
-    let digest = Sha256::digest(text.as_bytes());
-    digest.iter().take(4).map(|b| format!("{b:02x}")).collect()
-}
-
-/// `name` with `suffix`, shortened (with a hash of the whole) to fit `limit`.
-fn bounded(name: &str, suffix: &str, limit: usize) -> String {
-    let full = format!("{name}{suffix}");
-    if full.len() <= limit {
-        return full;
-    }
-    let keep = limit - suffix.len() - 9;
-    format!(
-        "{}-{}{suffix}",
-        name[..keep].trim_end_matches(['-', '.']),
-        short_hash(name)
-    )
 }
 
 /// The workspace's pod: `<workspace>-ws`, the same name for every pod it ever has.
@@ -433,7 +417,13 @@ pub fn build_service(workspace: &Workspace) -> Option<Service> {
         ),
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".into()),
-            selector: Some([(labels::WORKSPACE.to_owned(), name)].into()),
+            selector: Some(
+                [(
+                    labels::WORKSPACE.to_owned(),
+                    labels::workspace_label_value(&name),
+                )]
+                .into(),
+            ),
             ports: Some(
                 workspace
                     .spec
@@ -682,7 +672,91 @@ pub(crate) mod tests {
         assert_ne!(spec_hash(&a.spec), spec_hash(&other.spec));
     }
 
+    /// Every rule a real API server applies to what Berth derives from `ws`: object names per
+    /// kind, label keys and values, the service selector, container, volume and port names, and
+    /// environment variable names. The rules are the sim's, which enforces them too.
+    fn derived_violations(ws: &Workspace) -> Vec<String> {
+        use berth_sim::validation::*;
+        let mut causes = vec![];
+        let pod = serde_json::to_value(build_pod(ws, &AgentConfig::default())).unwrap();
+        let name = ws.name_any();
+        causes.extend(check_subdomain("pod", &pod_name(&name)));
+        causes.extend(check_subdomain("claim", &claim_name(&name)));
+        causes.extend(check_dns1035_label("service", &service_name(&name)));
+        let mut labelled = vec![pod["metadata"]["labels"].clone()];
+        if let Some(claim) = build_claim(ws) {
+            labelled.push(serde_json::to_value(claim).unwrap()["metadata"]["labels"].clone());
+        }
+        if let Some(service) = build_service(ws) {
+            let service = serde_json::to_value(service).unwrap();
+            labelled.push(service["metadata"]["labels"].clone());
+            labelled.push(service["spec"]["selector"].clone());
+        }
+        for labels in labelled {
+            for (key, value) in labels.as_object().unwrap() {
+                causes.extend(check_qualified_name("label", key));
+                causes.extend(check_label_value("label", value.as_str().unwrap()));
+            }
+        }
+        for volume in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+            causes.extend(check_dns1123_label(
+                "volume",
+                volume["name"].as_str().unwrap(),
+            ));
+        }
+        for list in ["initContainers", "containers"] {
+            for container in pod["spec"][list].as_array().into_iter().flatten() {
+                causes.extend(check_dns1123_label(
+                    "container",
+                    container["name"].as_str().unwrap(),
+                ));
+                for port in container["ports"].as_array().into_iter().flatten() {
+                    causes.extend(check_port_name("port", port["name"].as_str().unwrap()));
+                }
+                for env in container["env"].as_array().into_iter().flatten() {
+                    causes.extend(check_env_var_name("env", env["name"].as_str().unwrap()));
+                }
+            }
+        }
+        causes
+            .into_iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect()
+    }
+
+    #[test]
+    fn a_253_character_name_and_a_leading_digit_derive_valid_names_and_labels() {
+        let long = format!("{}.{}", "a".repeat(126), "b".repeat(126));
+        for name in [long.as_str(), "1abc", "9.dots.in.name", "x"] {
+            let ws = workspace(
+                name,
+                json!({"image": "x:1", "ports": [{"name": "http", "port": 80}],
+                "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"}}}}),
+            );
+            assert_eq!(derived_violations(&ws), Vec::<String>::new(), "{name}");
+        }
+        // The label names the workspace when it can, and the ownerReference always does.
+        let ws = workspace(&long, json!({"image": "x:1"}));
+        let pod = build_pod(&ws, &AgentConfig::default());
+        assert_eq!(pod.labels()[labels::WORKSPACE].len(), 63);
+        assert_eq!(pod.owner_references()[0].name, long);
+    }
+
     proptest::proptest! {
+        #[test]
+        fn every_derived_name_and_label_is_valid_for_its_kind(
+            name in "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?){0,3}",
+            port_name in "[a-z]{1,3}(-?[a-z0-9]){0,6}",
+            env_name in "[-._a-zA-Z][-._a-zA-Z0-9]{0,20}",
+        ) {
+            let ws = workspace(&name, json!({"image": "x:1", "command": ["sleep", "1"],
+                "env": [{"name": env_name, "value": "v"}],
+                "ports": [{"name": port_name, "port": 8080}],
+                "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"},
+                    "secrets": [{"secretName": "s", "mountPath": "/s"}], "data": [{"claimName": "d", "mountPath": "/d"}]}}}));
+            proptest::prop_assert_eq!(derived_violations(&ws), Vec::<String>::new());
+        }
+
         #[test]
         fn building_twice_gives_the_same_pod(image in "[a-z]{1,10}:[0-9]{1,3}", port in 1i32..65535, mode in 0i32..512) {
             let ws = workspace("p", json!({"image": image, "ports": [{"name": "p", "port": port}],

@@ -252,8 +252,8 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
         expectations: Default::default(),
     });
 
-    // Warning events map to the workspace of the pod they are about (found by the pod's
-    // label in the cache, else by the pod name's suffix).
+    // Warning events map to the workspace of the pod they are about (named in full by the
+    // pod's controller ownerReference in the cache, else by the pod name's suffix).
     let pods_for_events = pods.clone();
     let event_to_workspace = move |event: Event| -> Option<ObjectRef<Workspace>> {
         let involved = &event.involved_object;
@@ -261,7 +261,12 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
         let pod_name = involved.name.clone()?;
         let workspace = pods_for_events
             .get(&ObjectRef::new(&pod_name).within(&namespace))
-            .and_then(|p| p.labels().get(labels::WORKSPACE).cloned())
+            .and_then(|p| {
+                p.owner_references()
+                    .iter()
+                    .find(|o| o.controller == Some(true) && o.kind == "Workspace")
+                    .map(|o| o.name.clone())
+            })
             .or_else(|| pod_name.strip_suffix("-ws").map(str::to_owned))?;
         Some(ObjectRef::new(&workspace).within(&namespace))
     };

@@ -153,3 +153,50 @@ async fn a_create_refused_for_the_whole_start_timeout_fails_the_workspace() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(pod_creates(&h), before);
 }
+
+#[tokio::test]
+async fn a_long_name_and_a_leading_digit_run_with_names_and_labels_a_real_server_accepts() {
+    use k8s_openapi::api::core::v1::Service;
+    let h = Harness::start().await;
+    // 100 characters: the label value would be refused past 63, so it is shortened with a hash.
+    let long = format!("{}.{}", "a".repeat(60), "b".repeat(39));
+    for name in [long.as_str(), "1st"] {
+        h.create(
+            name,
+            json!({"image": "devbox:1", "command": ["sleep", "inf"], "ports": [{"name": "http", "port": 8080}]}),
+        )
+        .await;
+    }
+    for name in [long.as_str(), "1st"] {
+        let running = h.until_phase(name, Phase::Running).await;
+        let pod_name = running.status.unwrap().pod.unwrap().name;
+        let pods: Api<Pod> = Api::namespaced(h.client.clone(), "default");
+        let pod = pods.get(&pod_name).await.unwrap();
+        let services: Api<Service> = Api::namespaced(h.client.clone(), "default");
+        let service = crate::support::eventually(
+            Duration::from_secs(10),
+            "the workspace's service",
+            || async {
+                services
+                    .list(&Default::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .into_iter()
+                    .find(|s| {
+                        s.owner_references()
+                            .iter()
+                            .any(|o| o.name == name && o.kind == "Workspace")
+                    })
+            },
+        )
+        .await;
+        // The service selects exactly this workspace's pod.
+        let selector = service.spec.unwrap().selector.unwrap();
+        assert!(
+            selector.iter().all(|(k, v)| pod.labels().get(k) == Some(v)),
+            "{selector:?} vs {:?}",
+            pod.labels()
+        );
+    }
+}
