@@ -61,14 +61,18 @@ pub struct Authenticator {
 
 fn api_refusal(api: &str, error: &kube::Error, scope: &Scope) -> Status {
     match error {
-        kube::Error::Api(status) if status.code == 403 => Status::unauthenticated(format!(
-            "{api} API is unavailable: grant system:auth-delegator to {} (kubectl create clusterrolebinding <name> --clusterrole=system:auth-delegator --serviceaccount={})",
-            scope.service_account,
-            scope
+        kube::Error::Api(status) if status.code == 403 => {
+            // A command that pastes into a shell as it is: real names, no placeholders.
+            let account = scope
                 .service_account
                 .strip_prefix("system:serviceaccount:")
-                .unwrap_or(&scope.service_account)
-        )),
+                .unwrap_or(&scope.service_account);
+            let binding = format!("berth-agent-{}", account.replace(':', "-"));
+            Status::unauthenticated(format!(
+                "{api} API is unavailable: grant system:auth-delegator to {} (kubectl create clusterrolebinding {binding} --clusterrole=system:auth-delegator --serviceaccount={account})",
+                scope.service_account,
+            ))
+        }
         other => Status::unauthenticated(format!("{api} API is unavailable: {other}")),
     }
 }

@@ -10,6 +10,9 @@ pub enum Error {
     /// The finalizer helper failed to add or remove the finalizer, or cleanup failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The metrics or health endpoints cannot be served (e.g. the address is in use).
+    #[error("{0}")]
+    Serve(String),
     /// The leader-election lease could not be used.
     #[error("leader election: {0}")]
     LeaderElection(String),
@@ -40,6 +43,7 @@ impl Error {
             },
             Error::Finalizer(_) => "Finalizer",
             Error::LeaderElection(_) => "LeaderElection",
+            Error::Serve(_) => "Serve",
             Error::Serialization(_) => "Serialization",
         }
     }

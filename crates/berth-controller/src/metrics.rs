@@ -150,32 +150,45 @@ async fn readyz(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
     }
 }
 
-/// Serves `/metrics` on one address and the health endpoints on another (or the same).
+/// Binds `/metrics` on one address and the health endpoints on another (or the same), and
+/// returns the future that serves them.
 pub async fn serve(
     metrics: Arc<Metrics>,
     metrics_address: Option<SocketAddr>,
     health_address: Option<SocketAddr>,
-) -> std::io::Result<()> {
-    let mut servers = tokio::task::JoinSet::new();
+) -> Result<impl std::future::Future<Output = ()> + Send + 'static, crate::Error> {
     let metrics_router = Router::new().route("/metrics", get(self::metrics));
     let health_router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz));
-    let plan: Vec<(SocketAddr, Router<Arc<Metrics>>)> = match (metrics_address, health_address) {
-        (Some(m), Some(h)) if m == h => vec![(m, metrics_router.merge(health_router))],
-        (m, h) => m
-            .map(|a| (a, metrics_router))
-            .into_iter()
-            .chain(h.map(|a| (a, health_router)))
-            .collect(),
-    };
-    for (address, router) in plan {
-        let listener = tokio::net::TcpListener::bind(address).await?;
-        let app = router.with_state(metrics.clone());
-        servers.spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+    let plan: Vec<(SocketAddr, &str, Router<Arc<Metrics>>)> =
+        match (metrics_address, health_address) {
+            (Some(m), Some(h)) if m == h => {
+                vec![(m, "metrics and health", metrics_router.merge(health_router))]
+            }
+            (m, h) => m
+                .map(|a| (a, "metrics", metrics_router))
+                .into_iter()
+                .chain(h.map(|a| (a, "health", health_router)))
+                .collect(),
+        };
+    // Every address is bound before anything is served: one in use fails the start, naming it.
+    let mut bound = vec![];
+    for (address, what, router) in plan {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|e| crate::Error::Serve(format!("cannot serve {what} on {address}: {e}")))?;
+        let local = listener.local_addr().unwrap_or(address);
+        tracing::info!(address = %local, "serving {what}");
+        bound.push((listener, router.with_state(metrics.clone())));
     }
-    while servers.join_next().await.is_some() {}
-    Ok(())
+    Ok(async move {
+        let mut servers = tokio::task::JoinSet::new();
+        for (listener, app) in bound {
+            servers.spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            });
+        }
+        while servers.join_next().await.is_some() {}
+    })
 }

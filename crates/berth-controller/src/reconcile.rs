@@ -135,11 +135,7 @@ pub async fn run(client: Client, config: Config) -> Result<()> {
             config.health_address,
             metrics.clone(),
         );
-        tokio::spawn(async move {
-            if let Err(e) = crate::metrics::serve(served, m, h).await {
-                warn!(error = %e, "cannot serve metrics or health endpoints");
-            }
-        });
+        tokio::spawn(crate::metrics::serve(served, m, h).await?);
     }
     run_with_metrics(client, config, metrics).await
 }
@@ -540,13 +536,13 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
             } else {
                 EventType::Normal
             },
-            reason: notice.reason.to_owned(),
+            reason: notice.reason.to_string(),
             note: Some(notice.note.clone()),
-            action: notice.reason.to_owned(),
+            action: notice.reason.to_string(),
             secondary: None,
         };
         if let Err(error) = ctx.recorder.publish(&event, &reference).await {
-            warn!(%error, reason = notice.reason, "cannot publish event");
+            warn!(%error, reason = %notice.reason, "cannot publish event");
         }
     }
     Ok(Requeue::requeue(decision.requeue))

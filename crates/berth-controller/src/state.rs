@@ -174,7 +174,7 @@ pub struct Recreation {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Notice {
     pub warning: bool,
-    pub reason: &'static str,
+    pub reason: std::borrow::Cow<'static, str>,
     pub note: String,
 }
 
@@ -182,15 +182,15 @@ impl Notice {
     fn normal(reason: &'static str, note: String) -> Self {
         Notice {
             warning: false,
-            reason,
+            reason: reason.into(),
             note,
         }
     }
 
-    fn warning(reason: &'static str, note: String) -> Self {
+    fn warning(reason: impl Into<std::borrow::Cow<'static, str>>, note: String) -> Self {
         Notice {
             warning: true,
-            reason,
+            reason: reason.into(),
             note,
         }
     }
@@ -1223,6 +1223,7 @@ impl Builder<'_> {
                 requeue = requeue.min(wait);
             }
         }
+        self.explain_error();
         Decision {
             status: self.status,
             actions: self.actions,
@@ -1230,6 +1231,24 @@ impl Builder<'_> {
             requeue,
             recreation: self.recreation,
         }
+    }
+
+    /// Going to `Error`, or to another cause of it, publishes a Warning on the workspace with
+    /// the cause (the Ready reason) and the message, so `kubectl describe ws` tells why.
+    fn explain_error(&mut self) {
+        if self.status.phase != Some(Phase::Error) || self.notices.iter().any(|n| n.warning) {
+            return;
+        }
+        let Some(ready) = find_condition(&self.status.conditions, types::READY) else {
+            return;
+        };
+        let before = find_condition(&self.old.conditions, types::READY).map(|c| c.reason.as_str());
+        if self.old.phase == Some(Phase::Error) && before == Some(ready.reason.as_str()) {
+            return;
+        }
+        let note = self.status.message.clone().unwrap_or_default();
+        self.notices
+            .push(Notice::warning(ready.reason.clone(), note));
     }
 }
 

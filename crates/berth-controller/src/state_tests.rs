@@ -141,8 +141,8 @@ fn pending_creates_the_pod() {
     assert_eq!(d.status.observed_generation, Some(1));
 }
 
-fn notice_reasons(d: &Decision) -> Vec<&'static str> {
-    d.notices.iter().map(|n| n.reason).collect()
+fn notice_reasons(d: &Decision) -> Vec<&str> {
+    d.notices.iter().map(|n| n.reason.as_ref()).collect()
 }
 
 #[test]
@@ -151,8 +151,18 @@ fn events_tell_what_happened_created_once_the_pod_exists_started_once_a_containe
     let waiting = json!({"phase": "Pending", "podIP": "10.0.0.1", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]});
     let pod = pod_of(&ws, waiting);
     let d = decide(&ws, Some(&pod), &[]);
-    // The pod has an IP, but no container ever ran: not `Started`.
-    assert_eq!(notice_reasons(&d), ["Created"]);
+    // The pod has an IP, but no container ever ran: not `Started`. Its error is told once.
+    assert_eq!(notice_reasons(&d), ["Created", "ImagePullBackOff"]);
+    assert!(d.notices[1].warning);
+    assert_eq!(
+        d.notices[1].note,
+        "ImagePullBackOff: Back-off pulling image"
+    );
+    let seen = workspace(
+        json!({"image": "x:1"}),
+        serde_json::to_value(&d.status).unwrap(),
+    );
+    assert!(decide(&seen, Some(&pod), &[]).notices.is_empty());
 
     let ws = workspace(
         json!({"image": "x:1"}),
@@ -220,6 +230,10 @@ fn a_refused_create_is_an_error_in_the_api_servers_words_with_a_warning_and_back
     assert_eq!(d.requeue, Duration::from_secs(1));
 
     // The same refusal seen by a later reconcile: no new event, and the delay has grown.
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        serde_json::to_value(&d.status).unwrap(),
+    );
     let d = decide_refused(&ws, None, &refused(Action::CreatePod, 3, 1, false));
     assert!(d.notices.is_empty());
     assert_eq!(d.status.phase, Some(Phase::Error));
@@ -402,7 +416,7 @@ fn an_agent_auth_failure_keeps_the_pod_and_says_what_to_fix() {
     assert_eq!(
         d.notices
             .iter()
-            .map(|n| (n.warning, n.reason))
+            .map(|n| (n.warning, n.reason.as_ref()))
             .collect::<Vec<_>>(),
         [(true, "AgentAuthFailed")]
     );

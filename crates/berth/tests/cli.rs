@@ -331,6 +331,60 @@ fn controller_refuses_bad_flags_with_a_clear_message() {
     );
 }
 
+#[test]
+fn controller_exits_naming_an_address_in_use() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\nusers: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
+    )
+    .unwrap();
+    for (flag, other) in [
+        ("--metrics-address", "--health-address"),
+        ("--health-address", "--metrics-address"),
+    ] {
+        let mut child = Command::new(BERTH)
+            .args([
+                "controller",
+                "--service-account",
+                "berth-system/berth-controller",
+            ])
+            .args([flag, address.as_str(), other, "127.0.0.1:0"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("BERTH_LOG_FORMAT", "text")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("berth controller kept running with {flag} {address} in use");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let output = child.wait_with_output().unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stderr),
+            String::from_utf8_lossy(&output.stdout)
+        );
+        assert!(!status.success());
+        assert!(said.contains(&format!("on {address}: ")), "{said}");
+        assert!(
+            said.to_lowercase().contains("address already in use"),
+            "{said}"
+        );
+    }
+}
+
 /// What a person sees in the first seconds of `berth dev`: every example reaches the phase
 /// its file promises, with the message that explains it.
 #[test]

@@ -203,7 +203,7 @@ async fn review_apis_the_agent_may_not_use_say_what_to_bind() {
     let (code, message) = refused(&lonely, &s.token("caller", "berth-agent", hour)).await;
     assert_eq!(code, Code::Unauthenticated);
     assert!(message.starts_with("TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:default:lonely"), "{message}");
-    assert!(message.contains("kubectl create clusterrolebinding <name> --clusterrole=system:auth-delegator --serviceaccount=default:lonely"), "{message}");
+    assert!(message.contains("kubectl create clusterrolebinding berth-agent-default-lonely --clusterrole=system:auth-delegator --serviceaccount=default:lonely"), "{message}");
 
     let half = s.agent("half").await;
     let (code, message) = refused(&half, &s.token("caller", "berth-agent", hour)).await;

@@ -191,6 +191,18 @@ async fn a_missing_secret_is_explained_within_two_seconds_and_heals_in_place() {
     )
     .await;
     assert_eq!(condition(&failing, "Ready").unwrap().reason, "FailedMount");
+    // `kubectl describe ws bob` tells why, in a Warning on the workspace itself.
+    let told = eventually(WAIT, "a FailedMount event on the workspace", || async {
+        let events = crate::support::events_about(&h, &failing.uid().unwrap()).await;
+        events
+            .into_iter()
+            .find(|(reason, _)| reason == "FailedMount")
+    })
+    .await;
+    assert!(
+        told.1.contains("secret \"workspace-secret\" not found"),
+        "{told:?}"
+    );
     let first_uid = failing.status.unwrap().pod.unwrap().uid;
 
     secret(&h, "workspace-secret").await;

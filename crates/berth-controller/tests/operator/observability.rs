@@ -54,11 +54,11 @@ async fn metrics_count_reconciles_writes_and_phases_and_are_served() {
     let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = probe.local_addr().unwrap();
     drop(probe);
-    tokio::spawn(berth_controller::metrics::serve(
-        served,
-        Some(address),
-        Some(address),
-    ));
+    tokio::spawn(
+        berth_controller::metrics::serve(served, Some(address), Some(address))
+            .await
+            .unwrap(),
+    );
     let config = berth_controller::Config {
         namespace: Some("metrics".into()),
         ..test_config()
