@@ -686,6 +686,26 @@ fn failed_after_no_progress_for_the_start_timeout() {
 }
 
 #[test]
+fn a_workspace_whose_spec_cannot_work_is_deleted_at_once() {
+    let mut ws = workspace(
+        json!({"image": "x:1", "lifecycle": {"startTimeout": "1x"}}),
+        json!({"phase": "Failed"}),
+    );
+    ws.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
+    let pod = pod_of(&ws, json!({"phase": "Running"}));
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Terminating));
+    assert_eq!(
+        d.actions,
+        vec![Action::DeletePod {
+            uid: "pod-1".into()
+        }],
+        "the pod stops now, not after the deletion grace"
+    );
+}
+
+#[test]
 fn an_invalid_spec_waits_for_a_change() {
     let ws = workspace(
         json!({"image": "x:1", "lifecycle": {"startTimeout": "1x"}}),

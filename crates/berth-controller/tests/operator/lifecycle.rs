@@ -437,6 +437,15 @@ async fn deleting_a_workspace_removes_what_it_owns_even_when_its_pod_is_stuck() 
         .then_some(())
     })
     .await;
+    // Waiting for the pod to stop is not a failed reconcile (only a stale cache's conflict is).
+    let errors: Vec<String> = h
+        .metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("berth_reconcile_errors_total{") && !l.contains("Conflict"))
+        .map(str::to_owned)
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
     pods(&h)
         .patch(
             "hank-ws",
