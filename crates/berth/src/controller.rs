@@ -142,8 +142,7 @@ impl ControllerArgs {
                     .clone()
                     .or_else(|| std::env::var("POD_NAMESPACE").ok())
                     .unwrap_or_else(|| "default".into()),
-                identity: std::env::var("HOSTNAME")
-                    .unwrap_or_else(|_| format!("berth-{}", std::process::id())),
+                identity: replica_identity(std::env::var("HOSTNAME").ok()),
                 duration_seconds: 15,
                 grace_seconds: 5,
             }),
@@ -192,6 +191,16 @@ impl ControllerArgs {
     }
 }
 
+/// Who this replica is in the Lease: the pod name plus a random suffix, so two replicas that
+/// share a host name (or a pod name reused after a restart) never both believe they lead.
+fn replica_identity(host: Option<String>) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    let suffix = hasher.finish() & 0xffff_ffff;
+    format!("{}-{suffix:08x}", host.unwrap_or_else(|| "berth".into()))
+}
+
 /// Runs the operator against the current kubeconfig or the in-cluster config.
 pub async fn run(args: ControllerArgs) -> Result<(), String> {
     let config = args.config()?;
@@ -207,6 +216,15 @@ pub async fn run(args: ControllerArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replicas_with_one_host_name_have_distinct_identities() {
+        let a = replica_identity(Some("berth-controller-0".into()));
+        let b = replica_identity(Some("berth-controller-0".into()));
+        assert!(a.starts_with("berth-controller-0-"), "{a}");
+        assert_ne!(a, b);
+        assert!(replica_identity(None).starts_with("berth-"));
+    }
 
     #[test]
     fn a_pod_token_names_its_service_account() {
