@@ -6,6 +6,7 @@ pub mod agent;
 pub mod config;
 pub mod error;
 pub mod event_index;
+pub mod leader;
 pub mod metrics;
 pub mod pod;
 pub mod rbac;
@@ -16,4 +17,4 @@ pub mod state;
 
 pub use config::{Config, Policy, WarningPolicy};
 pub use error::{Error, Result};
-pub use reconcile::{run, run_with_metrics};
+pub use reconcile::{run, run_until, run_with_metrics};

@@ -126,7 +126,11 @@ fn owned() -> watcher::Config {
     ))
 }
 
-/// Runs the operator until the future is dropped.
+/// How long in-flight reconciles may go on after a shutdown was asked for; then they are
+/// abandoned (each reconcile is safe to cut short: the next leader derives everything again).
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs the operator, serving its metrics and health endpoints, until SIGTERM or Ctrl-C.
 pub async fn run(client: Client, config: Config) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     if config.metrics_address.is_some() || config.health_address.is_some() {
@@ -137,54 +141,86 @@ pub async fn run(client: Client, config: Config) -> Result<()> {
         );
         tokio::spawn(crate::metrics::serve(served, m, h).await?);
     }
-    run_with_metrics(client, config, metrics).await
+    run_until(client, config, metrics, termination()).await
 }
 
-/// [`run`] with metrics the caller keeps (tests read them). With leader election, reconciles
-/// run only while this replica holds the lease and stop at once when it is lost.
+/// [`run`] with metrics the caller keeps (tests read them), until SIGTERM or Ctrl-C.
 pub async fn run_with_metrics(client: Client, config: Config, metrics: Arc<Metrics>) -> Result<()> {
-    let Some(election) = config.leader_election.clone() else {
-        return run_controller(client, config, metrics).await;
+    run_until(client, config, metrics, termination()).await
+}
+
+/// SIGTERM (what the kubelet sends to stop a pod) or Ctrl-C.
+pub async fn termination() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
     };
-    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &election.lease)
-        .with_namespace(&election.namespace)
-        .with_identity(&election.identity)
-        .with_duration(election.duration_seconds)
-        .with_grace(election.grace_seconds)
-        .build()
-        .await
-        .map_err(|e| Error::LeaderElection(e.to_string()))?;
-    let (mut leading, lease_task) = manager.watch().await;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+
+/// The operator until `shutdown` resolves. Then it takes no new work, lets in-flight
+/// reconciles finish for at most [`SHUTDOWN_GRACE`], releases the Lease (so a standby takes
+/// over at once instead of after the lease duration) and returns. With leader election,
+/// reconciles run only while this replica holds the Lease and stop at once when it is lost.
+pub async fn run_until(
+    client: Client,
+    config: Config,
+    metrics: Arc<Metrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let (stop_sender, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        info!("shutdown requested: taking no new work");
+        let _ = stop_sender.send(true);
+    });
+    let Some(election) = config.leader_election.clone() else {
+        return run_controller(client, config, metrics, stop).await;
+    };
+    let mut held = crate::leader::hold(client.clone(), &election).await?;
     // Standby replicas are ready too (they serve health and wait).
     metrics
         .ready
         .store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut stopping = stop.clone();
     let result = loop {
-        while !*leading.borrow_and_update() {
-            if leading.changed().await.is_err() {
-                return Err(Error::LeaderElection("the lease watcher stopped".into()));
-            }
+        tokio::select! {
+            () = crate::leader::until(&mut held.leading, true) => {}
+            _ = stopping.wait_for(|stopped| *stopped) => break Ok(()),
         }
         info!(identity = %election.identity, lease = %election.lease, "leading: reconciling");
-        let lost = async {
-            loop {
-                if leading.changed().await.is_err() || !*leading.borrow() {
-                    return;
-                }
-            }
-        };
+        let mut leading = held.leading.clone();
         tokio::select! {
-            result = run_controller(client.clone(), config.clone(), metrics.clone()) => break result,
-            () = lost => warn!(identity = %election.identity, "lost the lease: reconciling stopped"),
+            result = run_controller(client.clone(), config.clone(), metrics.clone(), stop.clone()) => break result,
+            () = crate::leader::until(&mut leading, false) => warn!(identity = %election.identity, "lost the lease: reconciling stopped"),
         }
     };
-    // Dropping the receiver makes the lease task release the lease.
-    drop(leading);
-    let _ = lease_task.await;
+    // Dropping the last receiver makes the lease task release the Lease.
+    drop(held.leading);
+    if tokio::time::timeout(std::time::Duration::from_secs(5), held.task)
+        .await
+        .is_err()
+    {
+        warn!(identity = %election.identity, "the lease was not released in time; it expires by itself");
+    } else {
+        info!(identity = %election.identity, lease = %election.lease, "released the lease");
+    }
     result
 }
 
-async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -> Result<()> {
+async fn run_controller(
+    client: Client,
+    config: Config,
+    metrics: Arc<Metrics>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<()> {
     let namespace = config.namespace.clone();
     let ns = namespace.as_deref();
     let workspaces: Api<Workspace> = api(&client, ns);
@@ -287,20 +323,31 @@ async fn run_controller(client: Client, config: Config, metrics: Arc<Metrics>) -
             .store(true, std::sync::atomic::Ordering::Relaxed);
     });
 
-    controller
+    let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stop.wait_for(|stopped| *stopped).await;
+    };
+    let running = controller
         .owns_stream(pod_stream)
         .owns_stream(claim_stream)
         .owns_stream(service_stream)
         .watches_stream(event_stream, event_to_workspace)
         .reconcile_on(agents_done)
-        .shutdown_on_signal()
+        .graceful_shutdown_on(stopped(stop.clone()))
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
             if let Err(error) = result {
                 tracing::debug!(%error, "reconcile failed");
             }
-        })
-        .await;
+        });
+    let overdue = async {
+        stopped(stop).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+        warn!(grace = ?SHUTDOWN_GRACE, "in-flight reconciles did not finish in time; abandoning them");
+    };
+    tokio::select! {
+        () = running => {}
+        () = overdue => {}
+    }
     Ok(())
 }
 

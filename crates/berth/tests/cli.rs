@@ -441,3 +441,214 @@ fn dev_shows_the_examples_reaching_their_phases() {
         "the kubeconfig is removed on exit"
     );
 }
+
+/// Two `berth controller` processes with leader election against one cluster, as two replicas
+/// of the Deployment would run.
+mod failover {
+    use std::{path::Path, process::Child, time::Duration};
+
+    use berth_sim::{SimCluster, SimConfig};
+    use k8s_openapi::{
+        api::coordination::v1::Lease,
+        apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    };
+    use kube::{
+        Api,
+        api::{PostParams, ResourceExt},
+    };
+
+    use super::{BERTH, Command, Stdio};
+
+    /// A replica: the same host name for both, as two pods whose names collide would have.
+    fn replica(kubeconfig: &Path, leader_election: bool) -> Child {
+        let mut command = Command::new(BERTH);
+        command
+            .args(["controller", "--service-account", "default/default"])
+            .args([
+                "--metrics-address",
+                "127.0.0.1:0",
+                "--health-address",
+                "127.0.0.1:0",
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .env("HOSTNAME", "berth-controller")
+            .env("BERTH_LOG_FORMAT", "text")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if leader_election {
+            command.args(["--leader-election", "--lease-namespace", "default"]);
+        }
+        command.spawn().unwrap()
+    }
+
+    fn terminate(child: &Child) {
+        let killed = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+    }
+
+    /// Waits for the process to exit, within `limit`.
+    async fn exits_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            if tokio::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("the operator did not exit within {limit:?} of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn holder(leases: &Api<Lease>) -> Option<String> {
+        leases
+            .get_opt("berth-controller")
+            .await
+            .unwrap()
+            .and_then(|l| l.spec?.holder_identity)
+    }
+
+    async fn until<T, F: std::future::Future<Output = Option<T>>>(
+        limit: Duration,
+        what: &str,
+        mut check: impl FnMut() -> F,
+    ) -> T {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(found) = check().await {
+                return found;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {limit:?} waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn cluster() -> (SimCluster, tempfile::TempDir) {
+        let sim = SimCluster::start(SimConfig::api_only()).await.unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(sim.client().await.unwrap());
+        crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        sim.write_kubeconfig(dir.path().join("kubeconfig")).unwrap();
+        (sim, dir)
+    }
+
+    async fn create_workspace(sim: &SimCluster, name: &str) -> Api<berth_api::Workspace> {
+        let workspaces: Api<berth_api::Workspace> =
+            Api::namespaced(sim.client().await.unwrap(), "default");
+        let body = serde_json::json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+            "metadata": {"name": name}, "spec": {"image": "devbox:1"}});
+        workspaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(body).unwrap(),
+            )
+            .await
+            .unwrap();
+        workspaces
+    }
+
+    /// Someone reconciles `name`: its status gets a phase.
+    async fn reconciled(workspaces: &Api<berth_api::Workspace>, name: &str) {
+        until(
+            Duration::from_secs(20),
+            &format!("{name} to be reconciled"),
+            || async {
+                let ws = workspaces.get(name).await.ok()?;
+                ws.status.and_then(|s| s.phase)
+            },
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_terminated_leader_releases_the_lease_and_the_standby_takes_over_at_once() {
+        let (sim, dir) = cluster().await;
+        let kubeconfig = dir.path().join("kubeconfig");
+        let leases: Api<Lease> = Api::namespaced(sim.client().await.unwrap(), "default");
+
+        let mut first = replica(&kubeconfig, true);
+        let leader = until(Duration::from_secs(20), "a leader", || holder(&leases)).await;
+        let mut second = replica(&kubeconfig, true);
+        let workspaces = create_workspace(&sim, "before").await;
+        reconciled(&workspaces, "before").await;
+        // Same host name, yet the standby does not think it leads.
+        assert!(leader.starts_with("berth-controller-"), "{leader}");
+        assert_eq!(holder(&leases).await.as_deref(), Some(leader.as_str()));
+
+        terminate(&first);
+        let status = exits_within(&mut first, Duration::from_secs(15)).await;
+        assert!(
+            status.success(),
+            "the leader exits 0 on SIGTERM: {status:?}"
+        );
+        // The lease lasts 15 s; a released one is taken over well before it would expire.
+        let released = tokio::time::Instant::now();
+        let next = until(
+            Duration::from_secs(5),
+            "the standby to take over",
+            || async { holder(&leases).await.filter(|h| *h != leader) },
+        )
+        .await;
+        assert!(
+            released.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            released.elapsed()
+        );
+        assert!(next.starts_with("berth-controller-"), "{next}");
+        create_workspace(&sim, "after").await;
+        reconciled(&workspaces, "after").await;
+
+        terminate(&second);
+        let status = exits_within(&mut second, Duration::from_secs(15)).await;
+        assert!(status.success(), "{status:?}");
+        assert_eq!(holder(&leases).await, None, "released on the way out");
+        let _ = workspaces.get("after").await.unwrap().name_any();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_leader_election_and_as_a_standby_sigterm_exits_promptly() {
+        let (sim, dir) = cluster().await;
+        let kubeconfig = dir.path().join("kubeconfig");
+        let mut single = replica(&kubeconfig, false);
+        let workspaces = create_workspace(&sim, "solo").await;
+        reconciled(&workspaces, "solo").await;
+        terminate(&single);
+        assert!(
+            exits_within(&mut single, Duration::from_secs(15))
+                .await
+                .success()
+        );
+
+        let leases: Api<Lease> = Api::namespaced(sim.client().await.unwrap(), "default");
+        let mut leader = replica(&kubeconfig, true);
+        let holding = until(Duration::from_secs(20), "a leader", || holder(&leases)).await;
+        let mut standby = replica(&kubeconfig, true);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        terminate(&standby);
+        assert!(
+            exits_within(&mut standby, Duration::from_secs(15))
+                .await
+                .success()
+        );
+        assert_eq!(
+            holder(&leases).await,
+            Some(holding),
+            "a standby leaves the lease alone"
+        );
+        terminate(&leader);
+        assert!(
+            exits_within(&mut leader, Duration::from_secs(15))
+                .await
+                .success()
+        );
+    }
+}
