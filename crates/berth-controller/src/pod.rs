@@ -103,9 +103,78 @@ fn metadata(
     }
 }
 
-/// A stable hash of everything in the spec that shapes the pod (not `paused`, not
-/// `lifecycle`): when it changes, the pod must be replaced.
+/// The version of the projection [`spec_hash`] hashes. Changing what the projection holds
+/// (or how) restarts every workspace on upgrade: do it only on purpose, with a new version.
+pub const SPEC_HASH_VERSION: &str = "v1";
+
+/// A stable hash of the fields of the spec that shape the pod (image, command, env,
+/// resources, ports, service account, pod template), versioned and canonical: nulls, empty
+/// lists and empty maps count as absent and keys are sorted, so a new optional field, or a
+/// dependency that serializes an unset field differently, never changes it. When it changes,
+/// the pod must be replaced (rule C5).
 pub fn spec_hash(spec: &WorkspaceSpec) -> String {
+    fn to_value<T: serde::Serialize>(field: &T) -> serde_json::Value {
+        serde_json::to_value(field).expect("spec fields serialize to JSON: their maps have string keys")
+    }
+    let projection = serde_json::json!({
+        "image": spec.image,
+        "command": to_value(&spec.command),
+        "env": to_value(&spec.env),
+        "resources": to_value(&spec.resources),
+        "ports": to_value(&spec.ports),
+        "serviceAccountName": spec.service_account_name,
+        "podTemplate": to_value(&spec.pod_template),
+    });
+    let mut canonical = String::from(SPEC_HASH_VERSION);
+    write_canonical(&projection, &mut canonical);
+    let digest = Sha256::digest(canonical.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether a value says nothing: null, an empty list or map, or a map of such values.
+fn is_empty(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Null => true,
+        serde_json::Value::Array(items) => items.is_empty(),
+        serde_json::Value::Object(map) => map.values().all(is_empty),
+        _ => false,
+    }
+}
+
+/// JSON with sorted keys and without empty values.
+fn write_canonical(value: &serde_json::Value, out: &mut String) {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().filter(|k| !is_empty(&map[*k])).collect();
+            keys.sort();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&serde_json::Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(&map[key], out);
+            }
+            out.push('}');
+        }
+        serde_json::Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// The hash pods got before [`SPEC_HASH_VERSION`] (the whole serialized spec but `paused`
+/// and `lifecycle`): pods made by an older operator still match, so upgrading restarts none.
+fn unversioned_spec_hash(spec: &WorkspaceSpec) -> String {
     let mut shaping = spec.clone();
     shaping.paused = false;
     shaping.lifecycle = None;
@@ -114,6 +183,14 @@ pub fn spec_hash(spec: &WorkspaceSpec) -> String {
         .unwrap_or_default();
     let digest = Sha256::digest(canonical.as_bytes());
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `pod` was built from this spec (rule C5): its hash annotation is the spec's, or
+/// the unversioned hash an older operator wrote.
+pub fn built_from(pod: &Pod, spec: &WorkspaceSpec) -> bool {
+    pod.annotations()
+        .get(labels::SPEC_HASH)
+        .is_some_and(|h| *h == spec_hash(spec) || *h == unversioned_spec_hash(spec))
 }
 
 /// What every container running the agent gets: who it serves, and a gRPC readiness probe on
@@ -658,6 +735,58 @@ pub(crate) mod tests {
                 "kubelet gRPC probes cannot speak TLS"
             );
         }
+    }
+
+    /// Golden: the hash of this spec must never change, or every running workspace restarts
+    /// on upgrade. A change here needs a new [`SPEC_HASH_VERSION`] and a note in the release.
+    #[test]
+    fn the_spec_hash_is_stable_across_releases() {
+        let ws = workspace(
+            "golden",
+            json!({
+                "image": "devbox:1.4", "command": ["sleep", "infinity"],
+                "env": [{"name": "EDITOR", "value": "vim"}],
+                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}},
+                "ports": [{"name": "http", "port": 8080}], "serviceAccountName": "dev",
+                "podTemplate": {"nodeSelector": {"disk": "ssd"},
+                    "volumes": {"home": {"size": "10Gi", "mountPath": "/home/dev"},
+                        "secrets": [{"secretName": "git", "mountPath": "/s", "defaultMode": 256}]}},
+                "lifecycle": {"startTimeout": "10m"}
+            }),
+        );
+        assert_eq!(spec_hash(&ws.spec), GOLDEN);
+    }
+    const GOLDEN: &str = "60b8a813d030103a";
+
+    #[test]
+    fn the_hash_ignores_what_says_nothing_and_what_does_not_shape_the_pod() {
+        let plain = workspace("a", json!({"image": "x:1"}));
+        for same in [
+            json!({"image": "x:1", "env": [], "ports": [], "command": null}),
+            json!({"image": "x:1", "podTemplate": {}, "resources": {}}),
+            json!({"image": "x:1", "podTemplate": {"metadata": {"labels": {}}, "nodeSelector": {}}}),
+            json!({"image": "x:1", "paused": true, "lifecycle": {"startTimeout": "5m"}}),
+        ] {
+            assert_eq!(
+                spec_hash(&workspace("a", same.clone()).spec),
+                spec_hash(&plain.spec),
+                "{same}"
+            );
+        }
+    }
+
+    #[test]
+    fn pods_made_by_an_older_operator_are_still_current() {
+        let ws = workspace("a", json!({"image": "x:1", "ports": [{"name": "http", "port": 80}]}));
+        let mut pod = build_pod(&ws, &AgentConfig::default());
+        assert!(built_from(&pod, &ws.spec));
+        pod.metadata.annotations.as_mut().unwrap().insert(
+            labels::SPEC_HASH.to_owned(),
+            unversioned_spec_hash(&ws.spec),
+        );
+        assert!(built_from(&pod, &ws.spec), "an upgrade restarts nothing");
+        let changed = workspace("a", json!({"image": "x:2", "ports": [{"name": "http", "port": 80}]}));
+        assert!(!built_from(&pod, &changed.spec));
     }
 
     #[test]

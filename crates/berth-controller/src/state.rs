@@ -7,7 +7,6 @@ use std::time::Duration;
 use berth_api::{
     AgentStatus, ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace, WorkspaceStatus,
     condition::{find_condition, reasons, set_condition, types},
-    labels,
 };
 use jiff::Timestamp;
 use k8s_openapi::{
@@ -82,8 +81,7 @@ pub fn agent_to_check(workspace: &Workspace, pod: Option<&Pod>, port: u16) -> Op
         .as_ref()
         .and_then(|s| s.agent.as_ref())
         .and_then(|a| a.verified_pod_uid.as_deref());
-    let current = pod.annotations().get(labels::SPEC_HASH).map(String::as_str)
-        == Some(pod::spec_hash(&workspace.spec).as_str());
+    let current = pod::built_from(pod, &workspace.spec);
     let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
     (workspace.metadata.deletion_timestamp.is_none()
         && pod.metadata.deletion_timestamp.is_none()
@@ -773,12 +771,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         );
         return b.finish(Duration::from_secs(1));
     }
-    let current_hash = pod
-        .annotations()
-        .get(labels::SPEC_HASH)
-        .cloned()
-        .unwrap_or_default();
-    if current_hash != pod::spec_hash(&workspace.spec) {
+    if !pod::built_from(pod, &workspace.spec) {
         b.actions.push(Action::DeletePod { uid });
         b.status.started_at = Some(time(now));
         b.status.ready_at = None;
