@@ -190,11 +190,17 @@ pub struct WorkspaceVolumes {
     pub secrets: Vec<SecretVolume>,
 }
 
-/// The workspace's own home volume.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+/// The workspace's own home volume. Its claim can grow but never shrink, and keeps the storage
+/// class it was created with.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0").message("home.size cannot shrink: a claim can only grow (set it back to at least its current size)"),
+    validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("home.storageClassName cannot change: the claim keeps the class it was created with")
+)]
 pub struct HomeVolume {
-    /// Requested size of the claim, e.g. `10Gi`.
+    /// Requested size of the claim, e.g. `10Gi`. Growing it grows the claim (its storage class
+    /// must allow volume expansion) and replaces the pod; it cannot shrink.
     pub size: Quantity,
     /// Storage class of the claim; the cluster's default class when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]

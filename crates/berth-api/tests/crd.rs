@@ -363,6 +363,43 @@ mod cel_semantics {
         assert!(errs[0].contains("must contain at least one letter"));
     }
 
+    fn errors_after(old: Value, new: Value) -> Vec<String> {
+        match kube_cel::validate(&spec_schema(), &new, Some(&old)) {
+            Ok(()) => vec![],
+            Err(errors) => errors.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_home_claim_can_grow_but_never_shrink_or_change_class() {
+        let home = |size: &str, class: Option<&str>| {
+            let mut home = json!({"size": size, "mountPath": "/home/dev"});
+            if let Some(class) = class {
+                home["storageClassName"] = json!(class);
+            }
+            with_volumes(json!({"home": home}))
+        };
+        let old = home("10Gi", Some("fast"));
+        assert_eq!(
+            errors_after(old.clone(), home("20Gi", Some("fast"))),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            errors_after(old.clone(), home("10240Mi", Some("fast"))),
+            Vec::<String>::new()
+        );
+        let shrunk = errors_after(old.clone(), home("5Gi", Some("fast")));
+        assert_eq!(shrunk.len(), 1, "{shrunk:?}");
+        assert!(shrunk[0].contains("home.size cannot shrink"), "{shrunk:?}");
+        let moved = errors_after(old, home("10Gi", Some("slow")));
+        assert!(
+            moved[0].contains("home.storageClassName cannot change"),
+            "{moved:?}"
+        );
+        // A new home volume is not a transition.
+        assert_eq!(errors(home("1Gi", None)), Vec::<String>::new());
+    }
+
     #[test]
     fn the_agents_berth_variables_are_refused_in_env() {
         let errs =

@@ -58,6 +58,67 @@ pub fn claim_name(workspace: &str) -> String {
     bounded(workspace, "-home", 253)
 }
 
+/// The storage a claim requests.
+pub fn claim_request(claim: &PersistentVolumeClaim) -> Option<Quantity> {
+    claim
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")
+        .cloned()
+}
+
+/// The storage a claim's volume has.
+pub fn claim_capacity(claim: &PersistentVolumeClaim) -> Option<Quantity> {
+    claim
+        .status
+        .as_ref()?
+        .capacity
+        .as_ref()?
+        .get("storage")
+        .cloned()
+}
+
+/// Bytes of a storage quantity (`10Gi`, `500M`, `1e9`, `1073741824`); `None` when it is not one.
+fn storage_bytes(quantity: &Quantity) -> Option<f64> {
+    let text = quantity.0.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let factor = match suffix {
+        "" => 1.0,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        "m" => 1e-3,
+        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse().ok()?),
+        _ => return None,
+    };
+    Some(number * factor)
+}
+
+/// Whether `have` is less storage than `want` (an unknown amount is never less).
+pub fn storage_less(have: Option<&Quantity>, want: Option<&Quantity>) -> bool {
+    match (have.and_then(storage_bytes), want.and_then(storage_bytes)) {
+        (Some(have), Some(want)) => have < want,
+        _ => false,
+    }
+}
+
 /// The workspace's service: a DNS-1035 label derived from the workspace name.
 pub fn service_name(workspace: &str) -> String {
     let starts_with_letter = workspace.starts_with(|c: char| c.is_ascii_lowercase());
@@ -114,7 +175,8 @@ pub const SPEC_HASH_VERSION: &str = "v1";
 /// the pod must be replaced (rule C5).
 pub fn spec_hash(spec: &WorkspaceSpec) -> String {
     fn to_value<T: serde::Serialize>(field: &T) -> serde_json::Value {
-        serde_json::to_value(field).expect("spec fields serialize to JSON: their maps have string keys")
+        serde_json::to_value(field)
+            .expect("spec fields serialize to JSON: their maps have string keys")
     }
     let projection = serde_json::json!({
         "image": spec.image,
@@ -777,7 +839,10 @@ pub(crate) mod tests {
 
     #[test]
     fn pods_made_by_an_older_operator_are_still_current() {
-        let ws = workspace("a", json!({"image": "x:1", "ports": [{"name": "http", "port": 80}]}));
+        let ws = workspace(
+            "a",
+            json!({"image": "x:1", "ports": [{"name": "http", "port": 80}]}),
+        );
         let mut pod = build_pod(&ws, &AgentConfig::default());
         assert!(built_from(&pod, &ws.spec));
         pod.metadata.annotations.as_mut().unwrap().insert(
@@ -785,7 +850,10 @@ pub(crate) mod tests {
             unversioned_spec_hash(&ws.spec),
         );
         assert!(built_from(&pod, &ws.spec), "an upgrade restarts nothing");
-        let changed = workspace("a", json!({"image": "x:2", "ports": [{"name": "http", "port": 80}]}));
+        let changed = workspace(
+            "a",
+            json!({"image": "x:2", "ports": [{"name": "http", "port": 80}]}),
+        );
         assert!(!built_from(&pod, &changed.spec));
     }
 

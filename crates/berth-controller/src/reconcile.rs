@@ -642,7 +642,7 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
     let name = workspace.name_any();
     let kind: &'static str = match action {
         Action::CreatePod | Action::DeletePod { .. } | Action::ForceDeletePod { .. } => "pod",
-        Action::CreateClaim => "claim",
+        Action::CreateClaim | Action::ResizeClaim => "claim",
         Action::CreateService | Action::UpdateService | Action::DeleteService => "service",
     };
     let creates = matches!(
@@ -701,6 +701,21 @@ async fn perform(
                     .map(|_| ()),
             )
             .map(|()| None)
+        }
+        Action::ResizeClaim => {
+            let claims: Api<PersistentVolumeClaim> = Api::namespaced(client, namespace);
+            let size = pod::build_claim(workspace).and_then(|c| pod::claim_request(&c));
+            if let Some(size) = size {
+                let grow = json!({"spec": {"resources": {"requests": {"storage": size}}}});
+                claims
+                    .patch(
+                        &pod::claim_name(&workspace.name_any()),
+                        &PatchParams::default(),
+                        &Patch::Merge(&grow),
+                    )
+                    .await?;
+            }
+            Ok(None)
         }
         Action::CreateClaim => {
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(client, namespace);

@@ -117,6 +117,8 @@ fn pod_is_ready(pod: &Pod) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     CreateClaim,
+    /// Grow the home claim's storage request to the spec's `home.size`.
+    ResizeClaim,
     CreateService,
     UpdateService,
     DeleteService,
@@ -136,6 +138,7 @@ impl Action {
     pub fn describe(&self, workspace: &str) -> String {
         match self {
             Action::CreateClaim => format!("create claim {}", pod::claim_name(workspace)),
+            Action::ResizeClaim => format!("grow claim {}", pod::claim_name(workspace)),
             Action::CreateService => format!("create service {}", pod::service_name(workspace)),
             Action::UpdateService => format!("update service {}", pod::service_name(workspace)),
             Action::DeleteService => format!("delete service {}", pod::service_name(workspace)),
@@ -151,7 +154,7 @@ impl Action {
     pub fn refused_reason(&self) -> &'static str {
         match self {
             Action::CreateClaim | Action::CreateService | Action::CreatePod => "FailedCreate",
-            Action::UpdateService => "FailedUpdate",
+            Action::UpdateService | Action::ResizeClaim => "FailedUpdate",
             Action::DeleteService | Action::DeletePod { .. } | Action::ForceDeletePod { .. } => {
                 "FailedDelete"
             }
@@ -349,6 +352,8 @@ struct Builder<'a> {
     refusal: Option<(&'a Refusal, String)>,
     /// The cap of every requeue and retry delay.
     max_requeue: Duration,
+    /// While the home claim grows: what the workspace says when it is not running yet.
+    growing: Option<String>,
 }
 
 impl Builder<'_> {
@@ -443,6 +448,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             .filter(|r| r.generation == workspace.metadata.generation)
             .map(|r| (r, name.clone())),
         max_requeue: policy.max_requeue,
+        growing: None,
     };
     b.status.observed_generation = workspace.metadata.generation;
     let slow = policy.resync;
@@ -518,8 +524,36 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
     }
 
     // Storage and service follow the spec whatever the pod does.
-    if pod::build_claim(workspace).is_some() && observed.claim.is_none() {
-        b.actions.push(Action::CreateClaim);
+    match (pod::build_claim(workspace), observed.claim) {
+        (Some(_), None) => b.actions.push(Action::CreateClaim),
+        (Some(wanted), Some(claim)) if is_owned_by(&claim.metadata, workspace) => {
+            // The claim grows with home.size (it never shrinks: the CRD refuses that).
+            let (requested, capacity) = (pod::claim_request(claim), pod::claim_capacity(claim));
+            let size = pod::claim_request(&wanted);
+            if pod::storage_less(requested.as_ref(), size.as_ref()) {
+                b.actions.push(Action::ResizeClaim);
+            }
+            if pod::storage_less(capacity.as_ref(), size.as_ref()) && capacity.is_some() {
+                let why = claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .and_then(|c| c.iter().find(|c| c.status == "True"))
+                    .map(|c| {
+                        let message = c.message.clone().unwrap_or_default();
+                        format!("{}: {message}", c.type_)
+                            .trim_end_matches([':', ' '])
+                            .to_owned()
+                    })
+                    .unwrap_or_else(|| "waiting for the storage provider".to_owned());
+                b.growing = Some(format!(
+                    "Growing claim {} to {} ({why})",
+                    claim.name_any(),
+                    size.map(|q| q.0).unwrap_or_default()
+                ));
+            }
+        }
+        _ => {}
     }
     match (pod::build_service(workspace).is_some(), observed.service) {
         (true, None) => b.actions.push(Action::CreateService),
@@ -1215,6 +1249,11 @@ impl Builder<'_> {
                 self.actions.retain(|a| *a != refused.action);
                 requeue = requeue.min(wait);
             }
+        }
+        if let Some(growing) = self.growing.take()
+            && matches!(self.status.phase, Some(Phase::Pending | Phase::Starting))
+        {
+            self.status.message = Some(growing);
         }
         self.explain_error();
         Decision {

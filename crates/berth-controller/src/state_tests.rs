@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use berth_api::{Phase, Workspace};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
 use serde_json::{Value, json};
 
 use super::*;
@@ -1088,4 +1088,80 @@ proptest::proptest! {
         proptest::prop_assert!(first.status.phase.is_some());
         proptest::prop_assert!(first.requeue > Duration::ZERO);
     }
+}
+
+#[test]
+fn a_grown_home_size_grows_the_claim_and_says_so_until_it_has_grown() {
+    let spec = json!({"image": "x:1", "podTemplate": {"volumes": {"home": {"size": "2Gi", "mountPath": "/h"}}}});
+    let ws = workspace(spec.clone(), started(3));
+    let mut claim = pod::build_claim(&ws).unwrap();
+    claim
+        .spec
+        .as_mut()
+        .unwrap()
+        .resources
+        .as_mut()
+        .unwrap()
+        .requests = Some(
+        [(
+            "storage".to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
+        )]
+        .into(),
+    );
+    claim.status =
+        serde_json::from_value(json!({"phase": "Bound", "capacity": {"storage": "1024Mi"}}))
+            .unwrap();
+    let decide_with = |claim: &PersistentVolumeClaim| {
+        derive(
+            &Observed {
+                workspace: &ws,
+                pod: None,
+                warnings: &[],
+                claim: Some(claim),
+                service: None,
+                agent: None,
+                refusal: None,
+            },
+            &Policy::default(),
+            now(),
+        )
+    };
+    let d = decide_with(&claim);
+    assert!(d.actions.contains(&Action::ResizeClaim), "{:?}", d.actions);
+    assert!(!d.actions.contains(&Action::CreateClaim));
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some("Growing claim w-home to 2Gi (waiting for the storage provider)")
+    );
+
+    // Requested, the provider resizing: no second request, its words in the message.
+    claim
+        .spec
+        .as_mut()
+        .unwrap()
+        .resources
+        .as_mut()
+        .unwrap()
+        .requests = Some(
+        [(
+            "storage".to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("2Gi".into()),
+        )]
+        .into(),
+    );
+    claim.status = serde_json::from_value(json!({"phase": "Bound", "capacity": {"storage": "1Gi"},
+        "conditions": [{"type": "Resizing", "status": "True", "message": "External resizer is resizing volume pvc-1"}]})).unwrap();
+    let d = decide_with(&claim);
+    assert!(!d.actions.contains(&Action::ResizeClaim));
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some("Growing claim w-home to 2Gi (Resizing: External resizer is resizing volume pvc-1)")
+    );
+
+    // Grown: nothing more to say about the claim.
+    claim.status =
+        serde_json::from_value(json!({"phase": "Bound", "capacity": {"storage": "2Gi"}})).unwrap();
+    let d = decide_with(&claim);
+    assert_eq!(d.status.message.as_deref(), Some("Creating pod w-ws"));
 }

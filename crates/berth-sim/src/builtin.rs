@@ -533,6 +533,45 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
     causes
 }
 
+/// A claim's spec is immutable once bound, but for its storage request, which may grow (and
+/// not go below what the volume already has).
+pub fn claim_update_forbidden(old: &Value, new: &Value) -> Vec<Cause> {
+    let mut causes = vec![];
+    let bound = old["spec"]["volumeName"]
+        .as_str()
+        .is_some_and(|v| !v.is_empty());
+    let strip = |claim: &Value| {
+        let mut spec = claim["spec"].clone();
+        if let Some(m) = spec.as_object_mut() {
+            m.remove("volumeAttributesClassName");
+            if let Some(resources) = m.get_mut("resources").and_then(Value::as_object_mut) {
+                resources.remove("requests");
+            }
+        }
+        spec
+    };
+    if bound && strip(old) != strip(new) {
+        causes.push(Cause {
+            reason: "FieldValueForbidden".to_owned(),
+            message: "Forbidden: spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims".to_owned(),
+            field: "spec".to_owned(),
+        });
+    }
+    let storage = |v: &Value| v.as_str().and_then(crate::quantity::units);
+    let requested = storage(&new["spec"]["resources"]["requests"]["storage"]);
+    let capacity = storage(&old["status"]["capacity"]["storage"]);
+    if let (Some(requested), Some(capacity)) = (requested, capacity)
+        && requested < capacity
+    {
+        causes.push(Cause {
+            reason: "FieldValueForbidden".to_owned(),
+            message: "Forbidden: field can not be less than status.capacity".to_owned(),
+            field: "spec.resources.requests.storage".to_owned(),
+        });
+    }
+    causes
+}
+
 /// Fields of a pod spec that an update may change; everything else is immutable.
 pub fn pod_spec_update_forbidden(old: &Value, new: &Value) -> Option<Cause> {
     let strip = |pod: &Value| {

@@ -377,6 +377,10 @@ pub async fn run(sim: Arc<Sim>) {
                         bind_claim(&sim, &change.object);
                         continue;
                     }
+                    Ok(change) if &*change.storage == "/persistentvolumeclaims" && change.kind == ChangeKind::Modified => {
+                        expand_claim(&sim, &change.object);
+                        continue;
+                    }
                     Ok(change) if &*change.storage == "/configmaps" && change.object["metadata"]["namespace"] == crate::faults::CONFIG_MAP_NAMESPACE && change.object["metadata"]["name"] == crate::faults::CONFIG_MAP_NAME => {
                         let data = if change.kind == ChangeKind::Deleted { None } else { change.object["data"].as_object() };
                         for problem in sim.faults.apply_config_map(data) {
@@ -538,6 +542,69 @@ fn renew_lease(sim: &Sim, node: &str) {
             &WriteContext::system("kubelet"),
         );
     }
+}
+
+/// Volume expansion, as the external resizer and the kubelet do it: a bound claim whose
+/// request grew past its capacity gets a `Resizing` condition at once, and the new capacity
+/// (on the claim and its volume) a moment later.
+fn expand_claim(sim: &Arc<Sim>, claim: &Value) {
+    let storage = |v: &Value| v.as_str().and_then(crate::quantity::units);
+    let requested = claim["spec"]["resources"]["requests"]["storage"].clone();
+    let (Some(want), Some(have)) = (
+        storage(&requested),
+        storage(&claim["status"]["capacity"]["storage"]),
+    ) else {
+        return;
+    };
+    let resizing = claim["status"]["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["type"] == "Resizing"));
+    if want <= have || resizing {
+        return;
+    }
+    let (ns, name) = (
+        claim["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        claim["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    );
+    let volume = claim["spec"]["volumeName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    modify(sim, "/persistentvolumeclaims", &ns, &name, |c| {
+        c["status"]["conditions"] = json!([{
+            "type": "Resizing", "status": "True",
+            "lastTransitionTime": crate::sim::now_rfc3339(),
+            "message": format!("External resizer is resizing volume {volume}")
+        }]);
+        true
+    });
+    let sim = sim.clone();
+    // As long as a container takes to start: the resize is visible, and quick on fast timings.
+    let delay = sim
+        .config
+        .timings
+        .container_start
+        .max(Duration::from_millis(100));
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        modify(&sim, "/persistentvolumes", "", &volume, |pv| {
+            pv["spec"]["capacity"]["storage"] = requested.clone();
+            true
+        });
+        modify(&sim, "/persistentvolumeclaims", &ns, &name, |c| {
+            c["status"]["capacity"]["storage"] = requested.clone();
+            if let Some(status) = c["status"].as_object_mut() {
+                status.remove("conditions");
+            }
+            true
+        });
+    });
 }
 
 /// Dynamic provisioning: a new claim gets a volume and is Bound.

@@ -986,6 +986,10 @@ impl Sim {
         if rt.resource == "pods" && rt.group.is_empty() && subresource.is_empty() {
             causes.extend(builtin::pod_spec_update_forbidden(current, &new));
         }
+        if rt.resource == "persistentvolumeclaims" && rt.group.is_empty() && subresource.is_empty()
+        {
+            causes.extend(builtin::claim_update_forbidden(current, &new));
+        }
         if !causes.is_empty() {
             return Err(Self::invalid(rt, &name, causes));
         }

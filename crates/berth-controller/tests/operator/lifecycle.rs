@@ -531,3 +531,58 @@ async fn restarting_the_operator_over_running_workspaces_writes_nothing() {
         "a reconcile made GET/LIST requests"
     );
 }
+
+#[tokio::test]
+async fn growing_home_grows_the_same_claim_and_a_shrink_is_refused() {
+    let h = Harness::start().await;
+    let home = |size: &str| json!({"image": "devbox:1", "podTemplate": {"volumes": {"home": {"size": size, "mountPath": "/home/dev"}}}});
+    h.create("ivy", home("1Gi")).await;
+    let running = h.until_phase("ivy", Phase::Running).await;
+    let first_pod = running.status.unwrap().pod.unwrap().uid;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client.clone(), "default");
+    let claim_uid = claims.get("ivy-home").await.unwrap().uid();
+
+    h.patch_spec("ivy", home("2Gi")).await;
+    let grown = eventually(WAIT, "the claim to have grown to 2Gi", || async {
+        let claim = claims.get("ivy-home").await.ok()?;
+        let capacity = claim
+            .status
+            .as_ref()?
+            .capacity
+            .as_ref()?
+            .get("storage")?
+            .0
+            .clone();
+        (capacity == "2Gi").then_some(claim)
+    })
+    .await;
+    assert_eq!(grown.uid(), claim_uid, "the same claim, never a new one");
+    let running = h
+        .until("ivy", "Running on a new pod", |ws| {
+            phase_of(ws) == Some(Phase::Running)
+                && ws.status.as_ref().unwrap().pod.as_ref().unwrap().uid != first_pod
+        })
+        .await;
+    assert_eq!(running.metadata.generation, Some(2));
+
+    // The API server refuses a shrink, in the CRD's words.
+    let refused = h
+        .workspaces()
+        .patch(
+            "ivy",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": home("1Gi")})),
+        )
+        .await;
+    match refused {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422);
+            assert!(
+                status.message.contains("home.size cannot shrink"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("a shrink must be refused: {other:?}"),
+    }
+}

@@ -215,3 +215,63 @@ async fn names_labels_annotations_env_names_port_names_and_quantities_follow_the
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn a_bound_claim_may_only_grow_and_grows_through_resizing() {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use kube::api::{Patch, PatchParams};
+    let sim = crate::support::cluster_with_nodes().await;
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(sim.client().await.unwrap(), "default");
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "home"}, "spec": {
+                "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let capacity = |c: &PersistentVolumeClaim| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage"))
+            .map(|q| q.0.clone())
+    };
+    crate::support::eventually(std::time::Duration::from_secs(10), "bound", || async {
+        capacity(&claims.get("home").await.unwrap()).filter(|c| c == "1Gi")
+    })
+    .await;
+    let patch = |body: serde_json::Value| {
+        let claims = claims.clone();
+        async move {
+            claims
+                .patch("home", &PatchParams::default(), &Patch::Merge(&body))
+                .await
+        }
+    };
+    let (code, _, message) =
+        api_error(patch(json!({"spec": {"resources": {"requests": {"storage": "500Mi"}}}})).await);
+    assert_eq!(code, 422);
+    assert!(
+        message.contains(
+            "spec.resources.requests.storage: Forbidden: field can not be less than status.capacity"
+        ),
+        "{message}"
+    );
+    let (_, _, message) = api_error(patch(json!({"spec": {"storageClassName": "other"}})).await);
+    assert!(
+        message.contains("spec is immutable after creation"),
+        "{message}"
+    );
+
+    let grown = patch(json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}}))
+        .await
+        .unwrap();
+    assert_eq!(capacity(&grown).as_deref(), Some("1Gi"));
+    crate::support::eventually(std::time::Duration::from_secs(10), "grown", || async {
+        capacity(&claims.get("home").await.unwrap()).filter(|c| c == "2Gi")
+    })
+    .await;
+}
