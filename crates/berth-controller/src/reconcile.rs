@@ -521,10 +521,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
                     ctx.set_refusal(&reference, None);
                 }
             }
-            Err(Error::Kube(e)) if matches!(*e, kube::Error::Api(_)) => {
-                let kube::Error::Api(answer) = *e else {
-                    unreachable!("matched above")
-                };
+            Err(Error::Kube(ref e)) if let kube::Error::Api(answer) = &**e => {
                 warn!(workspace = %name, action = %action.describe(&name), code = answer.code, message = %answer.message, "the API server refused an action");
                 let now = Timestamp::now();
                 let latest = Refusal::new(

@@ -11,7 +11,7 @@ use berth_api::{
 use jiff::Timestamp;
 use k8s_openapi::{
     api::core::v1::{ContainerStatus, Event, PersistentVolumeClaim, Pod, Service},
-    apimachinery::pkg::apis::meta::v1::Time,
+    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::Time},
 };
 use kube::ResourceExt;
 
@@ -94,6 +94,25 @@ pub fn agent_to_check(workspace: &Workspace, pod: Option<&Pod>, port: u16) -> Op
         Ok(ip) => std::net::SocketAddr::new(ip, port).to_string(),
         Err(_) => format!("{ip}:{port}"),
     })
+}
+
+/// What a growing claim says: its size to be, and its own words (the condition that holds).
+fn growing(claim: &PersistentVolumeClaim, size: Option<&Quantity>) -> String {
+    let why = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.status == "True"))
+        .map(|c| match c.message.as_deref().filter(|m| !m.is_empty()) {
+            Some(message) => format!("{}: {message}", c.type_),
+            None => c.type_.clone(),
+        })
+        .unwrap_or_else(|| "waiting for the storage provider".to_owned());
+    format!(
+        "Growing claim {} to {} ({why})",
+        claim.name_any(),
+        size.map(|q| q.0.as_str()).unwrap_or_default()
+    )
 }
 
 /// Whether a container of the pod (not an init container) is running.
@@ -533,24 +552,8 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             if pod::storage_less(requested.as_ref(), size.as_ref()) {
                 b.actions.push(Action::ResizeClaim);
             }
-            if pod::storage_less(capacity.as_ref(), size.as_ref()) && capacity.is_some() {
-                let why = claim
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .and_then(|c| c.iter().find(|c| c.status == "True"))
-                    .map(|c| {
-                        let message = c.message.clone().unwrap_or_default();
-                        format!("{}: {message}", c.type_)
-                            .trim_end_matches([':', ' '])
-                            .to_owned()
-                    })
-                    .unwrap_or_else(|| "waiting for the storage provider".to_owned());
-                b.growing = Some(format!(
-                    "Growing claim {} to {} ({why})",
-                    claim.name_any(),
-                    size.map(|q| q.0).unwrap_or_default()
-                ));
+            if pod::storage_less(capacity.as_ref(), size.as_ref()) {
+                b.growing = Some(growing(claim, size.as_ref()));
             }
         }
         _ => {}

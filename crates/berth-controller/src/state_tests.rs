@@ -1090,25 +1090,24 @@ proptest::proptest! {
     }
 }
 
+/// Makes `claim` request `size` of storage.
+fn requesting(claim: &mut PersistentVolumeClaim, size: &str) {
+    let resources = claim.spec.as_mut().unwrap().resources.as_mut().unwrap();
+    resources.requests = Some(
+        [(
+            "storage".to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(size.into()),
+        )]
+        .into(),
+    );
+}
+
 #[test]
 fn a_grown_home_size_grows_the_claim_and_says_so_until_it_has_grown() {
     let spec = json!({"image": "x:1", "podTemplate": {"volumes": {"home": {"size": "2Gi", "mountPath": "/h"}}}});
     let ws = workspace(spec.clone(), started(3));
     let mut claim = pod::build_claim(&ws).unwrap();
-    claim
-        .spec
-        .as_mut()
-        .unwrap()
-        .resources
-        .as_mut()
-        .unwrap()
-        .requests = Some(
-        [(
-            "storage".to_owned(),
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
-        )]
-        .into(),
-    );
+    requesting(&mut claim, "1Gi");
     claim.status =
         serde_json::from_value(json!({"phase": "Bound", "capacity": {"storage": "1024Mi"}}))
             .unwrap();
@@ -1136,20 +1135,7 @@ fn a_grown_home_size_grows_the_claim_and_says_so_until_it_has_grown() {
     );
 
     // Requested, the provider resizing: no second request, its words in the message.
-    claim
-        .spec
-        .as_mut()
-        .unwrap()
-        .resources
-        .as_mut()
-        .unwrap()
-        .requests = Some(
-        [(
-            "storage".to_owned(),
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity("2Gi".into()),
-        )]
-        .into(),
-    );
+    requesting(&mut claim, "2Gi");
     claim.status = serde_json::from_value(json!({"phase": "Bound", "capacity": {"storage": "1Gi"},
         "conditions": [{"type": "Resizing", "status": "True", "message": "External resizer is resizing volume pvc-1"}]})).unwrap();
     let d = decide_with(&claim);

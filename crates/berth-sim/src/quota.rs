@@ -34,23 +34,22 @@ fn pod_usage(pod: &Value) -> BTreeMap<&'static str, Option<i128>> {
             _ => None,
         }
     };
+    // A limit without a request defaults the request to the limit.
+    let said = |container: &Value, kind: &str, resource: &str| {
+        amount(container, kind, resource)
+            .or_else(|| (kind == "requests").then(|| amount(container, "limits", resource))?)
+    };
     let effective = |kind: &str, resource: &str| -> Option<i128> {
         let containers = spec["containers"].as_array().cloned().unwrap_or_default();
         let mut sum = 0;
         for c in &containers {
-            // A limit without a request defaults the request to the limit.
-            let value = amount(c, kind, resource)
-                .or_else(|| (kind == "requests").then(|| amount(c, "limits", resource))?)?;
-            sum += value;
+            sum += said(c, kind, resource)?;
         }
         let init_max = spec["initContainers"]
             .as_array()
             .into_iter()
             .flatten()
-            .filter_map(|c| {
-                amount(c, kind, resource)
-                    .or_else(|| (kind == "requests").then(|| amount(c, "limits", resource))?)
-            })
+            .filter_map(|c| said(c, kind, resource))
             .max()
             .unwrap_or(0);
         Some(sum.max(init_max))
