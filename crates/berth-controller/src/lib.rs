@@ -3,6 +3,7 @@
 //! workspace agents (`agent.rs`), configuration and metrics.
 
 pub mod agent;
+pub mod caches;
 pub mod config;
 pub mod error;
 pub mod event_index;

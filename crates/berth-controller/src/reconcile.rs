@@ -27,6 +27,7 @@ use tracing::{info, warn};
 use crate::{
     Error, Result,
     agent::AgentChecker,
+    caches::CachesReady,
     config::Config,
     event_index::EventIndex,
     metrics::{Metrics, PhaseLabel, ReasonLabel},
@@ -43,6 +44,8 @@ pub struct Context {
     pub claims: Store<PersistentVolumeClaim>,
     pub services: Store<Service>,
     pub events: Store<Event>,
+    /// Opens once every cache above has its first list.
+    pub caches: CachesReady,
     /// The events in `events` by the UID of their pod.
     pub event_index: Arc<EventIndex>,
     pub workspaces: Store<Workspace>,
@@ -54,6 +57,10 @@ pub struct Context {
     failures: std::sync::Mutex<HashMap<ObjectRef<Workspace>, u32>>,
     /// The API server's last refusal of an action per workspace, until that action succeeds.
     refusals: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Refusal>>,
+    /// The resourceVersions this operator's own status writes replaced per workspace, until
+    /// the cache shows a newer one: a cache that still shows one of them is older than our
+    /// last write, and no decision is taken on it.
+    replaced: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Vec<String>>>,
     /// Objects this operator just created or applied, which its caches may not show yet:
     /// (action, namespace, name) -> when. Acting again on a stale cache would only earn a 409.
     expectations: std::sync::Mutex<HashMap<(&'static str, String, String), Instant>>,
@@ -95,6 +102,35 @@ impl Context {
             Some(r) => refusals.insert(workspace.clone(), r),
             None => refusals.remove(workspace),
         };
+    }
+
+    /// Whether the cached workspace is older than this operator's own last status write to
+    /// it: it still shows a version one of our writes replaced. resourceVersions are only
+    /// compared for equality, never ordered (the API server keeps them opaque); a cache moves
+    /// only forward, so any other version includes our write.
+    fn behind_own_write(&self, workspace: &Workspace) -> bool {
+        let reference = ObjectRef::from_obj(workspace);
+        let mut replaced = self.replaced.lock().unwrap_or_else(|p| p.into_inner());
+        let cached = workspace.resource_version();
+        let behind = replaced
+            .get(&reference)
+            .is_some_and(|versions| versions.iter().any(|v| Some(v) == cached.as_ref()));
+        if !behind {
+            replaced.remove(&reference);
+        }
+        behind
+    }
+
+    /// Remembers that our status write replaced `version` of the workspace.
+    fn wrote_over(&self, workspace: &Workspace, version: Option<String>) {
+        if let Some(version) = version {
+            self.replaced
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(ObjectRef::from_obj(workspace))
+                .or_default()
+                .push(version);
+        }
     }
 
     fn forget(&self, what: &'static str, namespace: &str, name: &str) {
@@ -267,6 +303,20 @@ async fn run_controller(
     };
     let (agents, agents_done) =
         AgentChecker::new(client.clone(), config.agent.clone(), metrics.clone());
+    let caches = {
+        let (pods, claims, services, events) = (
+            pods.clone(),
+            claims.clone(),
+            services.clone(),
+            events.clone(),
+        );
+        CachesReady::spawn(vec![
+            Box::pin(async move { drop(pods.wait_until_ready().await) }),
+            Box::pin(async move { drop(claims.wait_until_ready().await) }),
+            Box::pin(async move { drop(services.wait_until_ready().await) }),
+            Box::pin(async move { drop(events.wait_until_ready().await) }),
+        ])
+    };
     let context = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), reporter),
@@ -276,11 +326,13 @@ async fn run_controller(
         claims,
         services,
         events,
+        caches,
         event_index,
         workspaces: workspace_store,
         metrics: metrics.clone(),
         failures: Default::default(),
         refusals: Default::default(),
+        replaced: Default::default(),
         expectations: Default::default(),
     });
 
@@ -304,13 +356,13 @@ async fn run_controller(
     };
 
     let ready_metrics = metrics.clone();
-    let ready_pods = pods.clone();
+    let caches_filled = context.caches.wait();
     let served: Api<Workspace> = api(&client, ns);
     tokio::spawn(async move {
         // Ready once the caches have their first lists and Workspaces can be listed (the CRD
         // is served). The Controller's own Workspace store does not signal readiness when its
         // first list failed, so the API is asked directly, once a second until it answers.
-        let _ = ready_pods.wait_until_ready().await;
+        caches_filled.await;
         while served
             .list_metadata(&kube::api::ListParams::default().limit(1))
             .await
@@ -446,15 +498,18 @@ fn update_phase_gauge(ctx: &Context) {
 /// Waits until every cache has its initial list, so a decision never rests on a cache that
 /// has not been filled yet (which would make, say, a restarted operator recreate things).
 async fn caches_ready(ctx: &Context) {
-    let _ = ctx.pods.wait_until_ready().await;
-    let _ = ctx.claims.wait_until_ready().await;
-    let _ = ctx.services.wait_until_ready().await;
-    let _ = ctx.events.wait_until_ready().await;
+    ctx.caches.wait().await;
 }
 
 /// Observe, derive, act, report.
 async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
     caches_ready(&ctx).await;
+    // A decision on a workspace older than our own last write could undo it (say, replace a
+    // rejected pod at once, uncounted): wait for the watch to bring the write, which wakes
+    // this workspace again.
+    if ctx.behind_own_write(&workspace) {
+        return Ok(Requeue::requeue(std::time::Duration::from_secs(1)));
+    }
     let namespace = workspace.namespace().unwrap_or_default();
     let name = workspace.name_any();
     let pod_name = pod::pod_name(&name);
@@ -616,6 +671,7 @@ async fn write_status(
         )
         .await?;
     ctx.metrics.status_writes.inc();
+    ctx.wrote_over(workspace, resource_version);
     info!(workspace = %workspace.name_any(), phase = ?status.phase, message = ?status.message, "status");
     Ok(written.resource_version())
 }
@@ -761,6 +817,10 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
     caches_ready(ctx).await;
     ctx.agents.forget(workspace);
     ctx.set_refusal(&ObjectRef::from_obj(workspace), None);
+    ctx.replaced
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&ObjectRef::from_obj(workspace));
     let namespace = workspace.namespace().unwrap_or_default();
     let pod_name = pod::pod_name(&workspace.name_any());
     let Some(current) = ctx

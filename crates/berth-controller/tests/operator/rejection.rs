@@ -390,3 +390,87 @@ async fn two_hundred_workspaces_with_ten_percent_rejections_all_run() {
         assert!(most <= 1, "a workspace had two pods at once");
     }
 }
+
+/// The harsh profile: 80 workspaces, 30 % of pods rejected, watches cut every 700 ms and the
+/// operator killed 8 times. Whatever the caches show, every rejection is counted once, in the
+/// status of its own workspace.
+async fn chaos(seed: u64) {
+    const COUNT: usize = 80;
+    let mut config = test_config();
+    config.policy.recreation = PodRecreationPolicy {
+        max: 20,
+        delay: Duration::from_secs(1),
+    };
+    let mut h = Harness::start_with(
+        SimConfig {
+            seed,
+            ..crate::support::sim_config()
+        },
+        config,
+    )
+    .await;
+    h.sim.faults().reject_fraction(0.3, "OutOfcpu");
+    h.sim
+        .faults()
+        .close_watches_every(Some(Duration::from_millis(700)));
+    for i in 0..COUNT {
+        h.create(&format!("c{i:02}"), json!({"image": "devbox:1"}))
+            .await;
+    }
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        h.stop_operator().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        h.start_operator();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let all = loop {
+        let list = h.workspaces().list(&Default::default()).await.unwrap();
+        let stuck: Vec<String> = list
+            .items
+            .iter()
+            .filter(|w| phase_of(w) != Some(Phase::Running))
+            .map(|w| format!("{}: {:?} {}", w.name_any(), phase_of(w), message_of(w)))
+            .collect();
+        if stuck.is_empty() {
+            break list.items;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "seed {seed}: not running 60 s after the last restart: {stuck:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    h.sim.faults().close_watches_every(None);
+    let mut rejected: HashMap<String, u32> = HashMap::new();
+    for event in Api::<Event>::namespaced(h.client.clone(), "default")
+        .list(&ListParams::default().fields("reason=OutOfcpu"))
+        .await
+        .unwrap()
+        .items
+    {
+        let pod = event.involved_object.name.clone().unwrap_or_default();
+        *rejected.entry(pod).or_default() += event.count.unwrap_or(1).max(1) as u32;
+    }
+    assert!(!rejected.is_empty(), "seed {seed}: the fault fired");
+    let wrong: Vec<String> = all
+        .iter()
+        .filter_map(|w| {
+            let counted = w.status.as_ref()?.pod_recreations.unwrap_or(0);
+            let injected = rejected
+                .get(&format!("{}-ws", w.name_any()))
+                .copied()
+                .unwrap_or(0);
+            (counted != injected)
+                .then(|| format!("{}: {counted} counted, {injected} rejected", w.name_any()))
+        })
+        .collect();
+    assert!(wrong.is_empty(), "seed {seed}: {wrong:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_chaos_every_rejection_is_counted_once_over_several_seeds() {
+    for seed in [3, 5, 8] {
+        chaos(seed).await;
+    }
+}
