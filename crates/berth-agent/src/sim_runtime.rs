@@ -32,11 +32,12 @@ pub fn runs_agent(container: &Value) -> bool {
     matches!(command.as_slice(), [program, "agent", ..] if program.rsplit('/').next() == Some("berth"))
 }
 
+/// A container's variable as the kubelet sets it: of duplicates, the last one wins.
 fn env(container: &Value, name: &str) -> Option<String> {
     container["env"]
         .as_array()?
         .iter()
-        .find(|e| e["name"] == name)?["value"]
+        .rfind(|e| e["name"] == name)?["value"]
         .as_str()
         .map(str::to_owned)
 }
@@ -54,6 +55,17 @@ fn port(container: &Value) -> u16 {
         .and_then(|p| p.parse().ok())
         .or_else(|| env(container, "BERTH_AGENT_PORT").and_then(|p| p.parse().ok()))
         .unwrap_or(crate::DEFAULT_PORT)
+}
+
+/// Whether the command turns authentication off (`--auth none`, before any `--`): as with
+/// the real binary, only the command line can, never the environment.
+fn auth_off(container: &Value) -> bool {
+    let command: Vec<&str> = container["command"]
+        .as_array()
+        .map(|c| c.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let flags = command.split(|a| *a == "--").next().unwrap_or_default();
+    flags.windows(2).any(|w| w == ["--auth", "none"]) || flags.contains(&"--auth=none")
 }
 
 /// A client for the pod's service account, as in-cluster config would build it.
@@ -113,7 +125,11 @@ impl ContainerRuntime for AgentRuntime {
                 pod: context.pod_name.clone(),
                 service_account: format!("system:serviceaccount:{}:{account}", context.namespace),
             };
-            let auth = Arc::new(Authenticator::new(Mode::Kube(client), scope));
+            let mode = match auth_off(&context.container) {
+                true => Mode::None,
+                false => Mode::Kube(client),
+            };
+            let auth = Arc::new(Authenticator::new(mode, scope));
             // TLS files come from the container's mounted secret, as on a real node.
             let file = |variable: &str| -> Result<Option<Vec<u8>>, String> {
                 match env(&context.container, variable) {
@@ -152,6 +168,34 @@ impl ContainerRuntime for AgentRuntime {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn of_duplicate_variables_the_last_wins_as_with_the_kubelet() {
+        let container = json!({"env": [
+            {"name": "BERTH_WORKSPACE_NAME", "value": "bob"},
+            {"name": "BERTH_WORKSPACE_NAME", "value": "alice"}
+        ]});
+        assert_eq!(
+            env(&container, "BERTH_WORKSPACE_NAME").as_deref(),
+            Some("alice")
+        );
+        assert_eq!(env(&container, "OTHER"), None);
+    }
+
+    #[test]
+    fn only_the_command_line_turns_authentication_off() {
+        let off = |command: serde_json::Value| auth_off(&json!({"command": command}));
+        assert!(off(json!(["berth", "agent", "--auth", "none"])));
+        assert!(off(json!(["berth", "agent", "--auth=none", "--", "sh"])));
+        assert!(!off(json!([
+            "berth", "agent", "--", "echo", "--auth", "none"
+        ])));
+        assert!(!off(json!(["berth", "agent"])));
+        assert!(!auth_off(&json!({
+            "command": ["berth", "agent"],
+            "env": [{"name": "BERTH_AGENT_AUTH", "value": "none"}]
+        })));
+    }
 
     #[test]
     fn agent_containers_are_recognised_by_their_command() {

@@ -63,6 +63,9 @@ pub mod reasons {
     pub const UNAUTHENTICATED: &str = "Unauthenticated";
     /// The agent authenticated the operator but refused it.
     pub const PERMISSION_DENIED: &str = "PermissionDenied";
+    /// The agent authenticated the operator as someone else than its service account (an
+    /// agent with authentication off says `system:anonymous`).
+    pub const IDENTITY_MISMATCH: &str = "IdentityMismatch";
     /// The agent could not be reached.
     pub const AGENT_UNREACHABLE: &str = "AgentUnreachable";
     /// The agent's state is not known yet (e.g. the operator cannot get its token).

@@ -344,6 +344,18 @@ impl Shared {
                     workspace.1
                 ))
             }
+            // Whoever the agent says called must be the operator's own service account: an
+            // agent that lets everyone in (or is not ours) says someone else.
+            Ok(answer) if answer.caller_username != self.config.service_account.username() => {
+                AgentOutcome::Failed {
+                    reason: reasons::IDENTITY_MISMATCH.to_owned(),
+                    message: format!(
+                        "the agent at {address} authenticated the operator as {:?}, not as its service account {}",
+                        answer.caller_username,
+                        self.config.service_account.username()
+                    ),
+                }
+            }
             Ok(answer) => AgentOutcome::Verified {
                 identity: answer.caller_username,
             },

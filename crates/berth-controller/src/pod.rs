@@ -760,6 +760,34 @@ pub(crate) mod tests {
         );
     }
 
+    /// A spec stored before the CRD refused `BERTH_` names may still carry them: the agent's
+    /// own variables come after the spec's, and the kubelet takes the last of duplicates.
+    #[test]
+    fn the_agents_variables_win_over_the_specs() {
+        let ws = workspace(
+            "alice",
+            json!({"image": "devbox:1", "command": ["sleep", "1"], "env": [
+                {"name": "BERTH_WORKSPACE_NAME", "value": "bob"},
+                {"name": "BERTH_AGENT_SERVICE_ACCOUNT", "value": "team-b:admin"},
+                {"name": "EDITOR", "value": "vi"}
+            ]}),
+        );
+        let spec =
+            serde_json::to_value(build_pod(&ws, &AgentConfig::default())).unwrap()["spec"].clone();
+        let env = spec["containers"][0]["env"].as_array().unwrap().clone();
+        let last = |name: &str| {
+            env.iter()
+                .rfind(|e| e["name"] == name)
+                .map(|e| e["value"].clone())
+        };
+        assert_eq!(last("BERTH_WORKSPACE_NAME"), Some(json!("alice")));
+        assert_eq!(
+            last("BERTH_AGENT_SERVICE_ACCOUNT"),
+            Some(json!("team-a:default"))
+        );
+        assert_eq!(last("EDITOR"), Some(json!("vi")), "the user's own stay");
+    }
+
     #[test]
     fn with_tls_the_agent_mounts_its_secret_and_is_probed_by_tcp() {
         let agent = AgentConfig {

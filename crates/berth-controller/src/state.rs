@@ -1016,6 +1016,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
                         reasons::UNAUTHENTICATED | reasons::PERMISSION_DENIED => {
                             "refused the operator"
                         }
+                        reasons::IDENTITY_MISMATCH => "is not to be trusted",
                         _ => "could not be checked",
                     };
                     let text = format!(

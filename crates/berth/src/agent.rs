@@ -27,8 +27,9 @@ pub struct AgentArgs {
     /// Port to serve gRPC on (0 picks a free one).
     #[arg(long, env = "BERTH_AGENT_PORT", default_value_t = berth_agent::DEFAULT_PORT)]
     pub port: u16,
-    /// How callers are authenticated.
-    #[arg(long, env = "BERTH_AGENT_AUTH", value_enum, default_value = "kube")]
+    /// How callers are authenticated. Only this flag can turn authentication off, never the
+    /// environment: a workspace's spec sets environment variables, not the agent's flags.
+    #[arg(long, value_enum, default_value = "kube")]
     pub auth: AuthMode,
     /// The workspace's namespace (set by the operator).
     #[arg(long, env = "BERTH_WORKSPACE_NAMESPACE", default_value = "")]

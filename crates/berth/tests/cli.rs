@@ -89,6 +89,35 @@ fn auth_mode_none_warns_at_start() {
     assert!(stderr.contains("WARN"), "{stderr}");
 }
 
+/// A workspace's spec sets environment variables, so no variable turns authentication off:
+/// with `BERTH_AGENT_AUTH=none` the agent still authenticates with the API server (and here,
+/// with none to reach, says so and exits).
+#[test]
+fn no_environment_variable_turns_authentication_off() {
+    let output = Command::new(BERTH)
+        .args([
+            "agent",
+            "--address",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--",
+            "true",
+        ])
+        .env("BERTH_AGENT_AUTH", "none")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(!stderr.contains("auth mode none"), "{stderr}");
+    assert!(
+        stderr.contains("cannot reach the API server for TokenReview"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn sigterm_reaches_the_supervised_command() {
     let dir = tempfile::tempdir().unwrap();

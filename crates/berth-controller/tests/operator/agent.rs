@@ -485,7 +485,7 @@ async fn tampered(config: berth_controller::Config) -> Harness {
 /// and `slow`, something else holds the agent's port (the probe connects; gRPC fails): a
 /// listener that drops connections at once, never answers, or drops them after 400 ms. For
 /// `impostor`, the agent believes it serves workspace `someone-else` (as a reused pod IP would
-/// make it look).
+/// make it look). For `anonymous`, the agent runs with `--auth none`.
 struct Tampered;
 
 fn agent_of(context: &ContainerContext, workspace: &str) -> bool {
@@ -509,6 +509,12 @@ impl ContainerRuntime for Tampered {
                     e["value"] = json!("someone-else");
                 }
             }
+        }
+        if agent_of(&context, "anonymous")
+            && let Some(command) = context.container["command"].as_array_mut()
+        {
+            // An agent that lets every caller in, as `--auth none` makes it.
+            command.splice(2..2, [json!("--auth"), json!("none")]);
         }
         let hang = agent_of(&context, "hang");
         let slow = agent_of(&context, "slow");
@@ -681,6 +687,48 @@ async fn an_agent_answering_for_another_workspace_is_not_trusted() {
         None,
         "never verified"
     );
+}
+
+/// A user would see: `Error`, `AgentReady=False` and `Ready=False` with reason
+/// `IdentityMismatch`, a message naming both identities, a Warning `AgentAuthFailed`, and the
+/// pod kept: an agent that lets everyone in answers `system:anonymous`, which is not the
+/// operator.
+#[tokio::test]
+async fn an_agent_that_authenticated_someone_else_is_not_trusted() {
+    let h = tampered(test_config()).await;
+    let created = h.create("anonymous", wrapped()).await;
+    let ws = h.until_not_ready("anonymous", "IdentityMismatch").await;
+    assert_eq!(phase_of(&ws), Some(Phase::Error));
+    let agent_ready = condition(&ws, "AgentReady").unwrap();
+    assert_eq!(
+        (agent_ready.status.as_str(), agent_ready.reason.as_str()),
+        ("False", "IdentityMismatch")
+    );
+    assert!(
+        agent_ready.message.contains(&format!(
+            "authenticated the operator as \"system:anonymous\", not as its service account {OPERATOR}"
+        )),
+        "{}",
+        agent_ready.message
+    );
+    assert_eq!(ws.status.unwrap().agent.unwrap().verified_pod_uid, None);
+    let uid = pod_uid(&h, "anonymous").await;
+    let workspace_uid = created.uid().unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "a Warning AgentAuthFailed",
+        || async {
+            events_about(&h, &workspace_uid)
+                .await
+                .iter()
+                .any(|(reason, note)| {
+                    reason == "AgentAuthFailed" && note.contains("IdentityMismatch")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    assert_no_churn(&h, "anonymous", &uid, Duration::from_secs(2)).await;
 }
 
 /// A workspace whose pod is not ready is never called, and its AgentReady says why.
