@@ -23,13 +23,37 @@ use crate::{
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AgentRuntime;
 
-/// Whether a container runs the agent: its command is `.../berth agent ...`.
-pub fn runs_agent(container: &Value) -> bool {
-    let command: Vec<&str> = container["command"]
+/// A container's command, as strings.
+fn command(container: &Value) -> Vec<&str> {
+    container["command"]
         .as_array()
         .map(|c| c.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    matches!(command.as_slice(), [program, "agent", ..] if program.rsplit('/').next() == Some("berth"))
+        .unwrap_or_default()
+}
+
+/// The agent's own flags: its command up to `--` (what follows is the workspace's command).
+fn agent_flags(container: &Value) -> Vec<&str> {
+    command(container)
+        .into_iter()
+        .take_while(|a| *a != "--")
+        .collect()
+}
+
+/// The value of the agent's flag `name`, as `--name value` or `--name=value`.
+fn flag<'a>(flags: &[&'a str], name: &str) -> Option<&'a str> {
+    let joined = format!("{name}=");
+    flags
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| match a.strip_prefix(&joined) {
+            Some(value) => Some(value),
+            None => (*a == name).then(|| flags.get(i + 1).copied()).flatten(),
+        })
+}
+
+/// Whether a container runs the agent: its command is `.../berth agent ...`.
+pub fn runs_agent(container: &Value) -> bool {
+    matches!(command(container).as_slice(), [program, "agent", ..] if program.rsplit('/').next() == Some("berth"))
 }
 
 /// A container's variable as the kubelet sets it: of duplicates, the last one wins.
@@ -42,30 +66,18 @@ fn env(container: &Value, name: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The `--port` the command asks for, else the default.
+/// The `--port` the agent is given, else the default.
 fn port(container: &Value) -> u16 {
-    let command: Vec<&str> = container["command"]
-        .as_array()
-        .map(|c| c.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    command
-        .iter()
-        .position(|a| *a == "--port")
-        .and_then(|i| command.get(i + 1))
+    flag(&agent_flags(container), "--port")
         .and_then(|p| p.parse().ok())
         .or_else(|| env(container, "BERTH_AGENT_PORT").and_then(|p| p.parse().ok()))
         .unwrap_or(crate::DEFAULT_PORT)
 }
 
-/// Whether the command turns authentication off (`--auth none`, before any `--`): as with
-/// the real binary, only the command line can, never the environment.
+/// Whether the agent is given `--auth none`: as with the real binary, only its command line
+/// turns authentication off, never the environment.
 fn auth_off(container: &Value) -> bool {
-    let command: Vec<&str> = container["command"]
-        .as_array()
-        .map(|c| c.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    let flags = command.split(|a| *a == "--").next().unwrap_or_default();
-    flags.windows(2).any(|w| w == ["--auth", "none"]) || flags.contains(&"--auth=none")
+    flag(&agent_flags(container), "--auth") == Some("none")
 }
 
 /// A client for the pod's service account, as in-cluster config would build it.
@@ -215,6 +227,15 @@ mod tests {
         assert_eq!(
             port(&json!({"command": ["berth", "agent"]})),
             crate::DEFAULT_PORT
+        );
+        assert_eq!(
+            port(&json!({"command": ["berth", "agent", "--port=6001"]})),
+            6001
+        );
+        assert_eq!(
+            port(&json!({"command": ["berth", "agent", "--", "serve", "--port", "80"]})),
+            crate::DEFAULT_PORT,
+            "the workspace command's flags are its own"
         );
     }
 }

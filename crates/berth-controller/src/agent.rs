@@ -330,6 +330,7 @@ impl Shared {
                 Err(message) => return unknown(message),
             };
         }
+        let operator = self.config.service_account.username();
         match answer {
             Ok(answer)
                 if (&answer.workspace_namespace, &answer.workspace_name)
@@ -346,16 +347,13 @@ impl Shared {
             }
             // Whoever the agent says called must be the operator's own service account: an
             // agent that lets everyone in (or is not ours) says someone else.
-            Ok(answer) if answer.caller_username != self.config.service_account.username() => {
-                AgentOutcome::Failed {
-                    reason: reasons::IDENTITY_MISMATCH.to_owned(),
-                    message: format!(
-                        "the agent at {address} authenticated the operator as {:?}, not as its service account {}",
-                        answer.caller_username,
-                        self.config.service_account.username()
-                    ),
-                }
-            }
+            Ok(answer) if answer.caller_username != operator => AgentOutcome::Failed {
+                reason: reasons::IDENTITY_MISMATCH.to_owned(),
+                message: format!(
+                    "the agent at {address} authenticated the operator as {:?}, not as its service account {operator}",
+                    answer.caller_username
+                ),
+            },
             Ok(answer) => AgentOutcome::Verified {
                 identity: answer.caller_username,
             },

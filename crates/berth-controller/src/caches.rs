@@ -8,7 +8,6 @@
 
 use std::future::Future;
 
-use futures::future::BoxFuture;
 use tokio::sync::watch;
 
 /// Whether the caches are filled; cheap to clone, any number of tasks may wait on it.
@@ -16,15 +15,12 @@ use tokio::sync::watch;
 pub struct CachesReady(watch::Receiver<bool>);
 
 impl CachesReady {
-    /// Starts one task that awaits every store readiness in `stores`, one at a time, then
-    /// signals all waiters. A store whose writer is dropped counts as ready (there is
-    /// nothing more to wait for; the controller is stopping).
-    pub fn spawn(stores: Vec<BoxFuture<'static, ()>>) -> Self {
+    /// Starts one task that runs `filled` (which awaits each store's readiness, one at a
+    /// time: the only waiter on each), then signals all waiters.
+    pub fn spawn(filled: impl Future<Output = ()> + Send + 'static) -> Self {
         let (ready, waiting) = watch::channel(false);
         tokio::spawn(async move {
-            for store in stores {
-                store.await;
-            }
+            filled.await;
             let _ = ready.send(true);
         });
         Self(waiting)
@@ -43,7 +39,6 @@ impl CachesReady {
 mod tests {
     use std::time::Duration;
 
-    use futures::FutureExt;
     use k8s_openapi::api::core::v1::Pod;
     use kube::runtime::{reflector::store::Writer, watcher::Event};
 
@@ -56,12 +51,9 @@ mod tests {
     async fn every_waiter_goes_on_once_the_first_list_arrives() {
         let mut writer: Writer<Pod> = Writer::default();
         let store = writer.as_reader();
-        let ready = CachesReady::spawn(vec![
-            async move {
-                let _ = store.wait_until_ready().await;
-            }
-            .boxed(),
-        ]);
+        let ready = CachesReady::spawn(async move {
+            let _ = store.wait_until_ready().await;
+        });
         let waiters: Vec<_> = (0..16).map(|_| tokio::spawn(ready.wait())).collect();
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(

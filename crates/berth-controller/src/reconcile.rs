@@ -310,12 +310,13 @@ async fn run_controller(
             services.clone(),
             events.clone(),
         );
-        CachesReady::spawn(vec![
-            Box::pin(async move { drop(pods.wait_until_ready().await) }),
-            Box::pin(async move { drop(claims.wait_until_ready().await) }),
-            Box::pin(async move { drop(services.wait_until_ready().await) }),
-            Box::pin(async move { drop(events.wait_until_ready().await) }),
-        ])
+        // A store whose writer is gone counts as ready: the controller is stopping.
+        CachesReady::spawn(async move {
+            let _ = pods.wait_until_ready().await;
+            let _ = claims.wait_until_ready().await;
+            let _ = services.wait_until_ready().await;
+            let _ = events.wait_until_ready().await;
+        })
     };
     let context = Arc::new(Context {
         client: client.clone(),
