@@ -4,16 +4,16 @@ use std::time::Duration;
 
 use berth_api::{Phase, Workspace};
 use berth_sim::NodeConfig;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::{
     Api, ResourceExt,
     api::{ListParams, Patch, PatchParams, PostParams},
-    runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
 
-use crate::support::{Harness, WAIT, condition, eventually, message_of, phase_of, test_config};
+use crate::support::{
+    Harness, Recording, WAIT, condition, eventually, message_of, phase_of, record, test_config,
+};
 
 async fn secret(h: &Harness, name: &str) {
     let secrets: Api<Secret> = Api::namespaced(h.client.clone(), "default");
@@ -37,36 +37,17 @@ fn pods(h: &Harness) -> Api<Pod> {
 type Seen = (Option<Phase>, String, Option<String>);
 
 /// Records every (phase, message, pod uid) the workspace's status goes through.
-fn record(h: &Harness, name: &str) -> tokio::task::JoinHandle<Vec<Seen>> {
-    let stream = watcher(
-        h.workspaces(),
-        watcher::Config::default().fields(&format!("metadata.name={name}")),
-    )
-    .applied_objects();
-    tokio::spawn(async move {
-        let mut seen = vec![];
-        let stream = tokio_stream_timeout(stream);
-        futures::pin_mut!(stream);
-        while let Some(Ok(ws)) = stream.next().await {
-            let ws: Workspace = ws;
-            let entry = (
-                phase_of(&ws),
-                message_of(&ws),
-                ws.status
-                    .as_ref()
-                    .and_then(|s| s.pod.as_ref())
-                    .and_then(|p| p.uid.clone()),
-            );
-            if seen.last() != Some(&entry) {
-                seen.push(entry);
-            }
-        }
-        seen
+fn history(h: &Harness, name: &str) -> Recording<Seen> {
+    record(h, name, |ws: &Workspace| {
+        (
+            phase_of(ws),
+            message_of(ws),
+            ws.status
+                .as_ref()
+                .and_then(|s| s.pod.as_ref())
+                .and_then(|p| p.uid.clone()),
+        )
     })
-}
-
-fn tokio_stream_timeout<S: futures::Stream>(stream: S) -> impl futures::Stream<Item = S::Item> {
-    stream.take_until(tokio::time::sleep(WAIT))
 }
 
 #[tokio::test]
@@ -75,7 +56,7 @@ async fn a_workspace_starts_runs_and_explains_itself() {
     sim.timings.pull = Duration::from_millis(300);
     let h = Harness::start_with(sim, test_config()).await;
     secret(&h, "git").await;
-    let history = record(&h, "alice");
+    let history = history(&h, "alice");
     h.create(
         "alice",
         json!({
@@ -127,7 +108,7 @@ async fn a_workspace_starts_runs_and_explains_itself() {
     let service = services.get("alice").await.unwrap();
     assert_eq!(service.spec.unwrap().ports.unwrap()[0].port, 8080);
 
-    let seen = history.await.unwrap();
+    let seen = history.through(&ws).await;
     let phases: Vec<Phase> = seen.iter().filter_map(|s| s.0).fold(vec![], |mut acc, p| {
         if acc.last() != Some(&p) {
             acc.push(p);
@@ -322,7 +303,7 @@ async fn start_timeout_fails_visibly_frees_the_node_and_a_spec_change_restarts()
 #[tokio::test]
 async fn events_of_a_previous_pod_never_explain_the_next() {
     let h = Harness::start().await;
-    let history = record(&h, "frank");
+    let history = history(&h, "frank");
     h.create("frank", json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "absent", "mountPath": "/s"}]}}})).await;
     let failing = h
         .until("frank", "FailedMount", |ws| {
@@ -343,9 +324,9 @@ async fn events_of_a_previous_pod_never_explain_the_next() {
         .await
         .unwrap();
     let running = h.until_phase("frank", Phase::Running).await;
-    let new_uid = running.status.unwrap().pod.unwrap().uid;
+    let new_uid = running.status.clone().unwrap().pod.unwrap().uid;
     assert_ne!(new_uid, old_uid);
-    let seen = history.await.unwrap();
+    let seen = history.through(&running).await;
     for (phase, message, uid) in &seen {
         if uid.is_some() && *uid == new_uid {
             assert!(

@@ -9,11 +9,12 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::{
     Api, ResourceExt,
     api::{ListParams, Patch, PatchParams, WatchEvent, WatchParams},
-    runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
 
-use crate::support::{Harness, OPERATOR, WAIT, condition, message_of, phase_of, test_config};
+use crate::support::{
+    Harness, OPERATOR, WAIT, condition, message_of, phase_of, record, test_config,
+};
 
 fn one_node() -> SimConfig {
     SimConfig {
@@ -31,28 +32,6 @@ fn quick_recreation() -> berth_controller::Config {
     config
 }
 
-/// Every phase the workspace's status showed.
-fn phases(h: &Harness, name: &str) -> tokio::task::JoinHandle<Vec<Phase>> {
-    let stream = watcher(
-        h.workspaces(),
-        watcher::Config::default().fields(&format!("metadata.name={name}")),
-    )
-    .applied_objects();
-    tokio::spawn(async move {
-        let mut seen = vec![];
-        let stream = stream.take_until(tokio::time::sleep(WAIT));
-        futures::pin_mut!(stream);
-        while let Some(Ok(ws)) = stream.next().await {
-            if let Some(p) = phase_of(&ws)
-                && seen.last() != Some(&p)
-            {
-                seen.push(p);
-            }
-        }
-        seen
-    })
-}
-
 async fn workspace_events(h: &Harness, name: &str) -> Vec<(String, String)> {
     let uid = h.workspaces().get(name).await.unwrap().uid().unwrap();
     let events: Api<Event> = Api::namespaced(h.client.clone(), "default");
@@ -68,7 +47,7 @@ async fn workspace_events(h: &Harness, name: &str) -> Vec<(String, String)> {
 }
 
 async fn rejected_once_then_running(h: &Harness, name: &str, reason: &str) {
-    let seen = phases(h, name);
+    let seen = record(h, name, phase_of);
     h.create(name, json!({"image": "devbox:1"})).await;
     let ws = h
         .until(name, "Running after one replacement", |ws| {
@@ -108,7 +87,7 @@ async fn rejected_once_then_running(h: &Harness, name: &str, reason: &str) {
         metrics.contains(&counted),
         "{counted} missing from:\n{metrics}"
     );
-    let history = seen.await.unwrap();
+    let history: Vec<Phase> = seen.through(&ws).await.into_iter().flatten().collect();
     assert!(
         !history.contains(&Phase::Failed),
         "a watch saw Failed: {history:?}"

@@ -325,3 +325,76 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// What a workspace's status went through, recorded by a watch started before the test acts.
+pub struct Recording<T> {
+    stop_at: tokio::sync::watch::Sender<Option<String>>,
+    task: tokio::task::JoinHandle<Vec<T>>,
+}
+
+/// Records `view` of every version of workspace `name` (consecutive repeats once), from
+/// before it exists until [`Recording::through`].
+pub fn record<T>(
+    h: &Harness,
+    name: &str,
+    view: impl Fn(&Workspace) -> T + Send + 'static,
+) -> Recording<T>
+where
+    T: PartialEq + Send + 'static,
+{
+    use futures::StreamExt;
+    use kube::{
+        ResourceExt,
+        runtime::{WatchStreamExt, watcher},
+    };
+
+    let stream = watcher(
+        h.workspaces(),
+        watcher::Config::default().fields(&format!("metadata.name={name}")),
+    )
+    .applied_objects();
+    let (stop_at, mut target) = tokio::sync::watch::channel(None::<String>);
+    let task = tokio::spawn(async move {
+        let mut seen: Vec<T> = vec![];
+        let mut versions = std::collections::HashSet::new();
+        let cap = tokio::time::sleep(WAIT);
+        futures::pin_mut!(stream, cap);
+        loop {
+            let reached = |versions: &std::collections::HashSet<String>,
+                           target: &Option<String>| {
+                target.as_ref().is_some_and(|rv| versions.contains(rv))
+            };
+            tokio::select! {
+                next = stream.next() => match next {
+                    Some(Ok(ws)) => {
+                        let entry = view(&ws);
+                        if seen.last() != Some(&entry) {
+                            seen.push(entry);
+                        }
+                        versions.extend(ws.resource_version());
+                    }
+                    Some(Err(_)) => continue,
+                    None => break,
+                },
+                changed = target.changed() => if changed.is_err() { break },
+                _ = &mut cap => break,
+            }
+            if reached(&versions, &target.borrow()) {
+                break;
+            }
+        }
+        seen
+    });
+    Recording { stop_at, task }
+}
+
+impl<T> Recording<T> {
+    /// Everything recorded up to and including `last`, a version the test read (the watch
+    /// catches up to it; it gives up after [`WAIT`]).
+    pub async fn through(self, last: &Workspace) -> Vec<T> {
+        let _ = self.stop_at.send(Some(
+            kube::ResourceExt::resource_version(last).unwrap_or_default(),
+        ));
+        self.task.await.expect("the recording task")
+    }
+}
