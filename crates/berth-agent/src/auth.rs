@@ -1,13 +1,26 @@
 //! Who is calling, and may they: the bearer token goes to TokenReview (audience
-//! `berth-agent`), the user it names to SubjectAccessReview (`use` on `workspaces/agent` of
-//! this workspace). Answers are cached briefly (allow 5 min, deny 5 s, so a fix takes effect
-//! quickly), keyed by a hash of the token, never the token. Tokens are never logged.
+//! `berth-agent/<namespace>`, so a token for one namespace's agents opens no other), the user
+//! it names to SubjectAccessReview (`use` on `workspaces/agent` of this workspace).
+//!
+//! Before any review, the token must look like what the operator sends: a service-account
+//! JWT whose (unverified) claims name this agent's audience and have not expired; anything
+//! else is refused without asking the API server. Answers are cached briefly (allow 5 min,
+//! deny 5 s, so a fix takes effect quickly), keyed by a hash of the token, never the token,
+//! in a cache of bounded size; reviews of tokens not in it run a few at a time. The review
+//! APIs get bounded retries within the caller's deadline, then the caller hears
+//! `Unavailable` in the agent's words. Tokens are never logged.
 
 use std::{
-    collections::HashMap,
-    sync::Mutex,
+    num::NonZeroUsize,
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
+
+use base64::Engine;
+use lru::LruCache;
 
 use k8s_openapi::api::{authentication::v1::TokenReview, authorization::v1::SubjectAccessReview};
 use kube::{Api, api::PostParams};
@@ -41,22 +54,143 @@ pub struct Caller {
 /// How the agent authenticates callers.
 #[derive(Clone)]
 pub enum Mode {
-    /// TokenReview and SubjectAccessReview through this client (the pod's service account).
+    /// TokenReview and SubjectAccessReview through this client (the pod's service account);
+    /// made by [`Mode::kube`].
     Kube(kube::Client),
     /// Everyone is allowed: for local debugging only.
     None,
 }
 
+impl Mode {
+    /// Reviews through a client with `config`, without kube's own retries: those go on for
+    /// minutes, where the authenticator retries within the caller's deadline.
+    pub fn kube(mut config: kube::Config) -> Result<Self, kube::Error> {
+        config.default_retry = false;
+        Ok(Mode::Kube(kube::Client::try_from(config)?))
+    }
+}
+
 /// A remembered answer and when it was given, by the SHA-256 of the token.
-type Answers = HashMap<[u8; 32], (Result<Caller, Status>, Instant)>;
+type Answers = LruCache<[u8; 32], (Result<Caller, Status>, Instant)>;
+
+/// What the authenticator may spend on callers it does not know.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Answers remembered; the least recently used goes first.
+    pub cached: NonZeroUsize,
+    /// Reviews of tokens not remembered that run at once; others wait within their budget.
+    pub concurrent_reviews: usize,
+    /// The most one check spends on reviews, retries and waiting included, when the caller
+    /// set no shorter deadline (a caller's `grpc-timeout` counts three quarters).
+    pub budget: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            cached: NonZeroUsize::new(4096).expect("non-zero"),
+            concurrent_reviews: 8,
+            budget: Duration::from_secs(2),
+        }
+    }
+}
+
+/// What the authenticator has done, for tests and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Answers in the cache now.
+    pub cached: usize,
+    /// TokenReviews sent (retries included).
+    pub token_reviews: u64,
+    /// The most reviews that ever ran at once.
+    pub peak_concurrent_reviews: usize,
+}
 
 /// The authenticator with its cache.
 pub struct Authenticator {
     mode: Mode,
     scope: Scope,
+    limits: Limits,
     cache: Mutex<Answers>,
+    reviews: tokio::sync::Semaphore,
+    in_flight: AtomicUsize,
+    peak_in_flight: AtomicUsize,
+    token_reviews: AtomicU64,
     /// Whether the API's refusal of a review was logged (once, until a review works again).
     refusal_logged: std::sync::atomic::AtomicBool,
+}
+
+/// The claims the agent reads from a token before reviewing it (unverified: they only spare
+/// the API server tokens that cannot be the operator's).
+#[derive(serde::Deserialize)]
+struct Claims {
+    #[serde(default)]
+    aud: Audiences,
+    exp: Option<i64>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(untagged)]
+enum Audiences {
+    One(String),
+    Many(Vec<String>),
+    #[default]
+    None,
+}
+
+impl Audiences {
+    fn list(&self) -> Vec<&str> {
+        match self {
+            Audiences::One(a) => vec![a.as_str()],
+            Audiences::Many(list) => list.iter().map(String::as_str).collect(),
+            Audiences::None => vec![],
+        }
+    }
+}
+
+/// A refusal of the token itself: a new token may be accepted.
+fn token_refused(message: String) -> Status {
+    let mut refusal = Status::unauthenticated(message);
+    refusal
+        .metadata_mut()
+        .insert(crate::TOKEN_REJECTED, MetadataValue::from_static("true"));
+    refusal
+}
+
+/// Refuses a token that cannot be one the operator sends for `audience`, without a review.
+fn screen(token: &str, audience: &str, now: jiff::Timestamp) -> Result<(), Status> {
+    let not_valid = |why: &str| {
+        token_refused(format!(
+            "the token is not valid for audience {audience}: {why}"
+        ))
+    };
+    let mut parts = token.split('.');
+    let payload = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(_), Some(payload), Some(_), None) => payload,
+        _ => return Err(not_valid("it is not a service-account token (a JWT)")),
+    };
+    let claims: Claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .ok_or_else(|| not_valid("its claims cannot be read"))?;
+    let audiences = claims.aud.list();
+    if !audiences.contains(&audience) {
+        return Err(not_valid(&format!("it is for {audiences:?}")));
+    }
+    if claims.exp.is_some_and(|exp| exp <= now.as_second()) {
+        return Err(not_valid("it has expired"));
+    }
+    Ok(())
+}
+
+/// Whether an API error may go away by asking again.
+fn transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => matches!(status.code, 429 | 500 | 502 | 503 | 504),
+        // Connection and protocol errors: nothing answered.
+        _ => true,
+    }
 }
 
 fn api_refusal(api: &str, error: &kube::Error, scope: &Scope) -> Status {
@@ -84,11 +218,33 @@ impl Authenticator {
                 "auth mode none: every caller is allowed; use it for local debugging only"
             );
         }
+        Authenticator::with_limits(mode, scope, Limits::default())
+    }
+
+    pub fn with_limits(mode: Mode, scope: Scope, limits: Limits) -> Self {
         Authenticator {
             mode,
             scope,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(LruCache::new(limits.cached)),
+            reviews: tokio::sync::Semaphore::new(limits.concurrent_reviews.max(1)),
+            limits,
+            in_flight: AtomicUsize::new(0),
+            peak_in_flight: AtomicUsize::new(0),
+            token_reviews: AtomicU64::new(0),
             refusal_logged: Default::default(),
+        }
+    }
+
+    /// The audience this agent accepts: the operator's tokens for this namespace.
+    pub fn audience(&self) -> String {
+        crate::audience(&self.scope.namespace)
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            cached: self.cache.lock().unwrap_or_else(|p| p.into_inner()).len(),
+            token_reviews: self.token_reviews.load(Ordering::Relaxed),
+            peak_concurrent_reviews: self.peak_in_flight.load(Ordering::Relaxed),
         }
     }
 
@@ -107,8 +263,13 @@ impl Authenticator {
         status
     }
 
-    /// Authenticates and authorizes the bearer token from `authorization` metadata.
-    pub async fn check(&self, authorization: Option<&str>) -> Result<Caller, Status> {
+    /// Authenticates and authorizes the bearer token from `authorization` metadata, within
+    /// `deadline` (the caller's, if it sent one).
+    pub async fn check(
+        &self,
+        authorization: Option<&str>,
+        deadline: Option<Duration>,
+    ) -> Result<Caller, Status> {
         let client = match &self.mode {
             Mode::None => {
                 return Ok(Caller {
@@ -123,6 +284,8 @@ impl Authenticator {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| Status::unauthenticated("request has no bearer token"))?;
+        let audience = self.audience();
+        screen(token, &audience, jiff::Timestamp::now())?;
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some((answer, at)) = self
             .cache
@@ -135,37 +298,98 @@ impl Authenticator {
                 return answer.clone();
             }
         }
-        let answer = self.review(client, token).await;
-        self.cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, (answer.clone(), Instant::now()));
+        let budget = deadline
+            .map(|d| d * 3 / 4)
+            .map_or(self.limits.budget, |d| d.min(self.limits.budget));
+        let until = tokio::time::Instant::now() + budget;
+        let Ok(Ok(_permit)) = tokio::time::timeout_at(until, self.reviews.acquire()).await else {
+            return Err(Status::resource_exhausted(format!(
+                "the agent is busy checking other callers ({} at once); try again",
+                self.limits.concurrent_reviews
+            )));
+        };
+        let running = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak_in_flight.fetch_max(running, Ordering::Relaxed);
+        let answer = self.review(client, token, &audience, until).await;
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        // An outage is not an answer about this token.
+        if !matches!(answer, Err(ref s) if s.code() == Code::Unavailable) {
+            self.cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .put(key, (answer.clone(), Instant::now()));
+        }
         answer
     }
 
-    async fn review(&self, client: kube::Client, token: &str) -> Result<Caller, Status> {
+    /// Sends `request` to the review API `api`, again while it answers 429/5xx or not at all,
+    /// until `until`; then says the API is unavailable, in its own words.
+    async fn ask<K, F, Fut>(
+        &self,
+        api: &str,
+        until: tokio::time::Instant,
+        mut request: F,
+    ) -> Result<K, Status>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<K, kube::Error>>,
+    {
+        let started = tokio::time::Instant::now();
+        let mut attempts = 0u32;
+        let mut pause = Duration::from_millis(50);
+        let last = loop {
+            attempts += 1;
+            let last = match tokio::time::timeout_at(until, request()).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(error)) if !transient(&error) => {
+                    return Err(self.refused(api_refusal(api, &error, &self.scope)));
+                }
+                Ok(Err(kube::Error::Api(status))) => status.message.clone(),
+                Ok(Err(error)) => error.to_string(),
+                Err(_) => break "no answer".to_owned(),
+            };
+            if tokio::time::Instant::now() + pause >= until {
+                break last;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        };
+        let mut status = Status::unavailable(format!(
+            "{api} API is unavailable: {last} ({attempts} attempts in {:.1}s); the agent cannot check callers until it answers",
+            started.elapsed().as_secs_f32()
+        ));
+        status.metadata_mut().insert(
+            crate::REVIEW_UNAVAILABLE,
+            MetadataValue::from_static("true"),
+        );
+        tracing::warn!(detail = status.message(), "a review API is unavailable");
+        Err(status)
+    }
+
+    async fn review(
+        &self,
+        client: kube::Client,
+        token: &str,
+        audience: &str,
+        until: tokio::time::Instant,
+    ) -> Result<Caller, Status> {
         let reviews: Api<TokenReview> = Api::all(client.clone());
-        let request: TokenReview = serde_json::from_value(
-            json!({"spec": {"token": token, "audiences": [crate::AUDIENCE]}}),
-        )
-        .map_err(|e| Status::internal(e.to_string()))?;
-        let reviewed = reviews
-            .create(&PostParams::default(), &request)
-            .await
-            .map_err(|e| self.refused(api_refusal("TokenReview", &e, &self.scope)))?;
+        let request: TokenReview =
+            serde_json::from_value(json!({"spec": {"token": token, "audiences": [audience]}}))
+                .map_err(|e| Status::internal(e.to_string()))?;
+        let post = PostParams::default();
+        let reviewed = self
+            .ask("TokenReview", until, || {
+                self.token_reviews.fetch_add(1, Ordering::Relaxed);
+                reviews.create(&post, &request)
+            })
+            .await?;
         let status = reviewed.status.unwrap_or_default();
         if status.authenticated != Some(true) {
-            let mut refusal = Status::unauthenticated(format!(
-                "the token is not valid for audience {}: {}",
-                crate::AUDIENCE,
+            return Err(token_refused(format!(
+                "the token is not valid for audience {audience}: {}",
                 status.error.unwrap_or_else(|| "not authenticated".into())
-            ));
-            // Tells the caller that a new token may help (it may not, when the review API
-            // itself is refused).
-            refusal
-                .metadata_mut()
-                .insert(crate::TOKEN_REJECTED, MetadataValue::from_static("true"));
-            return Err(refusal);
+            )));
         }
         let user = status.user.unwrap_or_default();
         let caller = Caller {
@@ -181,10 +405,11 @@ impl Authenticator {
             "resourceAttributes": {"namespace": self.scope.namespace, "verb": "use", "group": "berth.dev", "resource": "workspaces", "subresource": "agent", "name": self.scope.workspace}
         }}))
         .map_err(|e| Status::internal(e.to_string()))?;
-        let decided = sars
-            .create(&PostParams::default(), &request)
-            .await
-            .map_err(|e| self.refused(api_refusal("SubjectAccessReview", &e, &self.scope)))?;
+        let decided = self
+            .ask("SubjectAccessReview", until, || {
+                sars.create(&post, &request)
+            })
+            .await?;
         self.refusal_logged
             .store(false, std::sync::atomic::Ordering::Relaxed);
         let decision = decided.status.unwrap_or_default();

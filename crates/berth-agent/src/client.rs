@@ -69,12 +69,18 @@ pub async fn who_am_i(
     })?;
     let mut client = AgentClient::new(channel);
     let mut request = Request::new(WhoAmIRequest {});
+    // Sent as `grpc-timeout`: the agent fits its reviews inside it.
+    request.set_timeout(timeout);
     let value: MetadataValue<_> = format!("Bearer {token}")
         .parse()
         .map_err(|_| unreachable("the token is not a valid header value".into()))?;
     request.metadata_mut().insert("authorization", value);
     match client.who_am_i(request).await {
         Ok(response) => Ok(response.into_inner()),
+        // The agent answered: the API it checks callers with did not.
+        Err(status) if status.metadata().contains_key(crate::REVIEW_UNAVAILABLE) => {
+            Err(CallError::Refused(status))
+        }
         // The transport failed (the status wraps its error, e.g. the connection closed
         // mid-call), or the agent is not there: nothing answered.
         Err(status)

@@ -35,8 +35,24 @@ impl AgentService {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
-        self.auth.check(header).await
+        self.auth.check(header, grpc_timeout(request)).await
     }
+}
+
+/// The caller's deadline from its `grpc-timeout` header (digits and a unit: H M S m u n).
+fn grpc_timeout<T>(request: &Request<T>) -> Option<std::time::Duration> {
+    let text = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    let value: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => std::time::Duration::from_secs(value.saturating_mul(3600)),
+        "M" => std::time::Duration::from_secs(value.saturating_mul(60)),
+        "S" => std::time::Duration::from_secs(value),
+        "m" => std::time::Duration::from_millis(value),
+        "u" => std::time::Duration::from_micros(value),
+        "n" => std::time::Duration::from_nanos(value),
+        _ => return None,
+    })
 }
 
 #[tonic::async_trait]

@@ -80,8 +80,8 @@ fn auth_off(container: &Value) -> bool {
     flag(&agent_flags(container), "--auth") == Some("none")
 }
 
-/// A client for the pod's service account, as in-cluster config would build it.
-async fn pod_client(context: &ContainerContext) -> Result<kube::Client, String> {
+/// The client settings for the pod's service account, as in-cluster config would make them.
+async fn pod_config(context: &ContainerContext) -> Result<kube::Config, String> {
     let kubeconfig = Kubeconfig {
         clusters: vec![NamedCluster {
             name: "sim".into(),
@@ -114,10 +114,9 @@ async fn pod_client(context: &ContainerContext) -> Result<kube::Client, String> 
         current_context: Some("sim".into()),
         ..Default::default()
     };
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| e.to_string())?;
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())
 }
 
 impl ContainerRuntime for AgentRuntime {
@@ -126,7 +125,7 @@ impl ContainerRuntime for AgentRuntime {
             return IdleRuntime.start(context);
         }
         Box::pin(async move {
-            let client = pod_client(&context).await?;
+            let config = pod_config(&context).await?;
             let account = context.pod["spec"]["serviceAccountName"]
                 .as_str()
                 .unwrap_or("default");
@@ -139,7 +138,7 @@ impl ContainerRuntime for AgentRuntime {
             };
             let mode = match auth_off(&context.container) {
                 true => Mode::None,
-                false => Mode::Kube(client),
+                false => Mode::kube(config).map_err(|e| e.to_string())?,
             };
             let auth = Arc::new(Authenticator::new(mode, scope));
             // TLS files come from the container's mounted secret, as on a real node.

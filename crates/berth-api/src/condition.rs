@@ -66,6 +66,11 @@ pub mod reasons {
     /// The agent authenticated the operator as someone else than its service account (an
     /// agent with authentication off says `system:anonymous`).
     pub const IDENTITY_MISMATCH: &str = "IdentityMismatch";
+    /// The agent answered, but the API it checks callers with (TokenReview,
+    /// SubjectAccessReview) did not, within the call's deadline.
+    pub const UNAVAILABLE: &str = "Unavailable";
+    /// The agent is checking too many other callers' tokens to check this one in time.
+    pub const RESOURCE_EXHAUSTED: &str = "ResourceExhausted";
     /// The agent could not be reached.
     pub const AGENT_UNREACHABLE: &str = "AgentUnreachable";
     /// The agent's state is not known yet (e.g. the operator cannot get its token).

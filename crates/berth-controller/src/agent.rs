@@ -1,7 +1,8 @@
-//! The operator's side of the handshake with workspace agents (rules C14, C15): a token for
-//! its own service account from the TokenRequest API (audience `berth-agent`), cached until 80%
-//! of its lifetime, and WhoAmI calls to agents, at most one per backoff step per pod, each in
-//! its own task so a silent agent never holds a reconcile. The decision of what a result means
+//! The operator's side of the handshake with workspace agents (rules C14, C15): tokens for its
+//! own service account from the TokenRequest API, one per namespace (audience
+//! `berth-agent/<namespace>`), each cached until 80% of its lifetime, and WhoAmI calls to
+//! agents, at most one per backoff step per pod, each in its own task so a silent agent never
+//! holds a reconcile. The decision of what a result means
 //! is the pure core's (`state.rs`).
 
 use std::{
@@ -38,6 +39,9 @@ struct CachedToken {
     renew_at: Instant,
 }
 
+/// The operator's tokens for agents, one per namespace (audience `berth-agent/<namespace>`).
+type Tokens = HashMap<String, CachedToken>;
+
 /// How long a reconcile waits for a WhoAmI before leaving it to finish in the background (and
 /// wake the workspace then): a slow or silent agent never holds a reconcile worker.
 const INLINE_WAIT: Duration = Duration::from_millis(250);
@@ -68,7 +72,7 @@ struct Shared {
     client: Client,
     config: AgentConfig,
     metrics: Arc<Metrics>,
-    token: tokio::sync::Mutex<Option<CachedToken>>,
+    tokens: tokio::sync::Mutex<Tokens>,
     attempts: Mutex<HashMap<Key, Attempt>>,
     /// Wakes a workspace whose check finished in the background.
     wake: UnboundedSender<ObjectRef<Workspace>>,
@@ -91,7 +95,7 @@ impl AgentChecker {
             client,
             config,
             metrics,
-            token: Default::default(),
+            tokens: Default::default(),
             attempts: Default::default(),
             wake,
         };
@@ -316,7 +320,8 @@ impl Shared {
             let client_tls = client_tls.clone();
             async move { who_am_i(address, &token, self.config.timeout, client_tls.as_ref()).await }
         };
-        let (token, fresh) = match self.token().await {
+        let namespace = &workspace.0;
+        let (token, fresh) = match self.token(namespace).await {
             Ok(token) => token,
             Err(message) => return unknown(message),
         };
@@ -324,8 +329,8 @@ impl Shared {
         // A cached token the agent rejected (its service account was re-created, say): get a
         // new one and ask once more.
         if !fresh && matches!(&answer, Err(CallError::Refused(s)) if token_rejected(s)) {
-            self.forget_token(&token).await;
-            answer = match self.token().await {
+            self.forget_token(namespace, &token).await;
+            answer = match self.token(namespace).await {
                 Ok((renewed, _)) => call(renewed).await,
                 Err(message) => return unknown(message),
             };
@@ -369,28 +374,32 @@ impl Shared {
         }
     }
 
-    /// Drops the cached token if it is still `token`.
-    async fn forget_token(&self, token: &str) {
-        let mut cached = self.token.lock().await;
-        if cached.as_ref().is_some_and(|c| c.token == token) {
-            info!("an agent rejected the operator's token; requesting a new one");
-            *cached = None;
+    /// Drops the cached token for `namespace` if it is still `token`.
+    async fn forget_token(&self, namespace: &str, token: &str) {
+        let mut tokens = self.tokens.lock().await;
+        if tokens.get(namespace).is_some_and(|c| c.token == token) {
+            info!(%namespace, "an agent rejected the operator's token; requesting a new one");
+            tokens.remove(namespace);
         }
     }
 
-    /// The operator's token for agents, requested again at 80% of its lifetime; and whether it
-    /// was just requested.
-    async fn token(&self) -> Result<(String, bool), String> {
-        let mut cached = self.token.lock().await;
-        if let Some(token) = cached.as_ref().filter(|t| Instant::now() < t.renew_at) {
+    /// The operator's token for the agents in `namespace`, requested again at 80% of its
+    /// lifetime; and whether it was just requested.
+    async fn token(&self, namespace: &str) -> Result<(String, bool), String> {
+        let mut tokens = self.tokens.lock().await;
+        let now = Instant::now();
+        if let Some(token) = tokens.get(namespace).filter(|t| now < t.renew_at) {
             return Ok((token.token.clone(), false));
         }
+        // Namespaces come and go: a token due for renewal is requested again when needed.
+        tokens.retain(|_, t| now < t.renew_at);
         let account = &self.config.service_account;
+        let audience = berth_agent::audience(namespace);
         let accounts: Api<ServiceAccount> =
             Api::namespaced(self.client.clone(), &account.namespace);
         let request = TokenRequest {
             spec: TokenRequestSpec {
-                audiences: vec![self.config.audience.clone()],
+                audiences: vec![audience.clone()],
                 expiration_seconds: Some(self.config.token_lifetime.as_secs().max(600) as i64),
                 bound_object_ref: None,
             },
@@ -413,11 +422,14 @@ impl Shared {
                 .duration_since(jiff::Timestamp::now()),
         )
         .unwrap_or_default();
-        *cached = Some(CachedToken {
-            token: status.token.clone(),
-            renew_at: requested + lifetime.mul_f64(0.8),
-        });
-        info!(service_account = %account, lifetime = ?lifetime, "requested a token for agents");
+        tokens.insert(
+            namespace.to_owned(),
+            CachedToken {
+                token: status.token.clone(),
+                renew_at: requested + lifetime.mul_f64(0.8),
+            },
+        );
+        info!(service_account = %account, %audience, lifetime = ?lifetime, "requested a token for agents");
         Ok((status.token, true))
     }
 }

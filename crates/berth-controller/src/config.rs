@@ -120,8 +120,6 @@ pub struct AgentConfig {
     pub binary: String,
     /// The port the agent serves on in the pod.
     pub port: u16,
-    /// The audience of the operator's tokens for the agent.
-    pub audience: String,
     /// The service account the operator authenticates to agents as (TokenRequest).
     pub service_account: ServiceAccountRef,
     /// How long a requested token lives; it is renewed at 80% of its lifetime.
@@ -200,7 +198,6 @@ impl Default for AgentConfig {
             image: DEFAULT_AGENT_IMAGE.to_owned(),
             binary: "/usr/local/bin/berth".to_owned(),
             port: berth_agent::DEFAULT_PORT,
-            audience: berth_agent::AUDIENCE.to_owned(),
             service_account: ServiceAccountRef {
                 namespace: "berth-system".to_owned(),
                 name: "berth-controller".to_owned(),

@@ -147,17 +147,30 @@ impl Tokens {
         audiences: Vec<String>,
         ttl: Duration,
     ) -> (String, Timestamp) {
-        let mut bytes = [0u8; 32];
-        rand::rng().fill_bytes(&mut bytes);
-        let token = format!(
-            "sim.{}",
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-        );
         let expires = Timestamp::now()
             .checked_add(
                 jiff::SignedDuration::try_from(ttl).unwrap_or(jiff::SignedDuration::from_hours(1)),
             )
             .unwrap_or(Timestamp::MAX);
+        // Shaped like a real service-account token, a JWT whose claims a client may read;
+        // the signature is random and the sim knows its tokens by heart.
+        let mut signature = [0u8; 32];
+        rand::rng().fill_bytes(&mut signature);
+        let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+        let claims = serde_json::json!({
+            "iss": "https://kubernetes.default.svc.cluster.local",
+            "sub": identity.username,
+            "aud": audiences,
+            "iat": Timestamp::now().as_second(),
+            "nbf": Timestamp::now().as_second(),
+            "exp": expires.as_second(),
+        });
+        let token = format!(
+            "{}.{}.{}",
+            b64(br#"{"alg":"RS256","kid":"berth-sim"}"#),
+            b64(claims.to_string().as_bytes()),
+            b64(&signature)
+        );
         self.insert(
             &token,
             TokenInfo {

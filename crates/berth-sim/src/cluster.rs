@@ -224,6 +224,12 @@ impl SimCluster {
         Self::client_for(self.kubeconfig_with_token("token-user", token)).await
     }
 
+    /// The client settings for authenticating with `token` (to tune before building one).
+    pub async fn config_with_token(&self, token: &str) -> Result<kube::Config, ClientError> {
+        let kubeconfig = self.kubeconfig_with_token("token-user", token);
+        Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
+    }
+
     async fn client_for(kubeconfig: Kubeconfig) -> Result<kube::Client, ClientError> {
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;

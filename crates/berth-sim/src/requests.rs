@@ -12,6 +12,8 @@ pub struct RequestKey {
     /// get, list, watch, create, update, patch, delete, deletecollection, or the HTTP method
     /// in lower case for non-resource paths.
     pub verb: String,
+    /// The API group ("" for the core group and non-resource requests).
+    pub group: String,
     /// The resource (plural), or the path for non-resource requests.
     pub resource: String,
     pub subresource: String,

@@ -30,6 +30,7 @@ use crate::{
 struct LogInfo {
     user: String,
     verb: String,
+    group: String,
     resource: String,
     subresource: String,
 }
@@ -63,6 +64,7 @@ pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
     sim.requests.record(RequestKey {
         user: info.user,
         verb: info.verb,
+        group: info.group,
         resource: info.resource,
         subresource: info.subresource,
         code: response.status().as_u16(),
@@ -318,6 +320,7 @@ async fn route(
         }
     };
     info.verb = verb.to_owned();
+    info.group = rt.group.clone();
     info.resource = rt.resource.clone();
     info.subresource = subresource.to_owned();
     let attrs = Attributes {

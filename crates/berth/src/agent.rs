@@ -58,11 +58,13 @@ pub struct AgentArgs {
 pub async fn run(args: AgentArgs) -> Result<i32, String> {
     let mode = match args.auth {
         AuthMode::None => Mode::None,
-        AuthMode::Kube => Mode::Kube(
-            kube::Client::try_default()
-                .await
-                .map_err(|e| format!("cannot reach the API server for TokenReview: {e}"))?,
-        ),
+        AuthMode::Kube => {
+            let unreachable = |e: &dyn std::fmt::Display| {
+                format!("cannot reach the API server for TokenReview: {e}")
+            };
+            let config = kube::Config::infer().await.map_err(|e| unreachable(&e))?;
+            Mode::kube(config).map_err(|e| unreachable(&e))?
+        }
     };
     let scope = Scope {
         namespace: args.namespace.clone(),

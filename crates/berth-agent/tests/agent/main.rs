@@ -4,7 +4,7 @@
 use std::{sync::Arc, time::Duration};
 
 use berth_agent::{
-    auth::{Authenticator, Mode, Scope},
+    auth::{Authenticator, Limits, Mode, Scope},
     client::{CallError, ClientTls, who_am_i},
     server::TlsIdentity,
 };
@@ -16,6 +16,9 @@ use k8s_openapi::api::{
 use kube::{Api, api::PostParams};
 use serde_json::{Value, json};
 use tonic::Code;
+
+/// The audience of the operator's tokens for agents in namespace `default`.
+const AUDIENCE: &str = "berth-agent/default";
 
 async fn create<K>(api: &Api<K>, body: Value)
 where
@@ -76,27 +79,41 @@ impl Setup {
 
     /// [`Setup::agent`], serving TLS with `tls`.
     async fn agent_with_tls(&self, account: &str, tls: Option<TlsIdentity>) -> String {
+        self.start_agent(account, tls, Limits::default()).await.0
+    }
+
+    /// An agent for workspace `default/w` running as `account`: its address and authenticator.
+    async fn start_agent(
+        &self,
+        account: &str,
+        tls: Option<TlsIdentity>,
+        limits: Limits,
+    ) -> (String, Arc<Authenticator>) {
         let token = self
             .sim
             .issue_token("default", account, &[], Duration::from_secs(3600))
             .unwrap();
-        let client = self.sim.client_with_token(&token).await.unwrap();
+        let config = self.sim.config_with_token(&token).await.unwrap();
         let scope = Scope {
             namespace: "default".into(),
             workspace: "w".into(),
             pod: "w-ws".into(),
             service_account: format!("system:serviceaccount:default:{account}"),
         };
-        let auth = Arc::new(Authenticator::new(Mode::Kube(client), scope));
+        let auth = Arc::new(Authenticator::with_limits(
+            Mode::kube(config).unwrap(),
+            scope,
+            limits,
+        ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         tokio::spawn(berth_agent::server::serve(
             listener,
-            auth,
+            auth.clone(),
             tls,
             std::future::pending(),
         ));
-        address
+        (address, auth)
     }
 
     fn token(&self, account: &str, audience: &str, ttl: Duration) -> String {
@@ -132,22 +149,32 @@ async fn every_auth_outcome_has_its_code_and_message() {
         (Code::Unauthenticated, "request has no bearer token".into())
     );
 
-    let (code, message) = refused(&agent, "not-a-token").await;
-    assert_eq!(code, Code::Unauthenticated);
-    assert!(
-        message.starts_with("the token is not valid for audience berth-agent: "),
-        "{message}"
+    assert_eq!(
+        refused(&agent, "not-a-token").await,
+        (
+            Code::Unauthenticated,
+            "the token is not valid for audience berth-agent/default: it is not a service-account token (a JWT)".into()
+        )
     );
 
-    let (code, message) = refused(&agent, &s.token("caller", "berth-agent", Duration::ZERO)).await;
-    assert_eq!(code, Code::Unauthenticated);
-    assert!(message.contains("token has expired"), "{message}");
+    assert_eq!(
+        refused(&agent, &s.token("caller", AUDIENCE, Duration::ZERO)).await,
+        (
+            Code::Unauthenticated,
+            "the token is not valid for audience berth-agent/default: it has expired".into()
+        )
+    );
 
-    let (code, message) = refused(&agent, &s.token("caller", "somebody-else", hour)).await;
-    assert_eq!(code, Code::Unauthenticated);
-    assert!(message.contains("audiences"), "{message}");
+    assert_eq!(
+        refused(&agent, &s.token("caller", "somebody-else", hour)).await,
+        (
+            Code::Unauthenticated,
+            "the token is not valid for audience berth-agent/default: it is for [\"somebody-else\"]"
+                .into()
+        )
+    );
 
-    let (code, message) = refused(&agent, &s.token("stranger", "berth-agent", hour)).await;
+    let (code, message) = refused(&agent, &s.token("stranger", AUDIENCE, hour)).await;
     assert_eq!(code, Code::PermissionDenied);
     assert_eq!(
         message,
@@ -156,7 +183,7 @@ async fn every_auth_outcome_has_its_code_and_message() {
 
     let allowed = who_am_i(
         &agent,
-        &s.token("caller", "berth-agent", hour),
+        &s.token("caller", AUDIENCE, hour),
         Duration::from_secs(5),
         None,
     )
@@ -184,15 +211,15 @@ async fn every_auth_outcome_has_its_code_and_message() {
     // Only a token the TokenReview rejected is marked so; a new token cannot help the rest.
     for token in [
         "not-a-token".to_owned(),
-        s.token("caller", "berth-agent", Duration::ZERO),
+        s.token("caller", AUDIENCE, Duration::ZERO),
         s.token("caller", "somebody-else", hour),
     ] {
         assert!(token_marked_rejected(&agent, &token).await);
     }
     assert!(!token_marked_rejected(&agent, "").await);
-    assert!(!token_marked_rejected(&agent, &s.token("stranger", "berth-agent", hour)).await);
+    assert!(!token_marked_rejected(&agent, &s.token("stranger", AUDIENCE, hour)).await);
     let lonely = s.agent("lonely").await;
-    assert!(!token_marked_rejected(&lonely, &s.token("caller", "berth-agent", hour)).await);
+    assert!(!token_marked_rejected(&lonely, &s.token("caller", AUDIENCE, hour)).await);
 }
 
 #[tokio::test]
@@ -200,13 +227,13 @@ async fn review_apis_the_agent_may_not_use_say_what_to_bind() {
     let s = Setup::new().await;
     let hour = Duration::from_secs(3600);
     let lonely = s.agent("lonely").await;
-    let (code, message) = refused(&lonely, &s.token("caller", "berth-agent", hour)).await;
+    let (code, message) = refused(&lonely, &s.token("caller", AUDIENCE, hour)).await;
     assert_eq!(code, Code::Unauthenticated);
     assert!(message.starts_with("TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:default:lonely"), "{message}");
     assert!(message.contains("kubectl create clusterrolebinding berth-agent-default-lonely --clusterrole=system:auth-delegator --serviceaccount=default:lonely"), "{message}");
 
     let half = s.agent("half").await;
-    let (code, message) = refused(&half, &s.token("caller", "berth-agent", hour)).await;
+    let (code, message) = refused(&half, &s.token("caller", AUDIENCE, hour)).await;
     assert_eq!(code, Code::Unauthenticated);
     assert!(message.starts_with("SubjectAccessReview API is unavailable: grant system:auth-delegator to system:serviceaccount:default:half"), "{message}");
 }
@@ -215,7 +242,7 @@ async fn review_apis_the_agent_may_not_use_say_what_to_bind() {
 async fn a_denial_is_forgotten_quickly_so_a_fix_takes_effect() {
     let s = Setup::new().await;
     let agent = s.agent("ws").await;
-    let token = s.token("stranger", "berth-agent", Duration::from_secs(3600));
+    let token = s.token("stranger", AUDIENCE, Duration::from_secs(3600));
     assert_eq!(refused(&agent, &token).await.0, Code::PermissionDenied);
     create(
         &Api::<RoleBinding>::namespaced(s.admin.clone(), "default"),
@@ -284,7 +311,7 @@ async fn over_tls_an_agent_is_trusted_by_its_ca_and_name() {
     let agent = s
         .agent_with_tls("ws", Some(identity(&[berth_agent::TLS_SERVER_NAME])))
         .await;
-    let token = s.token("caller", "berth-agent", Duration::from_secs(3600));
+    let token = s.token("caller", AUDIENCE, Duration::from_secs(3600));
     let tls = ClientTls {
         ca_pem: authority.ca_pem().as_bytes().to_vec(),
     };
@@ -377,7 +404,7 @@ async fn a_pod_running_the_agent_in_the_sim_answers_at_its_ip() {
     .await
     .expect("the agent pod becomes ready through its gRPC probe");
     let address = format!("{ip}:{}", berth_agent::DEFAULT_PORT);
-    let token = setup.token("caller", "berth-agent", Duration::from_secs(3600));
+    let token = setup.token("caller", AUDIENCE, Duration::from_secs(3600));
     let answer = who_am_i(&address, &token, Duration::from_secs(5), None)
         .await
         .unwrap();
@@ -389,4 +416,180 @@ async fn a_pod_running_the_agent_in_the_sim_answers_at_its_ip() {
         (answer.workspace_name.as_str(), answer.pod_name.as_str()),
         ("w", "w-ws")
     );
+}
+
+/// A token the operator got for namespace `team-b`'s agents, captured there, opens no agent in
+/// `default` (and is refused without asking the API server); the same operator's token for
+/// `default` does.
+#[tokio::test]
+async fn a_token_for_another_namespaces_agents_is_refused() {
+    let s = Setup::new().await;
+    let (agent, auth) = s.start_agent("ws", None, Limits::default()).await;
+    let hour = Duration::from_secs(3600);
+    let captured = s.token("caller", "berth-agent/team-b", hour);
+    assert_eq!(
+        refused(&agent, &captured).await,
+        (
+            Code::Unauthenticated,
+            "the token is not valid for audience berth-agent/default: it is for [\"berth-agent/team-b\"]".into()
+        )
+    );
+    assert_eq!(auth.stats().token_reviews, 0, "screened without a review");
+    // A forged token claiming both audiences passes the screen and is refused by TokenReview.
+    let forged = {
+        use base64::Engine;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        let real_claims: Value = serde_json::from_slice(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(captured.split('.').nth(1).unwrap())
+                .unwrap(),
+        )
+        .unwrap();
+        let mut claims = real_claims.clone();
+        claims["aud"] = json!(["berth-agent/team-b", AUDIENCE]);
+        let parts: Vec<&str> = captured.split('.').collect();
+        format!(
+            "{}.{}.{}",
+            parts[0],
+            b64(claims.to_string().as_bytes()),
+            parts[2]
+        )
+    };
+    let (code, message) = refused(&agent, &forged).await;
+    assert_eq!(code, Code::Unauthenticated);
+    assert!(
+        message.starts_with("the token is not valid for audience berth-agent/default: "),
+        "{message}"
+    );
+    assert_eq!(auth.stats().token_reviews, 1);
+    let answer = who_am_i(
+        &agent,
+        &s.token("caller", AUDIENCE, hour),
+        Duration::from_secs(5),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        answer.caller_username,
+        "system:serviceaccount:default:caller"
+    );
+}
+
+/// 20 000 distinct garbage tokens: half are not JWTs and cost no review; half are JWTs with
+/// the right claims that the API server has never issued. The cache never holds more than its
+/// cap, reviews never run more than the limit at once, and the real caller still gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_garbage_tokens_keep_memory_and_reviews_bounded() {
+    use base64::Engine;
+    use futures::StreamExt;
+
+    const CACHED: usize = 256;
+    const AT_ONCE: usize = 4;
+    let s = Setup::new().await;
+    let limits = Limits {
+        cached: std::num::NonZeroUsize::new(CACHED).unwrap(),
+        concurrent_reviews: AT_ONCE,
+        // Generous: on a slow machine a flood must wait, not be turned away.
+        budget: Duration::from_secs(60),
+    };
+    let (agent, auth) = s.start_agent("ws", None, limits).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{agent}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let exp = jiff::Timestamp::now().as_second() + 3600;
+    let garbage = |i: usize| {
+        if i.is_multiple_of(2) {
+            format!("garbage-{i}")
+        } else {
+            let claims = json!({"aud": [AUDIENCE], "exp": exp, "sub": format!("forged-{i}")});
+            format!(
+                "{}.{}.{}",
+                b64(br#"{"alg":"RS256"}"#),
+                b64(claims.to_string().as_bytes()),
+                b64(format!("signature-{i}").as_bytes())
+            )
+        }
+    };
+    let codes: Vec<Code> = futures::stream::iter(0..20_000)
+        .map(|i| {
+            let mut client = berth_agent::proto::agent_client::AgentClient::new(channel.clone());
+            let token = garbage(i);
+            async move {
+                let mut request = tonic::Request::new(berth_agent::proto::WhoAmIRequest {});
+                request
+                    .metadata_mut()
+                    .insert("authorization", format!("Bearer {token}").parse().unwrap());
+                client.who_am_i(request).await.unwrap_err().code()
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    assert!(
+        codes.iter().all(|c| *c == Code::Unauthenticated),
+        "every one refused"
+    );
+    let stats = auth.stats();
+    assert_eq!(
+        stats.token_reviews, 10_000,
+        "only the JWT-shaped ones were reviewed"
+    );
+    assert!(stats.cached <= CACHED, "{stats:?}");
+    assert!(stats.peak_concurrent_reviews <= AT_ONCE, "{stats:?}");
+    let answer = who_am_i(
+        &agent,
+        &s.token("caller", AUDIENCE, Duration::from_secs(3600)),
+        Duration::from_secs(5),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        answer.caller_username,
+        "system:serviceaccount:default:caller"
+    );
+}
+
+/// TokenReview (then SubjectAccessReview) answering 503: the agent retries within the
+/// caller's deadline and answers `Unavailable` in its own words before it, never a timeout;
+/// once the API is back the next call gets in (an outage is not cached).
+#[tokio::test]
+async fn a_review_api_outage_is_answered_as_unavailable_within_the_deadline() {
+    let s = Setup::new().await;
+    let agent = s.agent("ws").await;
+    let deadline = Duration::from_secs(5);
+    for (api, down) in [
+        ("TokenReview", (true, false)),
+        ("SubjectAccessReview", (false, true)),
+    ] {
+        // A new token each time: an allowed one is remembered.
+        let token = s.token("caller", AUDIENCE, Duration::from_secs(3600));
+        s.sim.faults().token_review_unavailable(down.0);
+        s.sim.faults().subject_access_review_unavailable(down.1);
+        match who_am_i(&agent, &token, deadline, None).await {
+            Err(CallError::Refused(status)) => {
+                assert_eq!(status.code(), Code::Unavailable);
+                let message = status.message();
+                assert!(
+                    message.starts_with(&format!(
+                        "{api} API is unavailable: the server is currently unable to handle the request"
+                    )) && message.contains("attempts in")
+                        && message.ends_with("the agent cannot check callers until it answers"),
+                    "{message}"
+                );
+            }
+            other => panic!("{api}: expected the agent's Unavailable, got {other:?}"),
+        }
+        s.sim.faults().token_review_unavailable(false);
+        s.sim.faults().subject_access_review_unavailable(false);
+        let answer = who_am_i(&agent, &token, deadline, None).await.unwrap();
+        assert_eq!(
+            answer.caller_username,
+            "system:serviceaccount:default:caller"
+        );
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use berth_api::Phase;
+use berth_api::{Phase, Workspace};
 use berth_controller::config::AgentConfig;
 use berth_sim::{BoxFuture, ContainerContext, ContainerRuntime, RunningContainer, SimConfig};
 use k8s_openapi::api::{
@@ -765,4 +765,85 @@ async fn the_agent_is_not_called_before_the_pod_is_ready() {
         .filter(|l| l.starts_with("berth_agent_checks_total"))
         .count();
     assert_eq!(calls, 0, "{}", h.metrics.render());
+}
+
+/// A user would see: workspaces in `default` and `team-b` both Running, `AgentVerified`. The
+/// operator asked for one token per namespace, each for that namespace's agents only
+/// (audience `berth-agent/<namespace>`), so a token captured in one opens no agent in another.
+#[tokio::test]
+async fn each_namespace_gets_its_own_token() {
+    let h = Harness::start().await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(h.client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "team-b"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    h.grant_auth_delegator("team-b", "default").await;
+    h.create("alice", json!({"image": "devbox:1"})).await;
+    let team_b: Api<Workspace> = Api::namespaced(h.client.clone(), "team-b");
+    team_b
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+                "metadata": {"name": "bea"}, "spec": {"image": "devbox:1"}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    h.until_phase("alice", Phase::Running).await;
+    let bea = eventually(WAIT, "bea Running", || async {
+        let ws = team_b.get("bea").await.ok()?;
+        (phase_of(&ws) == Some(Phase::Running)).then_some(ws)
+    })
+    .await;
+    assert_eq!(
+        condition(&bea, "AgentReady").unwrap().reason,
+        "AgentVerified"
+    );
+    assert_eq!(
+        h.sim.count_requests(|k| k.user == OPERATOR
+            && k.verb == "create"
+            && k.resource == "serviceaccounts"
+            && k.subresource == "token"),
+        2,
+        "one token per namespace"
+    );
+    let logs = crate::support::logs();
+    for audience in ["berth-agent/default", "berth-agent/team-b"] {
+        assert!(
+            logs.lines()
+                .any(|l| l.contains("requested a token for agents")
+                    && l.contains(&format!("audience={audience}"))),
+            "no token for {audience}"
+        );
+    }
+}
+
+/// A user would see, while TokenReview answers 503: `Error`, `Ready=False` reason
+/// `Unavailable` with the agent's words ("TokenReview API is unavailable: ..."), not a
+/// timeout; the pod kept; Running once the API is back.
+#[tokio::test]
+async fn a_review_api_outage_is_reported_as_unavailable_in_the_agents_words() {
+    let h = Harness::start().await;
+    h.sim.faults().token_review_unavailable(true);
+    h.create("outage", json!({"image": "devbox:1"})).await;
+    let ws = h.until_not_ready("outage", "Unavailable").await;
+    let ready = condition(&ws, "Ready").unwrap();
+    assert!(
+        ready.message.contains(
+            "TokenReview API is unavailable: the server is currently unable to handle the request (post tokenreviews)"
+        ),
+        "{}",
+        ready.message
+    );
+    assert_eq!(condition(&ws, "AgentReady").unwrap().reason, "Unavailable");
+    let uid = pod_uid(&h, "outage").await;
+    h.sim.faults().token_review_unavailable(false);
+    h.until_phase("outage", Phase::Running).await;
+    assert_eq!(pod_uid(&h, "outage").await, uid, "the same pod");
 }
