@@ -87,6 +87,9 @@ pub mod reasons {
     pub const START_TIMEOUT: &str = "StartTimeout";
     /// The spec can never work; Berth waits for it to change.
     pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The spec asks for what the operator's policy does not allow a workspace (tolerations,
+    /// node selection, reserved labels and annotations); Berth waits for it to change.
+    pub const FORBIDDEN: &str = "Forbidden";
 
     // Ready
     /// The workspace is usable.

@@ -108,6 +108,8 @@ pub struct Policy {
     pub warnings: WarningPolicy,
     /// Which failed pods count as kubelet rejections (rule C10).
     pub rejections: crate::rejection::RejectionPolicy,
+    /// What a workspace's pod may ask for beyond its containers (default: nothing).
+    pub pod: crate::pod_policy::PodPolicy,
 }
 
 /// The operator's side of the agent (rules C4, C14, C15).
@@ -223,6 +225,7 @@ impl Default for Policy {
             resync: Duration::from_secs(600),
             warnings: WarningPolicy::default(),
             rejections: crate::rejection::RejectionPolicy::default(),
+            pod: crate::pod_policy::PodPolicy::default(),
         }
     }
 }

@@ -394,6 +394,27 @@ impl Builder<'_> {
         self.finish(requeue)
     }
 
+    /// A spec the operator's policy forbids: Error, Stalled=Forbidden, Warning event; no pod
+    /// is created for it. A pod from an earlier spec is left as it is (like an invalid spec):
+    /// a verdict on the spec never destroys running work.
+    fn forbidden(mut self, message: String, requeue: Duration) -> Decision {
+        self.condition(
+            types::STALLED,
+            ConditionStatus::True,
+            reasons::FORBIDDEN,
+            &message,
+        );
+        self.condition(
+            types::READY,
+            ConditionStatus::False,
+            reasons::FORBIDDEN,
+            &message,
+        );
+        self.status.ready_at = None;
+        self.phase(Phase::Error, message);
+        self.finish(requeue)
+    }
+
     /// The conditions of a workspace whose pod is being created.
     fn pod_being_created(&mut self, pod_name: &str) {
         self.status.agent = None;
@@ -520,6 +541,12 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         }
     };
 
+    // What the operator's policy does not allow a workspace waits for a change, without a pod.
+    if let Some(violation) = crate::pod_policy::violation(&workspace.spec, &policy.pod) {
+        let message = format!("The spec asks for what this operator does not allow: {violation}");
+        return b.forbidden(message, slow);
+    }
+
     if let Some(foreign) = observed
         .pod
         .filter(|p| !is_owned_by(&p.metadata, workspace))
@@ -624,7 +651,9 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         .filter(|c| c.status == "True")
         .cloned();
     if let Some(stall) = stalled.clone().filter(|c| {
-        c.observed_generation == workspace.metadata.generation && c.reason != reasons::INVALID_SPEC
+        c.observed_generation == workspace.metadata.generation
+            && c.reason != reasons::INVALID_SPEC
+            && c.reason != reasons::FORBIDDEN
     }) {
         if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
             b.actions.push(Action::DeletePod {

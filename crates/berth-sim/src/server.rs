@@ -493,6 +493,18 @@ async fn route(
             let mut ctx = ctx;
             if patch_type == PatchType::Apply {
                 ctx.manager = query.get("fieldManager").cloned().unwrap_or_default();
+                // An apply that creates the object is authorized as a create too, as the
+                // real API server's patch handler does.
+                if subresource.is_empty() && sim.store.get(&rt.storage, namespace, name).is_none() {
+                    let create = Attributes {
+                        verb: "create".to_owned(),
+                        name: String::new(),
+                        ..attrs.clone()
+                    };
+                    if !auth::authorize(&sim.store, &identity, &create).allowed {
+                        return Err(auth::forbidden(&identity, &create));
+                    }
+                }
             }
             let written = sim.patch(
                 &rt,

@@ -41,6 +41,18 @@ pub struct ControllerArgs {
     /// prefix ending in *.
     #[arg(long, env = "BERTH_REJECTION_REASONS", default_value = berth_controller::rejection::DEFAULT_REJECTION_REASONS)]
     pub rejection_reasons: berth_controller::rejection::RejectionPolicy,
+    /// Toleration keys a workspace may use (comma-separated; `*` allows any, including a
+    /// toleration of every taint). Default: none.
+    #[arg(long, env = "BERTH_ALLOWED_TOLERATIONS", value_delimiter = ',')]
+    pub allowed_tolerations: Vec<String>,
+    /// Node label keys a workspace may select nodes by (node selector, affinity). Default: none.
+    #[arg(long, env = "BERTH_ALLOWED_NODE_LABELS", value_delimiter = ',')]
+    pub allowed_node_labels: Vec<String>,
+    /// Prefixes of pod labels and annotations a workspace may set (e.g. `example.com`); keys
+    /// without a prefix are always allowed, reserved ones (app, berth.dev/*,
+    /// app.kubernetes.io/*, *kubernetes.io/*, *k8s.io/*) never. Default: none.
+    #[arg(long, env = "BERTH_ALLOWED_METADATA_PREFIXES", value_delimiter = ',')]
+    pub allowed_metadata_prefixes: Vec<String>,
     /// How long deleting a workspace waits for its pod before letting the workspace go anyway.
     #[arg(long, env = "BERTH_DELETION_GRACE", default_value = "60s", value_parser = duration)]
     pub deletion_grace: Duration,
@@ -131,6 +143,11 @@ impl ControllerArgs {
                 resync: self.resync,
                 warnings: self.warning_reasons.clone(),
                 rejections: self.rejection_reasons.clone(),
+                pod: berth_controller::pod_policy::PodPolicy {
+                    tolerations: self.allowed_tolerations.clone(),
+                    node_labels: self.allowed_node_labels.clone(),
+                    metadata_prefixes: self.allowed_metadata_prefixes.clone(),
+                },
             },
             deletion_grace: self.deletion_grace,
             metrics_address: address(&self.metrics_address)?,

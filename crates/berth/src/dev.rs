@@ -116,6 +116,15 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
     let config = Config {
         metrics_address: None,
         health_address: None,
+        // As `berth controller --allowed-node-labels kubernetes.io/hostname`: the pinned
+        // example selects its node; nothing else beyond the containers is allowed.
+        policy: berth_controller::Policy {
+            pod: berth_controller::pod_policy::PodPolicy {
+                node_labels: vec!["kubernetes.io/hostname".to_owned()],
+                ..Default::default()
+            },
+            ..Default::default()
+        },
         agent: AgentConfig {
             // Retry failed agent checks sooner than in production, so a fix shows quickly.
             backoff_base: Duration::from_secs(2),

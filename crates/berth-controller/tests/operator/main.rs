@@ -7,5 +7,6 @@ mod agent;
 mod leader;
 mod lifecycle;
 mod observability;
+mod rbac;
 mod refusal;
 mod rejection;

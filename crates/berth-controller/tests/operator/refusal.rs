@@ -200,3 +200,71 @@ async fn a_long_name_and_a_leading_digit_run_with_names_and_labels_a_real_server
         );
     }
 }
+
+/// The escalation attempt of issue 11: a spec that tolerates every taint, takes the `app`
+/// label of another Service's pods and opts out of the mesh. A user would see: `Error`,
+/// `Ready=False` and `Stalled=True` with reason `Forbidden` and a message naming the field and
+/// the operator setting that would allow it; a Warning event; and no pod, ever. Taking those
+/// out of the spec starts the workspace.
+#[tokio::test]
+async fn a_spec_asking_for_what_the_operator_does_not_allow_gets_no_pod() {
+    let h = Harness::start().await;
+    let created = h
+        .create(
+            "greedy",
+            json!({"image": "devbox:1", "podTemplate": {
+                "tolerations": [{"operator": "Exists"}],
+                "metadata": {"labels": {"app": "payments"},
+                    "annotations": {"sidecar.istio.io/inject": "false"}}
+            }}),
+        )
+        .await;
+    let ws = h.until_not_ready("greedy", "Forbidden").await;
+    assert_eq!(ws.status.as_ref().unwrap().phase, Some(Phase::Error));
+    let expected = "The spec asks for what this operator does not allow: spec.podTemplate.tolerations[0]: a toleration of every taint (no key) is not allowed; the operator allows tolerations of (--allowed-tolerations): none";
+    assert_eq!(message_of(&ws), expected);
+    assert_eq!(condition(&ws, "Stalled").unwrap().reason, "Forbidden");
+    let uid = created.uid().unwrap();
+    crate::support::eventually(crate::support::WAIT, "a Warning event", || async {
+        events_about(&h, &uid)
+            .await
+            .into_iter()
+            .any(|(_, note)| note == expected)
+            .then_some(())
+    })
+    .await;
+
+    // One violation at a time, each named.
+    h.patch_spec("greedy", json!({"podTemplate": {"tolerations": null}}))
+        .await;
+    let ws = h
+        .until("greedy", "the label named", |ws| {
+            message_of(ws).contains("metadata.labels: \"app\" is reserved")
+        })
+        .await;
+    assert_eq!(condition(&ws, "Ready").unwrap().reason, "Forbidden");
+    h.patch_spec(
+        "greedy",
+        json!({"podTemplate": {"metadata": {"labels": {"app": null, "team": "a"}}}}),
+    )
+    .await;
+    h.until("greedy", "the annotation named", |ws| {
+        message_of(ws)
+            .contains("\"sidecar.istio.io/inject\" (prefix sidecar.istio.io) is not allowed")
+    })
+    .await;
+    assert_eq!(pod_creates(&h), 0, "no pod was asked for");
+
+    h.patch_spec(
+        "greedy",
+        json!({"podTemplate": {"metadata": {"annotations": null}}}),
+    )
+    .await;
+    let running = h.until_phase("greedy", Phase::Running).await;
+    assert!(condition(&running, "Stalled").is_none());
+    let pod = Api::<Pod>::namespaced(h.client.clone(), "default")
+        .get("greedy-ws")
+        .await
+        .unwrap();
+    assert_eq!(pod.labels().get("team").map(String::as_str), Some("a"));
+}

@@ -368,3 +368,60 @@ async fn events_are_two_views_of_the_same_objects() {
     assert_eq!(by_regarding.items.len(), 1);
     let _ = ListParams::default();
 }
+
+/// Server-side apply that creates an object needs `create` as well as `patch`, as on a real
+/// API server; applying to an object that exists needs only `patch`.
+#[tokio::test]
+async fn an_apply_that_creates_is_authorized_as_create() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Patch, PatchParams};
+
+    let sim = cluster().await;
+    let admin = sim.client().await.unwrap();
+    service_account(&admin, "default", "applier").await;
+    let roles: Api<Role> = Api::namespaced(admin.clone(), "default");
+    roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "patch-only"},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["patch"]}]}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let bindings: Api<RoleBinding> = Api::namespaced(admin.clone(), "default");
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "applier"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "patch-only"},
+                "subjects": [{"kind": "ServiceAccount", "name": "applier", "namespace": "default"}]}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let token = sim
+        .issue_token("default", "applier", &[], Duration::from_secs(600))
+        .unwrap();
+    let as_applier: Api<ConfigMap> =
+        Api::namespaced(sim.client_with_token(&token).await.unwrap(), "default");
+    let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"a": "1"}});
+    let params = PatchParams::apply("applier");
+    assert_eq!(
+        api_error(as_applier.patch("settings", &params, &Patch::Apply(&body)).await),
+        (403, "Forbidden".into(), "configmaps is forbidden: User \"system:serviceaccount:default:applier\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"default\"".into())
+    );
+    Api::<ConfigMap>::namespaced(admin, "default")
+        .patch(
+            "settings",
+            &PatchParams::apply("admin"),
+            &Patch::Apply(&body),
+        )
+        .await
+        .unwrap();
+    let changed = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}, "data": {"b": "2"}});
+    as_applier
+        .patch("settings", &params, &Patch::Apply(&changed))
+        .await
+        .unwrap();
+}
