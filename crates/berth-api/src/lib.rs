@@ -15,8 +15,8 @@ pub use error::{Error, Result};
 pub use status::{AgentStatus, Phase, PodRef, WorkspaceStatus};
 pub use workspace::{
     DataVolume, HomeVolume, Lifecycle, MountPath, PodRecreationPolicy, PodRecreationSpec,
-    PodTemplate, SecretVolume, TemplateMetadata, Workspace, WorkspacePort, WorkspaceSpec,
-    WorkspaceVolumes,
+    PodTemplate, Reference, SecretVolume, TemplateMetadata, Workspace, WorkspacePort,
+    WorkspaceSpec, WorkspaceVolumes,
 };
 
 /// The API group of every Berth resource.

@@ -397,3 +397,155 @@ mod tests {
         assert_eq!(err.reason(), "InvalidDuration");
     }
 }
+
+/// An object a workspace's pod uses on its creator's behalf, and the access that shows the
+/// creator may use it directly (what `berth webhook` asks SubjectAccessReview about).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reference {
+    /// The verb, e.g. `get`.
+    pub verb: &'static str,
+    /// The resource (core group), e.g. `secrets`.
+    pub resource: &'static str,
+    /// The subresource, e.g. `token` for service accounts; empty for none.
+    pub subresource: &'static str,
+    pub name: String,
+    /// Where the spec names it, e.g. `spec.env[2].valueFrom.secretKeyRef`.
+    pub field: String,
+}
+
+impl WorkspaceSpec {
+    /// Every object the pod would use in the workspace's namespace: the service account it
+    /// runs as (other than `default`: running as an account is as good as holding its token,
+    /// so `create serviceaccounts/token`), each secret and config map it reads (`get`), each
+    /// existing claim it mounts (`get`).
+    pub fn references(&self) -> Vec<Reference> {
+        let mut found = vec![];
+        let mut add = |verb, resource, subresource, name: &str, field: String| {
+            found.push(Reference {
+                verb,
+                resource,
+                subresource,
+                name: name.to_owned(),
+                field,
+            })
+        };
+        if let Some(account) = self
+            .service_account_name
+            .as_deref()
+            .filter(|a| *a != "default")
+        {
+            add(
+                "create",
+                "serviceaccounts",
+                "token",
+                account,
+                "spec.serviceAccountName".to_owned(),
+            );
+        }
+        for (i, var) in self.env.iter().enumerate() {
+            let Some(from) = &var.value_from else {
+                continue;
+            };
+            if let Some(secret) = &from.secret_key_ref {
+                let field = format!("spec.env[{i}].valueFrom.secretKeyRef");
+                add("get", "secrets", "", &secret.name, field);
+            }
+            if let Some(map) = &from.config_map_key_ref {
+                let field = format!("spec.env[{i}].valueFrom.configMapKeyRef");
+                add("get", "configmaps", "", &map.name, field);
+            }
+        }
+        let volumes = self.pod_template.as_ref().and_then(|t| t.volumes.as_ref());
+        for (i, secret) in volumes.iter().flat_map(|v| v.secrets.iter()).enumerate() {
+            let field = format!("spec.podTemplate.volumes.secrets[{i}]");
+            add("get", "secrets", "", &secret.secret_name, field);
+        }
+        for (i, data) in volumes.iter().flat_map(|v| v.data.iter()).enumerate() {
+            let field = format!("spec.podTemplate.volumes.data[{i}]");
+            add("get", "persistentvolumeclaims", "", &data.claim_name, field);
+        }
+        found
+    }
+}
+
+#[cfg(test)]
+mod reference_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn every_object_the_pod_would_use_is_a_reference() {
+        let spec: WorkspaceSpec = serde_json::from_value(json!({
+            "image": "x:1",
+            "serviceAccountName": "deployer",
+            "env": [
+                {"name": "PLAIN", "value": "1"},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "payments-db", "key": "password"}}},
+                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}}
+            ],
+            "podTemplate": {"volumes": {
+                "data": [{"claimName": "bob-home", "mountPath": "/data"}],
+                "secrets": [{"secretName": "deploy-key", "mountPath": "/keys"}]
+            }}
+        }))
+        .unwrap();
+        let references = spec.references();
+        let found: Vec<_> = references
+            .iter()
+            .map(|r| {
+                (
+                    r.verb,
+                    r.resource,
+                    r.subresource,
+                    r.name.as_str(),
+                    r.field.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (
+                    "create",
+                    "serviceaccounts",
+                    "token",
+                    "deployer",
+                    "spec.serviceAccountName"
+                ),
+                (
+                    "get",
+                    "secrets",
+                    "",
+                    "payments-db",
+                    "spec.env[1].valueFrom.secretKeyRef"
+                ),
+                (
+                    "get",
+                    "configmaps",
+                    "",
+                    "settings",
+                    "spec.env[2].valueFrom.configMapKeyRef"
+                ),
+                (
+                    "get",
+                    "secrets",
+                    "",
+                    "deploy-key",
+                    "spec.podTemplate.volumes.secrets[0]"
+                ),
+                (
+                    "get",
+                    "persistentvolumeclaims",
+                    "",
+                    "bob-home",
+                    "spec.podTemplate.volumes.data[0]"
+                ),
+            ]
+        );
+        let default: WorkspaceSpec =
+            serde_json::from_value(json!({"image": "x:1", "serviceAccountName": "default"}))
+                .unwrap();
+        assert!(default.references().is_empty());
+    }
+}

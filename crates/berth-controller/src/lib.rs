@@ -16,6 +16,7 @@ pub mod reconcile;
 pub mod refusal;
 pub mod rejection;
 pub mod state;
+pub mod webhook;
 
 pub use config::{Config, Policy, WarningPolicy};
 pub use error::{Error, Result};

@@ -81,6 +81,9 @@ pub enum ApiError {
     ServiceUnavailable { message: String },
     #[error("{message}")]
     Timeout { message: String },
+    /// An admission webhook's denial, with the code it gave (400 at least).
+    #[error("{message}")]
+    Denied { code: u16, message: String },
 }
 
 /// `Result` with [`ApiError`].
@@ -209,6 +212,7 @@ impl ApiError {
             ApiError::Internal { .. } => 500,
             ApiError::ServiceUnavailable { .. } => 503,
             ApiError::Timeout { .. } => 504,
+            ApiError::Denied { code, .. } => *code,
         }
     }
 
@@ -230,6 +234,16 @@ impl ApiError {
             ApiError::Internal { .. } => "InternalError",
             ApiError::ServiceUnavailable { .. } => "ServiceUnavailable",
             ApiError::Timeout { .. } => "Timeout",
+            ApiError::Denied { code, .. } => match code {
+                401 => "Unauthorized",
+                403 => "Forbidden",
+                404 => "NotFound",
+                409 => "Conflict",
+                422 => "Invalid",
+                429 => "TooManyRequests",
+                500.. => "InternalError",
+                _ => "BadRequest",
+            },
         }
     }
 

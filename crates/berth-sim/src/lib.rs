@@ -31,6 +31,7 @@ mod store;
 mod table;
 mod tls;
 mod watch;
+mod webhooks;
 
 pub use cluster::{ClientError, SimCluster, StartError};
 pub use error::{ApiError, Cause};

@@ -363,6 +363,17 @@ fn builtin_types() -> Vec<ResourceType> {
             behaviour: Stored,
         },
         Spec {
+            group: "admissionregistration.k8s.io",
+            version: "v1",
+            resource: "validatingwebhookconfigurations",
+            kind: "ValidatingWebhookConfiguration",
+            namespaced: false,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
             group: "coordination.k8s.io",
             version: "v1",
             resource: "leases",

@@ -23,6 +23,7 @@ use crate::{
     sim::{DeleteOptions, ListOptions, Sim, WriteContext, Written},
     table::{self, IncludeObject},
     watch::{self, Render, WatchRequest},
+    webhooks,
 };
 
 /// What the request log records besides the response code.
@@ -449,6 +450,22 @@ async fn route(
             let body = decode_body(headers, &bytes)?;
             match (rt.resource.as_str(), subresource) {
                 (_, "") => {
+                    if !webhooks::matching(sim, &rt, "CREATE").is_empty() {
+                        let preview = sim.create(&rt, namespace, body.clone(), &ctx.preview())?;
+                        webhooks::validate(
+                            sim,
+                            webhooks::Admission {
+                                rt: &rt,
+                                operation: "CREATE",
+                                namespace,
+                                object: &preview.object,
+                                old: None,
+                                user: &identity,
+                                dry_run: ctx.dry_run,
+                            },
+                        )
+                        .await?;
+                    }
                     let written = sim.create(&rt, namespace, body, &ctx)?;
                     Ok(written_response(&rt, written, render))
                 }
@@ -480,6 +497,25 @@ async fn route(
             } else {
                 subresource
             };
+            if sub.is_empty() && !webhooks::matching(sim, &rt, "UPDATE").is_empty() {
+                let old = sim.store.get(&rt.storage, namespace, name);
+                let preview =
+                    sim.update(&rt, namespace, name, sub, body.clone(), &ctx.preview())?;
+                let operation = if preview.created { "CREATE" } else { "UPDATE" };
+                webhooks::validate(
+                    sim,
+                    webhooks::Admission {
+                        rt: &rt,
+                        operation,
+                        namespace,
+                        object: &preview.object,
+                        old: old.as_deref(),
+                        user: &identity,
+                        dry_run: ctx.dry_run,
+                    },
+                )
+                .await?;
+            }
             let written = sim.update(&rt, namespace, name, sub, body, &ctx)?;
             Ok(written_response(&rt, written, render))
         }
@@ -505,6 +541,33 @@ async fn route(
                         return Err(auth::forbidden(&identity, &create));
                     }
                 }
+            }
+            if subresource.is_empty() && !webhooks::matching(sim, &rt, "UPDATE").is_empty() {
+                let old = sim.store.get(&rt.storage, namespace, name);
+                let preview = sim.patch(
+                    &rt,
+                    namespace,
+                    name,
+                    subresource,
+                    patch_type,
+                    &body,
+                    &ctx.preview(),
+                    force,
+                )?;
+                let operation = if preview.created { "CREATE" } else { "UPDATE" };
+                webhooks::validate(
+                    sim,
+                    webhooks::Admission {
+                        rt: &rt,
+                        operation,
+                        namespace,
+                        object: &preview.object,
+                        old: old.as_deref(),
+                        user: &identity,
+                        dry_run: ctx.dry_run,
+                    },
+                )
+                .await?;
             }
             let written = sim.patch(
                 &rt,

@@ -113,6 +113,15 @@ pub struct WriteContext {
 }
 
 impl WriteContext {
+    /// The same write as a dry run: what it would store, for admission webhooks to see.
+    pub fn preview(&self) -> Self {
+        WriteContext {
+            manager: self.manager.clone(),
+            dry_run: true,
+            strict: self.strict,
+        }
+    }
+
     pub fn system(manager: &str) -> Self {
         WriteContext {
             manager: manager.to_owned(),

@@ -33,10 +33,44 @@ enum Command {
         /// Where the copy goes, e.g. /opt/berth/berth.
         path: std::path::PathBuf,
     },
+    /// Serve the validating admission webhook that refuses a Workspace naming what its author
+    /// may not use (service account, secrets, config maps, claims), over TLS.
+    Webhook(WebhookArgs),
     /// Print the Workspace CustomResourceDefinition as YAML (what `deploy/crds/` holds).
     Crd,
     /// Run only the simulated Kubernetes cluster and write a kubeconfig for it.
     Sim(SimArgs),
+}
+
+/// Options of `berth webhook`.
+#[derive(clap::Args, Debug)]
+struct WebhookArgs {
+    /// Where to serve `/validate-workspaces` (HTTPS).
+    #[arg(long, env = "BERTH_WEBHOOK_ADDRESS", default_value_t = berth_controller::webhook::default_address())]
+    address: std::net::SocketAddr,
+    /// The serving certificate (PEM), whose CA the ValidatingWebhookConfiguration's caBundle holds.
+    #[arg(long, env = "BERTH_WEBHOOK_TLS_CERT")]
+    tls_cert: std::path::PathBuf,
+    /// Its private key (PEM).
+    #[arg(long, env = "BERTH_WEBHOOK_TLS_KEY")]
+    tls_key: std::path::PathBuf,
+}
+
+/// `berth webhook`: serve until Ctrl-C or SIGTERM.
+async fn run_webhook(args: WebhookArgs) -> Result<(), String> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    };
+    let tls = berth_controller::webhook::tls_config(&read(&args.tls_cert)?, &read(&args.tls_key)?)?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("cannot reach the API server: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(args.address)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.address))?;
+    tracing::info!(address = %args.address, path = berth_controller::webhook::PATH, "serving the workspace admission webhook");
+    berth_controller::webhook::serve(listener, client, tls, wait_for_shutdown_signal()).await;
+    Ok(())
 }
 
 /// Options of `berth sim`.
@@ -98,6 +132,10 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Command::Webhook(args) => {
+            init_logging("info");
+            block_on("webhook", run_webhook(args))
         }
         Command::Sim(args) => run_sim(args),
         Command::Install { path } => match install(&path) {

@@ -10,3 +10,4 @@ mod observability;
 mod rbac;
 mod refusal;
 mod rejection;
+mod webhook;

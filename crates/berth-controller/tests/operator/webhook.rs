@@ -1,0 +1,237 @@
+//! The admission webhook end to end (issue 11, item 1): a user who may create workspaces but
+//! not read a secret, run as a service account or mount a claim cannot get them through a
+//! Workspace. The sim calls `berth webhook`'s handler over HTTPS as a real API server does.
+
+use std::time::Duration;
+
+use base64::Engine;
+use berth_api::{Phase, Workspace};
+use k8s_openapi::api::{
+    admissionregistration::v1::ValidatingWebhookConfiguration,
+    core::v1::ServiceAccount,
+    rbac::v1::{Role, RoleBinding},
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use crate::support::Harness;
+
+const MALLORY: &str = "system:serviceaccount:default:mallory";
+
+async fn create<K>(client: &Client, namespace: &str, body: Value)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Api::<K>::namespaced(client.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(body).unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+/// Serves the webhook on localhost with a certificate from a new CA; returns the CA (PEM),
+/// the URL and what stops it.
+async fn start_webhook(client: Client) -> (String, String, oneshot::Sender<()>) {
+    let authority = berth_sim::Authority::generate().unwrap();
+    let (_, _, cert_pem, key_pem) = authority.issue(&["localhost"]).unwrap();
+    let tls =
+        berth_controller::webhook::tls_config(cert_pem.as_bytes(), key_pem.as_bytes()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(berth_controller::webhook::serve(
+        listener,
+        client,
+        tls,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (
+        authority.ca_pem().to_owned(),
+        format!(
+            "https://localhost:{port}{}",
+            berth_controller::webhook::PATH
+        ),
+        stop,
+    )
+}
+
+async fn register(h: &Harness, ca_pem: &str, url: &str, failure_policy: &str) {
+    let configuration = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "berth"},
+        "webhooks": [{
+            "name": "workspaces.berth.dev",
+            "clientConfig": {"url": url, "caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem)},
+            "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": ["berth.dev"], "apiVersions": ["v1alpha1"], "resources": ["workspaces"]}],
+            "failurePolicy": failure_policy,
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5
+        }]
+    });
+    Api::<ValidatingWebhookConfiguration>::all(h.client.clone())
+        .patch(
+            "berth",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&configuration),
+        )
+        .await
+        .unwrap();
+}
+
+/// A client for `mallory`, who may create, read, change and delete workspaces in `default`,
+/// and nothing else.
+async fn mallory(h: &Harness) -> Client {
+    create::<ServiceAccount>(
+        &h.client,
+        "default",
+        json!({"metadata": {"name": "mallory"}}),
+    )
+    .await;
+    create::<Role>(&h.client, "default", json!({"metadata": {"name": "workspace-user"},
+        "rules": [{"apiGroups": ["berth.dev"], "resources": ["workspaces"], "verbs": ["create", "get", "list", "watch", "patch", "delete"]}]})).await;
+    create::<RoleBinding>(&h.client, "default", json!({"metadata": {"name": "mallory"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "workspace-user"},
+        "subjects": [{"kind": "ServiceAccount", "name": "mallory", "namespace": "default"}]}))
+    .await;
+    let token = h
+        .sim
+        .issue_token("default", "mallory", &[], Duration::from_secs(3600))
+        .unwrap();
+    h.sim.client_with_token(&token).await.unwrap()
+}
+
+fn workspace(name: &str, spec: Value) -> Workspace {
+    serde_json::from_value(
+        json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+        "metadata": {"name": name}, "spec": spec}),
+    )
+    .unwrap()
+}
+
+fn refused(result: Result<Workspace, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// What mallory sees: `kubectl create` fails with 403 and the webhook's words naming them, the
+/// verb, the object and the field. A workspace that uses only what they may use runs; once
+/// they may read a secret, a workspace may too; changing a spec is checked as creating one.
+#[tokio::test]
+async fn a_workspace_grants_nothing_its_author_does_not_already_have() {
+    let h = Harness::start().await;
+    let (ca, url, _stop) = start_webhook(h.client.clone()).await;
+    register(&h, &ca, &url, "Fail").await;
+    let as_mallory: Api<Workspace> = Api::namespaced(mallory(&h).await, "default");
+    let post = PostParams::default();
+    let denied = |rest: &str| {
+        format!(
+            "admission webhook \"workspaces.berth.dev\" denied the request: User \"{MALLORY}\" cannot {rest}; a workspace may use only what its author may use directly"
+        )
+    };
+
+    for (spec, rest) in [
+        (
+            json!({"image": "devbox:1", "serviceAccountName": "deployer"}),
+            "create serviceaccounts/token \"deployer\" in the namespace \"default\", which spec.serviceAccountName names",
+        ),
+        (
+            json!({"image": "devbox:1", "env": [{"name": "DB", "valueFrom": {"secretKeyRef": {"name": "payments-db", "key": "password"}}}]}),
+            "get secrets \"payments-db\" in the namespace \"default\", which spec.env[0].valueFrom.secretKeyRef names",
+        ),
+        (
+            json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "payments-db", "mountPath": "/s"}]}}}),
+            "get secrets \"payments-db\" in the namespace \"default\", which spec.podTemplate.volumes.secrets[0] names",
+        ),
+        (
+            json!({"image": "devbox:1", "podTemplate": {"volumes": {"data": [{"claimName": "bob-home", "mountPath": "/data"}]}}}),
+            "get persistentvolumeclaims \"bob-home\" in the namespace \"default\", which spec.podTemplate.volumes.data[0] names",
+        ),
+    ] {
+        assert_eq!(
+            refused(as_mallory.create(&post, &workspace("grab", spec)).await),
+            (403, denied(rest))
+        );
+    }
+    assert!(as_mallory.get_opt("grab").await.unwrap().is_none());
+
+    // What mallory may use runs, and the operator's own writes pass the webhook.
+    as_mallory
+        .create(&post, &workspace("honest", json!({"image": "devbox:1"})))
+        .await
+        .unwrap();
+    h.until_phase("honest", Phase::Running).await;
+
+    // Changing the spec is checked as setting it.
+    let grab = json!({"spec": {"podTemplate": {"volumes": {"secrets": [{"secretName": "payments-db", "mountPath": "/s"}]}}}});
+    assert_eq!(
+        refused(
+            as_mallory
+                .patch("honest", &PatchParams::default(), &Patch::Merge(&grab))
+                .await
+        ),
+        (
+            403,
+            denied(
+                "get secrets \"payments-db\" in the namespace \"default\", which spec.podTemplate.volumes.secrets[0] names"
+            )
+        )
+    );
+
+    // Once mallory may read the secret, a workspace may too.
+    create::<Role>(&h.client, "default", json!({"metadata": {"name": "read-payments-db"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["payments-db"], "verbs": ["get"]}]})).await;
+    create::<RoleBinding>(&h.client, "default", json!({"metadata": {"name": "mallory-reads-payments-db"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-payments-db"},
+        "subjects": [{"kind": "ServiceAccount", "name": "mallory", "namespace": "default"}]}))
+    .await;
+    as_mallory
+        .patch("honest", &PatchParams::default(), &Patch::Merge(&grab))
+        .await
+        .unwrap();
+}
+
+/// With `failurePolicy: Fail` a webhook that cannot be asked refuses every workspace write
+/// (500, the API server's words); with `Ignore` the write goes through.
+#[tokio::test]
+async fn a_webhook_that_cannot_be_asked_follows_its_failure_policy() {
+    let h = Harness::start().await;
+    let (ca, url, stop) = start_webhook(h.client.clone()).await;
+    register(&h, &ca, &url, "Fail").await;
+    drop(stop);
+    let workspaces: Api<Workspace> = Api::namespaced(h.client.clone(), "default");
+    let post = PostParams::default();
+    let (code, message) = refused(
+        workspaces
+            .create(&post, &workspace("a", json!({"image": "devbox:1"})))
+            .await,
+    );
+    assert_eq!(code, 500);
+    assert!(
+        message.starts_with(&format!(
+            "Internal error occurred: failed calling webhook \"workspaces.berth.dev\": failed to call webhook: Post \"{url}?timeout=5s\": "
+        )),
+        "{message}"
+    );
+    register(&h, &ca, &url, "Ignore").await;
+    workspaces
+        .create(&post, &workspace("a", json!({"image": "devbox:1"})))
+        .await
+        .unwrap();
+}

@@ -1,0 +1,207 @@
+//! Validating admission webhooks. `ValidatingWebhookConfiguration`s are stored like any
+//! object; a create or update of a resource that one of their webhooks matches (operations,
+//! API groups, versions, resources) is posted as an `admission.k8s.io/v1` AdmissionReview to
+//! the webhook's `clientConfig.url` over HTTPS, trusting only its `caBundle`, within its
+//! `timeoutSeconds` (default 10). A denial refuses the request in the webhook's words; a
+//! webhook that cannot be asked refuses it too with `failurePolicy: Fail` (the default) and is
+//! skipped with `Ignore`. Not served: `clientConfig.service` (the sim has no service network),
+//! namespace and object selectors, match conditions.
+
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use crate::{
+    auth::Identity,
+    error::{ApiError, ApiResult},
+    resources::ResourceType,
+    sim::Sim,
+};
+
+/// A request as the webhooks see it.
+pub struct Admission<'a> {
+    pub rt: &'a ResourceType,
+    /// `CREATE` or `UPDATE`.
+    pub operation: &'static str,
+    pub namespace: &'a str,
+    pub object: &'a Value,
+    pub old: Option<&'a Value>,
+    pub user: &'a Identity,
+    pub dry_run: bool,
+}
+
+/// The webhooks that match a request on `rt` (its main resource) with `operation`.
+pub fn matching(sim: &Sim, rt: &ResourceType, operation: &str) -> Vec<Value> {
+    let Some(configurations) = sim.resource_type(
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+    ) else {
+        return vec![];
+    };
+    let listed = |v: &Value, wanted: &str| {
+        v.as_array()
+            .is_some_and(|list| list.iter().any(|x| x == "*" || x == wanted))
+    };
+    let (stored, _) = sim.store.list(&configurations.storage, None);
+    stored
+        .iter()
+        .flat_map(|c| c["webhooks"].as_array().cloned().unwrap_or_default())
+        .filter(|webhook| {
+            webhook["rules"].as_array().is_some_and(|rules| {
+                rules.iter().any(|rule| {
+                    listed(&rule["operations"], operation)
+                        && listed(&rule["apiGroups"], &rt.group)
+                        && listed(&rule["apiVersions"], &rt.version)
+                        && listed(&rule["resources"], &rt.resource)
+                })
+            })
+        })
+        .collect()
+}
+
+/// Asks every matching webhook; the first refusal wins.
+pub async fn validate(sim: &Sim, request: Admission<'_>) -> ApiResult<()> {
+    for webhook in matching(sim, request.rt, request.operation) {
+        ask(&webhook, &request).await?;
+    }
+    Ok(())
+}
+
+async fn ask(webhook: &Value, request: &Admission<'_>) -> ApiResult<()> {
+    let name = webhook["name"].as_str().unwrap_or_default();
+    let timeout = Duration::from_secs(
+        webhook["timeoutSeconds"]
+            .as_u64()
+            .unwrap_or(10)
+            .clamp(1, 30),
+    );
+    let url = webhook["clientConfig"]["url"].as_str().unwrap_or_default();
+    let rt = request.rt;
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uuid(),
+            "kind": {"group": rt.group, "version": rt.version, "kind": rt.kind},
+            "resource": {"group": rt.group, "version": rt.version, "resource": rt.resource},
+            "requestKind": {"group": rt.group, "version": rt.version, "kind": rt.kind},
+            "requestResource": {"group": rt.group, "version": rt.version, "resource": rt.resource},
+            "name": request.object["metadata"]["name"],
+            "namespace": request.namespace,
+            "operation": request.operation,
+            "userInfo": {
+                "username": request.user.username,
+                "uid": request.user.uid,
+                "groups": request.user.groups,
+            },
+            "object": request.object,
+            "oldObject": request.old.cloned().unwrap_or(Value::Null),
+            "dryRun": request.dry_run,
+        }
+    });
+    let answer = match tokio::time::timeout(timeout, post(webhook, url, &review)).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(error)) => return unreachable(webhook, name, url, timeout, &error),
+        Err(_) => {
+            return unreachable(webhook, name, url, timeout, "context deadline exceeded");
+        }
+    };
+    let response = &answer["response"];
+    if response["allowed"].as_bool() == Some(true) {
+        return Ok(());
+    }
+    let status = &response["status"];
+    let denied = format!("admission webhook \"{name}\" denied the request");
+    let message = match (status["message"].as_str(), status["reason"].as_str()) {
+        (Some(m), _) if !m.is_empty() => format!("{denied}: {m}"),
+        (_, Some(r)) if !r.is_empty() => format!("{denied}: {r}"),
+        _ => format!("{denied} without explanation"),
+    };
+    // As the real API server: a denial is never below 400.
+    let code = status["code"].as_u64().filter(|c| *c >= 400).unwrap_or(400) as u16;
+    Err(ApiError::Denied { code, message })
+}
+
+/// A webhook that could not be asked: its failure policy decides.
+fn unreachable(
+    webhook: &Value,
+    name: &str,
+    url: &str,
+    timeout: Duration,
+    error: &str,
+) -> ApiResult<()> {
+    if webhook["failurePolicy"].as_str() == Some("Ignore") {
+        tracing::warn!(webhook = name, %error, "failed calling webhook, failing open");
+        return Ok(());
+    }
+    Err(ApiError::Internal {
+        message: format!(
+            "Internal error occurred: failed calling webhook \"{name}\": failed to call webhook: Post \"{url}?timeout={}s\": {error}",
+            timeout.as_secs()
+        ),
+    })
+}
+
+async fn post(webhook: &Value, url: &str, review: &Value) -> Result<Value, String> {
+    if !url.starts_with("https://") {
+        return Err(format!("webhook URL {url:?} must use https"));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    let bundle = webhook["clientConfig"]["caBundle"]
+        .as_str()
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .unwrap_or_default();
+    use rustls::pki_types::pem::PemObject;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&bundle).flatten() {
+        roots.add(cert).map_err(|e| e.to_string())?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .build();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, axum::body::Body>(connector);
+    let request = http::Request::post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(axum::body::Body::from(review.to_string()))
+        .map_err(|e| e.to_string())?;
+    let response = client.request(request).await.map_err(|e| {
+        let mut message = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            message = format!("{message}: {cause}");
+            source = cause.source();
+        }
+        message
+    })?;
+    let status = response.status();
+    let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 4 << 20)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("the webhook answered {status}"));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("the webhook's answer is not JSON: {e}"))
+}
+
+fn uuid() -> String {
+    let bytes: [u8; 16] = rand::random();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
