@@ -4,8 +4,11 @@
 //! on their behalf ([`berth_api::WorkspaceSpec::references`]: the service account it runs as,
 //! secrets and config maps it reads, claims it mounts) it asks SubjectAccessReview whether
 //! that user may do it directly, and refuses the request, naming the user, the verb, the
-//! object and the field, when they may not. A spec that did not change (status, labels,
-//! finalizers) is not checked again; a review API that fails refuses (fail closed).
+//! object and the field, when they may not. It also refuses what the operator's pod policy
+//! would ([`crate::pod_policy`]: tolerations, node selection, reserved or unlisted label and
+//! annotation prefixes), so the user hears it from `kubectl` at once rather than from the
+//! workspace's status. A spec that did not change (status, labels, finalizers) is not checked
+//! again; a review API that fails refuses (fail closed).
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -32,8 +35,15 @@ use tracing::{info, warn};
 /// The path the API server posts AdmissionReviews to.
 pub const PATH: &str = "/validate-workspaces";
 
+/// What the webhook checks with: a client for SubjectAccessReview, and the pod policy.
+#[derive(Clone)]
+pub struct Checker {
+    pub client: Client,
+    pub policy: crate::pod_policy::PodPolicy,
+}
+
 /// The decision on one request: `None` allows it, `Some(message)` refuses it.
-pub async fn decide(client: &Client, request: &AdmissionRequest<Workspace>) -> Option<String> {
+pub async fn decide(checker: &Checker, request: &AdmissionRequest<Workspace>) -> Option<String> {
     if !matches!(request.operation, Operation::Create | Operation::Update) {
         return None;
     }
@@ -41,10 +51,13 @@ pub async fn decide(client: &Client, request: &AdmissionRequest<Workspace>) -> O
     if request.old_object.as_ref().map(|old| &old.spec) == Some(&workspace.spec) {
         return None;
     }
+    if let Some(violation) = crate::pod_policy::violation(&workspace.spec, &checker.policy) {
+        return Some(format!("{violation}; ask the platform team to allow it"));
+    }
     let namespace = request.namespace.clone().unwrap_or_default();
     let user = &request.user_info;
     let username = user.username.clone().unwrap_or_default();
-    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    let reviews: Api<SubjectAccessReview> = Api::all(checker.client.clone());
     for reference in workspace.spec.references() {
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
@@ -98,7 +111,7 @@ fn refusal(username: &str, namespace: &str, reference: &Reference) -> String {
 }
 
 async fn review(
-    State(client): State<Client>,
+    State(checker): State<Checker>,
     Json(review): Json<AdmissionReview<Workspace>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
     let request: AdmissionRequest<Workspace> = match review.try_into() {
@@ -109,7 +122,7 @@ async fn review(
         }
     };
     let response = AdmissionResponse::from(&request);
-    let response = match decide(&client, &request).await {
+    let response = match decide(&checker, &request).await {
         None => response,
         Some(message) => {
             info!(
@@ -131,11 +144,11 @@ async fn review(
 /// Serves the webhook over TLS on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    client: Client,
+    checker: Checker,
     tls: Arc<rustls::ServerConfig>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let router = Router::new().route(PATH, post(review)).with_state(client);
+    let router = Router::new().route(PATH, post(review)).with_state(checker);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let accept = async {
         loop {

@@ -41,18 +41,8 @@ pub struct ControllerArgs {
     /// prefix ending in *.
     #[arg(long, env = "BERTH_REJECTION_REASONS", default_value = berth_controller::rejection::DEFAULT_REJECTION_REASONS)]
     pub rejection_reasons: berth_controller::rejection::RejectionPolicy,
-    /// Toleration keys a workspace may use (comma-separated; `*` allows any, including a
-    /// toleration of every taint). Default: none.
-    #[arg(long, env = "BERTH_ALLOWED_TOLERATIONS", value_delimiter = ',')]
-    pub allowed_tolerations: Vec<String>,
-    /// Node label keys a workspace may select nodes by (node selector, affinity). Default: none.
-    #[arg(long, env = "BERTH_ALLOWED_NODE_LABELS", value_delimiter = ',')]
-    pub allowed_node_labels: Vec<String>,
-    /// Prefixes of pod labels and annotations a workspace may set (e.g. `example.com`); keys
-    /// without a prefix are always allowed, reserved ones (app, berth.dev/*,
-    /// app.kubernetes.io/*, *kubernetes.io/*, *k8s.io/*) never. Default: none.
-    #[arg(long, env = "BERTH_ALLOWED_METADATA_PREFIXES", value_delimiter = ',')]
-    pub allowed_metadata_prefixes: Vec<String>,
+    #[command(flatten)]
+    pub pod_policy: PodPolicyArgs,
     /// How long deleting a workspace waits for its pod before letting the workspace go anyway.
     #[arg(long, env = "BERTH_DELETION_GRACE", default_value = "60s", value_parser = duration)]
     pub deletion_grace: Duration,
@@ -143,11 +133,7 @@ impl ControllerArgs {
                 resync: self.resync,
                 warnings: self.warning_reasons.clone(),
                 rejections: self.rejection_reasons.clone(),
-                pod: berth_controller::pod_policy::PodPolicy {
-                    tolerations: self.allowed_tolerations.clone(),
-                    node_labels: self.allowed_node_labels.clone(),
-                    metadata_prefixes: self.allowed_metadata_prefixes.clone(),
-                },
+                pod: self.pod_policy.policy(),
             },
             deletion_grace: self.deletion_grace,
             metrics_address: address(&self.metrics_address)?,
@@ -266,5 +252,34 @@ mod tests {
         assert_eq!(token_service_account("not-a-jwt"), None);
         let user = format!("x.{}.y", encode(serde_json::json!({"sub": "alice"})));
         assert_eq!(token_service_account(&user), None);
+    }
+}
+
+/// What a workspace's pod may ask for beyond its containers: the same flags for `berth
+/// controller` (which refuses such a workspace in its status) and `berth webhook` (which
+/// refuses it at the API).
+#[derive(clap::Args, Debug, Clone)]
+pub struct PodPolicyArgs {
+    /// Toleration keys a workspace may use (comma-separated; `*` allows any, including a
+    /// toleration of every taint). Default: none.
+    #[arg(long, env = "BERTH_ALLOWED_TOLERATIONS", value_delimiter = ',')]
+    pub allowed_tolerations: Vec<String>,
+    /// Node label keys a workspace may select nodes by (node selector, affinity). Default: none.
+    #[arg(long, env = "BERTH_ALLOWED_NODE_LABELS", value_delimiter = ',')]
+    pub allowed_node_labels: Vec<String>,
+    /// Prefixes of pod labels and annotations a workspace may set (e.g. `example.com`); keys
+    /// without a prefix are always allowed, reserved ones (app, berth.dev/*,
+    /// app.kubernetes.io/*, *kubernetes.io/*, *k8s.io/*) never. Default: none.
+    #[arg(long, env = "BERTH_ALLOWED_METADATA_PREFIXES", value_delimiter = ',')]
+    pub allowed_metadata_prefixes: Vec<String>,
+}
+
+impl PodPolicyArgs {
+    pub fn policy(&self) -> berth_controller::pod_policy::PodPolicy {
+        berth_controller::pod_policy::PodPolicy {
+            tolerations: self.allowed_tolerations.clone(),
+            node_labels: self.allowed_node_labels.clone(),
+            metadata_prefixes: self.allowed_metadata_prefixes.clone(),
+        }
     }
 }

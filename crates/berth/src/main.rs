@@ -54,6 +54,8 @@ struct WebhookArgs {
     /// Its private key (PEM).
     #[arg(long, env = "BERTH_WEBHOOK_TLS_KEY")]
     tls_key: std::path::PathBuf,
+    #[command(flatten)]
+    pod_policy: controller::PodPolicyArgs,
 }
 
 /// `berth webhook`: serve until Ctrl-C or SIGTERM.
@@ -69,7 +71,11 @@ async fn run_webhook(args: WebhookArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.address))?;
     tracing::info!(address = %args.address, path = berth_controller::webhook::PATH, "serving the workspace admission webhook");
-    berth_controller::webhook::serve(listener, client, tls, wait_for_shutdown_signal()).await;
+    let checker = berth_controller::webhook::Checker {
+        client,
+        policy: args.pod_policy.policy(),
+    };
+    berth_controller::webhook::serve(listener, checker, tls, wait_for_shutdown_signal()).await;
     Ok(())
 }
 

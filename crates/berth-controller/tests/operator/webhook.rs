@@ -40,8 +40,8 @@ where
         .unwrap();
 }
 
-/// Serves the webhook on localhost with a certificate from a new CA; returns the CA (PEM),
-/// the URL and what stops it.
+/// Serves the webhook (default pod policy) on localhost with a certificate from a new CA;
+/// returns the CA (PEM), the URL and what stops it.
 async fn start_webhook(client: Client) -> (String, String, oneshot::Sender<()>) {
     let authority = berth_sim::Authority::generate().unwrap();
     let (_, _, cert_pem, key_pem) = authority.issue(&["localhost"]).unwrap();
@@ -50,9 +50,13 @@ async fn start_webhook(client: Client) -> (String, String, oneshot::Sender<()>) 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (stop, stopped) = oneshot::channel::<()>();
+    let checker = berth_controller::webhook::Checker {
+        client,
+        policy: Default::default(),
+    };
     tokio::spawn(berth_controller::webhook::serve(
         listener,
-        client,
+        checker,
         tls,
         async move {
             let _ = stopped.await;
@@ -170,6 +174,23 @@ async fn a_workspace_grants_nothing_its_author_does_not_already_have() {
         );
     }
     assert!(as_mallory.get_opt("grab").await.unwrap().is_none());
+    // What the operator's pod policy forbids is refused at the API too.
+    let (code, message) = refused(
+        as_mallory
+            .create(
+                &post,
+                &workspace(
+                    "grab",
+                    json!({"image": "devbox:1", "podTemplate": {"tolerations": [{"operator": "Exists"}]}}),
+                ),
+            )
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert_eq!(
+        message,
+        "admission webhook \"workspaces.berth.dev\" denied the request: spec.podTemplate.tolerations[0]: a toleration of every taint (no key) is not allowed; the operator allows tolerations of (--allowed-tolerations): none; ask the platform team to allow it"
+    );
 
     // What mallory may use runs, and the operator's own writes pass the webhook.
     as_mallory
@@ -232,6 +253,77 @@ async fn a_webhook_that_cannot_be_asked_follows_its_failure_policy() {
     register(&h, &ca, &url, "Ignore").await;
     workspaces
         .create(&post, &workspace("a", json!({"image": "devbox:1"})))
+        .await
+        .unwrap();
+}
+
+/// `deploy/webhook/` installs as it is, and its service account may ask what the webhook
+/// asks: with the webhook running as `berth-webhook`, a workspace naming a secret its author
+/// may read is admitted (a webhook unable to review would refuse it, failing closed).
+#[tokio::test]
+async fn the_webhook_manifest_installs_and_its_account_may_review() {
+    let h = Harness::start().await;
+    let created =
+        berth_sim::manifests::create_all(&h.client, berth_controller::rbac::WEBHOOK, "default")
+            .await
+            .unwrap();
+    assert_eq!(
+        created,
+        [
+            "serviceaccount/berth-webhook",
+            "clusterrole/berth-webhook",
+            "clusterrolebinding/berth-webhook",
+            "service/berth-webhook",
+            "validatingwebhookconfiguration/berth"
+        ]
+    );
+    let token = h
+        .sim
+        .issue_token(
+            "berth-system",
+            "berth-webhook",
+            &[],
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+    let as_webhook = h.sim.client_with_token(&token).await.unwrap();
+    let (ca, url, _stop) = start_webhook(as_webhook).await;
+    // The sim has no service network: point the installed configuration at the local server.
+    let configurations = Api::<ValidatingWebhookConfiguration>::all(h.client.clone());
+    let mut installed = configurations.get("berth").await.unwrap();
+    let webhook = &mut installed.webhooks.as_mut().unwrap()[0];
+    webhook.client_config.service = None;
+    webhook.client_config.url = Some(url);
+    webhook.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca.into_bytes()));
+    configurations
+        .replace("berth", &PostParams::default(), &installed)
+        .await
+        .unwrap();
+    let workspaces: Api<Workspace> = Api::namespaced(h.client.clone(), "default");
+    let (code, message) = refused(
+        workspaces
+            .create(
+                &PostParams::default(),
+                &workspace(
+                    "tolerant",
+                    json!({"image": "devbox:1", "podTemplate": {"tolerations": [{"operator": "Exists"}]}}),
+                ),
+            )
+            .await,
+    );
+    assert_eq!(
+        code, 403,
+        "the installed configuration calls the webhook: {message}"
+    );
+    let workspaces: Api<Workspace> = Api::namespaced(h.client.clone(), "default");
+    workspaces
+        .create(
+            &PostParams::default(),
+            &workspace(
+                "admin",
+                json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "s", "mountPath": "/s"}]}}}),
+            ),
+        )
         .await
         .unwrap();
 }
