@@ -61,12 +61,69 @@ pub fn matching(sim: &Sim, rt: &ResourceType, operation: &str) -> Vec<Value> {
         .collect()
 }
 
-/// Asks every matching webhook; the first refusal wins.
+/// Asks every matching webhook whose match conditions hold; the first refusal wins.
 pub async fn validate(sim: &Sim, request: Admission<'_>) -> ApiResult<()> {
     for webhook in matching(sim, request.rt, request.operation) {
-        ask(&webhook, &request).await?;
+        if conditions_hold(&webhook, &request) {
+            ask(&webhook, &request).await?;
+        }
     }
     Ok(())
+}
+
+/// Whether every `matchConditions` expression is true for the request (one that cannot be
+/// evaluated counts as true: the webhook is asked, as its failure policy would have it).
+fn conditions_hold(webhook: &Value, request: &Admission<'_>) -> bool {
+    let Some(conditions) = webhook["matchConditions"]
+        .as_array()
+        .filter(|c| !c.is_empty())
+    else {
+        return true;
+    };
+    let rt = request.rt;
+    let cel_request = kube_cel::AdmissionRequest {
+        operation: request.operation.to_owned(),
+        username: request.user.username.clone(),
+        uid: request.user.uid.clone(),
+        groups: request.user.groups.clone(),
+        name: request.object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        namespace: request.namespace.to_owned(),
+        dry_run: request.dry_run,
+        kind: kube_cel::GroupVersionKind {
+            group: rt.group.clone(),
+            version: rt.version.clone(),
+            kind: rt.kind.clone(),
+        },
+        resource: kube_cel::GroupVersionResource {
+            group: rt.group.clone(),
+            version: rt.version.clone(),
+            resource: rt.resource.clone(),
+        },
+    };
+    let mut evaluator = kube_cel::VapEvaluator::builder()
+        .object(request.object.clone())
+        .request(cel_request);
+    if let Some(old) = request.old {
+        evaluator = evaluator.old_object(old.clone());
+    }
+    let evaluator = evaluator.build();
+    let expressions: Vec<kube_cel::VapExpression> = conditions
+        .iter()
+        .map(|c| kube_cel::VapExpression {
+            expression: c["expression"].as_str().unwrap_or("true").to_owned(),
+            // What a false result says, to tell it from an error.
+            message: Some(FALSE.to_owned()),
+            message_expression: None,
+        })
+        .collect();
+    const FALSE: &str = "false";
+    evaluator
+        .evaluate(&expressions)
+        .iter()
+        .all(|r| r.passed || r.message.as_deref() != Some(FALSE))
 }
 
 async fn ask(webhook: &Value, request: &Admission<'_>) -> ApiResult<()> {

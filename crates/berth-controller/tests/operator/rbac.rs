@@ -78,6 +78,16 @@ async fn every_rule_granted_to_the_operator_is_used_and_nothing_is_refused() {
     };
     let mut h = Harness::start_with(sim, config).await;
 
+    // A workspace is rejected once by the kubelet and replaced (first, so that no other
+    // pod is admitted meanwhile).
+    h.sim.faults().reject_next("node-1", 1, "OutOfcpu");
+    h.create("rejected", json!({"image": "devbox:1"})).await;
+    h.until("rejected", "Running after a replacement", |ws| {
+        ws.status.as_ref().and_then(|s| s.pod_recreations) == Some(1)
+            && crate::support::phase_of(ws) == Some(Phase::Running)
+    })
+    .await;
+
     h.create(
         "full",
         json!({"image": "devbox:1", "ports": [{"name": "http", "port": 8080}],
@@ -110,15 +120,6 @@ async fn every_rule_granted_to_the_operator_is_used_and_nothing_is_refused() {
     h.patch_spec("full", json!({"ports": null})).await;
     eventually(WAIT, "the service to go", || async {
         services.get("full").await.is_err().then_some(())
-    })
-    .await;
-
-    // A second workspace is rejected once by the kubelet and replaced.
-    h.sim.faults().reject_next("node-1", 1, "OutOfcpu");
-    h.create("rejected", json!({"image": "devbox:1"})).await;
-    h.until("rejected", "Running after a replacement", |ws| {
-        ws.status.as_ref().and_then(|s| s.pod_recreations) == Some(1)
-            && crate::support::phase_of(ws) == Some(Phase::Running)
     })
     .await;
 
