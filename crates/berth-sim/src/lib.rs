@@ -30,6 +30,7 @@ mod sim;
 mod store;
 mod table;
 mod tls;
+mod typed;
 mod watch;
 mod webhooks;
 

@@ -35,29 +35,7 @@ impl CrdSchema {
     /// Removes fields the schema does not declare; returns their paths (for strict field
     /// validation and warnings).
     pub fn prune(&self, object: &mut Value) -> Vec<String> {
-        let mut unknown = vec![];
-        if let Value::Object(map) = object {
-            let props = self.root["properties"].as_object();
-            let keys: Vec<String> = map.keys().cloned().collect();
-            for key in keys {
-                if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
-                    continue;
-                }
-                match props.and_then(|p| p.get(&key)) {
-                    Some(child_schema) => {
-                        if let Some(child) = map.get_mut(&key) {
-                            prune_value(child_schema, child, &key, &mut unknown);
-                        }
-                    }
-                    None if preserves_unknown(&self.root) => {}
-                    None => {
-                        map.remove(&key);
-                        unknown.push(key);
-                    }
-                }
-            }
-        }
-        unknown
+        prune_unknown(&self.root, object)
     }
 
     /// Sets schema defaults on absent fields.
@@ -137,6 +115,34 @@ fn join(path: &str, key: &str) -> String {
     } else {
         format!("{path}.{key}")
     }
+}
+
+/// Removes from `object` the fields `root` (an object's schema) does not declare, except in
+/// `metadata` (served the same for every kind); returns their paths, e.g. `spec.bogus`.
+pub fn prune_unknown(root: &Value, object: &mut Value) -> Vec<String> {
+    let mut unknown = vec![];
+    if let Value::Object(map) = object {
+        let props = root["properties"].as_object();
+        let keys: Vec<String> = map.keys().cloned().collect();
+        for key in keys {
+            if matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
+                continue;
+            }
+            match props.and_then(|p| p.get(&key)) {
+                Some(child_schema) => {
+                    if let Some(child) = map.get_mut(&key) {
+                        prune_value(child_schema, child, &key, &mut unknown);
+                    }
+                }
+                None if preserves_unknown(root) => {}
+                None => {
+                    map.remove(&key);
+                    unknown.push(key);
+                }
+            }
+        }
+    }
+    unknown
 }
 
 fn prune_value(schema: &Value, value: &mut Value, path: &str, unknown: &mut Vec<String>) {

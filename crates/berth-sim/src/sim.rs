@@ -567,7 +567,9 @@ impl Sim {
         Ok(())
     }
 
-    /// Defaulting, pruning and validation of a custom resource; returns warnings.
+    /// Pruning of unknown fields (refused with `fieldValidation=Strict`, warned about
+    /// otherwise) for every type, and defaulting and validation for custom resources; returns
+    /// the warnings.
     fn admit_custom(
         &self,
         rt: &ResourceType,
@@ -576,11 +578,17 @@ impl Sim {
         strict: bool,
         name: &str,
     ) -> ApiResult<Vec<String>> {
-        let Some(schema) = &rt.schema else {
-            return Ok(vec![]);
+        let unknown = match &rt.schema {
+            Some(schema) => {
+                schema.apply_defaults(object);
+                schema.prune(object)
+            }
+            None => match crate::typed::schema(&rt.group, &rt.resource) {
+                // A built-in type: the fields of its k8s-openapi type.
+                Some(known) => crate::schema::prune_unknown(known, object),
+                None => return Ok(vec![]),
+            },
         };
-        schema.apply_defaults(object);
-        let unknown = schema.prune(object);
         if strict && !unknown.is_empty() {
             let list: Vec<String> = unknown
                 .iter()
@@ -594,9 +602,11 @@ impl Sim {
                 kind = rt.kind
             )));
         }
-        let causes = schema.validate(object, old);
-        if !causes.is_empty() {
-            return Err(ApiError::invalid(&rt.kind, &rt.group, name, causes));
+        if let Some(schema) = &rt.schema {
+            let causes = schema.validate(object, old);
+            if !causes.is_empty() {
+                return Err(ApiError::invalid(&rt.kind, &rt.group, name, causes));
+            }
         }
         Ok(unknown
             .into_iter()

@@ -275,3 +275,51 @@ async fn a_bound_claim_may_only_grow_and_grows_through_resizing() {
     })
     .await;
 }
+
+/// Built-in types decode like the real server: with `fieldValidation=Strict` (what kubectl
+/// sends) an unknown field at any depth is a 400 naming it; with `Warn` the object is
+/// created with a warning; without, the field is dropped; never is it stored.
+#[tokio::test]
+async fn unknown_fields_of_built_in_types_are_refused_when_strict_and_never_stored() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let create = |name: &str, query: &str| {
+        let body = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"bogus": true, "containers": [{"name": "c", "image": "x:1", "ports": [{"containerPort": 80, "protocl": "TCP"}]}]}});
+        let request = http::Request::post(format!("/api/v1/namespaces/default/pods{query}"))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .unwrap();
+        let client = client.clone();
+        async move { client.request::<serde_json::Value>(request).await }
+    };
+    assert_eq!(
+        api_error(create("strict", "?fieldValidation=Strict").await),
+        (
+            400,
+            "BadRequest".into(),
+            "Pod in version \"v1\" cannot be handled as a Pod: strict decoding error: unknown field \"spec.bogus\", unknown field \"spec.containers[0].ports[0].protocl\"".into()
+        )
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    assert!(pods.get_opt("strict").await.unwrap().is_none());
+    for (name, query) in [
+        ("warned", "?fieldValidation=Warn"),
+        ("ignored", "?fieldValidation=Ignore"),
+        ("default", ""),
+    ] {
+        create(name, query).await.unwrap();
+        let stored: serde_json::Value = client
+            .request(
+                http::Request::get(format!("/api/v1/namespaces/default/pods/{name}"))
+                    .body(vec![])
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert!(stored["spec"].get("bogus").is_none(), "{name}: {stored}");
+        let port = &stored["spec"]["containers"][0]["ports"][0];
+        assert!(port.get("protocl").is_none(), "{name}");
+        assert_eq!(port["containerPort"], 80);
+    }
+}

@@ -587,3 +587,27 @@ async fn kubectl_drives_faults() {
         .ok(&["create", "secret", "generic", "s2", "--from-literal=a=b"])
         .await;
 }
+
+/// kubectl validates strictly by default: a typo in a built-in object is an error naming the
+/// field, from the server.
+#[tokio::test]
+async fn kubectl_create_refuses_an_unknown_field_of_a_pod() {
+    let sim = cluster().await;
+    let Some(kubectl) = Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pod.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: typo}\nspec:\n  containers: [{name: c, image: x:1, imagePullPolicy: Always, imagePullPolcy: Never}]\n",
+    )
+    .unwrap();
+    let stderr = kubectl
+        .fails(&["create", "-f", file.to_str().unwrap()])
+        .await;
+    assert!(
+        stderr.contains("Pod in version \"v1\" cannot be handled as a Pod: strict decoding error: unknown field \"spec.containers[0].imagePullPolcy\""),
+        "{stderr}"
+    );
+}
