@@ -40,6 +40,30 @@ fn invalid(field: &str, value: &str, message: &str) -> Cause {
     }
 }
 
+/// `Unsupported value` with the supported values, sorted as the real server lists them.
+fn not_supported(field: &str, value: &str, supported: &[&str]) -> Cause {
+    let list: Vec<String> = supported.iter().map(|s| format!("\"{s}\"")).collect();
+    Cause {
+        reason: "FieldValueNotSupported".to_owned(),
+        message: format!(
+            "Unsupported value: \"{value}\": supported values: {}",
+            list.join(", ")
+        ),
+        field: field.to_owned(),
+    }
+}
+
+/// Checks `object[key]`, when set, against the values an enum allows.
+fn check_enum(causes: &mut Vec<Cause>, object: &Value, key: &str, field: &str, supported: &[&str]) {
+    if let Some(value) = object[key].as_str()
+        && !supported.contains(&value)
+    {
+        causes.push(not_supported(&format!("{field}.{key}"), value, supported));
+    }
+}
+
+const PROTOCOLS: &[&str] = &["SCTP", "TCP", "UDP"];
+
 fn required(field: &str) -> Cause {
     Cause {
         reason: "FieldValueRequired".to_owned(),
@@ -184,6 +208,63 @@ pub fn validate_metadata(object: &Value) -> Vec<Cause> {
 }
 
 /// A quantity the API server cannot decode: the message of its 400 answer.
+/// Quantities given as JSON numbers (`cpu: 64` in YAML) become the canonical strings the real
+/// server stores (`"64"`, `0.5` -> `"500m"`), so everything that reads them sees strings.
+pub fn canonical_quantities(rt: &ResourceType, object: &mut Value) {
+    fn canonical(value: &mut Value) {
+        let Some(number) = value.as_number().cloned() else {
+            return;
+        };
+        let text = match (number.as_i64(), number.as_f64()) {
+            (Some(i), _) => i.to_string(),
+            (None, Some(f)) => {
+                let millis = (f * 1000.0).round();
+                if (f * 1000.0 - millis).abs() < 1e-6 {
+                    if millis % 1000.0 == 0.0 {
+                        format!("{}", (millis / 1000.0) as i64)
+                    } else {
+                        format!("{}m", millis as i64)
+                    }
+                } else {
+                    number.to_string()
+                }
+            }
+            _ => number.to_string(),
+        };
+        *value = Value::String(text);
+    }
+    let mut maps: Vec<&mut Value> = vec![];
+    match (rt.group.as_str(), rt.resource.as_str()) {
+        ("", "pods") => {
+            let spec = &mut object["spec"];
+            if let Some(spec) = spec.as_object_mut() {
+                for (key, list) in spec.iter_mut() {
+                    if key != "containers" && key != "initContainers" {
+                        continue;
+                    }
+                    for container in list.as_array_mut().into_iter().flatten() {
+                        if let Some(resources) = container["resources"].as_object_mut() {
+                            maps.extend(resources.values_mut());
+                        }
+                    }
+                }
+            }
+        }
+        ("", "persistentvolumeclaims") => {
+            if let Some(resources) = object["spec"]["resources"].as_object_mut() {
+                maps.extend(resources.values_mut());
+            }
+        }
+        ("", "resourcequotas") => maps.push(&mut object["spec"]["hard"]),
+        _ => {}
+    }
+    for map in maps {
+        if let Some(map) = map.as_object_mut() {
+            map.values_mut().for_each(canonical);
+        }
+    }
+}
+
 pub fn bad_quantity(object: &Value) -> Option<String> {
     let lists = ["initContainers", "containers"];
     let quantities = lists
@@ -443,6 +524,38 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
                 });
             }
         }
+        let spec = &object["spec"];
+        check_enum(
+            &mut causes,
+            spec,
+            "restartPolicy",
+            "spec",
+            &["Always", "Never", "OnFailure"],
+        );
+        for (i, toleration) in spec["tolerations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let field = format!("spec.tolerations[{i}]");
+            check_enum(
+                &mut causes,
+                toleration,
+                "operator",
+                &field,
+                &["Equal", "Exists"],
+            );
+            if toleration["effect"].as_str() != Some("") {
+                check_enum(
+                    &mut causes,
+                    toleration,
+                    "effect",
+                    &field,
+                    &["NoExecute", "NoSchedule", "PreferNoSchedule"],
+                );
+            }
+        }
         for list in ["initContainers", "containers"] {
             let Some(containers) = object["spec"][list].as_array() else {
                 continue;
@@ -469,6 +582,13 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
                 if c["image"].as_str().is_none_or(|i| i.trim().is_empty()) {
                     causes.push(required(&format!("{base}.image")));
                 }
+                check_enum(
+                    &mut causes,
+                    c,
+                    "imagePullPolicy",
+                    &base,
+                    &["Always", "IfNotPresent", "Never"],
+                );
                 for (j, env) in c["env"].as_array().into_iter().flatten().enumerate() {
                     let name = env["name"].as_str().unwrap_or_default();
                     if let Some(cause) = check_env_var_name(&format!("{base}.env[{j}].name"), name)
@@ -477,6 +597,13 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
                     }
                 }
                 for (j, port) in c["ports"].as_array().into_iter().flatten().enumerate() {
+                    check_enum(
+                        &mut causes,
+                        port,
+                        "protocol",
+                        &format!("{base}.ports[{j}]"),
+                        PROTOCOLS,
+                    );
                     if let Some(name) = port["name"].as_str()
                         && let Some(cause) =
                             check_port_name(&format!("{base}.ports[{j}].name"), name)
@@ -497,6 +624,25 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
                     }
                 }
             }
+        }
+    }
+    if rt.resource == "services" {
+        let spec = &object["spec"];
+        check_enum(
+            &mut causes,
+            spec,
+            "type",
+            "spec",
+            &["ClusterIP", "ExternalName", "LoadBalancer", "NodePort"],
+        );
+        for (i, port) in spec["ports"].as_array().into_iter().flatten().enumerate() {
+            check_enum(
+                &mut causes,
+                port,
+                "protocol",
+                &format!("spec.ports[{i}]"),
+                PROTOCOLS,
+            );
         }
     }
     if rt.resource == "services"

@@ -584,8 +584,13 @@ impl Sim {
                 schema.prune(object)
             }
             None => match crate::typed::schema(&rt.group, &rt.resource) {
-                // A built-in type: the fields of its k8s-openapi type.
-                Some(known) => crate::schema::prune_unknown(known, object),
+                // A built-in type: the fields of its k8s-openapi type; a null is absent, as
+                // for the real server's Go types.
+                Some(known) => {
+                    crate::typed::drop_nulls(object);
+                    builtin::canonical_quantities(rt, object);
+                    crate::schema::prune_unknown(known, object)
+                }
                 None => return Ok(vec![]),
             },
         };

@@ -63,6 +63,18 @@ pub fn schema(group: &str, resource: &str) -> Option<&'static Value> {
         .map(|(_, schema)| schema)
 }
 
+/// Removes every `null` field, at any depth: to a typed decoder, null and absent are the same.
+pub fn drop_nulls(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_nulls);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
+}
+
 fn generate<T: schemars::JsonSchema>() -> Value {
     let generator = schemars::generate::SchemaSettings::openapi3()
         .with(|s| s.inline_subschemas = true)

@@ -323,3 +323,113 @@ async fn unknown_fields_of_built_in_types_are_refused_when_strict_and_never_stor
         assert_eq!(port["containerPort"], 80);
     }
 }
+
+/// `null` and absent are the same for built-in types: nothing is stored as null, so a client
+/// that drops nulls and writes the object back changes nothing.
+#[tokio::test]
+async fn nulls_in_built_in_objects_are_absent() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let body = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "nully", "labels": null, "annotations": {"a": "1"}},
+        "spec": {"volumes": null, "initContainers": null, "nodeSelector": null,
+            "containers": [{"name": "c", "image": "x:1", "ports": null, "env": null, "command": null}]}});
+    let request = http::Request::post("/api/v1/namespaces/default/pods")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).unwrap())
+        .unwrap();
+    let created: serde_json::Value = client.request(request).await.unwrap();
+    fn nulls(value: &serde_json::Value, path: &str, found: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Null => found.push(path.to_owned()),
+            serde_json::Value::Object(map) => map
+                .iter()
+                .for_each(|(k, v)| nulls(v, &format!("{path}.{k}"), found)),
+            serde_json::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .for_each(|(i, v)| nulls(v, &format!("{path}[{i}]"), found)),
+            _ => {}
+        }
+    }
+    let mut found = vec![];
+    nulls(&created, "", &mut found);
+    assert!(found.is_empty(), "stored nulls: {found:?}");
+    // A typed client's round trip is accepted as it is.
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let pod = pods.get("nully").await.unwrap();
+    pods.replace("nully", &PostParams::default(), &pod)
+        .await
+        .unwrap();
+}
+
+/// Enumerations are checked with the real message and the supported values as the real server
+/// lists them.
+#[tokio::test]
+async fn enumerated_fields_refuse_unsupported_values_in_the_real_words() {
+    use k8s_openapi::api::core::v1::Service;
+
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let container = |extra: serde_json::Value| {
+        let mut c = json!({"name": "c", "image": "x:1"});
+        c.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        c
+    };
+    for (spec, field, value, supported) in [
+        (
+            json!({"restartPolicy": "Sometimes", "containers": [container(json!({}))]}),
+            "spec.restartPolicy",
+            "Sometimes",
+            "\"Always\", \"Never\", \"OnFailure\"",
+        ),
+        (
+            json!({"containers": [container(json!({"imagePullPolicy": "Sometimes"}))]}),
+            "spec.containers[0].imagePullPolicy",
+            "Sometimes",
+            "\"Always\", \"IfNotPresent\", \"Never\"",
+        ),
+        (
+            json!({"containers": [container(json!({"ports": [{"containerPort": 80, "protocol": "HTTP"}]}))]}),
+            "spec.containers[0].ports[0].protocol",
+            "HTTP",
+            "\"SCTP\", \"TCP\", \"UDP\"",
+        ),
+        (
+            json!({"containers": [container(json!({}))], "tolerations": [{"operator": "Maybe"}]}),
+            "spec.tolerations[0].operator",
+            "Maybe",
+            "\"Equal\", \"Exists\"",
+        ),
+    ] {
+        assert_eq!(
+            api_error(
+                pods.create(&PostParams::default(), &pod_with("e", spec))
+                    .await
+            ),
+            (
+                422,
+                "Invalid".into(),
+                format!(
+                    "Pod \"e\" is invalid: {field}: Unsupported value: \"{value}\": supported values: {supported}"
+                )
+            )
+        );
+    }
+    let services: Api<Service> = Api::namespaced(client, "default");
+    let service: Service = serde_json::from_value(
+        json!({"metadata": {"name": "s"}, "spec": {"type": "Internal", "ports": [{"port": 80}]}}),
+    )
+    .unwrap();
+    assert_eq!(
+        api_error(services.create(&PostParams::default(), &service).await),
+        (
+            422,
+            "Invalid".into(),
+            "Service \"s\" is invalid: spec.type: Unsupported value: \"Internal\": supported values: \"ClusterIP\", \"ExternalName\", \"LoadBalancer\", \"NodePort\"".into()
+        )
+    );
+}

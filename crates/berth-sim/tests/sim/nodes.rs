@@ -806,3 +806,35 @@ async fn persistent_volume_claims_are_bound() {
 pub(crate) async fn started_cluster_for_kubectl() -> SimCluster {
     cluster_with_nodes().await
 }
+
+/// A quantity written as a number (`cpu: 64` in YAML) is stored as the canonical string and
+/// counted by the scheduler like any other.
+#[tokio::test]
+async fn numeric_quantities_are_stored_as_strings_and_scheduled_on() {
+    let sim = cluster_with_nodes().await;
+    let client = sim.client().await.unwrap();
+    let body = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "numeric"},
+        "spec": {"containers": [{"name": "main", "image": "nginx:1.27",
+            "resources": {"requests": {"cpu": 64, "memory": 0.5}, "limits": {"cpu": 64.0}}}]}});
+    let request = http::Request::post("/api/v1/namespaces/default/pods")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).unwrap())
+        .unwrap();
+    let created: Value = client.request(request).await.unwrap();
+    let resources = &created["spec"]["containers"][0]["resources"];
+    assert_eq!(
+        resources["requests"],
+        json!({"cpu": "64", "memory": "500m"})
+    );
+    assert_eq!(resources["limits"], json!({"cpu": "64"}));
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let pending = eventually(WAIT, "PodScheduled=False", || async {
+        let p = pods.get("numeric").await.unwrap();
+        condition(&p, "PodScheduled").filter(|c| c.0 == "False")
+    })
+    .await;
+    assert_eq!(
+        pending.2.as_deref(),
+        Some("0/3 nodes are available: 3 Insufficient cpu.")
+    );
+}
