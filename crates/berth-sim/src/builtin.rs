@@ -487,6 +487,81 @@ pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl Fn
     }
 }
 
+/// A secret whose `data` holds a value that is not base64 cannot be decoded: the 400 the real
+/// decoder gives.
+pub fn bad_secret_data(object: &Value) -> Option<String> {
+    let data = object["data"].as_object()?;
+    data.values().find_map(|value| {
+        let text = value.as_str().unwrap_or_default();
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .err()
+            .map(|e| match e {
+                base64::DecodeError::InvalidByte(at, _) => {
+                    format!("illegal base64 data at input byte {at}")
+                }
+                base64::DecodeError::InvalidLength(at)
+                | base64::DecodeError::InvalidLastSymbol(at, _) => {
+                    format!("illegal base64 data at input byte {at}")
+                }
+                base64::DecodeError::InvalidPadding => {
+                    format!("illegal base64 data at input byte {}", text.len())
+                }
+            })
+    })
+}
+
+/// What may not change on update of configmaps and secrets marked `immutable`, and of a
+/// service's cluster IP (an update without one keeps the allocated one, as the real server
+/// does since 1.20).
+pub fn immutable_update_forbidden(rt: &ResourceType, old: &Value, new: &mut Value) -> Vec<Cause> {
+    let mut causes = vec![];
+    if !rt.group.is_empty() {
+        return causes;
+    }
+    let forbidden = |field: &str| Cause {
+        reason: "FieldValueForbidden".to_owned(),
+        message: "Forbidden: field is immutable when `immutable` is set".to_owned(),
+        field: field.to_owned(),
+    };
+    match rt.resource.as_str() {
+        "configmaps" | "secrets" if old["immutable"] == json!(true) => {
+            if new["immutable"] != json!(true) {
+                causes.push(forbidden("immutable"));
+            }
+            let fields: &[&str] = if rt.resource == "configmaps" {
+                &["data", "binaryData"]
+            } else {
+                &["data"]
+            };
+            for field in fields {
+                let empty = |v: &Value| v.is_null() || v.as_object().is_some_and(|m| m.is_empty());
+                let same = old[field] == new[field] || (empty(&old[field]) && empty(&new[field]));
+                if !same {
+                    causes.push(forbidden(field));
+                }
+            }
+        }
+        "services" => {
+            let allocated = old["spec"]["clusterIP"].as_str().unwrap_or_default();
+            match new["spec"]["clusterIP"].as_str() {
+                None | Some("") if !allocated.is_empty() => {
+                    new["spec"]["clusterIP"] = old["spec"]["clusterIP"].clone();
+                    if new["spec"]["clusterIPs"].is_null() {
+                        new["spec"]["clusterIPs"] = old["spec"]["clusterIPs"].clone();
+                    }
+                }
+                Some(ip) if ip != allocated && !allocated.is_empty() => {
+                    causes.push(invalid("spec.clusterIP", ip, "field is immutable"));
+                }
+                _ => {}
+            }
+        }
+        _ => {}
+    }
+    causes
+}
+
 /// Secrets' `stringData` is write-only: it is merged into `data`, base64-encoded.
 pub fn fold_string_data(secret: &mut Value) {
     if let Some(Value::Object(string_data)) =
@@ -626,8 +701,20 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
             }
         }
     }
+    if rt.resource == "secrets" && object["type"] == "kubernetes.io/tls" {
+        for key in ["tls.crt", "tls.key"] {
+            if object["data"][key].is_null() {
+                causes.push(required(&format!("data[{key}]")));
+            }
+        }
+    }
     if rt.resource == "services" {
         let spec = &object["spec"];
+        let headless = spec["clusterIP"] == "None";
+        let no_ports = spec["ports"].as_array().is_none_or(|p| p.is_empty());
+        if no_ports && !headless && spec["type"] != "ExternalName" {
+            causes.push(required("spec.ports"));
+        }
         check_enum(
             &mut causes,
             spec,

@@ -619,8 +619,18 @@ impl Sim {
             .collect())
     }
 
-    /// A pod whose quantities cannot be decoded is a bad request, as the real decoder says.
+    /// A pod whose quantities, or a secret whose data, cannot be decoded is a bad request, as
+    /// the real decoder says.
     fn check_quantities(rt: &ResourceType, object: &Value) -> ApiResult<()> {
+        if rt.group.is_empty()
+            && rt.resource == "secrets"
+            && let Some(message) = builtin::bad_secret_data(object)
+        {
+            return Err(ApiError::bad_request(format!(
+                "Secret in version \"{}\" cannot be handled as a Secret: {message}",
+                rt.version
+            )));
+        }
         if !(rt.group.is_empty() && rt.resource == "pods") {
             return Ok(());
         }
@@ -1013,6 +1023,9 @@ impl Sim {
         if rt.resource == "persistentvolumeclaims" && rt.group.is_empty() && subresource.is_empty()
         {
             causes.extend(builtin::claim_update_forbidden(current, &new));
+        }
+        if subresource.is_empty() {
+            causes.extend(builtin::immutable_update_forbidden(rt, current, &mut new));
         }
         if !causes.is_empty() {
             return Err(Self::invalid(rt, &name, causes));

@@ -433,3 +433,92 @@ async fn enumerated_fields_refuse_unsupported_values_in_the_real_words() {
         )
     );
 }
+
+/// Immutable config maps and secrets, a service's cluster IP and ports, secret data and TLS
+/// secrets' keys, with the real server's answers.
+#[tokio::test]
+async fn immutability_and_the_shape_of_secrets_and_services_are_enforced() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let post = PostParams::default();
+
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let frozen: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "frozen"}, "immutable": true, "data": {"a": "1"}}),
+    )
+    .unwrap();
+    maps.create(&post, &frozen).await.unwrap();
+    let mut changed = maps.get("frozen").await.unwrap();
+    changed.data = Some([("a".to_owned(), "2".to_owned())].into());
+    assert_eq!(
+        api_error(maps.replace("frozen", &post, &changed).await),
+        (422, "Invalid".into(), "ConfigMap \"frozen\" is invalid: data: Forbidden: field is immutable when `immutable` is set".into())
+    );
+    let mut thawed = maps.get("frozen").await.unwrap();
+    thawed.immutable = Some(false);
+    assert_eq!(
+        api_error(maps.replace("frozen", &post, &thawed).await),
+        (422, "Invalid".into(), "ConfigMap \"frozen\" is invalid: immutable: Forbidden: field is immutable when `immutable` is set".into())
+    );
+
+    let raw_secret = |body: serde_json::Value| {
+        let request = http::Request::post("/api/v1/namespaces/default/secrets")
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .unwrap();
+        let client = client.clone();
+        async move { client.request::<serde_json::Value>(request).await }
+    };
+    assert_eq!(
+        api_error(raw_secret(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "plain"}, "data": {"k": "not base64!"}})).await),
+        (400, "BadRequest".into(), "Secret in version \"v1\" cannot be handled as a Secret: illegal base64 data at input byte 3".into())
+    );
+    assert_eq!(
+        api_error(raw_secret(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tls"}, "type": "kubernetes.io/tls", "data": {"tls.crt": "eA=="}})).await),
+        (422, "Invalid".into(), "Secret \"tls\" is invalid: data[tls.key]: Required value".into())
+    );
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    assert!(secrets.get_opt("plain").await.unwrap().is_none());
+
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let portless: Service = serde_json::from_value(
+        json!({"metadata": {"name": "portless"}, "spec": {"selector": {"a": "b"}}}),
+    )
+    .unwrap();
+    assert_eq!(
+        api_error(services.create(&post, &portless).await),
+        (
+            422,
+            "Invalid".into(),
+            "Service \"portless\" is invalid: spec.ports: Required value".into()
+        )
+    );
+    let headless: Service = serde_json::from_value(
+        json!({"metadata": {"name": "headless"}, "spec": {"clusterIP": "None", "selector": {"a": "b"}}}),
+    )
+    .unwrap();
+    services.create(&post, &headless).await.unwrap();
+    let web: Service = serde_json::from_value(
+        json!({"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}),
+    )
+    .unwrap();
+    let created = services.create(&post, &web).await.unwrap();
+    let allocated = created.spec.as_ref().unwrap().cluster_ip.clone().unwrap();
+    // A replace without the cluster IP keeps it; one with another IP is refused.
+    let mut without = created.clone();
+    without.spec.as_mut().unwrap().cluster_ip = None;
+    without.spec.as_mut().unwrap().cluster_ips = None;
+    let kept = services.replace("web", &post, &without).await.unwrap();
+    assert_eq!(
+        kept.spec.unwrap().cluster_ip.as_deref(),
+        Some(allocated.as_str())
+    );
+    let mut moved = services.get("web").await.unwrap();
+    moved.spec.as_mut().unwrap().cluster_ip = Some("10.96.200.200".into());
+    assert_eq!(
+        api_error(services.replace("web", &post, &moved).await),
+        (422, "Invalid".into(), "Service \"web\" is invalid: spec.clusterIP: Invalid value: \"10.96.200.200\": field is immutable".into())
+    );
+}
