@@ -486,6 +486,26 @@ pub fn bootstrap_policy() -> Vec<(StorageKey, Value)> {
             ]),
         ),
         role(
+            "admin",
+            json!([
+                {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "pods/eviction", "services", "persistentvolumeclaims", "configmaps", "secrets", "serviceaccounts", "events", "resourcequotas"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]},
+                {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["events.k8s.io", "coordination.k8s.io"], "resources": ["*"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]},
+                {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]},
+                {"apiGroups": ["authorization.k8s.io"], "resources": ["localsubjectaccessreviews"], "verbs": ["create"]}
+            ]),
+        ),
+        role(
+            "edit",
+            json!([
+                {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "pods/eviction", "services", "persistentvolumeclaims", "configmaps", "secrets", "serviceaccounts", "events"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]},
+                {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["namespaces", "resourcequotas"], "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["events.k8s.io", "coordination.k8s.io"], "resources": ["*"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]}
+            ]),
+        ),
+        role(
             "view",
             json!([
                 {"apiGroups": [""], "resources": ["pods", "pods/log", "pods/status", "services", "persistentvolumeclaims", "configmaps", "events", "serviceaccounts", "namespaces"], "verbs": ["get", "list", "watch"]},

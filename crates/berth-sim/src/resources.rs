@@ -118,6 +118,10 @@ impl ResourceType {
         }
         match node {
             Value::String(s) => s.clone(),
+            // A Go bool that is not set is false.
+            Value::Null if matches!(field, "spec.unschedulable" | "spec.hostNetwork") => {
+                "false".to_owned()
+            }
             Value::Null => String::new(),
             Value::Bool(b) => b.to_string(),
             other => other.to_string(),

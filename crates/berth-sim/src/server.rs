@@ -371,7 +371,8 @@ async fn route(
     match verb {
         "get" => {
             if subresource == "log" {
-                sim.get(&rt, namespace, name)?;
+                let pod = sim.get(&rt, namespace, name)?;
+                check_log_container(&pod, name, query.get("container").map(String::as_str))?;
                 return Ok(
                     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], "").into_response()
                 );
@@ -479,11 +480,9 @@ async fn route(
                         &DeleteOptions::from_body(&body["deleteOptions"]),
                         &ctx,
                     )?;
-                    Ok(json_response(
-                        StatusCode::CREATED,
-                        &success(&rt, name, ""),
-                        &[],
-                    ))
+                    let mut status = success(&rt, name, "");
+                    status["code"] = json!(201);
+                    Ok(json_response(StatusCode::CREATED, &status, &[]))
                 }
                 _ => Err(ApiError::MethodNotAllowed {
                     message: format!("create is not supported on {}/{subresource}", rt.resource),
@@ -639,6 +638,59 @@ fn written_response(rt: &ResourceType, written: Written, render: Render) -> Resp
         &watch::render(rt, &written.object, render),
         &written.warnings,
     )
+}
+
+/// The container a log request is for must be one of the pod's and have started, or the real
+/// server's 400.
+fn check_log_container(pod: &Value, name: &str, container: Option<&str>) -> ApiResult<()> {
+    let names: Vec<&str> = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|list| pod["spec"][list].as_array().into_iter().flatten())
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let main: Vec<&str> = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let container = match container.filter(|c| !c.is_empty()) {
+        Some(c) if names.contains(&c) => c,
+        Some(c) => {
+            return Err(ApiError::bad_request(format!(
+                "container {c} is not valid for pod {name}"
+            )));
+        }
+        None if main.len() == 1 => main[0],
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "a container name must be specified for pod {name}, choose one of: [{}]",
+                main.join(" ")
+            )));
+        }
+    };
+    let status = ["initContainerStatuses", "containerStatuses"]
+        .iter()
+        .flat_map(|list| pod["status"][list].as_array().into_iter().flatten())
+        .find(|s| s["name"] == container);
+    let waiting = match status {
+        None => Some("ContainerCreating".to_owned()),
+        Some(s) if s["state"]["waiting"].is_object() && s["lastState"]["terminated"].is_null() => {
+            Some(
+                s["state"]["waiting"]["reason"]
+                    .as_str()
+                    .unwrap_or("ContainerCreating")
+                    .to_owned(),
+            )
+        }
+        Some(_) => None,
+    };
+    match waiting {
+        Some(reason) => Err(ApiError::bad_request(format!(
+            "container \"{container}\" in pod \"{name}\" is waiting to start: {reason}"
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn success(rt: &ResourceType, name: &str, uid: &str) -> Value {

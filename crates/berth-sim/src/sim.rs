@@ -213,10 +213,11 @@ pub const FOREGROUND: &str = "foregroundDeletion";
 pub const ORPHAN: &str = "orphan";
 
 /// An RFC 3339 timestamp with second precision, as metadata timestamps are written.
+/// Now, truncated to the second as the real server's metav1.Time stores it.
 pub fn now_rfc3339() -> String {
-    Timestamp::now()
-        .round(jiff::Unit::Second)
-        .unwrap_or_else(|_| Timestamp::now())
+    let now = Timestamp::now();
+    Timestamp::from_second(now.as_second())
+        .unwrap_or(now)
         .to_string()
 }
 
@@ -361,6 +362,18 @@ impl Sim {
                 &namespaces,
                 "",
                 json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+                &ctx,
+            );
+        }
+        // The API server's own Service, on the first address of the service range.
+        if let Some(services) = self.resource_type("", "v1", "services") {
+            let _ = self.create(
+                &services,
+                "default",
+                json!({"apiVersion": "v1", "kind": "Service",
+                    "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+                    "spec": {"type": "ClusterIP", "clusterIP": builtin::cluster_ip(0), "clusterIPs": [builtin::cluster_ip(0)],
+                        "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}}),
                 &ctx,
             );
         }

@@ -425,3 +425,83 @@ async fn an_apply_that_creates_is_authorized_as_create() {
         .await
         .unwrap();
 }
+
+/// What every cluster has: the API server's `default/kubernetes` Service, and the user-facing
+/// ClusterRoles `view`, `edit` and `admin` to bind in a namespace.
+#[tokio::test]
+async fn the_kubernetes_service_and_the_user_facing_roles_exist() {
+    use k8s_openapi::api::core::v1::{Secret, Service};
+
+    let sim = cluster().await;
+    let admin = sim.client().await.unwrap();
+    let service = Api::<Service>::namespaced(admin.clone(), "default")
+        .get("kubernetes")
+        .await
+        .unwrap();
+    let spec = service.spec.unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.1"));
+    assert_eq!(spec.ports.unwrap()[0].port, 443);
+
+    for (account, role) in [("viewer", "view"), ("editor", "edit"), ("owner", "admin")] {
+        service_account(&admin, "default", account).await;
+        Api::<RoleBinding>::namespaced(admin.clone(), "default")
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": account},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+                    "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": "default"}]}))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let as_account = |account: &'static str| {
+        let token = sim
+            .issue_token("default", account, &[], Duration::from_secs(600))
+            .unwrap();
+        let sim = &sim;
+        async move { sim.client_with_token(&token).await.unwrap() }
+    };
+    let secret = |name: &str| -> Secret {
+        serde_json::from_value(json!({"metadata": {"name": name}, "stringData": {"k": "v"}}))
+            .unwrap()
+    };
+    let role = |name: &str| -> Role {
+        serde_json::from_value(json!({"metadata": {"name": name}, "rules": []})).unwrap()
+    };
+    let post = PostParams::default();
+
+    let viewer = as_account("viewer").await;
+    Api::<Pod>::namespaced(viewer.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        api_error(
+            Api::<Secret>::namespaced(viewer, "default")
+                .create(&post, &secret("v"))
+                .await
+        )
+        .0,
+        403
+    );
+    let editor = as_account("editor").await;
+    Api::<Secret>::namespaced(editor.clone(), "default")
+        .create(&post, &secret("e"))
+        .await
+        .unwrap();
+    assert_eq!(
+        api_error(
+            Api::<Role>::namespaced(editor, "default")
+                .create(&post, &role("e"))
+                .await
+        )
+        .0,
+        403
+    );
+    let owner = as_account("owner").await;
+    Api::<Role>::namespaced(owner, "default")
+        .create(&post, &role("o"))
+        .await
+        .unwrap();
+}

@@ -838,3 +838,90 @@ async fn numeric_quantities_are_stored_as_strings_and_scheduled_on() {
         Some("0/3 nodes are available: 3 Insufficient cpu.")
     );
 }
+
+/// Small things a real API server does that clients rely on: logs name the container or say
+/// why not; an eviction's Status carries its code; `spec.unschedulable=false` selects nodes
+/// that never set it; creation timestamps are truncated to the second, never in the future.
+#[tokio::test]
+async fn logs_evictions_node_selectors_and_timestamps_answer_as_a_real_server() {
+    let sim = cluster_with_nodes().await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let two = json!({"containers": [{"name": "a", "image": "nginx:1.27"}, {"name": "b", "image": "nginx:1.27"}]});
+    pods.create(&PostParams::default(), &pod_with("two", two))
+        .await
+        .unwrap();
+    phase_of(&pods, "two", "Running").await;
+    let logs = |query: &'static str| {
+        let client = client.clone();
+        async move {
+            let request =
+                http::Request::get(format!("/api/v1/namespaces/default/pods/two/log{query}"))
+                    .body(vec![])
+                    .unwrap();
+            client.request_text(request).await
+        }
+    };
+    assert_eq!(
+        api_error(logs("").await),
+        (
+            400,
+            "BadRequest".into(),
+            "a container name must be specified for pod two, choose one of: [a b]".into()
+        )
+    );
+    assert_eq!(
+        api_error(logs("?container=c").await),
+        (
+            400,
+            "BadRequest".into(),
+            "container c is not valid for pod two".into()
+        )
+    );
+    logs("?container=a").await.unwrap();
+    let stuck = json!({"containers": [{"name": "main", "image": "registry.invalid/nothing:1"}]});
+    pods.create(&PostParams::default(), &pod_with("stuck", stuck))
+        .await
+        .unwrap();
+    let request = http::Request::get("/api/v1/namespaces/default/pods/stuck/log")
+        .body(vec![])
+        .unwrap();
+    let (code, _, message) = api_error(client.request_text(request).await);
+    assert_eq!(code, 400);
+    assert!(
+        message.starts_with("container \"main\" in pod \"stuck\" is waiting to start: "),
+        "{message}"
+    );
+
+    let eviction = http::Request::post("/api/v1/namespaces/default/pods/two/eviction")
+        .header("content-type", "application/json")
+        .body(
+            serde_json::to_vec(&json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "two"}}))
+                .unwrap(),
+        )
+        .unwrap();
+    let status: Value = client.request(eviction).await.unwrap();
+    assert_eq!(
+        (status["status"].as_str(), status["code"].as_u64()),
+        (Some("Success"), Some(201))
+    );
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    let schedulable = nodes
+        .list(&ListParams::default().fields("spec.unschedulable=false"))
+        .await
+        .unwrap();
+    assert_eq!(schedulable.items.len(), 3);
+
+    for i in 0..10 {
+        let created = Api::<ConfigMap>::namespaced(client.clone(), "default")
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": format!("t{i}")}})).unwrap(),
+            )
+            .await
+            .unwrap();
+        let at = created.metadata.creation_timestamp.unwrap().0;
+        assert!(at <= jiff::Timestamp::now(), "{at} is in the future");
+    }
+}
