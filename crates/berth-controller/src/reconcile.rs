@@ -211,6 +211,10 @@ pub async fn run_until(
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    // Not ready until this run says so (metrics may outlive an earlier run in one process).
+    metrics
+        .ready
+        .store(false, std::sync::atomic::Ordering::Relaxed);
     let (stop_sender, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;

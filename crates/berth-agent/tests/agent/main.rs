@@ -241,9 +241,11 @@ async fn review_apis_the_agent_may_not_use_say_what_to_bind() {
 #[tokio::test]
 async fn a_denial_is_forgotten_quickly_so_a_fix_takes_effect() {
     let s = Setup::new().await;
-    let agent = s.agent("ws").await;
+    let (agent, auth) = s.start_agent("ws", None, Limits::default()).await;
     let token = s.token("stranger", AUDIENCE, Duration::from_secs(3600));
+    let denied_at = std::time::Instant::now();
     assert_eq!(refused(&agent, &token).await.0, Code::PermissionDenied);
+    let reviews = auth.stats().token_reviews;
     create(
         &Api::<RoleBinding>::namespaced(s.admin.clone(), "default"),
         json!({"metadata": {"name": "stranger-uses-agent"},
@@ -251,7 +253,12 @@ async fn a_denial_is_forgotten_quickly_so_a_fix_takes_effect() {
         "subjects": [{"kind": "ServiceAccount", "name": "stranger", "namespace": "default"}]}),
     )
     .await;
-    // Within the deny cache's lifetime the answer stands; after it, the fix shows.
+    // Within the deny cache's lifetime the answer stands, without asking the API again...
+    assert_eq!(refused(&agent, &token).await.0, Code::PermissionDenied);
+    if denied_at.elapsed() < berth_agent::auth::DENY_TTL {
+        assert_eq!(auth.stats().token_reviews, reviews, "the denial was cached");
+    }
+    // ...after it, the fix shows.
     tokio::time::sleep(berth_agent::auth::DENY_TTL + Duration::from_millis(200)).await;
     let allowed = who_am_i(&agent, &token, Duration::from_secs(5), None)
         .await

@@ -178,8 +178,9 @@ async fn the_operator_authenticates_to_the_agent_before_the_workspace_is_ready()
     // Once per pod UID: a restarted operator does not call the verified agents again.
     h.stop_operator().await;
     h.sim.reset_requests();
+    let before = h.reconciles();
     h.start_operator();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.until_reconciled(before, 2).await;
     assert_eq!(agent_checks(&h, "ok"), 2);
     assert_eq!(
         phase_of(&h.workspaces().get("alice").await.unwrap()),

@@ -65,8 +65,18 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over() {
         replica_client(&h, "replica-a").await,
         elected("replica-a"),
     ));
-    // Let the first replica take the lease before the second starts.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The first replica holds the lease before the second starts.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(h.client.clone(), "kube-system");
+    crate::support::eventually(
+        crate::support::WAIT,
+        "replica-a to hold the lease",
+        || async {
+            let lease = leases.get_opt("berth-controller").await.ok()??;
+            (lease.spec?.holder_identity.as_deref() == Some("replica-a")).then_some(())
+        },
+    )
+    .await;
     let second = tokio::spawn(berth_controller::run(
         replica_client(&h, "replica-b").await,
         elected("replica-b"),

@@ -288,8 +288,17 @@ async fn start_timeout_fails_visibly_frees_the_node_and_a_spec_change_restarts()
         claims.get_opt("erin-home").await.unwrap().is_some(),
         "the claim stays"
     );
-    // Still Failed a while later: it gave up until the spec changes.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Still Failed when something else wakes it: it gave up until the spec changes.
+    let reconciled = h.reconciles();
+    h.workspaces()
+        .patch(
+            "erin",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})),
+        )
+        .await
+        .unwrap();
+    h.until_reconciled(reconciled, 1).await;
     assert_eq!(
         phase_of(&h.workspaces().get("erin").await.unwrap()),
         Some(Phase::Failed)
@@ -474,16 +483,13 @@ async fn restarting_the_operator_over_running_workspaces_writes_nothing() {
     for name in ["w1", "w2", "w3"] {
         h.until_phase(name, Phase::Running).await;
     }
-    // Let the last status writes and events settle, then restart.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Stopping waits for the operator's task to end: no write of the first run is left.
     h.stop_operator().await;
     h.sim.reset_requests();
+    let before = h.reconciles();
     h.start_operator();
-    eventually(WAIT, "the restarted operator to list and watch", || async {
-        (h.operator_requests(&["watch"]) >= 5).then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Every workspace was reconciled by the new run (so a write, had it been due, was made).
+    h.until_reconciled(before, 3).await;
     let writes = h.operator_requests(&["create", "update", "patch", "delete"]);
     assert_eq!(
         writes,
@@ -495,8 +501,17 @@ async fn restarting_the_operator_over_running_workspaces_writes_nothing() {
             .filter(|r| r.key.user == crate::support::OPERATOR)
             .collect::<Vec<_>>()
     );
-    // Steady state: reconciles read from caches, so no GET or LIST after the initial lists.
+    // Steady state: once started (ready: caches filled, CRD served), reconciles read from
+    // caches: no GET or LIST.
+    eventually(WAIT, "the operator to be ready", || async {
+        h.metrics
+            .ready
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(())
+    })
+    .await;
     let lists = h.operator_requests(&["list", "get"]);
+    let before = h.reconciles();
     h.workspaces()
         .patch(
             "w1",
@@ -505,7 +520,7 @@ async fn restarting_the_operator_over_running_workspaces_writes_nothing() {
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.until_reconciled(before, 1).await;
     assert_eq!(
         h.operator_requests(&["list", "get"]),
         lists,

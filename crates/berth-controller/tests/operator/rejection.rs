@@ -183,8 +183,9 @@ async fn the_limit_fails_visibly_survives_a_restart_and_a_spec_change_starts_aga
 
     // The failure is persisted: a restarted operator keeps it and creates nothing.
     h.stop_operator().await;
+    let reconciled = h.reconciles();
     h.start_operator();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.until_reconciled(reconciled, 1).await;
     let still = h.workspaces().get("doomed").await.unwrap();
     assert_eq!(phase_of(&still), Some(Phase::Failed));
     assert_eq!(
@@ -219,7 +220,16 @@ async fn a_pod_that_ran_and_then_failed_is_not_replaced() {
         message_of(&errored),
         "Pod crash-ws failed: container exited with code 137 (OOMKilled)"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reconciled = h.reconciles();
+    h.workspaces()
+        .patch(
+            "crash",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})),
+        )
+        .await
+        .unwrap();
+    h.until_reconciled(reconciled, 1).await;
     assert_eq!(
         pods.get("crash-ws").await.unwrap().metadata.uid,
         uid,

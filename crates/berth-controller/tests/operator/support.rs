@@ -211,6 +211,24 @@ subjects:
     }
 
     /// Requests the operator made with `verb`.
+    /// How many reconciles the operator has finished (all runs of it), from its metrics.
+    pub fn reconciles(&self) -> u64 {
+        self.metrics
+            .render()
+            .lines()
+            .filter(|l| l.starts_with("berth_reconcile_duration_seconds_count"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Waits until the operator has finished `more` reconciles beyond `from`.
+    pub async fn until_reconciled(&self, from: u64, more: u64) {
+        eventually(WAIT, &format!("{more} more reconciles"), || async {
+            (self.reconciles() >= from + more).then_some(())
+        })
+        .await
+    }
+
     pub fn operator_requests(&self, verbs: &[&str]) -> u64 {
         self.sim
             .count_requests(|k| k.user == OPERATOR && verbs.contains(&k.verb.as_str()))
