@@ -1,4 +1,6 @@
-//! Discovery documents: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/<group>/<version>`.
+//! Discovery documents: `/version`, `/api`, `/api/v1`, `/apis`, `/apis/<group>/<version>`,
+//! and the aggregated form of `/api` and `/apis` (`apidiscovery.k8s.io/v2`, or `v2beta1`) for
+//! clients that ask for it in `Accept`.
 
 use serde_json::{Value, json};
 
@@ -126,4 +128,94 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
     Some(
         json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}),
     )
+}
+
+/// Which aggregated discovery document `accept` asks for, if any: its apiVersion and the
+/// Content-Type to answer with (v2 preferred).
+pub fn aggregated_wanted(accept: &str) -> Option<(&'static str, &'static str)> {
+    let asks = |version: &str| {
+        accept.split(',').any(|part| {
+            let params: Vec<&str> = part.split(';').map(str::trim).collect();
+            params.contains(&"g=apidiscovery.k8s.io")
+                && params.contains(&format!("v={version}").as_str())
+                && params.contains(&"as=APIGroupDiscoveryList")
+        })
+    };
+    if asks("v2") {
+        Some((
+            "apidiscovery.k8s.io/v2",
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+        ))
+    } else if asks("v2beta1") {
+        Some((
+            "apidiscovery.k8s.io/v2beta1",
+            "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
+        ))
+    } else {
+        None
+    }
+}
+
+/// Every group's versions and resources in one document: the core group for `/api`, the
+/// others for `/apis`.
+pub fn aggregated(registry: &Registry, core: bool, api_version: &str) -> Value {
+    let groups: Vec<(String, Vec<String>)> = if core {
+        vec![(String::new(), vec!["v1".to_owned()])]
+    } else {
+        registry.groups().into_iter().collect()
+    };
+    let items: Vec<Value> = groups
+        .into_iter()
+        .map(|(name, versions)| {
+            let versions: Vec<Value> = versions
+                .iter()
+                .map(|version| {
+                    let resources: Vec<Value> = registry
+                        .all()
+                        .filter(|t| t.group == name && &t.version == version)
+                        .map(|t| aggregated_resource(t))
+                        .collect();
+                    json!({"version": version, "resources": resources, "freshness": "Current"})
+                })
+                .collect();
+            json!({"metadata": {"name": name, "creationTimestamp": null}, "versions": versions})
+        })
+        .collect();
+    json!({"kind": "APIGroupDiscoveryList", "apiVersion": api_version, "metadata": {}, "items": items})
+}
+
+fn aggregated_resource(t: &ResourceType) -> Value {
+    let subresources: Vec<Value> = t
+        .subresources
+        .iter()
+        .map(|sub| {
+            let legacy = subresource_entry(t, sub);
+            json!({
+                "subresource": sub,
+                "responseKind": {
+                    "group": legacy.get("group").cloned().unwrap_or_else(|| json!(t.group)),
+                    "version": legacy.get("version").cloned().unwrap_or_else(|| json!(t.version)),
+                    "kind": legacy["kind"],
+                },
+                "verbs": legacy["verbs"],
+            })
+        })
+        .collect();
+    let mut entry = json!({
+        "resource": t.resource,
+        "responseKind": {"group": t.group, "version": t.version, "kind": t.kind},
+        "scope": if t.namespaced { "Namespaced" } else { "Cluster" },
+        "singularResource": t.singular,
+        "verbs": t.verbs(),
+    });
+    if !t.short_names.is_empty() {
+        entry["shortNames"] = json!(t.short_names);
+    }
+    if !t.categories.is_empty() {
+        entry["categories"] = json!(t.categories);
+    }
+    if !subresources.is_empty() {
+        entry["subresources"] = json!(subresources);
+    }
+    entry
 }

@@ -226,6 +226,22 @@ async fn route(
         ["sim", "v1", "requests"] => {
             return ok(serde_json::to_value(sim.requests.snapshot()).unwrap_or_default());
         }
+        ["api"] | ["apis"]
+            if let Some((api_version, content_type)) =
+                discovery::aggregated_wanted(header_str(headers, "accept").unwrap_or_default()) =>
+        {
+            non_resource(sim, &identity, path)?;
+            let document = discovery::aggregated(&sim.registry(), path == "/api", api_version);
+            return Ok((
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, content_type),
+                    (header::VARY, "Accept"),
+                ],
+                document.to_string(),
+            )
+                .into_response());
+        }
         ["api"] => {
             non_resource(sim, &identity, "/api")?;
             return ok(discovery::core_versions(

@@ -669,6 +669,19 @@ impl Sim {
         body: Value,
         ctx: &WriteContext,
     ) -> ApiResult<Written> {
+        self.create_owned(rt, namespace, body, ctx, None)
+    }
+
+    /// A create whose managed fields are `managed` (an apply's) instead of an Update entry of
+    /// the writer: one write either way.
+    fn create_owned(
+        &self,
+        rt: &ResourceType,
+        namespace: &str,
+        body: Value,
+        ctx: &WriteContext,
+        managed: Option<Value>,
+    ) -> ApiResult<Written> {
         self.check_identity(rt, &body)?;
         let mut object = self.to_storage(rt, body);
         let (api_version, kind) = Self::storage_identity(rt);
@@ -774,16 +787,19 @@ impl Sim {
             prepare_crd(&mut object).map_err(|causes| Self::invalid(rt, &name, causes))?;
         }
         let now = now_rfc3339();
-        apply::record_update(
-            None,
-            &mut object,
-            &Writer {
-                manager: &ctx.manager,
-                api_version: &rt.api_version(),
-                subresource: "",
-                now: &now,
-            },
-        );
+        match managed {
+            Some(managed) => object["metadata"]["managedFields"] = managed,
+            None => apply::record_update(
+                None,
+                &mut object,
+                &Writer {
+                    manager: &ctx.manager,
+                    api_version: &rt.api_version(),
+                    subresource: "",
+                    now: &now,
+                },
+            ),
+        }
         if ctx.dry_run {
             return Ok(Written {
                 object: self.to_view(rt, &object),
@@ -1334,24 +1350,8 @@ impl Sim {
         object["kind"] = json!(rt.kind);
         object["metadata"]["name"] = json!(name);
         let managed = object["metadata"]["managedFields"].clone();
-        let mut create_ctx = ctx.clone();
-        create_ctx.manager = ctx.manager.clone();
-        let mut written = self.create(rt, namespace, object, &create_ctx)?;
-        // The create recorded an Update entry; an apply-create owns its fields as Apply.
-        if !ctx.dry_run
-            && let Some(stored) = self.store.get(&rt.storage, namespace, name)
-        {
-            let mut fixed = (*stored).clone();
-            fixed["metadata"]["managedFields"] = managed;
-            if let Ok(replaced) = self.store.replace(
-                &rt.storage,
-                fixed,
-                resource_version(&stored).unwrap_or_default(),
-            ) {
-                written.object = self.to_view(rt, &replaced);
-            }
-        }
-        Ok(written)
+        // One write, owned by the applier as Apply: watchers see ADDED only.
+        self.create_owned(rt, namespace, object, ctx, Some(managed))
     }
 
     /// DELETE.

@@ -647,3 +647,113 @@ async fn delete_collection_by_label() {
         .collect();
     assert_eq!(left, ["c"]);
 }
+
+/// A server-side apply that creates an object is one write: a watcher sees ADDED and nothing
+/// else, and the applier owns the fields as `Apply`.
+#[tokio::test]
+async fn an_apply_that_creates_is_one_write() {
+    use futures::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+    let revision = maps
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut events = Box::pin(
+        maps.watch(&WatchParams::default().timeout(5), &revision)
+            .await
+            .unwrap(),
+    );
+    let applied = maps
+        .patch(
+            "applied",
+            &PatchParams::apply("applier"),
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"a": "1"}})),
+        )
+        .await
+        .unwrap();
+    let managed = applied.metadata.managed_fields.clone().unwrap();
+    assert_eq!(managed.len(), 1);
+    assert_eq!(
+        (
+            managed[0].manager.as_deref(),
+            managed[0].operation.as_deref()
+        ),
+        (Some("applier"), Some("Apply"))
+    );
+    // A marker write after it: everything the apply caused arrives before the marker.
+    maps.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "marker"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut seen = vec![];
+    while let Some(Ok(event)) = events.next().await {
+        let (kind, name) = match &event {
+            WatchEvent::Added(o) => ("ADDED", o.name_any()),
+            WatchEvent::Modified(o) => ("MODIFIED", o.name_any()),
+            WatchEvent::Deleted(o) => ("DELETED", o.name_any()),
+            _ => continue,
+        };
+        if name == "marker" {
+            break;
+        }
+        seen.push((kind, name));
+    }
+    assert_eq!(seen, [("ADDED", "applied".to_owned())]);
+}
+
+/// Aggregated discovery: a client asking `/api` and `/apis` for `apidiscovery.k8s.io/v2`
+/// (kube's `Discovery::run_aggregated`, kubectl 1.30+) finds every group, version, resource and
+/// subresource, custom resources included.
+#[tokio::test]
+async fn aggregated_discovery_finds_what_the_legacy_documents_list() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    crate::support::install_workspace_crd(&client).await;
+    let discovery = kube::Discovery::new(client.clone())
+        .run_aggregated()
+        .await
+        .unwrap();
+    let legacy = kube::Discovery::new(client).run().await.unwrap();
+    let names = |d: &kube::Discovery| -> Vec<String> {
+        let mut all: Vec<String> = d
+            .groups()
+            .flat_map(|g| {
+                g.resources_by_stability()
+                    .into_iter()
+                    .map(|(r, caps)| {
+                        format!(
+                            "{}/{} {:?} {}",
+                            r.group,
+                            r.plural,
+                            caps.scope,
+                            caps.subresources.len()
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        all.sort();
+        all
+    };
+    let found = names(&discovery);
+    assert!(
+        found.iter().any(|n| n.starts_with("/pods Namespaced")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|n| n.starts_with("berth.dev/workspaces Namespaced")),
+        "{found:?}"
+    );
+    assert_eq!(found, names(&legacy));
+}
