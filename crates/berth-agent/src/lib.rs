@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod client;
 pub mod server;
+#[cfg(feature = "sim")]
 pub mod sim_runtime;
 pub mod supervisor;
 

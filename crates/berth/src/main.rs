@@ -3,6 +3,7 @@
 
 mod agent;
 mod controller;
+#[cfg(feature = "sim")]
 mod dev;
 
 use std::process::ExitCode;
@@ -22,6 +23,7 @@ struct Cli {
 enum Command {
     /// Start a simulated cluster, the operator and the example workspaces, and show a live
     /// table of workspaces; use kubectl with ./berth-dev.kubeconfig in another terminal.
+    #[cfg(feature = "sim")]
     Dev(dev::DevArgs),
     /// Run the operator against the current kubeconfig or the in-cluster config.
     Controller(Box<controller::ControllerArgs>),
@@ -39,6 +41,7 @@ enum Command {
     /// Print the Workspace CustomResourceDefinition as YAML (what `deploy/crds/` holds).
     Crd,
     /// Run only the simulated Kubernetes cluster and write a kubeconfig for it.
+    #[cfg(feature = "sim")]
     Sim(SimArgs),
 }
 
@@ -80,6 +83,7 @@ async fn run_webhook(args: WebhookArgs) -> Result<(), String> {
 }
 
 /// Options of `berth sim`.
+#[cfg(feature = "sim")]
 #[derive(clap::Args, Debug)]
 struct SimArgs {
     /// Where to write the kubeconfig for the simulated cluster.
@@ -113,6 +117,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        #[cfg(feature = "sim")]
         Command::Dev(args) => {
             // The table shows what agent checks find; their warnings would repeat it.
             init_logging("warn,berth_agent::auth=error,berth_controller::agent=error");
@@ -143,6 +148,7 @@ fn main() -> ExitCode {
             init_logging("info");
             block_on("webhook", run_webhook(args))
         }
+        #[cfg(feature = "sim")]
         Command::Sim(args) => run_sim(args),
         Command::Install { path } => match install(&path) {
             Ok(()) => {
@@ -210,6 +216,7 @@ fn block_on(name: &str, job: impl std::future::Future<Output = Result<(), String
 }
 
 /// `berth sim`: serve the simulated cluster until Ctrl-C or SIGTERM.
+#[cfg(feature = "sim")]
 fn run_sim(args: SimArgs) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
