@@ -469,19 +469,7 @@ async fn route(
                 (_, "") => {
                     if !webhooks::matching(sim, &rt, "CREATE").is_empty() {
                         let preview = sim.create(&rt, namespace, body.clone(), &ctx.preview())?;
-                        webhooks::validate(
-                            sim,
-                            webhooks::Admission {
-                                rt: &rt,
-                                operation: "CREATE",
-                                namespace,
-                                object: &preview.object,
-                                old: None,
-                                user: &identity,
-                                dry_run: ctx.dry_run,
-                            },
-                        )
-                        .await?;
+                        admit(sim, &rt, namespace, None, &preview, &identity, &ctx).await?;
                     }
                     let written = sim.create(&rt, namespace, body, &ctx)?;
                     Ok(written_response(&rt, written, render))
@@ -516,18 +504,14 @@ async fn route(
                 let old = sim.store.get(&rt.storage, namespace, name);
                 let preview =
                     sim.update(&rt, namespace, name, sub, body.clone(), &ctx.preview())?;
-                let operation = if preview.created { "CREATE" } else { "UPDATE" };
-                webhooks::validate(
+                admit(
                     sim,
-                    webhooks::Admission {
-                        rt: &rt,
-                        operation,
-                        namespace,
-                        object: &preview.object,
-                        old: old.as_deref(),
-                        user: &identity,
-                        dry_run: ctx.dry_run,
-                    },
+                    &rt,
+                    namespace,
+                    old.as_deref(),
+                    &preview,
+                    &identity,
+                    &ctx,
                 )
                 .await?;
             }
@@ -569,18 +553,14 @@ async fn route(
                     &ctx.preview(),
                     force,
                 )?;
-                let operation = if preview.created { "CREATE" } else { "UPDATE" };
-                webhooks::validate(
+                admit(
                     sim,
-                    webhooks::Admission {
-                        rt: &rt,
-                        operation,
-                        namespace,
-                        object: &preview.object,
-                        old: old.as_deref(),
-                        user: &identity,
-                        dry_run: ctx.dry_run,
-                    },
+                    &rt,
+                    namespace,
+                    old.as_deref(),
+                    &preview,
+                    &identity,
+                    &ctx,
                 )
                 .await?;
             }
@@ -654,6 +634,32 @@ fn written_response(rt: &ResourceType, written: Written, render: Render) -> Resp
         &watch::render(rt, &written.object, render),
         &written.warnings,
     )
+}
+
+/// Asks the validating webhooks about a write that `preview` (its dry run) shows the result
+/// of; `old` is the object before it, if there was one.
+async fn admit(
+    sim: &Sim,
+    rt: &ResourceType,
+    namespace: &str,
+    old: Option<&Value>,
+    preview: &Written,
+    user: &Identity,
+    ctx: &WriteContext,
+) -> ApiResult<()> {
+    webhooks::validate(
+        sim,
+        webhooks::Admission {
+            rt,
+            operation: if preview.created { "CREATE" } else { "UPDATE" },
+            namespace,
+            object: &preview.object,
+            old,
+            user,
+            dry_run: ctx.dry_run,
+        },
+    )
+    .await
 }
 
 /// The container a log request is for must be one of the pod's and have started, or the real

@@ -140,7 +140,7 @@ async fn ask(webhook: &Value, request: &Admission<'_>) -> ApiResult<()> {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
-            "uid": uuid(),
+            "uid": crate::sim::new_uid(),
             "kind": {"group": rt.group, "version": rt.version, "kind": rt.kind},
             "resource": {"group": rt.group, "version": rt.version, "resource": rt.resource},
             "requestKind": {"group": rt.group, "version": rt.version, "kind": rt.kind},
@@ -248,17 +248,4 @@ async fn post(webhook: &Value, url: &str, review: &Value) -> Result<Value, Strin
         return Err(format!("the webhook answered {status}"));
     }
     serde_json::from_slice(&body).map_err(|e| format!("the webhook's answer is not JSON: {e}"))
-}
-
-fn uuid() -> String {
-    let bytes: [u8; 16] = rand::random();
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
 }
