@@ -209,12 +209,34 @@ fn orphaned_grandchildren_are_reaped() {
 fn help_explains_each_subcommand() {
     let output = Command::new(BERTH).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&output.stdout);
-    for subcommand in ["dev", "controller", "agent", "crd", "sim"] {
+    for subcommand in ["dev", "controller", "webhook", "agent", "crd", "sim"] {
         assert!(
             help.lines().any(|l| l.trim_start().starts_with(subcommand)),
             "{subcommand} missing from:\n{help}"
         );
     }
+}
+
+/// `berth webhook` without readable TLS files says which file and exits non-zero, before
+/// trying to reach any cluster.
+#[test]
+fn the_webhook_names_a_missing_certificate() {
+    let output = Command::new(BERTH)
+        .args([
+            "webhook",
+            "--tls-cert",
+            "/nonexistent/tls.crt",
+            "--tls-key",
+            "/nonexistent/tls.key",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("berth webhook: cannot read /nonexistent/tls.crt"),
+        "{stderr}"
+    );
 }
 
 fn kubectl_present() -> bool {
