@@ -472,7 +472,7 @@ pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl Fn
             object["status"] = json!({"loadBalancer": {}});
         }
         "secrets" => {
-            if object["type"].is_null() {
+            if object["type"].as_str().is_none_or(str::is_empty) {
                 object["type"] = json!("Opaque");
             }
             fold_string_data(object);

@@ -70,6 +70,24 @@ fn age(object: &Value, now: Timestamp) -> String {
         .unwrap_or_else(|| "<unknown>".to_owned())
 }
 
+fn age_column() -> PrinterColumn {
+    column(
+        "Age",
+        "string",
+        "",
+        "CreationTimestamp is a timestamp representing the server time when this object was created.",
+        0,
+    )
+}
+
+fn count(value: &Value) -> usize {
+    value
+        .as_object()
+        .map(|m| m.len())
+        .or_else(|| value.as_array().map(Vec::len))
+        .unwrap_or(0)
+}
+
 fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
     let name = column(
         "Name",
@@ -167,6 +185,45 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
                 "",
                 "List of addresses reachable to the node.",
                 1,
+            ),
+        ],
+        ("", "configmaps") => vec![
+            name,
+            column(
+                "Data",
+                "string",
+                "",
+                "Data contains the configuration data.",
+                0,
+            ),
+            age_column(),
+        ],
+        ("", "secrets") => vec![
+            name,
+            column("Type", "string", "", "The type of secret", 0),
+            column("Data", "string", "", "Data contains the secret data.", 0),
+            age_column(),
+        ],
+        ("", "serviceaccounts") => vec![
+            name,
+            column(
+                "Secrets",
+                "string",
+                "",
+                "Secrets is a list of the secrets in the same namespace that pods running using this ServiceAccount are allowed to use.",
+                0,
+            ),
+            age_column(),
+        ],
+        // A custom resource without printer columns: what the real server shows for one.
+        _ if rt.is_custom => vec![
+            name,
+            column(
+                "Age",
+                "date",
+                "",
+                "CreationTimestamp is a timestamp representing the server time when this object was created.",
+                0,
             ),
         ],
         ("", "namespaces") => vec![
@@ -484,6 +541,16 @@ fn cells(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], now: Timesta
             json!(age(object, now)),
         ],
         ("", "services") => service_cells(object, now),
+        ("", "configmaps") => vec![
+            json!(count(&object["data"]) + count(&object["binaryData"])),
+            json!(age(object, now)),
+        ],
+        ("", "secrets") => vec![
+            json!(object["type"].as_str().unwrap_or("Opaque")),
+            json!(count(&object["data"])),
+            json!(age(object, now)),
+        ],
+        ("", "serviceaccounts") => vec![json!(count(&object["secrets"])), json!(age(object, now))],
         _ => vec![object["metadata"]["creationTimestamp"].clone()],
     };
     row.insert(0, name);

@@ -229,3 +229,46 @@ async fn status_writes_leave_spec_and_generation_alone() {
     );
     assert_eq!((code, reason.as_str()), (415, "UnsupportedMediaType"));
 }
+
+/// A custom resource whose CRD names no printer columns is listed, as a Table, with the
+/// real server's `Name` and `Age`.
+#[tokio::test]
+async fn a_crd_without_printer_columns_gets_name_and_age() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": "gadgets.example.com"},
+        "spec": {"group": "example.com", "scope": "Namespaced",
+            "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+    }))
+    .unwrap();
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .unwrap();
+    let created = http::Request::post("/apis/example.com/v1/namespaces/default/gadgets")
+        .header("content-type", "application/json")
+        .body(
+            serde_json::to_vec(&json!({"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g"}}))
+                .unwrap(),
+        )
+        .unwrap();
+    client.request::<Value>(created).await.unwrap();
+    let table = http::Request::get("/apis/example.com/v1/namespaces/default/gadgets")
+        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(vec![])
+        .unwrap();
+    let table: Value = client.request(table).await.unwrap();
+    let names: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["Name", "Age"]);
+    assert_eq!(table["rows"][0]["cells"][0], "g");
+}

@@ -611,3 +611,40 @@ async fn kubectl_create_refuses_an_unknown_field_of_a_pod() {
         "{stderr}"
     );
 }
+
+/// `kubectl get` shows config maps, secrets and service accounts with the real server's
+/// columns.
+#[tokio::test]
+async fn kubectl_get_shows_the_real_columns_of_config_maps_secrets_and_accounts() {
+    let sim = cluster().await;
+    let Some(kubectl) = Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    kubectl
+        .ok(&[
+            "create",
+            "configmap",
+            "settings",
+            "--from-literal=a=1",
+            "--from-literal=b=2",
+        ])
+        .await;
+    kubectl
+        .ok(&["create", "secret", "generic", "token", "--from-literal=t=x"])
+        .await;
+    kubectl.ok(&["create", "serviceaccount", "builder"]).await;
+    let words = |text: &str| -> Vec<Vec<String>> {
+        text.lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    };
+    let maps = words(&kubectl.ok(&["get", "configmap", "settings"]).await);
+    assert_eq!(maps[0], ["NAME", "DATA", "AGE"]);
+    assert_eq!(maps[1][..2], ["settings", "2"]);
+    let secrets = words(&kubectl.ok(&["get", "secret", "token"]).await);
+    assert_eq!(secrets[0], ["NAME", "TYPE", "DATA", "AGE"]);
+    assert_eq!(secrets[1][..3], ["token", "Opaque", "1"]);
+    let accounts = words(&kubectl.ok(&["get", "serviceaccount", "builder"]).await);
+    assert_eq!(accounts[0], ["NAME", "SECRETS", "AGE"]);
+    assert_eq!(accounts[1][..2], ["builder", "0"]);
+}
