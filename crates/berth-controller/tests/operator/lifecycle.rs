@@ -289,16 +289,7 @@ async fn start_timeout_fails_visibly_frees_the_node_and_a_spec_change_restarts()
         "the claim stays"
     );
     // Still Failed when something else wakes it: it gave up until the spec changes.
-    let reconciled = h.reconciles();
-    h.workspaces()
-        .patch(
-            "erin",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})),
-        )
-        .await
-        .unwrap();
-    h.until_reconciled(reconciled, 1).await;
+    h.poke("erin").await;
     assert_eq!(
         phase_of(&h.workspaces().get("erin").await.unwrap()),
         Some(Phase::Failed)
@@ -511,16 +502,7 @@ async fn restarting_the_operator_over_running_workspaces_writes_nothing() {
     })
     .await;
     let lists = h.operator_requests(&["list", "get"]);
-    let before = h.reconciles();
-    h.workspaces()
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
-        )
-        .await
-        .unwrap();
-    h.until_reconciled(before, 1).await;
+    h.poke("w1").await;
     assert_eq!(
         h.operator_requests(&["list", "get"]),
         lists,

@@ -155,16 +155,7 @@ async fn a_create_refused_for_the_whole_start_timeout_fails_the_workspace() {
     );
     // Given up: no more creates until the spec changes, whatever wakes the workspace.
     let before = pod_creates(&h);
-    let reconciled = h.reconciles();
-    h.workspaces()
-        .patch(
-            "stuck",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})),
-        )
-        .await
-        .unwrap();
-    h.until_reconciled(reconciled, 1).await;
+    h.poke("stuck").await;
     assert_eq!(pod_creates(&h), before);
 }
 

@@ -220,16 +220,7 @@ async fn a_pod_that_ran_and_then_failed_is_not_replaced() {
         message_of(&errored),
         "Pod crash-ws failed: container exited with code 137 (OOMKilled)"
     );
-    let reconciled = h.reconciles();
-    h.workspaces()
-        .patch(
-            "crash",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})),
-        )
-        .await
-        .unwrap();
-    h.until_reconciled(reconciled, 1).await;
+    h.poke("crash").await;
     assert_eq!(
         pods.get("crash-ws").await.unwrap().metadata.uid,
         uid,

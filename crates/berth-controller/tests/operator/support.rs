@@ -229,6 +229,22 @@ subjects:
         .await
     }
 
+    /// Wakes workspace `name` without changing its spec (a label), and waits for the operator
+    /// to have reconciled once more: what a check that something does NOT happen waits for.
+    pub async fn poke(&self, name: &str) {
+        let before = self.reconciles();
+        let label = before.to_string();
+        self.workspaces()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"poked": label}}})),
+            )
+            .await
+            .unwrap();
+        self.until_reconciled(before, 1).await;
+    }
+
     pub fn operator_requests(&self, verbs: &[&str]) -> u64 {
         self.sim
             .count_requests(|k| k.user == OPERATOR && verbs.contains(&k.verb.as_str()))
