@@ -57,6 +57,8 @@ struct Worker {
     /// Container exits, (name, exit code), reported by one task per started container.
     exit_tx: tokio::sync::mpsc::UnboundedSender<(String, i32)>,
     exit_rx: tokio::sync::mpsc::UnboundedReceiver<(String, i32)>,
+    /// Containers stopped to be replaced (their spec changed): their exit is not a crash.
+    replaced: std::collections::HashSet<String>,
 }
 
 fn source(node: &str) -> Source<'_> {
@@ -1027,11 +1029,20 @@ impl Worker {
                 return;
             }
             let exited = tokio::select! {
-                changed = self.updates.changed() => { if changed.is_err() { return; } None }
+                changed = self.updates.changed() => {
+                    if changed.is_err() || self.restart_changed().await.is_err() {
+                        return;
+                    }
+                    None
+                }
                 exit = self.exit_rx.recv() => exit,
                 _ = probe_tick.tick() => { self.update_readiness().await; None }
             };
             let Some((name, code)) = exited else { continue };
+            if self.replaced.remove(&name) {
+                // The old container of one restarted for a new definition.
+                continue;
+            }
             self.running.remove(&name);
             let finished = now_rfc3339();
             let reason = if code == 0 { "Completed" } else { "Error" };
@@ -1093,6 +1104,59 @@ impl Worker {
             }
             self.update_readiness().await;
         }
+    }
+
+    /// A running container whose image changed in the pod's spec is killed and started again
+    /// with the new image, as a real kubelet does: `Killing` ("definition changed"), then pull,
+    /// create and start, with `restartCount` one higher.
+    async fn restart_changed(&mut self) -> Result<(), Interrupt> {
+        let Some(pod) = self.pod() else {
+            return Ok(());
+        };
+        let statuses = pod["status"]["containerStatuses"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for container in self.containers(false) {
+            let name = container["name"].as_str().unwrap_or_default().to_owned();
+            let wanted = container["image"].as_str().unwrap_or_default();
+            let running_image = statuses
+                .iter()
+                .find(|s| s["name"] == name.as_str())
+                .and_then(|s| s["image"].as_str());
+            if running_image.is_none_or(|image| image == wanted)
+                || !self.running.contains_key(&name)
+            {
+                continue;
+            }
+            let path = field_path(&name, false);
+            self.event(
+                Some(&path),
+                "Normal",
+                "Killing",
+                &format!("Container {name} definition changed, will be restarted"),
+            );
+            if let Some(stop) = self.running.remove(&name) {
+                self.replaced.insert(name.clone());
+                let _ = stop.send(());
+            }
+            let finished = now_rfc3339();
+            let image = wanted.to_owned();
+            self.status(|pod| {
+                Self::container_status(pod, false, &name, |s| {
+                    s["lastState"] = json!({"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": finished}});
+                    s["state"] = json!({"waiting": {"reason": "ContainerCreating"}});
+                    s["ready"] = json!(false);
+                    s["started"] = json!(false);
+                    s["image"] = json!(image);
+                    s["restartCount"] = json!(s["restartCount"].as_i64().unwrap_or(0) + 1);
+                });
+            });
+            self.update_readiness().await;
+            self.start_container(&container, false).await?;
+            self.update_readiness().await;
+        }
+        Ok(())
     }
 
     /// Graceful termination: `Killing`, stop the containers, then finish the deletion.
@@ -1206,6 +1270,7 @@ pub async fn run(sim: Arc<Sim>) {
                 running: HashMap::new(),
                 exit_tx,
                 exit_rx,
+                replaced: Default::default(),
             };
             tokio::spawn(worker.run());
         };

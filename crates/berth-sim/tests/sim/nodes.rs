@@ -925,3 +925,55 @@ async fn logs_evictions_node_selectors_and_timestamps_answer_as_a_real_server() 
         assert!(at <= jiff::Timestamp::now(), "{at} is in the future");
     }
 }
+
+/// Changing a running container's image restarts it in place, as a real kubelet does: the same
+/// pod, `Killing` ("definition changed"), the new image pulled, `restartCount` 1, running again.
+#[tokio::test]
+async fn a_new_image_restarts_the_container_in_the_same_pod() {
+    use kube::api::{Patch, PatchParams};
+
+    let sim = cluster_with_nodes().await;
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let created = pods
+        .create(&PostParams::default(), &pod_with("web", json!({})))
+        .await
+        .unwrap();
+    phase_of(&pods, "web", "Running").await;
+    let change: json_patch::Patch = serde_json::from_value(
+        json!([{"op": "replace", "path": "/spec/containers/0/image", "value": "nginx:1.28"}]),
+    )
+    .unwrap();
+    pods.patch("web", &PatchParams::default(), &Patch::Json::<()>(change))
+        .await
+        .unwrap();
+    let restarted = eventually(WAIT, "the container to run the new image", || async {
+        let pod = pods.get("web").await.unwrap();
+        let status = pod
+            .status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .first()?
+            .clone();
+        (status.image == "nginx:1.28"
+            && status.restart_count == 1
+            && status.state.as_ref()?.running.is_some())
+        .then_some(pod)
+    })
+    .await;
+    assert_eq!(restarted.metadata.uid, created.metadata.uid, "the same pod");
+    let events = events_for(&client, &created).await;
+    let killing = find(&events, "Killing").expect("a Killing event");
+    assert_eq!(
+        killing.message.as_deref(),
+        Some("Container main definition changed, will be restarted")
+    );
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("Pulling")
+            && e.message
+                .as_deref()
+                .is_some_and(|m| m.contains("nginx:1.28"))),
+        "the new image was pulled"
+    );
+}
