@@ -113,7 +113,6 @@ pub struct Authenticator {
     limits: Limits,
     cache: Mutex<Answers>,
     reviews: tokio::sync::Semaphore,
-    in_flight: AtomicUsize,
     peak_in_flight: AtomicUsize,
     token_reviews: AtomicU64,
     /// Whether the API's refusal of a review was logged (once, until a review works again).
@@ -228,7 +227,6 @@ impl Authenticator {
             cache: Mutex::new(LruCache::new(limits.cached)),
             reviews: tokio::sync::Semaphore::new(limits.concurrent_reviews.max(1)),
             limits,
-            in_flight: AtomicUsize::new(0),
             peak_in_flight: AtomicUsize::new(0),
             token_reviews: AtomicU64::new(0),
             refusal_logged: Default::default(),
@@ -308,10 +306,10 @@ impl Authenticator {
                 self.limits.concurrent_reviews
             )));
         };
-        let running = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        // Reviews running now, this one included: the permits taken.
+        let running = self.limits.concurrent_reviews.max(1) - self.reviews.available_permits();
         self.peak_in_flight.fetch_max(running, Ordering::Relaxed);
         let answer = self.review(client, token, &audience, until).await;
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
         // An outage is not an answer about this token.
         if !matches!(answer, Err(ref s) if s.code() == Code::Unavailable) {
             self.cache

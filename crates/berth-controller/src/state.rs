@@ -359,6 +359,10 @@ fn clear_condition(status: &mut WorkspaceStatus, type_: &str) {
     status.conditions.retain(|c| c.type_ != type_);
 }
 
+/// The Stalled reasons that are verdicts on the spec (derived again on every reconcile), not
+/// a start that gave up.
+const SPEC_VERDICTS: [&str; 2] = [reasons::INVALID_SPEC, reasons::FORBIDDEN];
+
 struct Builder<'a> {
     status: WorkspaceStatus,
     generation: Option<i64>,
@@ -376,21 +380,19 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
+    /// A verdict on the spec itself: `Stalled=True` and `Ready=False` with `reason`, in
+    /// `phase`, until the spec changes; it is re-derived each time, so it is never the
+    /// "gave up" stall below (the reason is one of [`SPEC_VERDICTS`]).
+    fn spec_verdict(&mut self, phase: Phase, reason: &str, message: String) {
+        debug_assert!(SPEC_VERDICTS.contains(&reason));
+        self.condition(types::STALLED, ConditionStatus::True, reason, &message);
+        self.condition(types::READY, ConditionStatus::False, reason, &message);
+        self.phase(phase, message);
+    }
+
     /// A spec that can never work: Failed, Stalled=InvalidSpec, no retry storm (rule C19).
     fn invalid_spec(mut self, message: String, requeue: Duration) -> Decision {
-        self.condition(
-            types::STALLED,
-            ConditionStatus::True,
-            reasons::INVALID_SPEC,
-            &message,
-        );
-        self.condition(
-            types::READY,
-            ConditionStatus::False,
-            reasons::INVALID_SPEC,
-            &message,
-        );
-        self.phase(Phase::Failed, message);
+        self.spec_verdict(Phase::Failed, reasons::INVALID_SPEC, message);
         self.finish(requeue)
     }
 
@@ -398,20 +400,8 @@ impl Builder<'_> {
     /// is created for it. A pod from an earlier spec is left as it is (like an invalid spec):
     /// a verdict on the spec never destroys running work.
     fn forbidden(mut self, message: String, requeue: Duration) -> Decision {
-        self.condition(
-            types::STALLED,
-            ConditionStatus::True,
-            reasons::FORBIDDEN,
-            &message,
-        );
-        self.condition(
-            types::READY,
-            ConditionStatus::False,
-            reasons::FORBIDDEN,
-            &message,
-        );
         self.status.ready_at = None;
-        self.phase(Phase::Error, message);
+        self.spec_verdict(Phase::Error, reasons::FORBIDDEN, message);
         self.finish(requeue)
     }
 
@@ -652,8 +642,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         .cloned();
     if let Some(stall) = stalled.clone().filter(|c| {
         c.observed_generation == workspace.metadata.generation
-            && c.reason != reasons::INVALID_SPEC
-            && c.reason != reasons::FORBIDDEN
+            && !SPEC_VERDICTS.contains(&c.reason.as_str())
     }) {
         if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
             b.actions.push(Action::DeletePod {

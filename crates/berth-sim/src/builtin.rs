@@ -511,10 +511,24 @@ pub fn bad_secret_data(object: &Value) -> Option<String> {
     })
 }
 
+/// What the real server keeps from the stored object when an update leaves it out: a
+/// service's allocated cluster IPs (since 1.20), so `kubectl replace` without them works.
+pub fn keep_allocated(rt: &ResourceType, old: &Value, new: &mut Value) {
+    if !(rt.group.is_empty() && rt.resource == "services") {
+        return;
+    }
+    let allocated = old["spec"]["clusterIP"].as_str().unwrap_or_default();
+    if !allocated.is_empty() && new["spec"]["clusterIP"].as_str().is_none_or(str::is_empty) {
+        new["spec"]["clusterIP"] = old["spec"]["clusterIP"].clone();
+        if new["spec"]["clusterIPs"].is_null() {
+            new["spec"]["clusterIPs"] = old["spec"]["clusterIPs"].clone();
+        }
+    }
+}
+
 /// What may not change on update of configmaps and secrets marked `immutable`, and of a
-/// service's cluster IP (an update without one keeps the allocated one, as the real server
-/// does since 1.20).
-pub fn immutable_update_forbidden(rt: &ResourceType, old: &Value, new: &mut Value) -> Vec<Cause> {
+/// service's cluster IP.
+pub fn immutable_update_forbidden(rt: &ResourceType, old: &Value, new: &Value) -> Vec<Cause> {
     let mut causes = vec![];
     if !rt.group.is_empty() {
         return causes;
@@ -534,27 +548,20 @@ pub fn immutable_update_forbidden(rt: &ResourceType, old: &Value, new: &mut Valu
             } else {
                 &["data"]
             };
+            let empty = |v: &Value| v.is_null() || v.as_object().is_some_and(|m| m.is_empty());
             for field in fields {
-                let empty = |v: &Value| v.is_null() || v.as_object().is_some_and(|m| m.is_empty());
-                let same = old[field] == new[field] || (empty(&old[field]) && empty(&new[field]));
-                if !same {
+                if old[field] != new[field] && !(empty(&old[field]) && empty(&new[field])) {
                     causes.push(forbidden(field));
                 }
             }
         }
         "services" => {
             let allocated = old["spec"]["clusterIP"].as_str().unwrap_or_default();
-            match new["spec"]["clusterIP"].as_str() {
-                None | Some("") if !allocated.is_empty() => {
-                    new["spec"]["clusterIP"] = old["spec"]["clusterIP"].clone();
-                    if new["spec"]["clusterIPs"].is_null() {
-                        new["spec"]["clusterIPs"] = old["spec"]["clusterIPs"].clone();
-                    }
-                }
-                Some(ip) if ip != allocated && !allocated.is_empty() => {
-                    causes.push(invalid("spec.clusterIP", ip, "field is immutable"));
-                }
-                _ => {}
+            if let Some(ip) = new["spec"]["clusterIP"].as_str()
+                && !allocated.is_empty()
+                && ip != allocated
+            {
+                causes.push(invalid("spec.clusterIP", ip, "field is immutable"));
             }
         }
         _ => {}

@@ -20,7 +20,7 @@ use crate::{
     requests::RequestKey,
     resources::{Behaviour, ResourceType},
     selector::{FieldSelector, LabelSelector},
-    sim::{DeleteOptions, ListOptions, Sim, WriteContext, Written},
+    sim::{DeleteOptions, FieldValidation, ListOptions, Sim, WriteContext, Written},
     table::{self, IncludeObject},
     watch::{self, Render, WatchRequest},
     webhooks,
@@ -365,7 +365,7 @@ async fn route(
     let ctx = WriteContext {
         manager: field_manager(&query, headers),
         dry_run: query.get("dryRun").is_some_and(|d| d == "All"),
-        strict: query.get("fieldValidation").is_some_and(|v| v == "Strict"),
+        field_validation: FieldValidation::parse(query.get("fieldValidation").map(String::as_str)),
     };
     let render = negotiate(headers, &query);
     let ns_filter = (!namespace.is_empty()).then(|| namespace.to_owned());
@@ -467,7 +467,7 @@ async fn route(
             let body = decode_body(headers, &bytes)?;
             match (rt.resource.as_str(), subresource) {
                 (_, "") => {
-                    if !webhooks::matching(sim, &rt, "CREATE").is_empty() {
+                    if webhooks::watched(sim, &rt, &["CREATE"]) {
                         let preview = sim.create(&rt, namespace, body.clone(), &ctx.preview())?;
                         admit(sim, &rt, namespace, None, &preview, &identity, &ctx).await?;
                     }
@@ -500,7 +500,7 @@ async fn route(
             } else {
                 subresource
             };
-            if sub.is_empty() && !webhooks::matching(sim, &rt, "UPDATE").is_empty() {
+            if sub.is_empty() && webhooks::watched(sim, &rt, &["CREATE", "UPDATE"]) {
                 let old = sim.store.get(&rt.storage, namespace, name);
                 let preview =
                     sim.update(&rt, namespace, name, sub, body.clone(), &ctx.preview())?;
@@ -541,7 +541,7 @@ async fn route(
                     }
                 }
             }
-            if subresource.is_empty() && !webhooks::matching(sim, &rt, "UPDATE").is_empty() {
+            if subresource.is_empty() && webhooks::watched(sim, &rt, &["CREATE", "UPDATE"]) {
                 let old = sim.store.get(&rt.storage, namespace, name);
                 let preview = sim.patch(
                     &rt,

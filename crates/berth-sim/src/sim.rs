@@ -103,13 +103,33 @@ impl SimConfig {
     }
 }
 
+/// What a write's unknown fields get (`fieldValidation`): dropped silently, dropped with a
+/// warning (the default), or the write refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FieldValidation {
+    Ignore,
+    #[default]
+    Warn,
+    Strict,
+}
+
+impl FieldValidation {
+    /// The query parameter's value; anything else is the default.
+    pub fn parse(value: Option<&str>) -> Self {
+        match value {
+            Some("Ignore") => FieldValidation::Ignore,
+            Some("Strict") => FieldValidation::Strict,
+            _ => FieldValidation::Warn,
+        }
+    }
+}
+
 /// Who is writing, and how.
 #[derive(Clone, Debug)]
 pub struct WriteContext {
     pub manager: String,
     pub dry_run: bool,
-    /// `fieldValidation=Strict`: unknown fields are an error instead of a warning.
-    pub strict: bool,
+    pub field_validation: FieldValidation,
 }
 
 impl WriteContext {
@@ -118,7 +138,7 @@ impl WriteContext {
         WriteContext {
             manager: self.manager.clone(),
             dry_run: true,
-            strict: self.strict,
+            field_validation: self.field_validation,
         }
     }
 
@@ -126,7 +146,7 @@ impl WriteContext {
         WriteContext {
             manager: manager.to_owned(),
             dry_run: false,
-            strict: false,
+            field_validation: FieldValidation::Warn,
         }
     }
 }
@@ -583,12 +603,12 @@ impl Sim {
     /// Pruning of unknown fields (refused with `fieldValidation=Strict`, warned about
     /// otherwise) for every type, and defaulting and validation for custom resources; returns
     /// the warnings.
-    fn admit_custom(
+    fn admit_fields(
         &self,
         rt: &ResourceType,
         object: &mut Value,
         old: Option<&Value>,
-        strict: bool,
+        validation: FieldValidation,
         name: &str,
     ) -> ApiResult<Vec<String>> {
         let unknown = match &rt.schema {
@@ -607,7 +627,7 @@ impl Sim {
                 None => return Ok(vec![]),
             },
         };
-        if strict && !unknown.is_empty() {
+        if validation == FieldValidation::Strict && !unknown.is_empty() {
             let list: Vec<String> = unknown
                 .iter()
                 .map(|u| format!("unknown field \"{u}\""))
@@ -626,6 +646,9 @@ impl Sim {
                 return Err(ApiError::invalid(&rt.kind, &rt.group, name, causes));
             }
         }
+        if validation == FieldValidation::Ignore {
+            return Ok(vec![]);
+        }
         Ok(unknown
             .into_iter()
             .map(|u| format!("unknown field \"{u}\""))
@@ -634,7 +657,7 @@ impl Sim {
 
     /// A pod whose quantities, or a secret whose data, cannot be decoded is a bad request, as
     /// the real decoder says.
-    fn check_quantities(rt: &ResourceType, object: &Value) -> ApiResult<()> {
+    fn check_decodable(rt: &ResourceType, object: &Value) -> ApiResult<()> {
         if rt.group.is_empty()
             && rt.resource == "secrets"
             && let Some(message) = builtin::bad_secret_data(object)
@@ -777,8 +800,8 @@ impl Sim {
         builtin::default_on_create(rt, &mut object, || {
             builtin::cluster_ip(self.next_cluster_ip.fetch_add(1, Ordering::Relaxed))
         });
-        let warnings = self.admit_custom(rt, &mut object, None, ctx.strict, &name)?;
-        Self::check_quantities(rt, &object)?;
+        let warnings = self.admit_fields(rt, &mut object, None, ctx.field_validation, &name)?;
+        Self::check_decodable(rt, &object)?;
         let causes = builtin::validate(rt, &object);
         if !causes.is_empty() {
             return Err(Self::invalid(rt, &name, causes));
@@ -1043,8 +1066,12 @@ impl Sim {
                 ));
             }
         }
-        let warnings = self.admit_custom(rt, &mut new, Some(current), ctx.strict, &name)?;
-        Self::check_quantities(rt, &new)?;
+        if subresource.is_empty() {
+            builtin::keep_allocated(rt, current, &mut new);
+        }
+        let warnings =
+            self.admit_fields(rt, &mut new, Some(current), ctx.field_validation, &name)?;
+        Self::check_decodable(rt, &new)?;
         let mut causes = builtin::validate(rt, &new);
         if rt.resource == "pods" && rt.group.is_empty() && subresource.is_empty() {
             causes.extend(builtin::pod_spec_update_forbidden(current, &new));
@@ -1054,7 +1081,7 @@ impl Sim {
             causes.extend(builtin::claim_update_forbidden(current, &new));
         }
         if subresource.is_empty() {
-            causes.extend(builtin::immutable_update_forbidden(rt, current, &mut new));
+            causes.extend(builtin::immutable_update_forbidden(rt, current, &new));
         }
         if !causes.is_empty() {
             return Err(Self::invalid(rt, &name, causes));

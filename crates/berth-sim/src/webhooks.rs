@@ -31,8 +31,16 @@ pub struct Admission<'a> {
     pub dry_run: bool,
 }
 
+/// Whether any webhook may be asked about a write on `rt` (its main resource) that is one of
+/// `operations` (an update or patch may turn out to create): whether to preview the write.
+pub fn watched(sim: &Sim, rt: &ResourceType, operations: &[&str]) -> bool {
+    operations
+        .iter()
+        .any(|op| !matching(sim, rt, op).is_empty())
+}
+
 /// The webhooks that match a request on `rt` (its main resource) with `operation`.
-pub fn matching(sim: &Sim, rt: &ResourceType, operation: &str) -> Vec<Value> {
+fn matching(sim: &Sim, rt: &ResourceType, operation: &str) -> Vec<Value> {
     let Some(configurations) = sim.resource_type(
         "admissionregistration.k8s.io",
         "v1",

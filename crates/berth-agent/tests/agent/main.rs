@@ -446,13 +446,12 @@ async fn a_token_for_another_namespaces_agents_is_refused() {
     let forged = {
         use base64::Engine;
         let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
-        let real_claims: Value = serde_json::from_slice(
+        let mut claims: Value = serde_json::from_slice(
             &base64::engine::general_purpose::URL_SAFE_NO_PAD
                 .decode(captured.split('.').nth(1).unwrap())
                 .unwrap(),
         )
         .unwrap();
-        let mut claims = real_claims.clone();
         claims["aud"] = json!(["berth-agent/team-b", AUDIENCE]);
         let parts: Vec<&str> = captured.split('.').collect();
         format!(

@@ -73,6 +73,16 @@ async fn start_webhook(client: Client) -> (String, String, oneshot::Sender<()>) 
 }
 
 async fn register(h: &Harness, ca_pem: &str, url: &str, failure_policy: &str) {
+    register_for(h, ca_pem, url, failure_policy, &["CREATE", "UPDATE"]).await
+}
+
+async fn register_for(
+    h: &Harness,
+    ca_pem: &str,
+    url: &str,
+    failure_policy: &str,
+    operations: &[&str],
+) {
     let configuration = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -80,7 +90,7 @@ async fn register(h: &Harness, ca_pem: &str, url: &str, failure_policy: &str) {
         "webhooks": [{
             "name": "workspaces.berth.dev",
             "clientConfig": {"url": url, "caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem)},
-            "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": ["berth.dev"], "apiVersions": ["v1alpha1"], "resources": ["workspaces"]}],
+            "rules": [{"operations": operations, "apiGroups": ["berth.dev"], "apiVersions": ["v1alpha1"], "resources": ["workspaces"]}],
             "matchConditions": [{"name": "not-the-operator", "expression": format!("request.userInfo.username != '{}'", crate::support::OPERATOR)}],
             "failurePolicy": failure_policy,
             "sideEffects": "None",
@@ -347,4 +357,30 @@ async fn the_webhook_manifest_installs_and_its_account_may_review() {
         )
         .await
         .unwrap();
+}
+
+/// A webhook registered for CREATE only is asked about a server-side apply that creates the
+/// Workspace (an apply is a PATCH, and it creates): mallory cannot get around it that way.
+#[tokio::test]
+async fn an_apply_that_creates_is_admitted_as_a_create() {
+    let h = Harness::start().await;
+    let (ca, url, _stop) = start_webhook(h.client.clone()).await;
+    register_for(&h, &ca, &url, "Fail", &["CREATE"]).await;
+    let as_mallory: Api<Workspace> = Api::namespaced(mallory(&h).await, "default");
+    let applied = json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+        "metadata": {"name": "grab"}, "spec": {"image": "devbox:1", "serviceAccountName": "deployer"}});
+    let (code, message) = refused(
+        as_mallory
+            .patch(
+                "grab",
+                &PatchParams::apply("mallory"),
+                &Patch::Apply(&applied),
+            )
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("cannot create serviceaccounts/token \"deployer\""),
+        "{message}"
+    );
 }

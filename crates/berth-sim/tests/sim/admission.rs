@@ -8,7 +8,7 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::support::{api_error, cluster, pod};
+use crate::support::{api_error, cluster, pod, post_json};
 
 fn pod_with(name: &str, spec: serde_json::Value) -> Pod {
     serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
@@ -283,18 +283,19 @@ async fn a_bound_claim_may_only_grow_and_grows_through_resizing() {
 async fn unknown_fields_of_built_in_types_are_refused_when_strict_and_never_stored() {
     let sim = cluster().await;
     let client = sim.client().await.unwrap();
-    let create = |name: &str, query: &str| {
-        let body = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"bogus": true, "containers": [{"name": "c", "image": "x:1", "ports": [{"containerPort": 80, "protocl": "TCP"}]}]}});
-        let request = http::Request::post(format!("/api/v1/namespaces/default/pods{query}"))
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body).unwrap())
-            .unwrap();
-        let client = client.clone();
-        async move { client.request::<serde_json::Value>(request).await }
+    let pod_with_typos = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"bogus": true, "containers": [{"name": "c", "image": "x:1", "ports": [{"containerPort": 80, "protocl": "TCP"}]}]}})
     };
     assert_eq!(
-        api_error(create("strict", "?fieldValidation=Strict").await),
+        api_error(
+            post_json(
+                &client,
+                "/api/v1/namespaces/default/pods?fieldValidation=Strict",
+                &pod_with_typos("strict")
+            )
+            .await
+        ),
         (
             400,
             "BadRequest".into(),
@@ -303,12 +304,31 @@ async fn unknown_fields_of_built_in_types_are_refused_when_strict_and_never_stor
     );
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     assert!(pods.get_opt("strict").await.unwrap().is_none());
-    for (name, query) in [
-        ("warned", "?fieldValidation=Warn"),
-        ("ignored", "?fieldValidation=Ignore"),
-        ("default", ""),
+    for (name, query, warned) in [
+        ("warned", "?fieldValidation=Warn", true),
+        ("ignored", "?fieldValidation=Ignore", false),
+        ("default", "", true),
     ] {
-        create(name, query).await.unwrap();
+        let body = serde_json::to_vec(&pod_with_typos(name)).unwrap();
+        let request = http::Request::post(format!("/api/v1/namespaces/default/pods{query}"))
+            .header("content-type", "application/json")
+            .body(kube::client::Body::from(body))
+            .unwrap();
+        let response = client.send(request).await.unwrap();
+        assert_eq!(response.status(), 201, "{name}");
+        let warnings: Vec<&str> = response
+            .headers()
+            .get_all("warning")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        assert_eq!(
+            warnings
+                .iter()
+                .any(|w| w.contains(r#"unknown field \"spec.bogus\""#)),
+            warned,
+            "{name}: {warnings:?}"
+        );
         let stored: serde_json::Value = client
             .request(
                 http::Request::get(format!("/api/v1/namespaces/default/pods/{name}"))
@@ -334,11 +354,9 @@ async fn nulls_in_built_in_objects_are_absent() {
         "metadata": {"name": "nully", "labels": null, "annotations": {"a": "1"}},
         "spec": {"volumes": null, "initContainers": null, "nodeSelector": null,
             "containers": [{"name": "c", "image": "x:1", "ports": null, "env": null, "command": null}]}});
-    let request = http::Request::post("/api/v1/namespaces/default/pods")
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&body).unwrap())
+    let created = post_json(&client, "/api/v1/namespaces/default/pods", &body)
+        .await
         .unwrap();
-    let created: serde_json::Value = client.request(request).await.unwrap();
     fn nulls(value: &serde_json::Value, path: &str, found: &mut Vec<String>) {
         match value {
             serde_json::Value::Null => found.push(path.to_owned()),
@@ -464,12 +482,8 @@ async fn immutability_and_the_shape_of_secrets_and_services_are_enforced() {
     );
 
     let raw_secret = |body: serde_json::Value| {
-        let request = http::Request::post("/api/v1/namespaces/default/secrets")
-            .header("content-type", "application/json")
-            .body(serde_json::to_vec(&body).unwrap())
-            .unwrap();
         let client = client.clone();
-        async move { client.request::<serde_json::Value>(request).await }
+        async move { post_json(&client, "/api/v1/namespaces/default/secrets", &body).await }
     };
     assert_eq!(
         api_error(raw_secret(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "plain"}, "data": {"k": "not base64!"}})).await),

@@ -16,13 +16,8 @@ fn workspace(name: &str, spec: Value) -> Value {
 }
 
 async fn raw_create(client: &kube::Client, body: Value, query: &str) -> Result<Value, kube::Error> {
-    let request = http::Request::post(format!(
-        "/apis/berth.dev/v1alpha1/namespaces/default/workspaces{query}"
-    ))
-    .header("content-type", "application/json")
-    .body(serde_json::to_vec(&body).unwrap())
-    .unwrap();
-    client.request::<Value>(request).await
+    let path = format!("/apis/berth.dev/v1alpha1/namespaces/default/workspaces{query}");
+    crate::support::post_json(client, &path, &body).await
 }
 
 #[tokio::test]
@@ -250,14 +245,13 @@ async fn a_crd_without_printer_columns_gets_name_and_age() {
         .create(&PostParams::default(), &crd)
         .await
         .unwrap();
-    let created = http::Request::post("/apis/example.com/v1/namespaces/default/gadgets")
-        .header("content-type", "application/json")
-        .body(
-            serde_json::to_vec(&json!({"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g"}}))
-                .unwrap(),
-        )
-        .unwrap();
-    client.request::<Value>(created).await.unwrap();
+    crate::support::post_json(
+        &client,
+        "/apis/example.com/v1/namespaces/default/gadgets",
+        &json!({"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g"}}),
+    )
+    .await
+    .unwrap();
     let table = http::Request::get("/apis/example.com/v1/namespaces/default/gadgets")
         .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
         .body(vec![])

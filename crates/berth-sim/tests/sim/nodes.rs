@@ -816,11 +816,9 @@ async fn numeric_quantities_are_stored_as_strings_and_scheduled_on() {
     let body = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "numeric"},
         "spec": {"containers": [{"name": "main", "image": "nginx:1.27",
             "resources": {"requests": {"cpu": 64, "memory": 0.5}, "limits": {"cpu": 64.0}}}]}});
-    let request = http::Request::post("/api/v1/namespaces/default/pods")
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&body).unwrap())
+    let created = crate::support::post_json(&client, "/api/v1/namespaces/default/pods", &body)
+        .await
         .unwrap();
-    let created: Value = client.request(request).await.unwrap();
     let resources = &created["spec"]["containers"][0]["resources"];
     assert_eq!(
         resources["requests"],
@@ -893,14 +891,13 @@ async fn logs_evictions_node_selectors_and_timestamps_answer_as_a_real_server() 
         "{message}"
     );
 
-    let eviction = http::Request::post("/api/v1/namespaces/default/pods/two/eviction")
-        .header("content-type", "application/json")
-        .body(
-            serde_json::to_vec(&json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "two"}}))
-                .unwrap(),
-        )
-        .unwrap();
-    let status: Value = client.request(eviction).await.unwrap();
+    let status = crate::support::post_json(
+        &client,
+        "/api/v1/namespaces/default/pods/two/eviction",
+        &json!({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "two"}}),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         (status["status"].as_str(), status["code"].as_u64()),
         (Some("Success"), Some(201))

@@ -85,3 +85,17 @@ pub fn pod(name: &str, app: &str) -> Pod {
     }))
     .expect("a valid pod")
 }
+
+/// POSTs `body` as JSON to `path` (with its query), as a client that is not typed would: the
+/// raw answer, for what typed clients cannot send (unknown fields, nulls, numbers, bad data).
+pub async fn post_json(
+    client: &kube::Client,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<serde_json::Value, kube::Error> {
+    let request = http::Request::post(path)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(body).unwrap())
+        .unwrap();
+    client.request(request).await
+}
