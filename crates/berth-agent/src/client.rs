@@ -1,4 +1,5 @@
-//! The client the operator uses: `WhoAmI` with a bearer token.
+//! The client the operator uses: `WhoAmI` and `GetActivity` with a bearer token (and
+//! `Heartbeat`, which IDEs and tests call).
 
 use tonic::{
     Request, Status,
@@ -6,7 +7,10 @@ use tonic::{
     transport::{Certificate, Channel, ClientTlsConfig},
 };
 
-use crate::proto::{WhoAmIRequest, WhoAmIResponse, agent_client::AgentClient};
+use crate::proto::{
+    GetActivityRequest, GetActivityResponse, HeartbeatRequest, WhoAmIRequest, WhoAmIResponse,
+    agent_client::AgentClient,
+};
 
 /// Why a WhoAmI call failed, as the operator reports it.
 #[derive(Debug, thiserror::Error)]
@@ -39,13 +43,55 @@ pub async fn who_am_i(
     timeout: std::time::Duration,
     tls: Option<&ClientTls>,
 ) -> Result<WhoAmIResponse, CallError> {
-    let unreachable = |message: String| CallError::Unreachable {
+    let mut client = connect(address, timeout, tls).await?;
+    let request = authorized(WhoAmIRequest {}, address, token, timeout)?;
+    answer(address, client.who_am_i(request).await)
+}
+
+/// Asks the agent at `address` when the workspace was last used (`GetActivity`).
+pub async fn get_activity(
+    address: &str,
+    token: &str,
+    timeout: std::time::Duration,
+    tls: Option<&ClientTls>,
+) -> Result<GetActivityResponse, CallError> {
+    let mut client = connect(address, timeout, tls).await?;
+    let request = authorized(GetActivityRequest {}, address, token, timeout)?;
+    answer(address, client.get_activity(request).await)
+}
+
+/// Tells the agent at `address` that `source` uses the workspace (`Heartbeat`).
+pub async fn heartbeat(
+    address: &str,
+    token: &str,
+    timeout: std::time::Duration,
+    tls: Option<&ClientTls>,
+    source: &str,
+) -> Result<(), CallError> {
+    let mut client = connect(address, timeout, tls).await?;
+    let message = HeartbeatRequest {
+        source: source.to_owned(),
+    };
+    let request = authorized(message, address, token, timeout)?;
+    answer(address, client.heartbeat(request).await).map(|_| ())
+}
+
+fn unreachable(address: &str, message: String) -> CallError {
+    CallError::Unreachable {
         address: address.to_owned(),
         message,
-    };
+    }
+}
+
+/// A client of the agent at `address`, connected.
+async fn connect(
+    address: &str,
+    timeout: std::time::Duration,
+    tls: Option<&ClientTls>,
+) -> Result<AgentClient<Channel>, CallError> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let mut endpoint = Channel::from_shared(format!("{scheme}://{address}"))
-        .map_err(|e| unreachable(e.to_string()))?
+        .map_err(|e| unreachable(address, e.to_string()))?
         .connect_timeout(timeout)
         .timeout(timeout);
     if let Some(tls) = tls {
@@ -55,7 +101,7 @@ pub async fn who_am_i(
                     .ca_certificate(Certificate::from_pem(&tls.ca_pem))
                     .domain_name(crate::TLS_SERVER_NAME),
             )
-            .map_err(|e| unreachable(format!("bad TLS settings: {e}")))?;
+            .map_err(|e| unreachable(address, format!("bad TLS settings: {e}")))?;
     }
     let channel = endpoint.connect().await.map_err(|e| {
         // The transport error's own text is terse ("transport error"); its causes say why.
@@ -65,17 +111,31 @@ pub async fn who_am_i(
             message = format!("{message}: {cause}");
             source = cause.source();
         }
-        unreachable(message)
+        unreachable(address, message)
     })?;
-    let mut client = AgentClient::new(channel);
-    let mut request = Request::new(WhoAmIRequest {});
+    Ok(AgentClient::new(channel))
+}
+
+/// `message` as a request with the bearer token and the deadline.
+fn authorized<T>(
+    message: T,
+    address: &str,
+    token: &str,
+    timeout: std::time::Duration,
+) -> Result<Request<T>, CallError> {
+    let mut request = Request::new(message);
     // Sent as `grpc-timeout`: the agent fits its reviews inside it.
     request.set_timeout(timeout);
     let value: MetadataValue<_> = format!("Bearer {token}")
         .parse()
-        .map_err(|_| unreachable("the token is not a valid header value".into()))?;
+        .map_err(|_| unreachable(address, "the token is not a valid header value".into()))?;
     request.metadata_mut().insert("authorization", value);
-    match client.who_am_i(request).await {
+    Ok(request)
+}
+
+/// The agent's answer, or why there is none: its refusal, or nothing answered.
+fn answer<T>(address: &str, result: Result<tonic::Response<T>, Status>) -> Result<T, CallError> {
+    match result {
         Ok(response) => Ok(response.into_inner()),
         // The agent answered: the API it checks callers with did not.
         Err(status) if status.metadata().contains_key(crate::REVIEW_UNAVAILABLE) => {
@@ -87,7 +147,7 @@ pub async fn who_am_i(
             if status.code() == tonic::Code::Unavailable
                 || std::error::Error::source(&status).is_some() =>
         {
-            Err(unreachable(status.message().to_owned()))
+            Err(unreachable(address, status.message().to_owned()))
         }
         Err(status) => Err(CallError::Refused(status)),
     }

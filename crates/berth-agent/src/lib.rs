@@ -1,7 +1,9 @@
 //! The in-pod Berth agent: the `berth.agent.v1.Agent` gRPC service (`server.rs`), its
 //! authentication and authorization through TokenReview and SubjectAccessReview (`auth.rs`),
-//! and the client the operator uses (`client.rs`).
+//! the client the operator uses (`client.rs`), and the workspace's activity for idle culling
+//! (`activity.rs`).
 
+pub mod activity;
 pub mod auth;
 pub mod client;
 pub mod server;
@@ -35,3 +37,20 @@ pub const REVIEW_UNAVAILABLE: &str = "berth-review-unavailable";
 /// The variables naming the agent's TLS certificate and key files (both, or neither).
 pub const TLS_CERT_ENV: &str = "BERTH_AGENT_TLS_CERT";
 pub const TLS_KEY_ENV: &str = "BERTH_AGENT_TLS_KEY";
+/// The variable naming the workspace's declared ports (comma-separated), whose connections
+/// are activity.
+pub const ACTIVITY_PORTS_ENV: &str = "BERTH_AGENT_ACTIVITY_PORTS";
+
+/// Parses a comma-separated list of ports; empty items are skipped.
+pub fn parse_ports(text: &str) -> Result<Vec<u16>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("{p:?} is not a port (1 to 65535)"))
+        })
+        .collect()
+}

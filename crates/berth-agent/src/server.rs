@@ -9,9 +9,11 @@ use tonic::{
 };
 
 use crate::{
+    activity::Activity,
     auth::Authenticator,
     proto::{
-        GetActivityRequest, GetActivityResponse, WhoAmIRequest, WhoAmIResponse,
+        GetActivityRequest, GetActivityResponse, HeartbeatRequest, HeartbeatResponse,
+        WhoAmIRequest, WhoAmIResponse,
         agent_server::{Agent, AgentServer},
     },
 };
@@ -19,15 +21,12 @@ use crate::{
 /// The service.
 pub struct AgentService {
     auth: Arc<Authenticator>,
-    last_activity: std::sync::Mutex<Option<jiff::Timestamp>>,
+    activity: Arc<Activity>,
 }
 
 impl AgentService {
-    pub fn new(auth: Arc<Authenticator>) -> Self {
-        AgentService {
-            auth,
-            last_activity: std::sync::Mutex::new(None),
-        }
+    pub fn new(auth: Arc<Authenticator>, activity: Arc<Activity>) -> Self {
+        AgentService { auth, activity }
     }
 
     async fn caller<T>(&self, request: &Request<T>) -> Result<crate::auth::Caller, Status> {
@@ -78,10 +77,21 @@ impl Agent for AgentService {
         request: Request<GetActivityRequest>,
     ) -> Result<Response<GetActivityResponse>, Status> {
         self.caller(&request).await?;
-        let last = *self.last_activity.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = self.activity.latest();
         Ok(Response::new(GetActivityResponse {
-            last_activity: last.map(|t| t.to_string()).unwrap_or_default(),
+            last_activity: seen.at.to_string(),
+            signal: seen.signal.as_str().to_owned(),
+            detail: seen.detail,
         }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        self.caller(&request).await?;
+        self.activity.heartbeat(&request.get_ref().source);
+        Ok(Response::new(HeartbeatResponse {}))
     }
 }
 
@@ -93,13 +103,16 @@ pub struct TlsIdentity {
 }
 
 /// Serves the agent and the health service on `listener` until `shutdown` resolves, over TLS
-/// when given an identity.
+/// when given an identity, sampling `activity` meanwhile.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     auth: Arc<Authenticator>,
     tls: Option<TlsIdentity>,
+    activity: Arc<Activity>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    let sampler = tokio::spawn(activity.clone().run());
+    let _stop_sampling = AbortOnDrop(sampler);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<AgentServer<AgentService>>()
@@ -113,10 +126,19 @@ pub async fn serve(
     }
     builder
         .add_service(health_service)
-        .add_service(AgentServer::new(AgentService::new(auth)))
+        .add_service(AgentServer::new(AgentService::new(auth, activity)))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             shutdown,
         )
         .await
+}
+
+/// Aborts a background task when dropped (the sampler ends with the server).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -1,7 +1,10 @@
 //! The container runtime the `berth` binary gives berth-sim: a container whose command is
 //! `berth agent ...` runs the agent in-process, bound to the pod's IP, authenticating with the
 //! pod's service-account token against the sim's API server (what a projected token, `ca.crt`
-//! and `KUBERNETES_SERVICE_HOST` give it in a cluster). Other containers run nothing.
+//! and `KUBERNETES_SERVICE_HOST` give it in a cluster). Such a container also serves its
+//! declared ports on the pod IP (holding every connection, as the workspace's own server
+//! would), so a connection to the pod IP's port is activity exactly as in a real pod: the
+//! agent reads it from `/proc/net/tcp`. Other containers run nothing.
 
 use std::{net::SocketAddr, sync::Arc};
 
@@ -15,6 +18,7 @@ use serde_json::Value;
 
 use crate::{
     TLS_CERT_ENV, TLS_KEY_ENV,
+    activity::{Activity, Settings},
     auth::{Authenticator, Mode, Scope},
     server::TlsIdentity,
 };
@@ -72,6 +76,36 @@ fn port(container: &Value) -> u16 {
         .and_then(|p| p.parse().ok())
         .or_else(|| env(container, "BERTH_AGENT_PORT").and_then(|p| p.parse().ok()))
         .unwrap_or(crate::DEFAULT_PORT)
+}
+
+/// The container's declared ports (`ports[].containerPort`).
+fn declared_ports(container: &Value) -> Vec<u16> {
+    container["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["containerPort"].as_u64()?.try_into().ok())
+        .collect()
+}
+
+/// The ports whose connections are activity, as the operator tells the agent.
+fn activity_ports(container: &Value) -> Vec<u16> {
+    flag(&agent_flags(container), "--activity-ports")
+        .map(str::to_owned)
+        .or_else(|| env(container, crate::ACTIVITY_PORTS_ENV))
+        .and_then(|p| crate::parse_ports(&p).ok())
+        .unwrap_or_default()
+}
+
+/// Stands in for the workspace's own server on `port`: accepts and holds connections until
+/// the peer closes them.
+async fn serve_port(listener: tokio::net::TcpListener) {
+    while let Ok((mut connection, _)) = listener.accept().await {
+        tokio::spawn(async move {
+            let mut sink = tokio::io::sink();
+            let _ = tokio::io::copy(&mut connection, &mut sink).await;
+        });
+    }
 }
 
 /// Whether the agent is given `--auth none`: as with the real binary, only its command line
@@ -161,13 +195,29 @@ impl ContainerRuntime for AgentRuntime {
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .map_err(|e| format!("cannot listen on {address}: {e}"))?;
+            let mut servers = vec![];
+            for declared in declared_ports(&context.container) {
+                let address = SocketAddr::from((context.pod_ip, declared));
+                let listener = tokio::net::TcpListener::bind(address)
+                    .await
+                    .map_err(|e| format!("cannot listen on {address}: {e}"))?;
+                servers.push(tokio::spawn(serve_port(listener)));
+            }
+            // Pods share the sim's network namespace: only this pod's IP is this pod's.
+            let activity = Arc::new(Activity::new(Settings {
+                ports: activity_ports(&context.container),
+                address: Some(context.pod_ip.into()),
+                interval: std::time::Duration::from_millis(500),
+                ..Settings::default()
+            }));
             let (exit_tx, exited) = tokio::sync::oneshot::channel();
             let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
             tokio::spawn(async move {
-                let result = crate::server::serve(listener, auth, tls, async {
+                let result = crate::server::serve(listener, auth, tls, activity, async {
                     let _ = stop_rx.await;
                 })
                 .await;
+                servers.iter().for_each(|s| s.abort());
                 let _ = exit_tx.send(if result.is_ok() { 0 } else { 1 });
             });
             Ok(RunningContainer { exited, stop })

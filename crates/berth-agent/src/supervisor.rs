@@ -36,8 +36,12 @@ fn code(status: WaitStatus) -> Option<i32> {
     }
 }
 
-/// Runs `command`, forwarding signals and reaping orphans, and returns its exit code.
-pub async fn supervise(command: &[String]) -> Result<i32, SuperviseError> {
+/// Runs `command`, forwarding signals and reaping orphans, and returns its exit code;
+/// `started` is told the command's process ID.
+pub async fn supervise(
+    command: &[String],
+    started: impl FnOnce(i32),
+) -> Result<i32, SuperviseError> {
     let (program, args) = command.split_first().ok_or(SuperviseError::Empty)?;
     // Orphans below us are re-parented to us, so we can reap them (as PID 1 would).
     #[cfg(target_os = "linux")]
@@ -51,6 +55,7 @@ pub async fn supervise(command: &[String]) -> Result<i32, SuperviseError> {
                 source,
             })?;
     let pid = Pid::from_raw(child.id() as i32);
+    started(pid.as_raw());
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(SuperviseError::Signals)?;

@@ -5,6 +5,7 @@
 use std::{net::SocketAddr, sync::Arc};
 
 use berth_agent::{
+    activity::{Activity, Settings},
     auth::{Authenticator, Mode, Scope},
     server::TlsIdentity,
 };
@@ -49,9 +50,29 @@ pub struct AgentArgs {
     /// The TLS certificate's private key (PEM).
     #[arg(long, env = berth_agent::TLS_KEY_ENV, requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// The workspace's declared ports, comma-separated: an established connection to one of
+    /// them is activity (set by the operator).
+    #[arg(long, env = berth_agent::ACTIVITY_PORTS_ENV, default_value = "", value_parser = berth_agent::parse_ports)]
+    pub activity_ports: Vec<u16>,
+    /// CPU of the supervised command's processes, in cores, that counts as activity.
+    #[arg(long, default_value_t = berth_agent::activity::DEFAULT_CPU_THRESHOLD)]
+    pub activity_cpu: f64,
+    /// How often connections and CPU are sampled (e.g. `5s`).
+    #[arg(long, default_value = "5s", value_parser = parse_interval)]
+    pub activity_interval: std::time::Duration,
     /// The workspace's command, run and supervised by the agent.
     #[arg(last = true)]
     pub command: Vec<String>,
+}
+
+fn parse_interval(text: &str) -> Result<std::time::Duration, String> {
+    let interval = berth_api::DurationString(text.to_owned())
+        .to_duration()
+        .map_err(|e| e.to_string())?;
+    match interval.is_zero() {
+        true => Err("the interval must be longer than 0s".to_owned()),
+        false => Ok(interval),
+    }
 }
 
 /// Serves, supervises; returns the exit code.
@@ -83,12 +104,24 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
         }),
         _ => None,
     };
+    let activity = Arc::new(Activity::new(Settings {
+        ports: args.activity_ports.clone(),
+        address: None,
+        cpu_threshold: args.activity_cpu,
+        interval: args.activity_interval,
+    }));
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.address, args.port))
         .await
         .map_err(|e| format!("cannot listen on {}:{}: {e}", args.address, args.port))?;
     tracing::info!(address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "berth agent serving");
     if args.command.is_empty() {
-        berth_agent::server::serve(listener, auth, tls, crate::wait_for_shutdown_signal())
+        berth_agent::server::serve(
+            listener,
+            auth,
+            tls,
+            activity,
+            crate::wait_for_shutdown_signal(),
+        )
             .await
             .map_err(|e| e.to_string())?;
         return Ok(0);
@@ -97,9 +130,10 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
         listener,
         auth,
         tls,
+        activity.clone(),
         std::future::pending(),
     ));
-    let code = berth_agent::supervisor::supervise(&args.command)
+    let code = berth_agent::supervisor::supervise(&args.command, |pid| activity.supervise(pid))
         .await
         .map_err(|e| e.to_string())?;
     server.abort();

@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Duration};
 
 use berth_agent::{
     auth::{Authenticator, Limits, Mode, Scope},
-    client::{CallError, ClientTls, who_am_i},
+    client::{CallError, ClientTls, get_activity, heartbeat, who_am_i},
     server::TlsIdentity,
 };
 use berth_sim::{SimCluster, SimConfig};
@@ -107,10 +107,12 @@ impl Setup {
         ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
+        let activity = Arc::new(berth_agent::activity::Activity::new(Default::default()));
         tokio::spawn(berth_agent::server::serve(
             listener,
             auth.clone(),
             tls,
+            activity,
             std::future::pending(),
         ));
         (address, auth)
@@ -598,4 +600,41 @@ async fn a_review_api_outage_is_answered_as_unavailable_within_the_deadline() {
             "system:serviceaccount:default:caller"
         );
     }
+}
+
+/// A caller who may use the agent sees "Started" until someone says the workspace is in use;
+/// a heartbeat then is the latest activity, with its source. Both calls are authenticated as
+/// WhoAmI is: a stranger can neither read the activity nor keep the workspace alive.
+#[tokio::test]
+async fn activity_and_heartbeats_are_for_authenticated_callers() {
+    let setup = Setup::new().await;
+    let address = setup.agent("ws").await;
+    let caller = setup.token("caller", AUDIENCE, Duration::from_secs(600));
+    let timeout = Duration::from_secs(5);
+    let first = get_activity(&address, &caller, timeout, None).await.unwrap();
+    assert_eq!(first.signal, "Started");
+    let started: jiff::Timestamp = first.last_activity.parse().unwrap();
+
+    heartbeat(&address, &caller, timeout, None, "vscode")
+        .await
+        .unwrap();
+    let after = get_activity(&address, &caller, timeout, None).await.unwrap();
+    assert_eq!(
+        (after.signal.as_str(), after.detail.as_str()),
+        ("Heartbeat", "a heartbeat from vscode")
+    );
+    assert!(after.last_activity.parse::<jiff::Timestamp>().unwrap() >= started);
+
+    let stranger = setup.token("stranger", AUDIENCE, Duration::from_secs(600));
+    let refused = heartbeat(&address, &stranger, timeout, None, "intruder").await;
+    assert!(
+        matches!(&refused, Err(CallError::Refused(s)) if s.code() == Code::PermissionDenied),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        get_activity(&address, "not-a-token", timeout, None).await,
+        Err(CallError::Refused(s)) if s.code() == Code::Unauthenticated
+    ));
+    let last = get_activity(&address, &caller, timeout, None).await.unwrap();
+    assert_eq!(last.detail, "a heartbeat from vscode", "the refused heartbeat counted nothing");
 }
