@@ -221,11 +221,7 @@ pub fn open_connection(ports: &[u16], address: Option<IpAddr>) -> Option<SocketA
         .unwrap_or_default()
         .into_iter()
         .chain(procfs::net::tcp6().unwrap_or_default());
-    established_to(
-        entries.map(|e| (e.local_address, e.state)),
-        ports,
-        address,
-    )
+    established_to(entries.map(|e| (e.local_address, e.state)), ports, address)
 }
 
 /// The first established connection among `entries` whose local end is one of `ports` (at
@@ -375,7 +371,11 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let pod = Some(IpAddr::V4(Ipv4Addr::LOCALHOST));
         let activity = watching(vec![port], pod);
-        assert_eq!(activity.latest().signal, Signal::Started, "listening is not use");
+        assert_eq!(
+            activity.latest().signal,
+            Signal::Started,
+            "listening is not use"
+        );
 
         let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (served, _) = listener.accept().unwrap();

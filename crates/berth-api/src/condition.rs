@@ -96,6 +96,8 @@ pub mod reasons {
     pub const WORKSPACE_READY: &str = "WorkspaceReady";
     /// The workspace is paused.
     pub const PAUSED: &str = "Paused";
+    /// Berth stopped the workspace: nobody used it for `lifecycle.idleTimeout`.
+    pub const IDLE: &str = "Idle";
 }
 
 /// The status of a condition, as Kubernetes spells it.

@@ -99,6 +99,13 @@ pub struct WorkspaceStatus {
     /// When the workspace last became Ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_at: Option<Time>,
+    /// The latest use of the workspace its agent reported (or the agent's start, when nothing
+    /// happened since); asked for when `lifecycle.idleTimeout` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity: Option<Time>,
+    /// What that use was: `Connection`, `Cpu`, `Heartbeat`, or `Started`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_activity_signal: Option<String>,
 }
 
 /// The pod that currently serves a workspace.

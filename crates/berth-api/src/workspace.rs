@@ -35,6 +35,7 @@ pub const DNS1123_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Where the workspace is in its lifecycle"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the workspace is usable"}"#,
     printcolumn = r#"{"name":"Recreations","type":"integer","jsonPath":".status.podRecreations","description":"Pods replaced after kubelet rejection since the last start"}"#,
+    printcolumn = r#"{"name":"Last-Active","type":"date","jsonPath":".status.lastActivity","description":"When the workspace was last used, as its agent saw it"}"#,
     printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1,"description":"Why the workspace is in its phase"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -297,7 +298,7 @@ impl JsonSchema for MountPath {
     }
 }
 
-/// How a start is bounded and how rejected pods are replaced.
+/// How a start is bounded, how rejected pods are replaced, and when an idle workspace stops.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Lifecycle {
@@ -308,6 +309,27 @@ pub struct Lifecycle {
     /// How pods rejected by their kubelet are replaced; the operator's defaults when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_recreation: Option<PodRecreationSpec>,
+    /// A running workspace that nobody used for this long is stopped: Berth sets
+    /// `spec.paused` to true (its storage is kept; set it to false to resume). Use is what the
+    /// in-pod agent sees: a connection to one of `ports`, its processes using CPU, or a
+    /// `Heartbeat` call. A Kubernetes duration such as `2h`; absent, the workspace never stops
+    /// by itself. An agent that cannot be asked never gets a workspace stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "idle_timeout_schema")]
+    pub idle_timeout: Option<DurationString>,
+}
+
+/// A duration longer than zero.
+fn idle_timeout_schema(generator: &mut SchemaGenerator) -> Schema {
+    let mut schema = DurationString::json_schema(generator);
+    schema.insert(
+        "x-kubernetes-validations".into(),
+        serde_json::json!([{
+            "rule": "self.matches('[1-9]')",
+            "message": "idleTimeout must be longer than 0s; leave it out for a workspace that never stops by itself"
+        }]),
+    );
+    schema
 }
 
 /// Replacement of pods that a kubelet rejected, as written in the spec.

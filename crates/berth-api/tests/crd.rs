@@ -91,7 +91,7 @@ fn committed_crd_parses_as_a_custom_resource_definition() {
 }
 
 #[test]
-fn printer_columns_are_phase_ready_recreations_message_age() {
+fn printer_columns_are_phase_ready_recreations_last_active_message_age() {
     let crd = workspace_crd();
     let columns = crd.spec.versions[0]
         .additional_printer_columns
@@ -111,6 +111,7 @@ fn printer_columns_are_phase_ready_recreations_message_age() {
                 0
             ),
             ("Recreations".into(), ".status.podRecreations".into(), 0),
+            ("Last-Active".into(), ".status.lastActivity".into(), 0),
             ("Message".into(), ".status.message".into(), 1),
             ("Age".into(), ".metadata.creationTimestamp".into(), 0),
         ]
@@ -415,5 +416,23 @@ mod cel_semantics {
             errors(json!({"image": "x", "env": [{"name": "EDITOR", "value": "vim"}]})),
             Vec::<String>::new()
         );
+    }
+
+    #[test]
+    fn an_idle_timeout_is_a_duration_longer_than_zero() {
+        let idle = |timeout: &str| json!({"image": "x", "lifecycle": {"idleTimeout": timeout}});
+        for good in ["30m", "2h", "1m30s", "0.5s"] {
+            assert_eq!(errors(idle(good)), Vec::<String>::new(), "{good}");
+        }
+        for zero in ["0s", "0m0s", "00ms"] {
+            let errs = errors(idle(zero));
+            assert_eq!(errs.len(), 1, "{zero}: {errs:?}");
+            assert!(
+                errs[0].contains("idleTimeout must be longer than 0s"),
+                "{errs:?}"
+            );
+        }
+        let pattern = at(&schema(), "spec.lifecycle.idleTimeout")["pattern"].clone();
+        assert_eq!(pattern, json!(berth_api::duration::DURATION_PATTERN));
     }
 }

@@ -2,8 +2,9 @@
 //! own service account from the TokenRequest API, one per namespace (audience
 //! `berth-agent/<namespace>`), each cached until 80% of its lifetime, and WhoAmI calls to
 //! agents, at most one per backoff step per pod, each in its own task so a silent agent never
-//! holds a reconcile. The decision of what a result means
-//! is the pure core's (`state.rs`).
+//! holds a reconcile; and, for workspaces with an idle timeout, `GetActivity` calls to
+//! verified agents when `idle.rs` says the next ask is due, the same way. The decision of
+//! what a result means is the pure core's (`state.rs`, `idle.rs`).
 
 use std::{
     collections::HashMap,
@@ -11,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use berth_agent::client::{CallError, ClientTls, token_rejected, who_am_i};
+use berth_agent::client::{CallError, ClientTls, get_activity, token_rejected, who_am_i};
 use berth_api::{Workspace, condition::reasons};
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use k8s_openapi::api::{
@@ -24,6 +25,7 @@ use tracing::{Instrument, info, warn};
 
 use crate::{
     config::AgentConfig,
+    idle::{self, ActivityCheck, ActivityOutcome},
     metrics::{Metrics, ResultLabel},
     state::{self, AgentCheck, AgentOutcome},
 };
@@ -67,6 +69,21 @@ enum Attempt {
     },
 }
 
+/// The state of a workspace's activity asks.
+enum ActivityAsk {
+    /// A `GetActivity` to the agent of `pod_uid` runs; the answer before it still stands.
+    InFlight {
+        pod_uid: String,
+        previous: Option<ActivityCheck>,
+    },
+    /// The last answer, and the failures in a row before it.
+    Done {
+        check: ActivityCheck,
+        failures: u32,
+        delivered: bool,
+    },
+}
+
 /// What the background calls share with the reconcile loop.
 struct Shared {
     client: Client,
@@ -74,6 +91,7 @@ struct Shared {
     metrics: Arc<Metrics>,
     tokens: tokio::sync::Mutex<Tokens>,
     attempts: Mutex<HashMap<Key, Attempt>>,
+    activity: Mutex<HashMap<Key, ActivityAsk>>,
     /// Wakes a workspace whose check finished in the background.
     wake: UnboundedSender<ObjectRef<Workspace>>,
 }
@@ -97,6 +115,7 @@ impl AgentChecker {
             metrics,
             tokens: Default::default(),
             attempts: Default::default(),
+            activity: Default::default(),
             wake,
         };
         (
@@ -140,12 +159,90 @@ impl AgentChecker {
         }
     }
 
-    /// Forgets a workspace that is going away (a call still running then stores nothing).
-    pub fn forget(&self, workspace: &Workspace) {
-        self.shared.attempts().remove(&(
+    /// The last `GetActivity` answer from the agent of the workspace's pod, asking again now
+    /// when `idle.rs` says it is due (in the background past a short wait, waking the
+    /// workspace when it ends); None when the workspace has no idle timeout, its pod's agent
+    /// is not verified, or nothing was asked yet.
+    pub async fn activity(
+        &self,
+        workspace: &Workspace,
+        pod: Option<&Pod>,
+    ) -> Option<ActivityCheck> {
+        let shared = &self.shared;
+        let key = (
             workspace.namespace().unwrap_or_default(),
             workspace.name_any(),
-        ));
+        );
+        let (Some(timeout), Some(pod)) = (idle::wanted(workspace, pod), pod) else {
+            shared.activity().remove(&key);
+            return None;
+        };
+        let pod_uid = pod.uid().unwrap_or_default();
+        let address = workspace
+            .status
+            .as_ref()
+            .and_then(|s| s.agent.as_ref())
+            .and_then(|a| a.address.clone())?;
+        let (last, failures) = match shared.activity().get_mut(&key) {
+            Some(ActivityAsk::InFlight {
+                pod_uid: uid,
+                previous,
+                ..
+            }) if *uid == pod_uid => return previous.clone(),
+            Some(ActivityAsk::Done {
+                check,
+                failures,
+                delivered,
+            }) if check.pod_uid == pod_uid => {
+                let fresh = !*delivered;
+                *delivered = true;
+                (
+                    Some(ActivityCheck {
+                        fresh,
+                        ..check.clone()
+                    }),
+                    *failures,
+                )
+            }
+            _ => (None, 0),
+        };
+        let status = workspace.status.clone().unwrap_or_default();
+        let since = idle::idle_since(&status, last.as_ref())?;
+        let now = jiff::Timestamp::now();
+        if !idle::next_ask(timeout, since, last.as_ref(), now).is_zero() {
+            return last;
+        }
+        let tls = crate::pod::serves_agent_tls(pod);
+        let mut done = Shared::ask_activity(
+            shared,
+            key.clone(),
+            pod_uid.clone(),
+            address,
+            tls,
+            failures,
+            last.clone(),
+        );
+        let _ = tokio::time::timeout(INLINE_WAIT, done.wait_for(|d| *d)).await;
+        match shared.activity().get_mut(&key) {
+            Some(ActivityAsk::Done {
+                check, delivered, ..
+            }) if check.pod_uid == pod_uid => {
+                *delivered = true;
+                Some(check.clone())
+            }
+            // Still asking: the answer before stands (the workspace is woken when it comes).
+            _ => last,
+        }
+    }
+
+    /// Forgets a workspace that is going away (a call still running then stores nothing).
+    pub fn forget(&self, workspace: &Workspace) {
+        let key = (
+            workspace.namespace().unwrap_or_default(),
+            workspace.name_any(),
+        );
+        self.shared.attempts().remove(&key);
+        self.shared.activity().remove(&key);
     }
 }
 
@@ -164,6 +261,141 @@ enum Lookup {
 impl Shared {
     fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Attempt>> {
         self.attempts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn activity(&self) -> std::sync::MutexGuard<'_, HashMap<Key, ActivityAsk>> {
+        self.activity.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a `GetActivity` in the background; returns what turns true when its answer is
+    /// stored (and the workspace woken).
+    fn ask_activity(
+        shared: &Arc<Shared>,
+        key: Key,
+        pod_uid: String,
+        address: String,
+        tls: bool,
+        failures: u32,
+        previous: Option<ActivityCheck>,
+    ) -> watch::Receiver<bool> {
+        let (done_tx, done) = watch::channel(false);
+        shared.activity().insert(
+            key.clone(),
+            ActivityAsk::InFlight {
+                pod_uid: pod_uid.clone(),
+                previous: previous.map(|p| ActivityCheck { fresh: false, ..p }),
+            },
+        );
+        let shared = shared.clone();
+        tokio::spawn(
+            async move {
+                let asked_at = jiff::Timestamp::now();
+                let outcome = shared.call_activity(&address, tls, &key.0).await;
+                let (result, failures) = match &outcome {
+                    ActivityOutcome::Seen { .. } => ("ok".to_owned(), 0),
+                    ActivityOutcome::Failed { reason, message } => {
+                        let (namespace, name) = &key;
+                        warn!(%namespace, workspace = %name, %address, %reason, detail = %message, "cannot ask the agent for activity; the workspace is not culled meanwhile");
+                        (reason.clone(), failures + 1)
+                    }
+                };
+                shared
+                    .metrics
+                    .activity_checks
+                    .get_or_create(&ResultLabel { result })
+                    .inc();
+                let retry_in = match failures {
+                    0 => Duration::ZERO,
+                    n => backoff(n, shared.config.backoff_base, shared.config.backoff_max),
+                };
+                let mut asks = shared.activity();
+                let still_wanted = matches!(asks.get(&key), Some(ActivityAsk::InFlight { pod_uid: uid, .. }) if *uid == pod_uid);
+                if still_wanted {
+                    asks.insert(
+                        key.clone(),
+                        ActivityAsk::Done {
+                            check: ActivityCheck {
+                                pod_uid,
+                                asked_at,
+                                outcome,
+                                fresh: true,
+                                retry_in,
+                            },
+                            failures,
+                            delivered: false,
+                        },
+                    );
+                    drop(asks);
+                    let _ = done_tx.send(true);
+                    let (namespace, name) = &key;
+                    let _ = shared
+                        .wake
+                        .unbounded_send(ObjectRef::new(name).within(namespace));
+                }
+            }
+            .in_current_span(),
+        );
+        done
+    }
+
+    /// One `GetActivity`, with the operator's token for the namespace (renewed once if the
+    /// agent rejected it).
+    async fn call_activity(&self, address: &str, tls: bool, namespace: &str) -> ActivityOutcome {
+        let failed = |reason: &str, message: String| ActivityOutcome::Failed {
+            reason: reason.to_owned(),
+            message,
+        };
+        let client_tls = match (tls, &self.config.tls) {
+            (false, _) => None,
+            (true, Some(config)) => Some(ClientTls {
+                ca_pem: config.ca_pem.clone(),
+            }),
+            (true, None) => {
+                return failed(
+                    reasons::UNKNOWN,
+                    "the agent serves TLS but the operator has no CA to verify it (--agent-tls-ca)"
+                        .to_owned(),
+                );
+            }
+        };
+        let call = |token: String| {
+            let client_tls = client_tls.clone();
+            async move { get_activity(address, &token, self.config.timeout, client_tls.as_ref()).await }
+        };
+        let (token, fresh) = match self.token(namespace).await {
+            Ok(token) => token,
+            Err(message) => return failed(reasons::UNKNOWN, message),
+        };
+        let mut answer = call(token.clone()).await;
+        if !fresh && matches!(&answer, Err(CallError::Refused(s)) if token_rejected(s)) {
+            self.forget_token(namespace, &token).await;
+            answer = match self.token(namespace).await {
+                Ok((renewed, _)) => call(renewed).await,
+                Err(message) => return failed(reasons::UNKNOWN, message),
+            };
+        }
+        match answer {
+            Ok(answer) => match answer.last_activity.parse::<jiff::Timestamp>() {
+                Ok(at) => ActivityOutcome::Seen {
+                    at,
+                    signal: answer.signal,
+                    detail: answer.detail,
+                },
+                Err(e) => failed(
+                    reasons::UNKNOWN,
+                    format!(
+                        "the agent at {address} answered an unreadable time {:?}: {e}",
+                        answer.last_activity
+                    ),
+                ),
+            },
+            Err(e @ CallError::Unreachable { .. }) => {
+                failed(reasons::AGENT_UNREACHABLE, e.to_string())
+            }
+            Err(CallError::Refused(status)) => {
+                failed(&format!("{:?}", status.code()), status.message().to_owned())
+            }
+        }
     }
 
     /// The stored state of the check of `pod_uid`'s agent.

@@ -7,6 +7,7 @@ pub mod caches;
 pub mod config;
 pub mod error;
 pub mod event_index;
+pub mod idle;
 pub mod leader;
 pub mod metrics;
 pub mod pod;

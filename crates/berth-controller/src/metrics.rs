@@ -48,6 +48,10 @@ pub struct Metrics {
     pub pod_recreations: Family<RecreationLabels, Counter>,
     /// WhoAmI calls to agents, by result (`ok` or the failure's reason).
     pub agent_checks: Family<ResultLabel, Counter>,
+    /// GetActivity calls to agents, by result (`ok` or the failure's reason).
+    pub activity_checks: Family<ResultLabel, Counter>,
+    /// Workspaces paused because nobody used them for their idle timeout.
+    pub culled: Counter,
     /// Caches synced and the CRD served: `/readyz` answers 200.
     pub ready: AtomicBool,
 }
@@ -64,6 +68,8 @@ impl Default for Metrics {
         let status_writes = Counter::default();
         let pod_recreations = Family::<RecreationLabels, Counter>::default();
         let agent_checks = Family::<ResultLabel, Counter>::default();
+        let activity_checks = Family::<ResultLabel, Counter>::default();
+        let culled = Counter::default();
         registry.register(
             "reconcile_duration_seconds",
             "Time to reconcile one workspace, by result",
@@ -95,6 +101,16 @@ impl Default for Metrics {
             "WhoAmI calls to workspace agents, by result (ok, or the failure's reason)",
             agent_checks.clone(),
         );
+        registry.register(
+            "agent_activity_checks",
+            "GetActivity calls to workspace agents, by result (ok, or the failure's reason)",
+            activity_checks.clone(),
+        );
+        registry.register(
+            "workspaces_culled",
+            "Workspaces paused because nobody used them for their idle timeout",
+            culled.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             reconcile_duration,
@@ -104,6 +120,8 @@ impl Default for Metrics {
             status_writes,
             pod_recreations,
             agent_checks,
+            activity_checks,
+            culled,
             ready: AtomicBool::new(false),
         }
     }

@@ -290,6 +290,16 @@ fn agent_env(workspace: &Workspace, agent: &AgentConfig) -> Vec<EnvVar> {
         value("BERTH_AGENT_PORT", agent.port.to_string()),
     ]
     .into_iter()
+    // Connections to the workspace's own ports are its use (idle culling).
+    .chain((!workspace.spec.ports.is_empty()).then(|| {
+        let ports: Vec<String> = workspace
+            .spec
+            .ports
+            .iter()
+            .map(|p| p.port.to_string())
+            .collect();
+        value(berth_agent::ACTIVITY_PORTS_ENV, ports.join(","))
+    }))
     .chain(agent.tls.iter().flat_map(|_| {
         [
             value(
@@ -695,7 +705,8 @@ pub(crate) mod tests {
                 {"name": "BERTH_WORKSPACE_NAME", "value": "alice"},
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": "BERTH_AGENT_SERVICE_ACCOUNT", "value": "team-a:dev"},
-                {"name": "BERTH_AGENT_PORT", "value": "50051"}
+                {"name": "BERTH_AGENT_PORT", "value": "50051"},
+                {"name": "BERTH_AGENT_ACTIVITY_PORTS", "value": "8080"}
             ])
         );
         assert_eq!(spec["containers"].as_array().unwrap().len(), 1);

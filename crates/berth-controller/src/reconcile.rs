@@ -537,6 +537,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     };
     let warnings: Vec<&Event> = events.iter().map(|e| e.as_ref()).collect();
     let agent = ctx.agents.check(&workspace, pod.as_deref()).await;
+    let activity = ctx.agents.activity(&workspace, pod.as_deref()).await;
     let reference = ObjectRef::from_obj(&*workspace);
     let refusal = ctx.refusal(&reference);
     let observed = Observed {
@@ -547,6 +548,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         service: service.as_deref(),
         agent: agent.as_ref(),
         refusal: refusal.as_ref(),
+        activity: activity.as_ref(),
     };
     // What the caches show no longer needs an expectation.
     if pod.is_some() {
@@ -579,6 +581,12 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
             Ok(None) => {
                 if refusal.as_ref().is_some_and(|r| r.action == *action) {
                     ctx.set_refusal(&reference, None);
+                }
+                if *action == Action::Cull {
+                    ctx.metrics.culled.inc();
+                    // Our own write, like a status write: no decision on a cache without it
+                    // (it would cull again).
+                    ctx.wrote_over(&workspace, version.clone());
                 }
             }
             Err(Error::Kube(ref e)) if let kube::Error::Api(answer) = &**e => {
@@ -702,6 +710,7 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
         Action::CreatePod | Action::DeletePod { .. } | Action::ForceDeletePod { .. } => "pod",
         Action::CreateClaim | Action::ResizeClaim => "claim",
         Action::CreateService | Action::UpdateService | Action::DeleteService => "service",
+        Action::Cull => "workspace",
     };
     let creates = matches!(
         action,
@@ -799,6 +808,22 @@ async fn perform(
                 None => Ok(None),
             }
         }
+        Action::Cull => {
+            // Conditional on the generation decided on: a spec the user just changed is theirs.
+            let workspaces: Api<Workspace> = Api::namespaced(client, namespace);
+            let pause: json_patch::Patch = serde_json::from_value(json!([
+                {"op": "test", "path": "/metadata/generation", "value": workspace.metadata.generation},
+                {"op": "add", "path": "/spec/paused", "value": true}
+            ]))?;
+            let params = PatchParams {
+                field_manager: Some(ctx.config.manager.clone()),
+                ..Default::default()
+            };
+            workspaces
+                .patch(&workspace.name_any(), &params, &Patch::Json::<()>(pause))
+                .await?;
+            Ok(None)
+        }
         Action::DeleteService => {
             let services: Api<Service> = Api::namespaced(client, namespace);
             ignore_conflicts(
@@ -864,6 +889,7 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         service: None,
         agent: None,
         refusal: None,
+        activity: None,
     };
     let decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
     for action in decision

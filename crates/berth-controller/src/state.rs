@@ -17,6 +17,7 @@ use kube::ResourceExt;
 
 use crate::{
     config::{Policy, WarningClass},
+    idle::{self, ActivityCheck, ActivityOutcome},
     pod::{self, is_owned_by},
     refusal::Refusal,
 };
@@ -47,6 +48,9 @@ pub struct Observed<'a> {
     pub agent: Option<&'a AgentCheck>,
     /// The API server's refusal of the last attempt at an action, until that action succeeds.
     pub refusal: Option<&'a Refusal>,
+    /// The last `GetActivity` to the current pod's agent, when the workspace has an idle
+    /// timeout.
+    pub activity: Option<&'a ActivityCheck>,
 }
 
 /// What the operator's WhoAmI to a pod's agent found.
@@ -150,6 +154,8 @@ pub enum Action {
     ForceDeletePod {
         uid: String,
     },
+    /// Stop an idle workspace: set its `spec.paused`, if its spec is still the one decided on.
+    Cull,
 }
 
 impl Action {
@@ -165,6 +171,7 @@ impl Action {
             Action::DeletePod { .. } | Action::ForceDeletePod { .. } => {
                 format!("delete pod {}", pod::pod_name(workspace))
             }
+            Action::Cull => format!("pause idle workspace {workspace}"),
         }
     }
 
@@ -173,7 +180,7 @@ impl Action {
     pub fn refused_reason(&self) -> &'static str {
         match self {
             Action::CreateClaim | Action::CreateService | Action::CreatePod => "FailedCreate",
-            Action::UpdateService | Action::ResizeClaim => "FailedUpdate",
+            Action::UpdateService | Action::ResizeClaim | Action::Cull => "FailedUpdate",
             Action::DeleteService | Action::DeletePod { .. } | Action::ForceDeletePod { .. } => {
                 "FailedDelete"
             }
@@ -531,6 +538,27 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         }
     };
 
+    let idle_timeout = match workspace
+        .spec
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.idle_timeout.as_ref())
+    {
+        Some(text) => match text.to_duration() {
+            Ok(d) if !d.is_zero() => Some(d),
+            Ok(_) => {
+                let message =
+                    "The spec cannot work: lifecycle.idleTimeout must be longer than 0s".to_owned();
+                return b.invalid_spec(message, slow);
+            }
+            Err(e) => {
+                let message = format!("The spec cannot work: lifecycle.idleTimeout: {e}");
+                return b.invalid_spec(message, slow);
+            }
+        },
+        None => None,
+    };
+
     // What the operator's policy does not allow a workspace waits for a change, without a pod.
     if let Some(violation) = crate::pod_policy::violation(&workspace.spec, &policy.pod) {
         let message = format!("The spec asks for what this operator does not allow: {violation}");
@@ -591,18 +619,25 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         clear_condition(&mut b.status, types::POD_REJECTED);
         b.status.started_at = None;
         b.status.pod_recreations = None;
-        if !matches!(old.phase, Some(Phase::Stopping | Phase::Stopped)) {
+        // Paused by Berth because nobody used it: it says so until it is resumed.
+        let culled = find_condition(&old.conditions, types::READY)
+            .filter(|c| c.reason == reasons::IDLE)
+            .map(|c| c.message.clone());
+        if !matches!(old.phase, Some(Phase::Stopping | Phase::Stopped)) && culled.is_none() {
             b.notices.push(Notice::normal(
                 "Paused",
                 "Workspace paused: its pod is deleted, its storage kept".into(),
             ));
         }
-        b.condition(
-            types::READY,
-            ConditionStatus::False,
-            reasons::PAUSED,
-            "Workspace is paused",
-        );
+        match &culled {
+            Some(why) => b.condition(types::READY, ConditionStatus::False, reasons::IDLE, why),
+            None => b.condition(
+                types::READY,
+                ConditionStatus::False,
+                reasons::PAUSED,
+                "Workspace is paused",
+            ),
+        }
         return match owned_pod {
             Some(p) => {
                 if p.metadata.deletion_timestamp.is_none() {
@@ -612,7 +647,10 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
                 }
                 b.phase(
                     Phase::Stopping,
-                    format!("Stopping pod {pod_name} to pause the workspace"),
+                    match culled {
+                        Some(_) => format!("Stopping pod {pod_name}: nobody used the workspace"),
+                        None => format!("Stopping pod {pod_name} to pause the workspace"),
+                    },
                 );
                 b.finish(Duration::from_secs(1))
             }
@@ -622,13 +660,19 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
                 for t in [types::POD_SCHEDULED, types::POD_READY, types::AGENT_READY] {
                     clear_condition(&mut b.status, t);
                 }
-                b.phase(Phase::Stopped, "Workspace is paused; its storage is kept");
+                b.phase(
+                    Phase::Stopped,
+                    culled.unwrap_or_else(|| "Workspace is paused; its storage is kept".to_owned()),
+                );
                 b.finish(slow)
             }
         };
     }
     if matches!(old.phase, Some(Phase::Stopped | Phase::Stopping))
-        && old.conditions.iter().any(|c| c.reason == reasons::PAUSED)
+        && old
+            .conditions
+            .iter()
+            .any(|c| c.reason == reasons::PAUSED || c.reason == reasons::IDLE)
     {
         b.notices.push(Notice::normal(
             "Resumed",
@@ -1081,7 +1125,13 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
                 .push(Notice::normal("Ready", "Workspace is ready".into()));
         }
         b.phase(Phase::Running, "Workspace is running");
-        return b.finish(slow);
+        return match idle_timeout {
+            Some(timeout) => {
+                let check = observed.activity.filter(|c| c.pod_uid == uid);
+                b.running_until_idle(timeout, check, &pod_name, slow)
+            }
+            None => b.finish(slow),
+        };
     }
     b.status.ready_at = None;
 
@@ -1220,7 +1270,80 @@ pub fn human(d: Duration) -> String {
     }
 }
 
+/// `at` as the status stores it (whole seconds), so a stored time compares equal to it.
+fn whole_second(at: Timestamp) -> Timestamp {
+    Timestamp::from_second(at.as_second()).unwrap_or(at)
+}
+
 impl Builder<'_> {
+    /// A running workspace with an idle timeout: it remembers the latest use its agent
+    /// reported, is stopped once an answer shows nobody used it for the timeout (Berth sets
+    /// `spec.paused`; the storage is kept), and says so when its agent cannot be asked
+    /// (unknown is not idle). It is looked at again when the next ask is due.
+    fn running_until_idle(
+        mut self,
+        timeout: Duration,
+        check: Option<&ActivityCheck>,
+        pod_name: &str,
+        slow: Duration,
+    ) -> Decision {
+        let now = self.now.0;
+        if let Some(ActivityOutcome::Seen { at, signal, .. }) = check.map(|c| &c.outcome) {
+            let at = whole_second(*at);
+            if self.status.last_activity.as_ref().is_none_or(|t| t.0 < at) {
+                self.status.last_activity = Some(Time(at));
+                self.status.last_activity_signal = Some(signal.clone());
+            }
+        }
+        let since = idle::idle_since(&self.status, check).unwrap_or(now);
+        if let Some(idle) = idle::culled_after(timeout, since, check) {
+            let last = match check.map(|c| &c.outcome) {
+                Some(ActivityOutcome::Seen { detail, at, .. }) => {
+                    format!("{detail}, at {}", whole_second(*at))
+                }
+                _ => "nothing".to_owned(),
+            };
+            let text = format!(
+                "Nobody used the workspace for {} (the last use its agent saw: {last}); Berth set spec.paused to true. Its storage is kept; set spec.paused to false to resume.",
+                human(idle)
+            );
+            self.actions.push(Action::Cull);
+            self.condition(types::READY, ConditionStatus::False, reasons::IDLE, &text);
+            self.status.ready_at = None;
+            self.notices.push(Notice::normal(
+                "Culled",
+                format!(
+                    "Stopping the workspace: nobody used it for {} (idleTimeout {}); its storage is kept",
+                    human(idle),
+                    human(timeout)
+                ),
+            ));
+            self.phase(
+                Phase::Stopping,
+                format!("Stopping pod {pod_name}: nobody used the workspace"),
+            );
+            return self.finish(Duration::from_secs(1));
+        }
+        if let Some((reason, message, fresh)) = check.and_then(|c| match &c.outcome {
+            ActivityOutcome::Failed { reason, message } => Some((reason, message, c.fresh)),
+            ActivityOutcome::Seen { .. } => None,
+        }) {
+            let text = format!(
+                "Workspace is running; its agent cannot say whether it is in use ({reason}: {message}), so it is not stopped when idle. Berth keeps asking."
+            );
+            if fresh {
+                self.notices
+                    .push(Notice::warning("ActivityUnknown", text.clone()));
+            }
+            self.phase(Phase::Running, text);
+        }
+        let wait = idle::next_ask(timeout, since, check, now);
+        self.finish(wait.clamp(
+            Duration::from_millis(100),
+            slow.max(Duration::from_millis(100)),
+        ))
+    }
+
     /// Gives up on a start that made no progress for `startTimeout` (rule C9).
     fn start_timed_out(mut self, text: String, requeue: Duration) -> Decision {
         self.condition(

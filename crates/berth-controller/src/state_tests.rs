@@ -58,6 +58,7 @@ fn decide(ws: &Workspace, pod: Option<&Pod>, warnings: &[Event]) -> Decision {
             service: None,
             agent: None,
             refusal: None,
+            activity: None,
         },
         &Policy::default(),
         now(),
@@ -75,6 +76,7 @@ fn decide_checked(ws: &Workspace, pod: &Pod, check: &AgentCheck) -> Decision {
             service: None,
             agent: Some(check),
             refusal: None,
+            activity: None,
         },
         &Policy::default(),
         now(),
@@ -205,6 +207,7 @@ fn decide_refused(ws: &Workspace, pod: Option<&Pod>, refusal: &Refusal) -> Decis
             service: None,
             agent: None,
             refusal: Some(refusal),
+            activity: None,
         },
         &Policy::default(),
         now(),
@@ -820,6 +823,7 @@ fn a_rejected_pod_is_replaced_after_the_delay_and_counted() {
             service: None,
             agent: None,
             refusal: None,
+            activity: None,
         },
         &Policy::default(),
         Timestamp::from_second(NOW + 11).unwrap(),
@@ -1031,6 +1035,7 @@ fn an_unchanged_observation_derives_an_unchanged_status() {
             service: None,
             agent: None,
             refusal: None,
+            activity: None,
         },
         &Policy::default(),
         Timestamp::from_second(NOW + 30).unwrap(),
@@ -1121,6 +1126,7 @@ fn a_grown_home_size_grows_the_claim_and_says_so_until_it_has_grown() {
                 service: None,
                 agent: None,
                 refusal: None,
+                activity: None,
             },
             &Policy::default(),
             now(),
@@ -1150,4 +1156,231 @@ fn a_grown_home_size_grows_the_claim_and_says_so_until_it_has_grown() {
         serde_json::from_value(json!({"phase": "Bound", "capacity": {"storage": "2Gi"}})).unwrap();
     let d = decide_with(&claim);
     assert_eq!(d.status.message.as_deref(), Some("Creating pod w-ws"));
+}
+
+/// Idle culling (issue 17): a running workspace whose agent was verified, with an idle
+/// timeout of 60 s, ready since 100 s ago.
+mod culling {
+    use super::*;
+    use crate::idle::{ActivityCheck, ActivityOutcome};
+
+    fn running(idle_timeout: &str) -> (Workspace, Pod) {
+        let spec = json!({"image": "x:1", "lifecycle": {"idleTimeout": idle_timeout}});
+        let unverified = workspace(spec.clone(), started(100));
+        let pod = ready_pod(&unverified);
+        let first = decide_checked(&unverified, &pod, &verified());
+        let mut ws = workspace(spec, json!({}));
+        ws.status = Some(WorkspaceStatus {
+            ready_at: Some(Time(Timestamp::from_second(NOW - 100).unwrap())),
+            ..first.status
+        });
+        (ws, pod)
+    }
+
+    fn seen(asked_ago: i64, used_ago: i64, detail: &str) -> ActivityCheck {
+        ActivityCheck {
+            pod_uid: "pod-1".into(),
+            asked_at: Timestamp::from_second(NOW - asked_ago).unwrap(),
+            outcome: ActivityOutcome::Seen {
+                at: Timestamp::from_second(NOW - used_ago).unwrap(),
+                signal: "Connection".into(),
+                detail: detail.into(),
+            },
+            fresh: true,
+            retry_in: Duration::ZERO,
+        }
+    }
+
+    fn decide_with(ws: &Workspace, pod: &Pod, activity: &ActivityCheck) -> Decision {
+        derive(
+            &Observed {
+                workspace: ws,
+                pod: Some(pod),
+                warnings: &[],
+                claim: None,
+                service: None,
+                agent: None,
+                refusal: None,
+                activity: Some(activity),
+            },
+            &Policy::default(),
+            now(),
+        )
+    }
+
+    #[test]
+    fn an_answer_showing_no_use_for_the_timeout_pauses_the_workspace() {
+        let (ws, pod) = running("60s");
+        let d = decide_with(&ws, &pod, &seen(0, 90, "a connection to port 8080"));
+        assert_eq!(d.actions, vec![Action::Cull]);
+        assert_eq!(d.status.phase, Some(Phase::Stopping));
+        let ready = condition_of(&d, "Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "Idle")
+        );
+        assert!(
+            ready.message.starts_with("Nobody used the workspace for 1m30s (the last use its agent saw: a connection to port 8080, at "),
+            "{}",
+            ready.message
+        );
+        assert!(
+            ready
+                .message
+                .ends_with("set spec.paused to false to resume.")
+        );
+        let culled = d
+            .notices
+            .iter()
+            .find(|n| n.reason == "Culled")
+            .expect("a Culled event");
+        assert!(!culled.warning);
+        assert!(
+            culled
+                .note
+                .contains("nobody used it for 1m30s (idleTimeout 1m)"),
+            "{}",
+            culled.note
+        );
+        assert_eq!(
+            d.status.last_activity.as_ref().map(|t| t.0),
+            Some(Timestamp::from_second(NOW - 90).unwrap())
+        );
+        assert_eq!(d.status.last_activity_signal.as_deref(), Some("Connection"));
+    }
+
+    #[test]
+    fn recent_use_keeps_it_running_and_is_remembered() {
+        let (ws, pod) = running("60s");
+        let d = decide_with(&ws, &pod, &seen(0, 10, "a heartbeat from vscode"));
+        assert!(d.actions.is_empty(), "{:?}", d.actions);
+        assert_eq!(d.status.phase, Some(Phase::Running));
+        assert_eq!(d.status.message.as_deref(), Some("Workspace is running"));
+        assert_eq!(
+            d.status.last_activity.as_ref().map(|t| t.0),
+            Some(Timestamp::from_second(NOW - 10).unwrap())
+        );
+        // Asked now, 50 s of idle time left: the next ask in half of that.
+        assert_eq!(d.requeue, Duration::from_secs(25));
+    }
+
+    #[test]
+    fn an_answer_from_before_the_deadline_never_culls_even_when_read_late() {
+        let (ws, pod) = running("60s");
+        // Asked 50 s ago, when the workspace had been idle for 40 s: not enough, whatever now is.
+        let d = decide_with(&ws, &pod, &seen(50, 90, "the agent started"));
+        assert!(d.actions.is_empty(), "{:?}", d.actions);
+        assert_eq!(d.status.phase, Some(Phase::Running));
+    }
+
+    #[test]
+    fn an_agent_that_cannot_be_asked_never_gets_it_culled_and_it_says_so() {
+        let (ws, pod) = running("60s");
+        let failed = ActivityCheck {
+            outcome: ActivityOutcome::Failed {
+                reason: "AgentUnreachable".into(),
+                message: "connection refused".into(),
+            },
+            retry_in: Duration::from_secs(5),
+            ..seen(0, 0, "")
+        };
+        let d = decide_with(&ws, &pod, &failed);
+        assert!(d.actions.is_empty());
+        assert_eq!(d.status.phase, Some(Phase::Running));
+        assert_eq!(
+            d.status.message.as_deref(),
+            Some(
+                "Workspace is running; its agent cannot say whether it is in use (AgentUnreachable: connection refused), so it is not stopped when idle. Berth keeps asking."
+            )
+        );
+        assert_eq!(notice_reasons(&d), ["ActivityUnknown"]);
+        assert_eq!(d.requeue, Duration::from_secs(5));
+        let again = decide_with(
+            &ws,
+            &pod,
+            &ActivityCheck {
+                fresh: false,
+                ..failed
+            },
+        );
+        assert!(again.notices.is_empty(), "one event per failed ask");
+    }
+
+    #[test]
+    fn without_an_answer_it_runs_and_looks_again_when_the_first_ask_is_due() {
+        let (ws, pod) = running("60s");
+        let d = decide_checked(&ws, &pod, &verified());
+        assert!(d.actions.is_empty());
+        assert_eq!(d.status.phase, Some(Phase::Running));
+        // Ready 100 s ago: the halfway ask is overdue, so at the shortest step.
+        assert_eq!(d.requeue, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_culled_workspace_says_idle_while_it_stops_and_once_stopped() {
+        let (ws, pod) = running("60s");
+        let culling = decide_with(&ws, &pod, &seen(0, 90, "the agent started"));
+        let mut paused = ws.clone();
+        paused.spec.paused = true;
+        paused.status = Some(culling.status.clone());
+        let stopping = decide(&paused, Some(&pod), &[]);
+        assert_eq!(stopping.status.phase, Some(Phase::Stopping));
+        assert_eq!(condition_of(&stopping, "Ready").reason, "Idle");
+        assert!(
+            !notice_reasons(&stopping).contains(&"Paused"),
+            "Culled said it"
+        );
+        paused.status = Some(stopping.status.clone());
+        let stopped = decide(&paused, None, &[]);
+        assert_eq!(stopped.status.phase, Some(Phase::Stopped));
+        let ready = condition_of(&stopped, "Ready");
+        assert_eq!(ready.reason, "Idle");
+        assert_eq!(
+            stopped.status.message.as_deref(),
+            Some(ready.message.as_str())
+        );
+        assert!(stopped.notices.is_empty());
+
+        // Resumed by the user: Resumed, and a pod again.
+        let mut resumed = paused.clone();
+        resumed.spec.paused = false;
+        resumed.status = Some(stopped.status.clone());
+        let d = decide(&resumed, None, &[]);
+        assert!(d.actions.contains(&Action::CreatePod));
+        assert!(notice_reasons(&d).contains(&"Resumed"));
+    }
+
+    #[test]
+    fn a_pause_by_the_user_stays_a_pause() {
+        let (mut ws, pod) = running("60s");
+        ws.spec.paused = true;
+        let d = decide(&ws, Some(&pod), &[]);
+        assert_eq!(condition_of(&d, "Ready").reason, "Paused");
+        assert!(notice_reasons(&d).contains(&"Paused"));
+    }
+
+    #[test]
+    fn the_remembered_activity_is_a_fixpoint() {
+        let (ws, pod) = running("60s");
+        // A time with a fraction of a second is stored in whole seconds, and compares equal then.
+        let mut check = seen(0, 10, "a connection to port 8080");
+        if let ActivityOutcome::Seen { at, .. } = &mut check.outcome {
+            *at = at.checked_add(Duration::from_millis(300)).unwrap();
+        }
+        let first = decide_with(&ws, &pod, &check);
+        let stored: WorkspaceStatus =
+            serde_json::from_value(serde_json::to_value(&first.status).unwrap()).unwrap();
+        let mut settled = ws.clone();
+        settled.status = Some(stored.clone());
+        let second = decide_with(
+            &settled,
+            &pod,
+            &ActivityCheck {
+                fresh: false,
+                ..check
+            },
+        );
+        assert_eq!(second.status, stored);
+        assert!(second.actions.is_empty() && second.notices.is_empty());
+    }
 }

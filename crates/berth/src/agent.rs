@@ -122,8 +122,8 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
             activity,
             crate::wait_for_shutdown_signal(),
         )
-            .await
-            .map_err(|e| e.to_string())?;
+        .await
+        .map_err(|e| e.to_string())?;
         return Ok(0);
     }
     let server = tokio::spawn(berth_agent::server::serve(

@@ -611,14 +611,18 @@ async fn activity_and_heartbeats_are_for_authenticated_callers() {
     let address = setup.agent("ws").await;
     let caller = setup.token("caller", AUDIENCE, Duration::from_secs(600));
     let timeout = Duration::from_secs(5);
-    let first = get_activity(&address, &caller, timeout, None).await.unwrap();
+    let first = get_activity(&address, &caller, timeout, None)
+        .await
+        .unwrap();
     assert_eq!(first.signal, "Started");
     let started: jiff::Timestamp = first.last_activity.parse().unwrap();
 
     heartbeat(&address, &caller, timeout, None, "vscode")
         .await
         .unwrap();
-    let after = get_activity(&address, &caller, timeout, None).await.unwrap();
+    let after = get_activity(&address, &caller, timeout, None)
+        .await
+        .unwrap();
     assert_eq!(
         (after.signal.as_str(), after.detail.as_str()),
         ("Heartbeat", "a heartbeat from vscode")
@@ -635,6 +639,11 @@ async fn activity_and_heartbeats_are_for_authenticated_callers() {
         get_activity(&address, "not-a-token", timeout, None).await,
         Err(CallError::Refused(s)) if s.code() == Code::Unauthenticated
     ));
-    let last = get_activity(&address, &caller, timeout, None).await.unwrap();
-    assert_eq!(last.detail, "a heartbeat from vscode", "the refused heartbeat counted nothing");
+    let last = get_activity(&address, &caller, timeout, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        last.detail, "a heartbeat from vscode",
+        "the refused heartbeat counted nothing"
+    );
 }
