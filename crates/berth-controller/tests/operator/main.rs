@@ -4,6 +4,7 @@
 mod support;
 
 mod agent;
+mod culling;
 mod leader;
 mod lifecycle;
 mod observability;
