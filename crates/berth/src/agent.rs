@@ -52,7 +52,7 @@ pub struct AgentArgs {
     pub tls_key: Option<std::path::PathBuf>,
     /// The workspace's declared ports, comma-separated: an established connection to one of
     /// them is activity (set by the operator).
-    #[arg(long, env = berth_agent::ACTIVITY_PORTS_ENV, default_value = "", value_parser = berth_agent::parse_ports)]
+    #[arg(long, env = berth_agent::ACTIVITY_PORTS_ENV, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..))]
     pub activity_ports: Vec<u16>,
     /// CPU of the supervised command's processes, in cores, that counts as activity.
     #[arg(long, default_value_t = berth_agent::activity::DEFAULT_CPU_THRESHOLD)]

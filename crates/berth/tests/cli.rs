@@ -118,6 +118,60 @@ fn no_environment_variable_turns_authentication_off() {
     );
 }
 
+/// The agent process measures its command: once the command burns CPU, `GetActivity` says
+/// `Cpu` (the supervised tree is the command's, not the agent's own serving).
+#[test]
+fn the_agent_reports_its_commands_cpu_as_activity() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(BERTH)
+        .args([
+            "agent",
+            "--auth",
+            "none",
+            "--address",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--activity-interval",
+            "200ms",
+            "--",
+            "sh",
+            "-c",
+            // Bounded, so nothing is left spinning if the test fails.
+            "sleep 0.5; timeout 5 sh -c 'while :; do :; done'; sleep 30",
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let address = format!("127.0.0.1:{port}");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let seen = runtime.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let answer =
+                berth_agent::client::get_activity(&address, "any", Duration::from_secs(2), None)
+                    .await;
+            if let Ok(answer) = &answer
+                && answer.signal == "Cpu"
+            {
+                return answer.clone();
+            }
+            assert!(Instant::now() < deadline, "no CPU activity: {answer:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    // SIGTERM, which the agent forwards to its command: nothing is left behind.
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    assert!(seen.detail.ends_with("% of a core"), "{}", seen.detail);
+}
+
 #[test]
 fn sigterm_reaches_the_supervised_command() {
     let dir = tempfile::tempdir().unwrap();
@@ -467,6 +521,10 @@ fn dev_shows_the_examples_reaching_their_phases() {
     };
     assert!(last("basic", "Running").is_some(), "{stdout}");
     assert!(last("with-secret", "Running").is_some(), "{stdout}");
+    assert!(
+        last("idle", "Running").is_some(),
+        "stopped only after its minute: {stdout}"
+    );
     let missing = last("missing-secret", "Error").unwrap_or_else(|| panic!("{stdout}"));
     assert!(
         missing.contains("secret \"workspace-secret\" not found"),
