@@ -143,7 +143,17 @@ async fn kubectl_workflow_against_the_sim() {
     // Table output with the CRD's printer columns (MESSAGE only with -o wide).
     let table = kubectl.ok(&["get", "ws"]).await;
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "PHASE", "READY", "RECREATIONS", "AGE"]);
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "PHASE",
+            "READY",
+            "RECREATIONS",
+            "LAST-ACTIVE",
+            "AGE"
+        ]
+    );
     assert!(table.lines().nth(1).unwrap().starts_with("alice-dev"));
     let wide = kubectl.ok(&["get", "ws", "-o", "wide"]).await;
     assert!(wide.lines().next().unwrap().contains("MESSAGE"));
