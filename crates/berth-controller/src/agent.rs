@@ -503,7 +503,7 @@ impl Shared {
             AgentOutcome::Failed { reason, message } => {
                 let failures = failures + 1;
                 let retry_in = backoff(failures, self.config.backoff_base, self.config.backoff_max);
-                warn!(%namespace, workspace = %name, %address, %reason, detail = %message, ?retry_in, "the agent check failed; the pod is kept");
+                warn!(%namespace, workspace = %name, %address, %reason, detail = %message, retry_in_seconds = retry_in.as_secs_f64(), "the agent check failed; the pod is kept");
                 (failures, retry_in)
             }
         };
@@ -661,7 +661,7 @@ impl Shared {
                 renew_at: requested + lifetime.mul_f64(0.8),
             },
         );
-        info!(service_account = %account, %audience, lifetime = ?lifetime, "requested a token for agents");
+        info!(service_account = %account, %audience, lifetime_seconds = lifetime.as_secs(), "requested a token for agents");
         Ok((status.token, true))
     }
 }

@@ -11,9 +11,15 @@ use std::{
 
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
-    registry::Registry,
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, text::encode},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+    },
+    registry::{Registry, Unit},
 };
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -29,6 +35,51 @@ pub struct ReasonLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabel {
     pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabel {
+    pub version: String,
+}
+
+/// The process's own CPU, memory and open files, read from `/proc/self` at each scrape, under
+/// the names every Prometheus client uses (`process_cpu_seconds_total`, ...).
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Ok(me) = procfs::process::Process::myself() else {
+            return Ok(());
+        };
+        if let Ok(stat) = me.stat() {
+            let ticks = procfs::ticks_per_second().max(1) as f64;
+            let cpu = ConstCounter::new((stat.utime + stat.stime) as f64 / ticks);
+            cpu.encode(encoder.encode_descriptor(
+                "process_cpu",
+                "User and system CPU time spent",
+                Some(&Unit::Seconds),
+                cpu.metric_type(),
+            )?)?;
+            let rss = ConstGauge::new(stat.rss.saturating_mul(procfs::page_size()) as i64);
+            rss.encode(encoder.encode_descriptor(
+                "process_resident_memory",
+                "Resident memory size",
+                Some(&Unit::Bytes),
+                rss.metric_type(),
+            )?)?;
+        }
+        if let Ok(fds) = me.fd_count() {
+            let open = ConstGauge::new(fds as i64);
+            open.encode(encoder.encode_descriptor(
+                "process_open_fds",
+                "Open file descriptors",
+                None,
+                open.metric_type(),
+            )?)?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -58,7 +109,20 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("berth");
+        let mut root = Registry::default();
+        root.register_collector(Box::new(ProcessCollector));
+        let registry = root.sub_registry_with_prefix("berth");
+        let build_info = Family::<VersionLabel, Gauge>::default();
+        build_info
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            })
+            .set(1);
+        registry.register(
+            "build_info",
+            "The running operator's version (always 1)",
+            build_info,
+        );
         let reconcile_duration = Family::<ResultLabel, Histogram>::new_with_constructor(|| {
             Histogram::new([0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0])
         });
@@ -112,7 +176,7 @@ impl Default for Metrics {
             culled.clone(),
         );
         Metrics {
-            registry: Mutex::new(registry),
+            registry: Mutex::new(root),
             reconcile_duration,
             reconcile_errors,
             workspaces,

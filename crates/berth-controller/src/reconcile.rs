@@ -399,7 +399,10 @@ async fn run_controller(
     let overdue = async {
         stopped(stop).await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
-        warn!(grace = ?SHUTDOWN_GRACE, "in-flight reconciles did not finish in time; abandoning them");
+        warn!(
+            grace_seconds = SHUTDOWN_GRACE.as_secs(),
+            "in-flight reconciles did not finish in time; abandoning them"
+        );
     };
     tokio::select! {
         () = running => {}
@@ -685,7 +688,12 @@ async fn write_status(
         .await?;
     ctx.metrics.status_writes.inc();
     ctx.wrote_over(workspace, resource_version);
-    info!(workspace = %workspace.name_any(), phase = ?status.phase, message = ?status.message, "status");
+    info!(
+        workspace = %workspace.name_any(),
+        phase = status.phase.map(|p| p.as_str()).unwrap_or_default(),
+        message = status.message.as_deref().unwrap_or_default(),
+        "status"
+    );
     Ok(written.resource_version())
 }
 

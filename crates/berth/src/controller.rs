@@ -210,7 +210,7 @@ pub async fn run(args: ControllerArgs) -> Result<(), String> {
     let client = kube::Client::try_default()
         .await
         .map_err(|e| format!("cannot reach Kubernetes: {e}"))?;
-    tracing::info!(namespace = ?config.namespace, service_account = %config.agent.service_account, "berth controller starting");
+    tracing::info!(namespace = config.namespace.as_deref().unwrap_or("(all)"), service_account = %config.agent.service_account, "berth controller starting");
     berth_controller::run(client, config)
         .await
         .map_err(|e| e.to_string())

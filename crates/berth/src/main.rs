@@ -106,6 +106,19 @@ struct SimArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let logs = match cli.command {
+        #[cfg(feature = "sim")]
+        // The table shows what agent checks find; their warnings would repeat it.
+        Command::Dev(_) => Some("warn,berth_agent::auth=error,berth_controller::agent=error"),
+        Command::Controller(_) | Command::Agent(_) | Command::Webhook(_) => Some("info"),
+        _ => None,
+    };
+    if let Some(default) = logs
+        && let Err(err) = init_logging(default)
+    {
+        eprintln!("berth: {err}");
+        return ExitCode::FAILURE;
+    }
     match cli.command {
         Command::Crd => match berth_api::crd::workspace_crd_yaml() {
             Ok(yaml) => {
@@ -118,17 +131,9 @@ fn main() -> ExitCode {
             }
         },
         #[cfg(feature = "sim")]
-        Command::Dev(args) => {
-            // The table shows what agent checks find; their warnings would repeat it.
-            init_logging("warn,berth_agent::auth=error,berth_controller::agent=error");
-            block_on("dev", dev::run(args))
-        }
-        Command::Controller(args) => {
-            init_logging("info");
-            block_on("controller", controller::run(*args))
-        }
+        Command::Dev(args) => block_on("dev", dev::run(args)),
+        Command::Controller(args) => block_on("controller", controller::run(*args)),
         Command::Agent(args) => {
-            init_logging("info");
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(runtime) => runtime,
                 Err(err) => {
@@ -144,10 +149,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Webhook(args) => {
-            init_logging("info");
-            block_on("webhook", run_webhook(args))
-        }
+        Command::Webhook(args) => block_on("webhook", run_webhook(args)),
         #[cfg(feature = "sim")]
         Command::Sim(args) => run_sim(args),
         Command::Install { path } => match install(&path) {
@@ -177,24 +179,33 @@ fn install(path: &std::path::Path) -> Result<(), String> {
         .map_err(|e| format!("cannot move the copy to {}: {e}", path.display()))
 }
 
-/// Logs through `tracing`: text on a terminal, JSON otherwise; `RUST_LOG` filters.
-fn init_logging(default: &str) {
+/// Logs through `tracing`: text on a terminal (colour only there), JSON otherwise;
+/// `BERTH_LOG_FORMAT=text|json` decides, any other value is refused; `RUST_LOG` filters.
+fn init_logging(default: &str) -> Result<(), String> {
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let terminal = std::io::stderr().is_terminal();
     let json = match std::env::var("BERTH_LOG_FORMAT").as_deref() {
         Ok("json") => true,
         Ok("text") => false,
-        _ => !std::io::stderr().is_terminal(),
+        Ok(other) => {
+            return Err(format!(
+                "BERTH_LOG_FORMAT must be text or json, not {other:?}"
+            ));
+        }
+        Err(_) => !terminal,
     };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(terminal && !json);
     if json {
         builder.json().init();
     } else {
         builder.init();
     }
+    Ok(())
 }
 
 /// Runs `job` on a fresh runtime; an error is printed as `berth <name>: <error>`.

@@ -89,6 +89,45 @@ fn auth_mode_none_warns_at_start() {
     assert!(stderr.contains("WARN"), "{stderr}");
 }
 
+/// Logs are JSON when stderr is not a terminal, plain text without colour codes with
+/// `BERTH_LOG_FORMAT=text`, and any other value is refused before anything runs.
+#[test]
+fn log_formats_are_json_or_plain_text_and_nothing_else() {
+    let json = agent("true").output().unwrap();
+    let stderr = String::from_utf8_lossy(&json.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "WARN"
+            && l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("auth mode none"))),
+        "{stderr}"
+    );
+    let text = agent("true")
+        .env("BERTH_LOG_FORMAT", "text")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&text.stderr);
+    assert!(stderr.contains("auth mode none"), "{stderr}");
+    assert!(
+        !stderr.contains('\x1b'),
+        "no colour codes off a terminal: {stderr:?}"
+    );
+    assert!(!stderr.trim_start().starts_with('{'), "{stderr}");
+    let refused = agent("true")
+        .env("BERTH_LOG_FORMAT", "yaml")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr).trim(),
+        "berth: BERTH_LOG_FORMAT must be text or json, not \"yaml\""
+    );
+}
+
 /// A workspace's spec sets environment variables, so no variable turns authentication off:
 /// with `BERTH_AGENT_AUTH=none` the agent still authenticates with the API server (and here,
 /// with none to reach, says so and exits).

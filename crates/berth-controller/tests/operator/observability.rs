@@ -104,9 +104,23 @@ async fn metrics_count_reconciles_writes_and_phases_and_are_served() {
         "berth_status_writes_total",
         "berth_workspace_start_seconds_count 1",
         "berth_agent_checks_total{result=\"ok\"} 1",
+        concat!(
+            "berth_build_info{version=\"",
+            env!("CARGO_PKG_VERSION"),
+            "\"} 1"
+        ),
+        "# TYPE process_cpu_seconds counter",
+        "# TYPE process_resident_memory_bytes gauge",
+        "process_open_fds ",
     ] {
         assert!(text.contains(name), "{name} missing from:\n{text}");
     }
+    let rss: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the resident memory");
+    assert!(rss > 1_000_000.0, "a process of the operator's size: {rss}");
     let http = |path: &'static str| async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
