@@ -1401,6 +1401,8 @@ impl Builder<'_> {
             self.status.message = Some(growing);
         }
         self.explain_error();
+        // Counted from 0, so `kubectl get ws` shows RECREATIONS 0 rather than nothing.
+        self.status.pod_recreations.get_or_insert(0);
         Decision {
             status: self.status,
             actions: self.actions,

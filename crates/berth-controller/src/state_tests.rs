@@ -748,7 +748,7 @@ fn unknown_when_the_node_is_lost_and_the_pod_is_force_replaced() {
     gone.status = Some(d.status.clone());
     let again = decide(&gone, None, &[]);
     assert_eq!(again.actions, vec![Action::CreatePod]);
-    assert_eq!(again.status.pod_recreations, None);
+    assert_eq!(again.status.pod_recreations, Some(0));
     assert_eq!(
         again.recreation.as_ref().map(|r| r.reason.as_str()),
         Some("NodeLost")
@@ -885,7 +885,7 @@ fn the_recreation_limit_fails_visibly() {
     failed.metadata.generation = Some(2);
     let restarted = decide(&failed, None, &[]);
     assert_eq!(restarted.actions, vec![Action::CreatePod]);
-    assert_eq!(restarted.status.pod_recreations, None);
+    assert_eq!(restarted.status.pod_recreations, Some(0));
 }
 
 #[test]

@@ -65,9 +65,11 @@ pub struct ControllerArgs {
     /// (its tokens come from the TokenRequest API). In a pod: the pod's own service account.
     #[arg(long, env = "BERTH_SERVICE_ACCOUNT", value_parser = |s: &str| s.parse::<ServiceAccountRef>())]
     pub service_account: Option<ServiceAccountRef>,
-    /// The image holding the `berth` binary, injected into workspace pods as the agent.
-    #[arg(long, env = "BERTH_AGENT_IMAGE", default_value = berth_controller::config::DEFAULT_AGENT_IMAGE)]
-    pub agent_image: String,
+    /// The image holding the `berth` binary, injected into workspace pods as the agent. In a
+    /// pod: the operator's own image (so an install that retags it needs nothing else);
+    /// elsewhere `ghcr.io/berth-dev/berth:<version>`.
+    #[arg(long, env = "BERTH_AGENT_IMAGE")]
+    pub agent_image: Option<String>,
     /// Where `berth` is inside that image.
     #[arg(
         long,
@@ -150,7 +152,10 @@ impl ControllerArgs {
                 grace_seconds: 5,
             }),
             agent: AgentConfig {
-                image: self.agent_image.clone(),
+                image: self
+                    .agent_image
+                    .clone()
+                    .unwrap_or_else(|| berth_controller::config::DEFAULT_AGENT_IMAGE.to_owned()),
                 binary: self.agent_binary.clone(),
                 port: self.agent_port,
                 service_account: self.service_account()?,
@@ -204,12 +209,44 @@ fn replica_identity(host: Option<String>) -> String {
     format!("{}-{suffix:08x}", host.unwrap_or_else(|| "berth".into()))
 }
 
+/// Where a pod finds its own namespace.
+const POD_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// The image of this pod's first container (the operator's own), read from the API: what
+/// workspaces copy the agent from, whatever tag or registry the install gave it.
+async fn own_image(client: &kube::Client) -> Result<String, String> {
+    let name = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .map_err(|_| "neither POD_NAME nor HOSTNAME names this pod".to_owned())?;
+    let namespace = std::fs::read_to_string(POD_NAMESPACE)
+        .map_err(|e| format!("cannot read {POD_NAMESPACE}: {e}"))?;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), namespace.trim());
+    let pod = pods
+        .get(&name)
+        .await
+        .map_err(|e| format!("cannot read pod {name}: {e}"))?;
+    pod.spec
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.image)
+        .ok_or_else(|| format!("pod {name} names no image"))
+}
+
 /// Runs the operator against the current kubeconfig or the in-cluster config.
 pub async fn run(args: ControllerArgs) -> Result<(), String> {
-    let config = args.config()?;
+    let mut config = args.config()?;
     let client = kube::Client::try_default()
         .await
         .map_err(|e| format!("cannot reach Kubernetes: {e}"))?;
+    if args.agent_image.is_none() && std::path::Path::new(POD_NAMESPACE).exists() {
+        match own_image(&client).await {
+            Ok(image) => config.agent.image = image,
+            Err(e) => {
+                tracing::warn!(error = %e, image = %config.agent.image, "cannot read the operator's own image; workspaces get the default agent image")
+            }
+        }
+    }
+    tracing::info!(agent_image = %config.agent.image, "agents are copied from this image");
     tracing::info!(namespace = config.namespace.as_deref().unwrap_or("(all)"), service_account = %config.agent.service_account, "berth controller starting");
     berth_controller::run(client, config)
         .await

@@ -28,36 +28,143 @@ pub struct DevArgs {
     /// Where the kubeconfig for kubectl is written.
     #[arg(long, default_value = "berth-dev.kubeconfig")]
     pub kubeconfig: PathBuf,
-    /// The folder of example manifests applied at start.
-    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples"))]
-    pub examples: PathBuf,
+    /// A folder of manifests to apply at start instead of the built-in examples (the files of
+    /// the repository's `examples/`).
+    #[arg(long)]
+    pub examples: Option<PathBuf>,
     /// How many simulated nodes.
     #[arg(long, default_value_t = 3)]
     pub nodes: usize,
 }
 
-/// Creates every object of every manifest in `folder`, in file order.
-async fn apply_examples(client: &Client, folder: &PathBuf) -> Result<Vec<String>, String> {
+/// The repository's `examples/`, built into the binary so an installed `berth dev` has them.
+/// A test checks that this list is the folder's.
+pub const EXAMPLES: &[(&str, &str)] = &[
+    ("basic.yaml", include_str!("../../../examples/basic.yaml")),
+    ("idle.yaml", include_str!("../../../examples/idle.yaml")),
+    (
+        "missing-secret.yaml",
+        include_str!("../../../examples/missing-secret.yaml"),
+    ),
+    (
+        "no-auth-delegator.yaml",
+        include_str!("../../../examples/no-auth-delegator.yaml"),
+    ),
+    (
+        "pinned-to-node-1.yaml",
+        include_str!("../../../examples/pinned-to-node-1.yaml"),
+    ),
+    (
+        "secret-volume.yaml",
+        include_str!("../../../examples/secret-volume.yaml"),
+    ),
+    (
+        "unpullable-image.yaml",
+        include_str!("../../../examples/unpullable-image.yaml"),
+    ),
+    (
+        "unschedulable.yaml",
+        include_str!("../../../examples/unschedulable.yaml"),
+    ),
+];
+
+/// The manifests of `folder` (`.yaml`, `.yml`), by file name in order; the built-in examples
+/// without one.
+fn examples(folder: Option<&PathBuf>) -> Result<Vec<(String, String)>, String> {
+    let Some(folder) = folder else {
+        return Ok(EXAMPLES
+            .iter()
+            .map(|(name, text)| (name.to_string(), text.to_string()))
+            .collect());
+    };
     let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
         .map_err(|e| format!("cannot read {}: {e}", folder.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
         .collect();
     files.sort();
+    files
+        .into_iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            Ok((file.display().to_string(), text))
+        })
+        .collect()
+}
+
+/// Creates every object of every manifest, in order.
+async fn apply_examples(
+    client: &Client,
+    manifests: &[(String, String)],
+) -> Result<Vec<String>, String> {
     let mut applied = vec![];
-    for file in files {
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-        let created = berth_sim::manifests::create_all(client, &text, "default")
+    for (name, text) in manifests {
+        let created = berth_sim::manifests::create_all(client, text, "default")
             .await
-            .map_err(|e| format!("{}: {e}", file.display()))?;
+            .map_err(|e| format!("{name}: {e}"))?;
         applied.extend(created);
     }
     Ok(applied)
 }
 
-/// One row of the table: name, phase, ready, recreations, message.
-fn row(ws: &Workspace) -> [String; 5] {
+/// Refuses a kubeconfig that another live cluster wrote (a second `berth dev` in the same
+/// folder would take it over and delete it on exit); a stale one is overwritten.
+fn check_kubeconfig_free(path: &std::path::Path) -> Result<(), String> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let server = serde_saphyr::from_str::<kube::config::Kubeconfig>(&text)
+        .ok()
+        .and_then(|k| k.clusters.into_iter().next()?.cluster?.server);
+    let Some(server) = server else {
+        return Err(format!(
+            "{} exists and is not a kubeconfig berth dev wrote; move it away or pass --kubeconfig OTHER",
+            path.display()
+        ));
+    };
+    let address = server
+        .strip_prefix("https://")
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok());
+    let live = address.is_some_and(|a| {
+        std::net::TcpStream::connect_timeout(&a, Duration::from_millis(300)).is_ok()
+    });
+    match live {
+        true => Err(format!(
+            "{} belongs to a cluster that is still running at {server} (another berth dev or berth sim?); stop it, or pass --kubeconfig OTHER",
+            path.display()
+        )),
+        false => Ok(()),
+    }
+}
+
+/// The kubeconfig this run wrote; removed when the run ends, however it ends, unless another
+/// run has replaced it meanwhile.
+struct OwnKubeconfig {
+    path: PathBuf,
+    text: String,
+}
+
+impl Drop for OwnKubeconfig {
+    fn drop(&mut self) {
+        if std::fs::read_to_string(&self.path).is_ok_and(|t| t == self.text) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The table's columns.
+const COLUMNS: [&str; 6] = [
+    "NAMESPACE",
+    "NAME",
+    "PHASE",
+    "READY",
+    "RECREATIONS",
+    "MESSAGE",
+];
+
+/// One row of the table: namespace, name, phase, ready, recreations, message.
+fn row(ws: &Workspace) -> [String; 6] {
     let status = ws.status.clone().unwrap_or_default();
     let ready = status
         .conditions
@@ -66,6 +173,7 @@ fn row(ws: &Workspace) -> [String; 5] {
         .map(|c| c.status.clone())
         .unwrap_or_default();
     [
+        ws.namespace().unwrap_or_default(),
         ws.name_any(),
         status.phase.map(|p| p.to_string()).unwrap_or_default(),
         ready,
@@ -74,22 +182,39 @@ fn row(ws: &Workspace) -> [String; 5] {
     ]
 }
 
-fn render_table(rows: &BTreeMap<String, [String; 5]>) -> String {
-    let mut text = format!(
-        "{:<20} {:<12} {:<7} {:<12} {}\n",
-        "NAME", "PHASE", "READY", "RECREATIONS", "MESSAGE"
-    );
-    for r in rows.values() {
-        text.push_str(&format!(
-            "{:<20} {:<12} {:<7} {:<12} {}\n",
-            r[0], r[1], r[2], r[3], r[4]
-        ));
+/// The narrowest each column is, so plain lines (one per change) line up with their header;
+/// a longer cell widens its column rather than being cut.
+const MIN_WIDTHS: [usize; 6] = [10, 20, 11, 5, 11, 0];
+
+/// The header and rows as aligned lines, every column as wide as its widest cell (the message
+/// last, as it is).
+fn render_table(rows: &[&[String; 6]]) -> String {
+    let header = COLUMNS.map(str::to_owned);
+    let mut widths = MIN_WIDTHS;
+    for r in rows.iter().copied().chain([&header]) {
+        for (width, cell) in widths.iter_mut().zip(r.iter()) {
+            *width = (*width).max(cell.chars().count());
+        }
     }
-    text
+    std::iter::once(&header)
+        .chain(rows.iter().copied())
+        .map(|r| {
+            let mut line = String::new();
+            for (i, cell) in r.iter().enumerate() {
+                match i + 1 == COLUMNS.len() {
+                    true => line.push_str(cell),
+                    false => line.push_str(&format!("{cell:<width$}  ", width = widths[i])),
+                }
+            }
+            line.trim_end().to_owned() + "\n"
+        })
+        .collect()
 }
 
 /// Runs the dev environment until Ctrl-C, SIGTERM or `--for` runs out.
 pub async fn run(args: DevArgs) -> Result<(), String> {
+    let manifests = examples(args.examples.as_ref())?;
+    check_kubeconfig_free(&args.kubeconfig)?;
     let cluster = berth_sim::SimCluster::start(berth_sim::SimConfig {
         nodes: berth_sim::NodeConfig::several(args.nodes),
         runtime: std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
@@ -100,6 +225,10 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
     cluster
         .write_kubeconfig(&args.kubeconfig)
         .map_err(|e| format!("cannot write {}: {e}", args.kubeconfig.display()))?;
+    let _kubeconfig = OwnKubeconfig {
+        path: args.kubeconfig.clone(),
+        text: std::fs::read_to_string(&args.kubeconfig).unwrap_or_default(),
+    };
     let client = cluster.client().await.map_err(|e| e.to_string())?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
@@ -149,40 +278,44 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
     let operator =
         tokio::spawn(async move { berth_controller::run(operator_client, config).await });
 
-    let applied = apply_examples(&client, &args.examples).await?;
+    let applied = apply_examples(&client, &manifests).await?;
     let interactive = std::io::stdout().is_terminal();
-    println!(
-        "berth dev: a simulated cluster at {} with the Berth operator",
-        cluster.url()
-    );
-    println!("berth dev: applied {}", applied.join(", "));
-    println!(
-        "berth dev: in another terminal:  kubectl --kubeconfig {} get ws -o wide",
-        args.kubeconfig.display()
-    );
-    println!(
-        "berth dev: make node-1 reject its next pod:  kubectl --kubeconfig {} annotate node node-1 sim.berth.dev/reject-next=1:OutOfcpu",
-        args.kubeconfig.display()
-    );
-    println!(
-        "berth dev: let no-delegator's agent authenticate:  kubectl --kubeconfig {} create clusterrolebinding berth-agent-default-no-delegator --clusterrole=system:auth-delegator --serviceaccount=default:no-delegator",
-        args.kubeconfig.display()
-    );
-    println!(
-        "berth dev: {}",
-        if args.duration.is_some() {
-            "stops by itself (--for)"
-        } else {
-            "Ctrl-C stops everything"
-        }
-    );
+    let kubeconfig = args.kubeconfig.display();
+    let hints = [
+        format!(
+            "berth dev: a simulated cluster at {} with the Berth operator",
+            cluster.url()
+        ),
+        format!("berth dev: applied {}", applied.join(", ")),
+        format!("berth dev: in another terminal:  kubectl --kubeconfig {kubeconfig} get ws -o wide"),
+        format!(
+            "berth dev: make node-1 reject its next pod:  kubectl --kubeconfig {kubeconfig} annotate node node-1 sim.berth.dev/reject-next=1:OutOfcpu"
+        ),
+        format!(
+            "berth dev: let no-delegator's agent authenticate:  kubectl --kubeconfig {kubeconfig} create clusterrolebinding berth-agent-default-no-delegator --clusterrole=system:auth-delegator --serviceaccount=default:no-delegator"
+        ),
+        format!(
+            "berth dev: {}",
+            if args.duration.is_some() {
+                "stops by itself (--for)"
+            } else {
+                "Ctrl-C stops everything"
+            }
+        ),
+    ]
+    .join("\n");
+    println!("{hints}");
+    if !interactive {
+        // Plain lines: the header once, then a line per change.
+        print!("{}", render_table(&[]));
+    }
 
     let workspaces: Api<Workspace> = Api::all(client.clone());
     let (reader, writer) = reflector::store::<Workspace>();
     let mut changes = Box::pin(
         reflector(writer, watcher(workspaces, watcher::Config::default())).applied_objects(),
     );
-    let mut rows: BTreeMap<String, [String; 5]> = BTreeMap::new();
+    let mut rows: BTreeMap<(String, String), [String; 6]> = BTreeMap::new();
     let stop = async {
         match args.duration {
             Some(d) => tokio::time::sleep(d).await,
@@ -196,17 +329,27 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
             change = changes.next() => {
                 let Some(Ok(ws)) = change else { continue };
                 let line = row(&ws);
+                let key = (line[0].clone(), line[1].clone());
                 // Until the operator has written a status there is nothing to say.
-                if line[1].is_empty() || rows.get(&line[0]) == Some(&line) {
+                if line[2].is_empty() || rows.get(&key) == Some(&line) {
                     continue;
                 }
-                rows.insert(line[0].clone(), line.clone());
+                rows.insert(key, line.clone());
                 if interactive {
-                    // Redraw the table in place.
-                    let all: BTreeMap<String, [String; 5]> = reader.state().iter().map(|w| { let r = row(w); (r[0].clone(), r) }).collect();
-                    print!("\x1b[2J\x1b[H{}", render_table(&all));
+                    // Redraw in place, the hints kept above the table.
+                    let all: BTreeMap<(String, String), [String; 6]> = reader
+                        .state()
+                        .iter()
+                        .map(|w| {
+                            let r = row(w);
+                            ((r[0].clone(), r[1].clone()), r)
+                        })
+                        .collect();
+                    let all: Vec<&[String; 6]> = all.values().collect();
+                    print!("\x1b[2J\x1b[H{hints}\n\n{}", render_table(&all));
                 } else {
-                    println!("{:<20} {:<12} {:<7} {:<3} {}", line[0], line[1], line[2], line[3], line[4]);
+                    let table = render_table(&[&line]);
+                    print!("{}", table.lines().nth(1).map(|l| format!("{l}\n")).unwrap_or_default());
                 }
                 let _ = std::io::stdout().flush();
             }
@@ -214,7 +357,50 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
     }
     operator.abort();
     cluster.shutdown();
-    let _ = std::fs::remove_file(&args.kubeconfig);
     println!("berth dev: stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_built_in_examples_are_the_folders() {
+        let folder = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples"));
+        let on_disk: Vec<(String, String)> = examples(Some(&folder))
+            .unwrap()
+            .into_iter()
+            .map(|(path, text)| {
+                let name = PathBuf::from(path)
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                (name, text)
+            })
+            .collect();
+        let built_in: Vec<(String, String)> = examples(None).unwrap();
+        assert_eq!(
+            built_in, on_disk,
+            "list every file of examples/ in EXAMPLES"
+        );
+    }
+
+    #[test]
+    fn long_names_widen_their_column() {
+        let long = "a-workspace-name-longer-than-twenty".to_owned();
+        let row = [
+            "default".to_owned(),
+            long.clone(),
+            "Running".into(),
+            "True".into(),
+            "0".into(),
+            "Workspace is running".into(),
+        ];
+        let table = render_table(&[&row]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[0].find("PHASE"), lines[1].find("Running"), "{table}");
+        assert!(lines[1].contains(&long));
+    }
 }

@@ -549,15 +549,38 @@ fn dev_shows_the_examples_reaching_their_phases() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    let header = stdout
+        .lines()
+        .find(|l| l.starts_with("NAMESPACE"))
+        .unwrap_or_else(|| panic!("a header in plain-line mode: {stdout}"));
+    assert_eq!(
+        header.split_whitespace().collect::<Vec<_>>(),
+        [
+            "NAMESPACE",
+            "NAME",
+            "PHASE",
+            "READY",
+            "RECREATIONS",
+            "MESSAGE"
+        ]
+    );
     let last = |name: &str, phase: &str| -> Option<String> {
         stdout
             .lines()
             .rfind(|l| {
-                l.split_whitespace().next() == Some(name)
-                    && l.split_whitespace().nth(1) == Some(phase)
+                let mut cells = l.split_whitespace();
+                cells.next() == Some("default")
+                    && cells.next() == Some(name)
+                    && cells.next() == Some(phase)
             })
             .map(str::to_owned)
     };
+    let basic = last("basic", "Running").unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(
+        basic.split_whitespace().nth(4),
+        Some("0"),
+        "RECREATIONS 0: {basic}"
+    );
     assert!(last("basic", "Running").is_some(), "{stdout}");
     assert!(last("with-secret", "Running").is_some(), "{stdout}");
     assert!(
@@ -571,15 +594,17 @@ fn dev_shows_the_examples_reaching_their_phases() {
     );
     let unpullable = stdout
         .lines()
-        .filter(|l| l.starts_with("unpullable-image") && l.contains(" Error "))
+        .filter(|l| l.starts_with("default     unpullable-image") && l.contains(" Error "))
         .collect::<Vec<_>>();
     assert!(
         unpullable.iter().any(|l| l.contains("ImagePullBackOff")),
         "{stdout}"
     );
     assert!(
-        stdout.lines().any(|l| l.starts_with("unschedulable")
-            && l.contains("0/3 nodes are available: 3 Insufficient cpu.")),
+        stdout
+            .lines()
+            .any(|l| l.starts_with("default     unschedulable")
+                && l.contains("0/3 nodes are available: 3 Insufficient cpu.")),
         "{stdout}"
     );
     let unauthenticated = last("no-delegator", "Error").unwrap_or_else(|| panic!("{stdout}"));
@@ -799,4 +824,309 @@ mod failover {
                 .success()
         );
     }
+}
+
+/// The machine's kubectl, or None (then the test is skipped, unless `BERTH_REQUIRE_KUBECTL=1`).
+fn kubectl() -> Option<&'static str> {
+    let found = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found && std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() == Ok("1") {
+        panic!("kubectl is required (BERTH_REQUIRE_KUBECTL=1) but not found");
+    }
+    found.then_some("kubectl")
+}
+
+/// `kubectl kustomize DIR`, as objects.
+fn kustomize(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    let output = Command::new(kubectl().unwrap())
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_saphyr::from_multiple(&String::from_utf8(output.stdout).unwrap()).unwrap()
+}
+
+fn object<'a>(objects: &'a [serde_json::Value], kind: &str, name: &str) -> &'a serde_json::Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy");
+
+/// What `kubectl apply -k deploy/` installs, as a cluster admin would check it.
+#[test]
+fn the_install_renders_with_kubectl_kustomize() {
+    if kubectl().is_none() {
+        return;
+    }
+    let objects = kustomize(std::path::Path::new(DEPLOY));
+    let kinds: std::collections::BTreeSet<String> = objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap().to_owned())
+        .collect();
+    for kind in [
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+    ] {
+        assert!(kinds.contains(kind), "{kind} missing: {kinds:?}");
+    }
+    let deployment = object(&objects, "Deployment", "berth-controller");
+    assert_eq!(deployment["metadata"]["namespace"], "berth-system");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "berth-controller");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert_eq!(
+        pod["topologySpreadConstraints"][0]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["image"],
+        format!("ghcr.io/berth-dev/berth:{}", env!("CARGO_PKG_VERSION"))
+    );
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args, ["controller", "--leader-election"]);
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert!(container["resources"]["requests"]["memory"].is_string());
+    assert!(container["resources"]["limits"]["memory"].is_string());
+    let security = &container["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    // The flags the Deployment passes are ones `berth controller` takes.
+    let help = Command::new(BERTH)
+        .args(["controller", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for arg in args.iter().filter(|a| a.starts_with("--")) {
+        assert!(
+            help.contains(arg),
+            "{arg} is not a flag of berth controller"
+        );
+    }
+    for env in container["env"].as_array().unwrap() {
+        let name = env["name"].as_str().unwrap();
+        assert!(
+            // POD_NAME finds the operator's own pod; BERTH_LOG_FORMAT is every subcommand's.
+            help.contains(name) || ["POD_NAME", "BERTH_LOG_FORMAT"].contains(&name),
+            "{name} is read by nothing"
+        );
+    }
+    let metrics = object(&objects, "Service", "berth-controller-metrics");
+    assert_eq!(metrics["spec"]["ports"][0]["port"], 8080);
+    assert_eq!(
+        metrics["spec"]["selector"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let budget = object(&objects, "PodDisruptionBudget", "berth-controller");
+    assert_eq!(budget["spec"]["minAvailable"], 1);
+    assert_eq!(
+        budget["spec"]["selector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+
+    // What a namespace with workspaces gets: only the operator reaches the agent port.
+    let policy = kustomize(&std::path::Path::new(DEPLOY).join("workspace-namespace"));
+    let policy = object(&policy, "NetworkPolicy", "berth-agent");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/managed-by"],
+        "berth"
+    );
+    let ingress = policy["spec"]["ingress"].as_array().unwrap();
+    let agent_rule = ingress
+        .iter()
+        .find(|r| r["ports"][0]["port"] == 50051)
+        .expect("a rule for the agent port");
+    assert_eq!(
+        agent_rule["from"][0]["podSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let open: Vec<(u64, u64)> = ingress
+        .iter()
+        .filter(|r| r.get("from").is_none())
+        .flat_map(|r| r["ports"].as_array().unwrap().iter())
+        .filter(|p| p["protocol"] == "TCP")
+        .map(|p| (p["port"].as_u64().unwrap(), p["endPort"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        open,
+        [(1, 50050), (50052, 65535)],
+        "every other TCP port stays open"
+    );
+}
+
+/// The path of `to` relative to the folder `from` (both absolute), as kustomize wants.
+fn relative(from: &std::path::Path, to: &std::path::Path) -> std::path::PathBuf {
+    let (from, to) = (from.canonicalize().unwrap(), to.canonicalize().unwrap());
+    let common = from
+        .components()
+        .zip(to.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut path = std::path::PathBuf::new();
+    for _ in from.components().skip(common) {
+        path.push("..");
+    }
+    to.components().skip(common).for_each(|c| path.push(c));
+    path
+}
+
+/// The README's overlay: a platform's own registry and tag, set in one place.
+#[test]
+fn an_overlay_sets_the_image_in_one_place() {
+    if kubectl().is_none() {
+        return;
+    }
+    let overlay = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let base = relative(overlay.path(), std::path::Path::new(DEPLOY));
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        format!(
+            "resources:\n  - {}\nimages:\n  - name: ghcr.io/berth-dev/berth\n    newName: registry.example.com/platform/berth\n    newTag: \"9.9\"\n",
+            base.display()
+        ),
+    )
+    .unwrap();
+    let objects = kustomize(overlay.path());
+    let deployment = object(&objects, "Deployment", "berth-controller");
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        "registry.example.com/platform/berth:9.9"
+    );
+}
+
+/// The image's Dockerfile builds what the manifests and the operator expect: the binary
+/// without the simulator, where `--agent-binary` looks for it, as a non-root user on a base
+/// with no shell. (`.ci/run` runs its build line; the image build itself needs Docker.)
+#[test]
+fn the_dockerfile_builds_the_slim_binary_where_the_operator_expects_it() {
+    let dockerfile =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Dockerfile")).unwrap();
+    let build = dockerfile
+        .lines()
+        .find(|l| l.contains("cargo build"))
+        .expect("a cargo build line");
+    for flag in ["--release", "--locked", "-p berth", "--no-default-features"] {
+        assert!(build.contains(flag), "{flag} missing from {build}");
+    }
+    let final_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
+    assert!(
+        final_stage.starts_with("gcr.io/distroless/static-debian12:nonroot"),
+        "{final_stage}"
+    );
+    assert!(final_stage.contains("USER 65532:65532"));
+    let help = Command::new(BERTH)
+        .args(["controller", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("[default: /usr/local/bin/berth]"),
+        "the agent binary's default path: {help}"
+    );
+    assert!(final_stage.contains("COPY --from=build /berth /usr/local/bin/berth"));
+    assert!(final_stage.contains(r#"ENTRYPOINT ["/usr/local/bin/berth"]"#));
+}
+
+/// `berth dev` from an installed binary: the examples are built in (no path of the build
+/// machine in `--help`), a second one in the same folder is refused while the first runs
+/// (its kubeconfig kept), and one that fails leaves no kubeconfig to a dead cluster.
+#[test]
+fn dev_works_from_an_installed_binary_and_guards_its_kubeconfig() {
+    let help = Command::new(BERTH)
+        .args(["dev", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(!help.contains("examples]"), "{help}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("berth-dev.kubeconfig");
+    let mut first = Command::new(BERTH)
+        .args(["dev", "--for", "20s"])
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !kubeconfig.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the first berth dev wrote no kubeconfig"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Written in one go, then read: wait until it parses.
+    std::thread::sleep(Duration::from_millis(200));
+    let written = std::fs::read_to_string(&kubeconfig).unwrap();
+    let second = Command::new(BERTH)
+        .args(["dev", "--for", "1s"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "berth-dev.kubeconfig belongs to a cluster that is still running at https://127.0.0.1:"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&kubeconfig).unwrap(),
+        written,
+        "kept"
+    );
+    let _ = Command::new("kill")
+        .args(["-TERM", &first.id().to_string()])
+        .status();
+    assert!(first.wait().unwrap().success());
+    assert!(!kubeconfig.exists(), "removed by the run that wrote it");
+
+    // A kubeconfig left by a cluster that is gone is taken over; a run that fails after
+    // writing its own removes it.
+    std::fs::write(&kubeconfig, written).unwrap();
+    let broken = dir.path().join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    std::fs::write(broken.join("bad.yaml"), "kind: Nonsense\napiVersion: v9\n").unwrap();
+    let failed = Command::new(BERTH)
+        .args(["dev", "--for", "5s", "--examples"])
+        .arg(&broken)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success(), "{stderr}");
+    assert!(stderr.contains("bad.yaml"), "{stderr}");
+    assert!(!kubeconfig.exists(), "no kubeconfig to a dead cluster");
 }

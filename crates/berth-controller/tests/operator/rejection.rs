@@ -199,7 +199,7 @@ async fn the_limit_fails_visibly_survives_a_restart_and_a_spec_change_starts_aga
     // A spec change resets the count and starts again.
     h.patch_spec("doomed", json!({"image": "devbox:2"})).await;
     let running = h.until_phase("doomed", Phase::Running).await;
-    assert_eq!(running.status.unwrap().pod_recreations, None);
+    assert_eq!(running.status.unwrap().pod_recreations, Some(0));
 }
 
 #[tokio::test]
