@@ -81,6 +81,13 @@ pub enum ApiError {
     ServiceUnavailable { message: String },
     #[error("{message}")]
     Timeout { message: String },
+    /// A list or watch from a resourceVersion the store has not reached (after a wait).
+    #[error("Timeout: Too large resource version: {requested}, current: {current}")]
+    TooLargeResourceVersion {
+        requested: u64,
+        current: u64,
+        retry_after_seconds: u64,
+    },
     /// An admission webhook's denial, with the code it gave (400 at least).
     #[error("{message}")]
     Denied { code: u16, message: String },
@@ -211,7 +218,7 @@ impl ApiError {
             ApiError::TooManyRequests { .. } => 429,
             ApiError::Internal { .. } => 500,
             ApiError::ServiceUnavailable { .. } => 503,
-            ApiError::Timeout { .. } => 504,
+            ApiError::Timeout { .. } | ApiError::TooLargeResourceVersion { .. } => 504,
             ApiError::Denied { code, .. } => *code,
         }
     }
@@ -233,7 +240,7 @@ impl ApiError {
             ApiError::TooManyRequests { .. } => "TooManyRequests",
             ApiError::Internal { .. } => "InternalError",
             ApiError::ServiceUnavailable { .. } => "ServiceUnavailable",
-            ApiError::Timeout { .. } => "Timeout",
+            ApiError::Timeout { .. } | ApiError::TooLargeResourceVersion { .. } => "Timeout",
             ApiError::Denied { code, .. } => match code {
                 401 => "Unauthorized",
                 403 => "Forbidden",
@@ -319,6 +326,13 @@ impl ApiError {
                 retry_after_seconds,
                 ..
             } => Some(json!({"retryAfterSeconds": retry_after_seconds})),
+            ApiError::TooLargeResourceVersion {
+                retry_after_seconds,
+                ..
+            } => Some(json!({
+                "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                "retryAfterSeconds": retry_after_seconds
+            })),
             _ => None,
         };
         if let Some(details) = details {

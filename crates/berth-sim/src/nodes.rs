@@ -386,6 +386,12 @@ pub async fn run(sim: Arc<Sim>) {
                         for problem in sim.faults.apply_config_map(data) {
                             tracing::warn!(%problem, "berth-sim-faults");
                         }
+                        // `compact: now`: forget the history now, so a list or watch from an
+                        // older resourceVersion gets 410 Gone (what kubectl and other
+                        // clients' tests cannot ask for through `compact()`).
+                        if data.and_then(|d| d.get("compact")).and_then(serde_json::Value::as_str).is_some_and(|v| !v.trim().is_empty()) {
+                            sim.store.compact();
+                        }
                         continue;
                     }
                     Ok(_) => continue,

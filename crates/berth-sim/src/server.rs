@@ -402,6 +402,10 @@ async fn route(
         }
         "list" => {
             let options = list_options(&query)?;
+            let exact = options.resource_version_match.as_deref() == Some("Exact");
+            if options.continue_token.is_none() {
+                wait_for_revision(&sim, options.resource_version.as_deref(), exact).await?;
+            }
             let list = sim.list(&rt, ns_filter.as_deref(), &options)?;
             let body = match render {
                 Render::Object => list,
@@ -456,6 +460,7 @@ async fn route(
                 ),
                 render,
             };
+            wait_for_revision(&sim, request.resource_version.as_deref(), false).await?;
             let stream = watch::watch(sim.clone(), rt.clone(), request)?;
             Ok(Response::builder()
                 .status(StatusCode::OK)
@@ -724,6 +729,46 @@ fn success(rt: &ResourceType, name: &str, uid: &str) -> Value {
         details["uid"] = json!(uid);
     }
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})
+}
+
+/// How long a list or watch waits for a resourceVersion the store has not reached, as the
+/// real API server's watch cache does.
+const FRESHNESS_WAIT: Duration = Duration::from_secs(3);
+
+/// Waits until the store has reached `resource_version` (at most [`FRESHNESS_WAIT`]; not at all
+/// for an `Exact` list, which etcd answers at once), else the real 504 `Too large resource
+/// version`.
+async fn wait_for_revision(
+    sim: &Sim,
+    resource_version: Option<&str>,
+    exact: bool,
+) -> ApiResult<()> {
+    let Some(requested) = resource_version
+        .filter(|rv| !rv.is_empty() && *rv != "0")
+        .and_then(|rv| rv.parse::<u64>().ok())
+    else {
+        return Ok(());
+    };
+    let deadline = tokio::time::Instant::now()
+        + if exact {
+            Duration::ZERO
+        } else {
+            FRESHNESS_WAIT
+        };
+    loop {
+        let current = sim.store.revision();
+        if requested <= current {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::TooLargeResourceVersion {
+                requested,
+                current,
+                retry_after_seconds: if exact { 0 } else { 1 },
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn list_options(query: &HashMap<String, String>) -> ApiResult<ListOptions> {

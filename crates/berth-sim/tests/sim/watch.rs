@@ -223,3 +223,117 @@ async fn reflector_converges_through_closed_streams_and_forced_relists() {
     );
     task.abort();
 }
+
+fn api_error(error: kube::Error) -> kube::core::Status {
+    match error {
+        kube::Error::Api(status) => *status,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// A client ahead of the store (a resourceVersion from a newer server, or made up) gets what
+/// the real API server answers once its watch cache waited 3 s for that version: 504
+/// `Too large resource version`; an Exact list is answered at once. A version reached within
+/// the wait is served.
+#[tokio::test]
+async fn a_resource_version_ahead_of_the_store_is_a_504_after_the_wait() {
+    let sim = cluster().await;
+    // kube retries a 504 by itself for minutes: this client shows the answer as it is.
+    let mut config = kube::Config::from_custom_kubeconfig(sim.kubeconfig(), &Default::default())
+        .await
+        .unwrap();
+    config.default_retry = false;
+    let cms: Api<ConfigMap> = Api::namespaced(kube::Client::try_from(config).unwrap(), "default");
+    let now: u64 = make(&cms, "here", json!({}))
+        .await
+        .resource_version()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let ahead = (now + 1000).to_string();
+
+    let started = std::time::Instant::now();
+    let error = api_error(
+        cms.list(&kube::api::ListParams::default().at(&ahead))
+            .await
+            .unwrap_err(),
+    );
+    assert!(started.elapsed() >= Duration::from_secs(3), "it waited");
+    assert_eq!((error.code, error.reason.as_str()), (504, "Timeout"));
+    assert!(
+        error.message.starts_with(&format!(
+            "Timeout: Too large resource version: {ahead}, current: "
+        )),
+        "{}",
+        error.message
+    );
+
+    let started = std::time::Instant::now();
+    let exact = kube::api::ListParams::default()
+        .at(&ahead)
+        .matching(kube::api::VersionMatch::Exact);
+    let error = api_error(cms.list(&exact).await.unwrap_err());
+    assert_eq!(error.code, 504);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "Exact does not wait"
+    );
+
+    let error = match cms.watch(&WatchParams::default(), &ahead).await {
+        Err(e) => api_error(e),
+        Ok(_) => panic!("a watch from a future version was opened"),
+    };
+    assert_eq!(error.code, 504);
+
+    // One revision ahead, and a write comes within the wait: served.
+    let next = (now + 1).to_string();
+    let writer = cms.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        make(&writer, "soon", json!({})).await;
+    });
+    let list = cms
+        .list(&kube::api::ListParams::default().at(&next))
+        .await
+        .unwrap();
+    assert!(list.items.iter().any(|c| c.name_any() == "soon"));
+}
+
+/// `compact: now` in `kube-system/berth-sim-faults` forgets the history, so a watch from an
+/// older version gets 410 Gone, as after an etcd compaction.
+#[tokio::test]
+async fn the_faults_config_map_compacts_the_history_on_demand() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let old = make(&cms, "old", json!({}))
+        .await
+        .resource_version()
+        .unwrap();
+    make(&cms, "newer", json!({})).await;
+    let faults: Api<ConfigMap> = Api::namespaced(client, "kube-system");
+    faults
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "berth-sim-faults"}, "data": {"compact": "now"}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "the history to be compacted",
+        || {
+            let cms = cms.clone();
+            let old = old.clone();
+            async move {
+                let stream = cms.watch(&WatchParams::default(), &old).await.ok()?;
+                let events = take(stream, 1).await;
+                (events == ["ERROR 410 Expired"]).then_some(())
+            }
+        },
+    )
+    .await;
+}
