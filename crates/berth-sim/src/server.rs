@@ -404,7 +404,7 @@ async fn route(
             let options = list_options(&query)?;
             let exact = options.resource_version_match.as_deref() == Some("Exact");
             if options.continue_token.is_none() {
-                wait_for_revision(&sim, options.resource_version.as_deref(), exact).await?;
+                wait_for_revision(sim, options.resource_version.as_deref(), exact).await?;
             }
             let list = sim.list(&rt, ns_filter.as_deref(), &options)?;
             let body = match render {
@@ -460,7 +460,7 @@ async fn route(
                 ),
                 render,
             };
-            wait_for_revision(&sim, request.resource_version.as_deref(), false).await?;
+            wait_for_revision(sim, request.resource_version.as_deref(), false).await?;
             let stream = watch::watch(sim.clone(), rt.clone(), request)?;
             Ok(Response::builder()
                 .status(StatusCode::OK)
