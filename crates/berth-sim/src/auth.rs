@@ -11,7 +11,7 @@ use std::{
 use base64::Engine;
 use jiff::Timestamp;
 use rand::RngCore;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::{error::ApiError, resources::StorageKey, store::Store};
 
@@ -385,6 +385,56 @@ pub fn authorize(store: &Store, user: &Identity, attrs: &Attributes) -> Decision
         allowed: false,
         reason: String::new(),
     }
+}
+
+/// What `user` may do in `namespace`, as a SelfSubjectRulesReview lists it: the resource rules
+/// of every ClusterRoleBinding and of the namespace's RoleBindings that name the user, and the
+/// non-resource rules of the ClusterRoleBindings (in binding order, as RBAC's rule resolver).
+pub fn rules_for(store: &Store, user: &Identity, namespace: &str) -> (Vec<Value>, Vec<Value>) {
+    if user.is_superuser() {
+        return (
+            vec![json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]})],
+            vec![json!({"verbs": ["*"], "nonResourceURLs": ["*"]})],
+        );
+    }
+    let (mut resource_rules, mut non_resource_rules) = (vec![], vec![]);
+    let mut collect = |binding: &Value, binding_namespace: &str, cluster: bool| {
+        let named = binding["subjects"].as_array().is_some_and(|s| {
+            s.iter()
+                .any(|s| subject_matches(s, user, binding_namespace))
+        });
+        let role = named
+            .then(|| role_rules(store, &binding["roleRef"], binding_namespace))
+            .flatten();
+        for rule in role
+            .iter()
+            .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
+        {
+            if rule.get("nonResourceURLs").is_some() {
+                if cluster {
+                    non_resource_rules.push(
+                        json!({"verbs": rule["verbs"], "nonResourceURLs": rule["nonResourceURLs"]}),
+                    );
+                }
+                continue;
+            }
+            let mut entry = json!({"verbs": rule["verbs"], "apiGroups": rule["apiGroups"], "resources": rule["resources"]});
+            if rule
+                .get("resourceNames")
+                .is_some_and(|n| n.as_array().is_some_and(|n| !n.is_empty()))
+            {
+                entry["resourceNames"] = rule["resourceNames"].clone();
+            }
+            resource_rules.push(entry);
+        }
+    };
+    for binding in store.list(CLUSTER_ROLE_BINDINGS, None).0 {
+        collect(&binding, "", true);
+    }
+    for binding in store.list(ROLE_BINDINGS, Some(namespace)).0 {
+        collect(&binding, namespace, false);
+    }
+    (resource_rules, non_resource_rules)
 }
 
 /// The 403 the API server returns when RBAC denies a resource request.

@@ -173,6 +173,11 @@ const TOKEN_REQUEST: &[(u64, &str, Kind)] = &[
     (2, "spec", Kind::Message(TOKEN_REQUEST_SPEC)),
 ];
 const JUST_META: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Message(OBJECT_META))];
+const SELF_RULES_REVIEW_SPEC: &[(u64, &str, Kind)] = &[(1, "namespace", Kind::Str)];
+const SELF_RULES_REVIEW: &[(u64, &str, Kind)] = &[
+    (1, "metadata", Kind::Message(OBJECT_META)),
+    (2, "spec", Kind::Message(SELF_RULES_REVIEW_SPEC)),
+];
 
 fn message(bytes: &[u8], schema: &[(u64, &str, Kind)]) -> ApiResult<Value> {
     let mut out = Map::new();
@@ -255,9 +260,8 @@ pub fn decode(body: &[u8]) -> ApiResult<Value> {
         "SelfSubjectAccessReview" => SELF_SAR,
         "SubjectAccessReview" | "LocalSubjectAccessReview" => SAR,
         "TokenRequest" => TOKEN_REQUEST,
-        "SelfSubjectReview" | "SelfSubjectRulesReview" | "Namespace" | "ServiceAccount" => {
-            JUST_META
-        }
+        "SelfSubjectRulesReview" => SELF_RULES_REVIEW,
+        "SelfSubjectReview" | "Namespace" | "ServiceAccount" => JUST_META,
         "ClusterRoleBinding" | "RoleBinding" => BINDING,
         "ClusterRole" | "Role" => ROLE,
         "Secret" => SECRET,

@@ -446,6 +446,17 @@ fn builtin_types() -> Vec<ResourceType> {
         Spec {
             group: "authorization.k8s.io",
             version: "v1",
+            resource: "selfsubjectrulesreviews",
+            kind: "SelfSubjectRulesReview",
+            namespaced: false,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Review,
+        },
+        Spec {
+            group: "authorization.k8s.io",
+            version: "v1",
             resource: "localsubjectaccessreviews",
             kind: "LocalSubjectAccessReview",
             namespaced: true,

@@ -992,6 +992,19 @@ fn review(
         "selfsubjectreviews" => {
             answer["status"] = json!({"userInfo": {"username": identity.username, "uid": identity.uid, "groups": identity.groups}});
         }
+        "selfsubjectrulesreviews" => {
+            let namespace = body["spec"]["namespace"].as_str().unwrap_or_default();
+            if namespace.is_empty() {
+                return Err(ApiError::bad_request("no namespace on request"));
+            }
+            let (resource_rules, non_resource_rules) =
+                auth::rules_for(&sim.store, identity, namespace);
+            answer["status"] = json!({
+                "resourceRules": resource_rules,
+                "nonResourceRules": non_resource_rules,
+                "incomplete": false
+            });
+        }
         _ => return Err(ApiError::no_such_path()),
     }
     Ok(answer)

@@ -462,6 +462,39 @@ async fn kubectl_auth_can_i_as_a_service_account() {
             .trim(),
         "yes"
     );
+
+    // `--list`: a SelfSubjectRulesReview, with the Role's rules and the ClusterRole's.
+    let list = kubectl.ok(&["auth", "can-i", "--list", sa]).await;
+    let header: Vec<&str> = list.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "Resources",
+            "Non-Resource",
+            "URLs",
+            "Resource",
+            "Names",
+            "Verbs"
+        ]
+    );
+    let row = |resource: &str| {
+        list.lines()
+            .find(|l| l.split_whitespace().next() == Some(resource))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|| panic!("no {resource} in:\n{list}"))
+    };
+    assert_eq!(row("pods"), "pods [] [] [get list]");
+    assert_eq!(
+        row("tokenreviews.authentication.k8s.io"),
+        "tokenreviews.authentication.k8s.io [] [] [create]"
+    );
+    let elsewhere = kubectl
+        .ok(&["auth", "can-i", "--list", sa, "-n", "kube-system"])
+        .await;
+    assert!(
+        !elsewhere.lines().any(|l| l.starts_with("pods ")),
+        "the Role is the default namespace's only:\n{elsewhere}"
+    );
 }
 
 async fn jsonpath(kubectl: &Kubectl, args: &[&str], path: &str) -> String {
