@@ -569,6 +569,72 @@ pub fn immutable_update_forbidden(rt: &ResourceType, old: &Value, new: &Value) -
     causes
 }
 
+/// The longest `reportingInstance`, `action` and `reason` of an events.k8s.io/v1 Event.
+const EVENT_FIELD_LIMIT: usize = 128;
+/// The longest `note`.
+const EVENT_NOTE_LIMIT: usize = 1024;
+
+/// What the real API server checks of an Event created through events.k8s.io/v1 (stricter
+/// than core/v1): who reported it and when, its action and reason, and none of the deprecated
+/// core fields.
+pub fn validate_event_v1_create(event: &Value) -> Vec<Cause> {
+    let mut causes = vec![];
+    let text = |key: &str| event[key].as_str().unwrap_or_default();
+    if text("eventTime").is_empty() {
+        causes.push(required("eventTime"));
+    }
+    match text("type") {
+        "Normal" | "Warning" => {}
+        other => causes.push(invalid("type", "", &format!("has invalid value: {other}"))),
+    }
+    if text("reportingController").is_empty() {
+        causes.push(required("reportingController"));
+    }
+    for (key, limit) in [
+        ("reportingInstance", EVENT_FIELD_LIMIT),
+        ("action", EVENT_FIELD_LIMIT),
+        ("reason", EVENT_FIELD_LIMIT),
+    ] {
+        let value = text(key);
+        if value.is_empty() {
+            causes.push(required(key));
+        } else if value.chars().count() > limit {
+            causes.push(invalid(
+                key,
+                "",
+                &format!("can have at most {limit} characters"),
+            ));
+        }
+    }
+    if text("note").chars().count() > EVENT_NOTE_LIMIT {
+        causes.push(invalid(
+            "note",
+            "",
+            &format!("can have at most {EVENT_NOTE_LIMIT} characters"),
+        ));
+    }
+    for key in [
+        "deprecatedFirstTimestamp",
+        "deprecatedLastTimestamp",
+        "deprecatedCount",
+        "deprecatedSource",
+    ] {
+        let set = match &event[key] {
+            Value::Null => false,
+            Value::Number(n) => n.as_i64() != Some(0),
+            Value::Object(m) => m
+                .values()
+                .any(|v| v.as_str().is_some_and(|s| !s.is_empty())),
+            Value::String(s) => !s.is_empty(),
+            _ => true,
+        };
+        if set {
+            causes.push(invalid(key, "", "needs to be unset"));
+        }
+    }
+    causes
+}
+
 /// Secrets' `stringData` is write-only: it is merged into `data`, base64-encoded.
 pub fn fold_string_data(secret: &mut Value) {
     if let Some(Value::Object(string_data)) =

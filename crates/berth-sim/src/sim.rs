@@ -706,6 +706,13 @@ impl Sim {
         managed: Option<Value>,
     ) -> ApiResult<Written> {
         self.check_identity(rt, &body)?;
+        if rt.view == View::EventsV1 {
+            let causes = builtin::validate_event_v1_create(&body);
+            if !causes.is_empty() {
+                let name = meta_str(&body, "name").unwrap_or_default().to_owned();
+                return Err(Self::invalid(rt, &name, causes));
+            }
+        }
         let mut object = self.to_storage(rt, body);
         let (api_version, kind) = Self::storage_identity(rt);
         object["apiVersion"] = json!(api_version);

@@ -536,3 +536,65 @@ async fn immutability_and_the_shape_of_secrets_and_services_are_enforced() {
         (422, "Invalid".into(), "Service \"web\" is invalid: spec.clusterIP: Invalid value: \"10.96.200.200\": field is immutable".into())
     );
 }
+
+/// events.k8s.io/v1 is stricter than core/v1, as on a real server: an Event must say when,
+/// who reported it (controller and instance), its action and reason, and leave the
+/// deprecated core fields unset. What kube's `Recorder` sends passes.
+#[tokio::test]
+async fn events_k8s_io_events_need_their_reporter_time_and_action() {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let path = "/apis/events.k8s.io/v1/namespaces/default/events";
+    let refused = post_json(
+        &client,
+        path,
+        &json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "bare"},
+            "type": "Normal", "reason": "Started", "deprecatedCount": 3,
+            "regarding": {"kind": "Pod", "name": "p", "namespace": "default"}}),
+    )
+    .await;
+    let (code, _, message) = api_error(refused);
+    assert_eq!(code, 422);
+    assert_eq!(
+        message,
+        "Event.events.k8s.io \"bare\" is invalid: [eventTime: Required value, reportingController: Required value, reportingInstance: Required value, action: Required value, deprecatedCount: Invalid value: \"\": needs to be unset]"
+    );
+    let accepted = post_json(
+        &client,
+        path,
+        &json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "full"},
+            "type": "Normal", "reason": "Started", "action": "Start", "note": "started",
+            "eventTime": "2026-12-02T10:00:00.000000Z",
+            "reportingController": "example.com/ctl", "reportingInstance": "ctl-0",
+            "regarding": {"kind": "Pod", "name": "p", "namespace": "default"}}),
+    )
+    .await;
+    assert!(accepted.is_ok(), "{accepted:?}");
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "berth".into(),
+            instance: None,
+        },
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod = pods
+        .create(&PostParams::default(), &pod("p", "web"))
+        .await
+        .unwrap();
+    recorder
+        .publish(
+            &Event {
+                type_: EventType::Warning,
+                reason: "Tested".into(),
+                note: Some("kube's recorder".into()),
+                action: "Test".into(),
+                secondary: None,
+            },
+            &kube::Resource::object_ref(&pod, &()),
+        )
+        .await
+        .expect("what kube's Recorder sends is valid");
+}
