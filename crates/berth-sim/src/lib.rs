@@ -12,6 +12,7 @@ mod faults;
 mod gc;
 mod kubelet;
 pub mod manifests;
+mod node_ports;
 mod nodes;
 mod openapi;
 mod patch;

@@ -809,7 +809,10 @@ impl Sim {
         });
         let warnings = self.admit_fields(rt, &mut object, None, ctx.field_validation, &name)?;
         Self::check_decodable(rt, &object)?;
-        let causes = builtin::validate(rt, &object);
+        let mut causes = builtin::validate(rt, &object);
+        if causes.is_empty() && rt.group.is_empty() && rt.resource == "services" {
+            causes = crate::node_ports::allocate(&self.store, &mut object, None);
+        }
         if !causes.is_empty() {
             return Err(Self::invalid(rt, &name, causes));
         }
@@ -1089,6 +1092,13 @@ impl Sim {
         }
         if subresource.is_empty() {
             causes.extend(builtin::immutable_update_forbidden(rt, current, &new));
+        }
+        if causes.is_empty()
+            && rt.group.is_empty()
+            && rt.resource == "services"
+            && subresource.is_empty()
+        {
+            causes = crate::node_ports::allocate(&self.store, &mut new, Some(current));
         }
         if !causes.is_empty() {
             return Err(Self::invalid(rt, &name, causes));

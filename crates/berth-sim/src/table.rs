@@ -431,7 +431,18 @@ fn service_cells(service: &Value, now: Timestamp) -> Vec<Value> {
         .map(|ports| {
             ports
                 .iter()
-                .map(|p| format!("{}/{}", p["port"], p["protocol"].as_str().unwrap_or("TCP")))
+                .map(|p| {
+                    // `80:30080/TCP` with a node port, as kubectl's printer shows it.
+                    let node_port = p["nodePort"]
+                        .as_u64()
+                        .map(|n| format!(":{n}"))
+                        .unwrap_or_default();
+                    format!(
+                        "{}{node_port}/{}",
+                        p["port"],
+                        p["protocol"].as_str().unwrap_or("TCP")
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();

@@ -757,3 +757,143 @@ async fn aggregated_discovery_finds_what_the_legacy_documents_list() {
     );
     assert_eq!(found, names(&legacy));
 }
+
+fn service(
+    name: &str,
+    type_: &str,
+    ports: serde_json::Value,
+) -> k8s_openapi::api::core::v1::Service {
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"type": type_, "selector": {"app": name}, "ports": ports}})).unwrap()
+}
+
+fn node_port(s: &k8s_openapi::api::core::v1::Service, i: usize) -> Option<i32> {
+    s.spec.as_ref()?.ports.as_ref()?.get(i)?.node_port
+}
+
+/// A NodePort service gets a free node port from 30000-32767 per port, keeps it when an update
+/// leaves it out, and may name one only in the range and only if no other service has it; a
+/// ClusterIP service may not name one. The real server's words.
+#[tokio::test]
+async fn node_ports_are_allocated_checked_and_kept() {
+    use k8s_openapi::api::core::v1::Service;
+    let sim = cluster().await;
+    let services: Api<Service> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let web = services
+        .create(
+            &PostParams::default(),
+            &service(
+                "web",
+                "NodePort",
+                json!([{"name": "http", "port": 80}, {"name": "https", "port": 443}]),
+            ),
+        )
+        .await
+        .unwrap();
+    let (first, second) = (node_port(&web, 0).unwrap(), node_port(&web, 1).unwrap());
+    assert!((30000..=32767).contains(&first) && (30000..=32767).contains(&second));
+    assert_ne!(first, second);
+
+    // An update without the node ports keeps them.
+    let mut replaced = service(
+        "web",
+        "NodePort",
+        json!([{"name": "http", "port": 80}, {"name": "https", "port": 443}]),
+    );
+    replaced.metadata.resource_version = web.resource_version();
+    let kept = services
+        .replace("web", &PostParams::default(), &replaced)
+        .await
+        .unwrap();
+    assert_eq!(
+        (node_port(&kept, 0), node_port(&kept, 1)),
+        (Some(first), Some(second))
+    );
+
+    let taken = services
+        .create(
+            &PostParams::default(),
+            &service(
+                "other",
+                "NodePort",
+                json!([{"port": 80, "nodePort": first}]),
+            ),
+        )
+        .await;
+    assert_eq!(
+        api_error(taken),
+        (
+            422,
+            "Invalid".to_owned(),
+            format!(
+                "Service \"other\" is invalid: spec.ports[0].nodePort: Invalid value: {first}: provided port is already allocated"
+            )
+        )
+    );
+    let outside = services
+        .create(
+            &PostParams::default(),
+            &service("low", "NodePort", json!([{"port": 80, "nodePort": 80}])),
+        )
+        .await;
+    assert_eq!(
+        api_error(outside).2,
+        "Service \"low\" is invalid: spec.ports[0].nodePort: Invalid value: 80: provided port is not in the valid range. The range of valid ports is 30000-32767"
+    );
+    let cluster_ip = services
+        .create(
+            &PostParams::default(),
+            &service(
+                "inner",
+                "ClusterIP",
+                json!([{"port": 80, "nodePort": 30500}]),
+            ),
+        )
+        .await;
+    assert_eq!(
+        api_error(cluster_ip).2,
+        "Service \"inner\" is invalid: spec.ports[0].nodePort: Forbidden: may not be used when `type` is 'ClusterIP'"
+    );
+    let named = services
+        .create(
+            &PostParams::default(),
+            &service(
+                "named",
+                "NodePort",
+                json!([{"port": 80, "nodePort": 30500}]),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(node_port(&named, 0), Some(30500));
+    let plain = services
+        .create(
+            &PostParams::default(),
+            &service("plain", "ClusterIP", json!([{"port": 80}])),
+        )
+        .await
+        .unwrap();
+    assert_eq!(node_port(&plain, 0), None);
+
+    // `kubectl get svc` shows `80:30500/TCP`, from the server's table.
+    let table: serde_json::Value = sim
+        .client()
+        .await
+        .unwrap()
+        .request(
+            http::Request::get("/api/v1/namespaces/default/services/named")
+                .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+                .body(vec![])
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let cells = &table["rows"][0]["cells"];
+    assert!(
+        cells
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c == "80:30500/TCP"),
+        "{cells}"
+    );
+}
