@@ -30,9 +30,30 @@ impl PatchType {
     }
 }
 
-/// Applies a JSON merge patch.
-pub fn merge(target: &mut Value, patch: &Value) {
-    json_patch::merge(target, patch);
+/// Applies a JSON merge patch. As in the API server: a patch that is not an object or an
+/// array is `Invalid JSON Patch` (400); an array replaces the whole document (RFC 7386), which
+/// then cannot be decoded as an object (422 on the field `patch`).
+pub fn merge(target: &mut Value, patch: &Value) -> ApiResult<()> {
+    match patch {
+        Value::Object(_) => {
+            json_patch::merge(target, patch);
+            Ok(())
+        }
+        Value::Array(_) => Err(ApiError::invalid(
+            "",
+            "",
+            "",
+            vec![crate::error::Cause {
+                reason: "FieldValueInvalid".to_owned(),
+                message: format!(
+                    "Invalid value: {:?}: couldn't get version/kind; json parse error: json: cannot unmarshal array into Go value of type struct {{ APIVersion string \"json:\\\"apiVersion,omitempty\\\"\"; Kind string \"json:\\\"kind,omitempty\\\"\" }}",
+                    patch.to_string()
+                ),
+                field: "patch".to_owned(),
+            }],
+        )),
+        _ => Err(ApiError::bad_request("Invalid JSON Patch")),
+    }
 }
 
 /// Applies an RFC 6902 JSON patch; a failed `test` or a bad path is an error the API server

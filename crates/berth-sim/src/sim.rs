@@ -1291,7 +1291,7 @@ impl Sim {
             let patched = match patch_type {
                 PatchType::Merge => {
                     let mut v = view.clone();
-                    patch::merge(&mut v, body);
+                    patch::merge(&mut v, body)?;
                     v
                 }
                 PatchType::Json => {

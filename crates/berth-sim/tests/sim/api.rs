@@ -897,3 +897,44 @@ async fn node_ports_are_allocated_checked_and_kept() {
         "{cells}"
     );
 }
+
+/// A merge patch that is not an object: an array replaces the document and cannot be
+/// decoded (422 on `patch`), anything else is `Invalid JSON Patch` (400); never a conflict.
+#[tokio::test]
+async fn a_merge_patch_that_is_not_an_object_is_refused_as_the_real_server_does() {
+    let sim = cluster().await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.client().await.unwrap(), "default");
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"a": "1"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let array = cms
+        .patch("c", &PatchParams::default(), &Patch::Merge(json!([1, 2])))
+        .await;
+    let (code, reason, message) = api_error(array);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert!(
+        message.starts_with(" \"\" is invalid: patch: Invalid value: \"[1,2]\": couldn't get version/kind; json parse error: json: cannot unmarshal array"),
+        "{message}"
+    );
+    for body in [json!("x"), json!(7), json!(null)] {
+        let refused = cms
+            .patch("c", &PatchParams::default(), &Patch::Merge(body))
+            .await;
+        assert_eq!(
+            api_error(refused),
+            (
+                400,
+                "BadRequest".to_owned(),
+                "Invalid JSON Patch".to_owned()
+            )
+        );
+    }
+    assert_eq!(
+        cms.get("c").await.unwrap().data.unwrap()["a"],
+        "1",
+        "nothing changed"
+    );
+}
