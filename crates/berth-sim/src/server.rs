@@ -388,7 +388,24 @@ async fn route(
         "get" => {
             if subresource == "log" {
                 let pod = sim.get(&rt, namespace, name)?;
-                check_log_container(&pod, name, query.get("container").map(String::as_str))?;
+                let container =
+                    check_log_container(&pod, name, query.get("container").map(String::as_str))?;
+                if query.get("follow").is_some_and(|f| f == "true") {
+                    // Containers here write nothing; a follower stays connected while the
+                    // container runs, as with a real kubelet, and the stream ends with it.
+                    let stream = follow_logs(
+                        sim.clone(),
+                        rt.storage.to_string(),
+                        namespace.to_owned(),
+                        pod,
+                        container,
+                    );
+                    return Response::builder()
+                        .status(StatusCode::OK)
+                        .header(header::CONTENT_TYPE, "text/plain")
+                        .body(Body::from_stream(stream))
+                        .map_err(|e| ApiError::internal(e.to_string()));
+                }
                 return Ok(
                     (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], "").into_response()
                 );
@@ -669,7 +686,59 @@ async fn admit(
 
 /// The container a log request is for must be one of the pod's and have started, or the real
 /// server's 400.
-fn check_log_container(pod: &Value, name: &str, container: Option<&str>) -> ApiResult<()> {
+/// Whether `container` of the pod with `uid` still runs in the store.
+fn still_running(
+    sim: &Sim,
+    storage: &str,
+    namespace: &str,
+    name: &str,
+    uid: &Value,
+    container: &str,
+) -> bool {
+    let Some(pod) = sim.store.get(storage, namespace, name) else {
+        return false;
+    };
+    pod["metadata"]["uid"] == *uid
+        && ["initContainerStatuses", "containerStatuses"]
+            .iter()
+            .flat_map(|list| pod["status"][list].as_array().into_iter().flatten())
+            .find(|s| s["name"] == container)
+            .is_some_and(|s| s["state"]["terminated"].is_null())
+}
+
+/// The body of `log?follow=true`: open while the container runs.
+fn follow_logs(
+    sim: Arc<Sim>,
+    storage: String,
+    namespace: String,
+    pod: Value,
+    container: String,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> {
+    let name = pod["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let uid = pod["metadata"]["uid"].clone();
+    futures::stream::unfold((), move |()| {
+        let (sim, storage, namespace, name, uid, container) = (
+            sim.clone(),
+            storage.clone(),
+            namespace.clone(),
+            name.clone(),
+            uid.clone(),
+            container.clone(),
+        );
+        async move {
+            while still_running(&sim, &storage, &namespace, &name, &uid, &container) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            None
+        }
+    })
+}
+
+/// The container a log request is for, or why there is none to read.
+fn check_log_container(pod: &Value, name: &str, container: Option<&str>) -> ApiResult<String> {
     let names: Vec<&str> = ["initContainers", "containers"]
         .iter()
         .flat_map(|list| pod["spec"][list].as_array().into_iter().flatten())
@@ -716,7 +785,7 @@ fn check_log_container(pod: &Value, name: &str, container: Option<&str>) -> ApiR
         Some(reason) => Err(ApiError::bad_request(format!(
             "container \"{container}\" in pod \"{name}\" is waiting to start: {reason}"
         ))),
-        None => Ok(()),
+        None => Ok(container.to_owned()),
     }
 }
 

@@ -974,3 +974,33 @@ async fn a_new_image_restarts_the_container_in_the_same_pod() {
         "the new image was pulled"
     );
 }
+
+/// `log?follow=true` (kubectl logs -f) stays connected while the container runs and ends when
+/// it stops, as with a real kubelet.
+#[tokio::test]
+async fn following_logs_stays_open_until_the_container_stops() {
+    use futures::AsyncBufReadExt;
+    let sim = cluster_with_nodes().await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    pods.create(&PostParams::default(), &pod_with("tail", json!({})))
+        .await
+        .unwrap();
+    phase_of(&pods, "tail", "Running").await;
+    let params = kube::api::LogParams {
+        follow: true,
+        ..Default::default()
+    };
+    let mut lines = pods.log_stream("tail", &params).await.unwrap().lines();
+    use futures::StreamExt;
+    let early = tokio::time::timeout(Duration::from_millis(800), lines.next()).await;
+    assert!(
+        early.is_err(),
+        "still open while the container runs: {early:?}"
+    );
+    pods.delete("tail", &DeleteParams::default()).await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(20), lines.next()).await;
+    assert!(
+        matches!(ended, Ok(None)),
+        "ends once the container stopped: {ended:?}"
+    );
+}
