@@ -1,7 +1,8 @@
 //! The sim's controllers that a real control plane runs beside the API server: the garbage
 //! collector (ownerReferences with Background, Foreground and Orphan propagation, dangling
-//! owners), the namespace controller (a deleted namespace empties, then goes), and the
-//! completion of graceful pod deletions when no kubelet does it.
+//! owners), the namespace controller (a deleted namespace empties, then goes), the
+//! apiextensions finalizer controller (a deleted CRD's instances go first), and the completion
+//! of graceful pod deletions when no kubelet does it.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -286,7 +287,124 @@ fn process_namespace(sim: &Sim, namespace: &Value) {
     }
 }
 
-fn handle(sim: &Sim, graph: &mut Graph, change: &Change, pending: &mut HashSet<String>) {
+/// Sets the CRD's `Terminating` condition (kept in place when its status does not change).
+fn set_terminating(sim: &Sim, crd: &Value, status: &str, reason: &str, message: &str) {
+    let Some(rt) = type_of(sim, crate::sim::CRD_STORAGE) else {
+        return;
+    };
+    let mut conditions: Vec<Value> = crd["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let since = conditions
+        .iter()
+        .find(|c| c["type"] == "Terminating" && c["status"] == status)
+        .map(|c| c["lastTransitionTime"].clone())
+        .unwrap_or_else(|| json!(now));
+    conditions.retain(|c| c["type"] != "Terminating");
+    conditions.push(json!({"type": "Terminating", "status": status, "reason": reason, "message": message, "lastTransitionTime": since}));
+    if crd["status"]["conditions"].as_array() == Some(&conditions) {
+        return;
+    }
+    let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+    let _ = sim.patch(
+        &rt,
+        "",
+        name,
+        "status",
+        crate::patch::PatchType::Merge,
+        &json!({"status": {"conditions": conditions}}),
+        &ctx(),
+        false,
+    );
+}
+
+/// The apiextensions finalizer controller: a deleted CRD's instances are deleted as any client
+/// would delete them (their own finalizers are honoured, so they may take a while), the
+/// `Terminating` condition says so, and once none is left the finalizer goes, and with it the
+/// definition. Returns whether it is done.
+fn process_definition(sim: &Sim, crd: &Value) -> bool {
+    if crd["metadata"]["deletionTimestamp"].is_null()
+        || !has_finalizer(crd, crate::sim::CRD_CLEANUP_FINALIZER)
+    {
+        return true;
+    }
+    let name = crd["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    set_terminating(
+        sim,
+        crd,
+        "True",
+        "InstanceDeletionInProgress",
+        "CustomResource deletion is in progress",
+    );
+    let group = crd["spec"]["group"].as_str().unwrap_or_default();
+    let plural = crd["spec"]["names"]["plural"].as_str().unwrap_or_default();
+    let storage: StorageKey = format!("{group}/{plural}").into();
+    let (instances, _) = sim.store.list(&storage, None);
+    if let Some(rt) = type_of(sim, &storage) {
+        for instance in instances
+            .iter()
+            .filter(|i| i["metadata"]["deletionTimestamp"].is_null())
+        {
+            let _ = sim.delete(
+                &rt,
+                instance["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default(),
+                instance["metadata"]["name"].as_str().unwrap_or_default(),
+                &DeleteOptions::default(),
+                &ctx(),
+            );
+        }
+    }
+    if !instances.is_empty() {
+        return false;
+    }
+    if let Some(current) = sim.store.get(crate::sim::CRD_STORAGE, "", &name) {
+        set_terminating(
+            sim,
+            &current,
+            "False",
+            "InstanceDeletionCompleted",
+            "removed all instances",
+        );
+    }
+    remove_finalizer(
+        sim,
+        &(crate::sim::CRD_STORAGE.into(), String::new(), name),
+        crate::sim::CRD_CLEANUP_FINALIZER,
+    );
+    true
+}
+
+/// Tracks the objects a tick works on: namespaces and CRDs being deleted.
+fn track(pending: &mut HashSet<String>, change: &Change) {
+    let name = change.object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if change.object["metadata"]["deletionTimestamp"].is_string()
+        && change.kind != ChangeKind::Deleted
+    {
+        pending.insert(name);
+    } else {
+        pending.remove(&name);
+    }
+}
+
+fn handle(
+    sim: &Sim,
+    graph: &mut Graph,
+    change: &Change,
+    pending: &mut HashSet<String>,
+    definitions: &mut HashSet<String>,
+) {
     match change.kind {
         ChangeKind::Added => {
             graph.add(&change.storage, &change.object);
@@ -319,23 +437,10 @@ fn handle(sim: &Sim, graph: &mut Graph, change: &Change, pending: &mut HashSet<S
             }
         }
     }
-    if &*change.storage == "/namespaces" {
-        if change.object["metadata"]["deletionTimestamp"].is_string()
-            && change.kind != ChangeKind::Deleted
-        {
-            pending.insert(
-                change.object["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-            );
-        } else {
-            pending.remove(
-                change.object["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default(),
-            );
-        }
+    match &*change.storage {
+        "/namespaces" => track(pending, change),
+        crate::sim::CRD_STORAGE => track(definitions, change),
+        _ => {}
     }
 }
 
@@ -347,11 +452,12 @@ pub async fn run(
     let mut receiver = sim.store.subscribe();
     let mut graph = Graph::rebuild(&sim);
     let mut terminating_namespaces: HashSet<String> = HashSet::new();
+    let mut terminating_definitions: HashSet<String> = HashSet::new();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
         tokio::select! {
             received = receiver.recv() => match received {
-                Ok(change) => handle(&sim, &mut graph, &change, &mut terminating_namespaces),
+                Ok(change) => handle(&sim, &mut graph, &change, &mut terminating_namespaces, &mut terminating_definitions),
                 Err(RecvError::Lagged(_)) => graph = Graph::rebuild(&sim),
                 Err(RecvError::Closed) => return,
             },
@@ -362,11 +468,20 @@ pub async fn run(
                     sim.finish_pod_termination(&namespace, &name, &pod_uid);
                 });
             }
-            _ = tick.tick(), if !terminating_namespaces.is_empty() => {
+            _ = tick.tick(), if !terminating_namespaces.is_empty() || !terminating_definitions.is_empty() => {
                 for name in terminating_namespaces.clone() {
                     match sim.store.get("/namespaces", "", &name) {
                         Some(ns) => process_namespace(&sim, &ns),
                         None => { terminating_namespaces.remove(&name); }
+                    }
+                }
+                for name in terminating_definitions.clone() {
+                    let done = sim
+                        .store
+                        .get(crate::sim::CRD_STORAGE, "", &name)
+                        .is_none_or(|crd| process_definition(&sim, &crd));
+                    if done {
+                        terminating_definitions.remove(&name);
                     }
                 }
             }

@@ -577,6 +577,26 @@ impl Sim {
         }
     }
 
+    /// A custom resource whose definition is being deleted takes no new objects (its
+    /// instances are being removed).
+    fn check_definition_open(&self, rt: &ResourceType) -> ApiResult<()> {
+        if !rt.is_custom {
+            return Ok(());
+        }
+        let crd = format!("{}.{}", rt.resource, rt.group);
+        match self
+            .store
+            .get(CRD_STORAGE, "", &crd)
+            .filter(|d| d["metadata"]["deletionTimestamp"].is_string())
+        {
+            Some(_) => Err(ApiError::MethodNotAllowed {
+                message: "create not allowed while custom resource definition is terminating"
+                    .to_owned(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     fn check_identity(&self, rt: &ResourceType, object: &Value) -> ApiResult<()> {
         let api_version = object["apiVersion"].as_str().unwrap_or_default();
         let kind = object["kind"].as_str().unwrap_or_default();
@@ -760,6 +780,7 @@ impl Sim {
             ));
         }
         self.check_namespace_open(rt, namespace)?;
+        self.check_definition_open(rt)?;
         if rt.group.is_empty() && rt.resource == "pods" {
             // The ServiceAccount admission plugin.
             let account = object["spec"]["serviceAccountName"]
@@ -818,6 +839,16 @@ impl Sim {
         }
         if rt.group == "apiextensions.k8s.io" {
             prepare_crd(&mut object).map_err(|causes| Self::invalid(rt, &name, causes))?;
+            // The apiextensions server's own finalizer: instances go before the definition.
+            let finalizers = object["metadata"]["finalizers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if !finalizers.iter().any(|f| f == CRD_CLEANUP_FINALIZER) {
+                let mut finalizers = finalizers;
+                finalizers.push(json!(CRD_CLEANUP_FINALIZER));
+                object["metadata"]["finalizers"] = Value::Array(finalizers);
+            }
         }
         let now = now_rfc3339();
         match managed {
@@ -887,11 +918,10 @@ impl Sim {
             .as_str()
             .unwrap_or_default()
             .to_owned();
+        // A terminating definition is still served (its instances' finalizers must be
+        // removable); only creates are refused, by `check_definition_open`.
         let mut registry = self.registry.write().unwrap_or_else(|p| p.into_inner());
         registry.remove_group_resource(&group, &plural);
-        if crd["metadata"]["deletionTimestamp"].is_string() {
-            return;
-        }
         let storage: crate::resources::StorageKey = format!("{group}/{plural}").into();
         for version in spec["versions"].as_array().cloned().unwrap_or_default() {
             if version["served"] != true {
@@ -1759,6 +1789,11 @@ impl Sim {
 }
 
 /// CRD validation and the status the apiextensions controller would set.
+/// Where CRDs are stored.
+pub const CRD_STORAGE: &str = "apiextensions.k8s.io/customresourcedefinitions";
+/// The finalizer the apiextensions server puts on every CRD.
+pub const CRD_CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
+
 fn prepare_crd(crd: &mut Value) -> Result<(), Vec<Cause>> {
     let spec = &crd["spec"];
     let group = spec["group"].as_str().unwrap_or_default();

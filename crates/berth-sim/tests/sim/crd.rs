@@ -266,3 +266,103 @@ async fn a_crd_without_printer_columns_gets_name_and_age() {
     assert_eq!(names, ["Name", "Age"]);
     assert_eq!(table["rows"][0]["cells"][0], "g");
 }
+
+/// Deleting a CRD deletes its instances first, as any client would (their own finalizers
+/// honoured), while the CRD is `Terminating` and takes no new objects; once the last instance
+/// is gone, so is the CRD. A Workspace whose operator never removes its finalizer keeps the CRD
+/// terminating, as on a real cluster.
+#[tokio::test]
+async fn a_deleted_crd_removes_its_instances_first_and_honours_their_finalizers() {
+    use crate::support::eventually;
+    use std::time::Duration;
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    install_workspace_crd(&client).await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = crds.get("workspaces.berth.dev").await.unwrap();
+    assert_eq!(
+        crd.metadata.finalizers.as_deref(),
+        Some(&["customresourcecleanup.apiextensions.k8s.io".to_owned()][..])
+    );
+    raw_create(&client, workspace("plain", json!({"image": "x"})), "")
+        .await
+        .unwrap();
+    let mut kept = workspace("kept", json!({"image": "x"}));
+    kept["metadata"]["finalizers"] = json!(["berth.dev/cleanup"]);
+    raw_create(&client, kept, "").await.unwrap();
+
+    crds.delete("workspaces.berth.dev", &Default::default())
+        .await
+        .unwrap();
+    let workspaces: Api<Workspace> = Api::namespaced(client.clone(), "default");
+    eventually(
+        Duration::from_secs(10),
+        "the plain instance to go",
+        || async {
+            workspaces
+                .get_opt("plain")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    let terminating = crds.get("workspaces.berth.dev").await.unwrap();
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    let condition = terminating
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Terminating")
+        .expect("a Terminating condition");
+    assert_eq!(
+        (
+            condition.status.as_str(),
+            condition.reason.as_deref(),
+            condition.message.as_deref()
+        ),
+        (
+            "True",
+            Some("InstanceDeletionInProgress"),
+            Some("CustomResource deletion is in progress")
+        )
+    );
+    let stuck = workspaces.get("kept").await.unwrap();
+    assert!(
+        stuck.metadata.deletion_timestamp.is_some(),
+        "deleted, waiting for its finalizer"
+    );
+    let (code, reason, message) =
+        api_error(raw_create(&client, workspace("late", json!({"image": "x"})), "").await);
+    assert_eq!(
+        (code, reason.as_str(), message.as_str()),
+        (
+            405,
+            "MethodNotAllowed",
+            "create not allowed while custom resource definition is terminating"
+        )
+    );
+
+    // The operator's part: its finalizer goes, then the instance, then the definition.
+    workspaces
+        .patch(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "the CRD to go", || async {
+        crds.get_opt("workspaces.berth.dev")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let gone = raw_create(&client, workspace("after", json!({"image": "x"})), "").await;
+    assert_eq!(api_error(gone).0, 404, "no longer served");
+}
