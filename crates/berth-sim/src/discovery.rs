@@ -73,6 +73,12 @@ fn subresource_entry(t: &ResourceType, sub: &str) -> Value {
         "log" => ("Pod", vec!["get"], None, None),
         "eviction" => ("Eviction", vec!["create"], Some("policy"), Some("v1")),
         "finalize" => (&t.kind, vec!["update"], None, None),
+        "scale" => (
+            "Scale",
+            vec!["get", "patch", "update"],
+            Some("autoscaling"),
+            Some("v1"),
+        ),
         _ => (&t.kind, vec!["get"], None, None),
     };
     let mut entry = json!({

@@ -23,6 +23,7 @@ mod recorder;
 mod requests;
 mod resources;
 mod runtime;
+mod scale;
 mod scheduler;
 mod schema;
 mod selector;

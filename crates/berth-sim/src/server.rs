@@ -384,6 +384,34 @@ async fn route(
         return Ok(json_response(StatusCode::CREATED, &answered, &[]));
     }
 
+    if subresource == "scale" && rt.is_custom {
+        let patch_type = match verb {
+            "patch" => Some(
+                PatchType::from_content_type(
+                    header_str(headers, "content-type").unwrap_or_default(),
+                )
+                .ok_or_else(|| ApiError::UnsupportedMediaType {
+                    message: "the body of the request was in an unknown format".to_owned(),
+                })?,
+            ),
+            _ => None,
+        };
+        let body = match verb {
+            "update" | "patch" => Some(decode_body(headers, &bytes)?),
+            _ => None,
+        };
+        let scale = crate::scale::serve(
+            sim,
+            &rt,
+            verb,
+            namespace,
+            name,
+            body.as_ref().map(|b| (b, patch_type)),
+            &ctx,
+        )?;
+        return Ok(json_response(StatusCode::OK, &scale, &[]));
+    }
+
     match verb {
         "get" => {
             if subresource == "log" {

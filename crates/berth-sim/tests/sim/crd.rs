@@ -366,3 +366,93 @@ async fn a_deleted_crd_removes_its_instances_first_and_honours_their_finalizers(
     let gone = raw_create(&client, workspace("after", json!({"image": "x"})), "").await;
     assert_eq!(api_error(gone).0, 404, "no longer served");
 }
+
+/// A CRD's `scale` subresource is an autoscaling/v1 `Scale` over the paths it names, which
+/// `kubectl scale` reads and writes; a write goes through the object's own validation.
+#[tokio::test]
+async fn the_scale_subresource_reads_and_writes_the_paths_the_crd_names() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "pools.example.com"},
+        "spec": {"group": "example.com", "scope": "Namespaced",
+            "names": {"plural": "pools", "singular": "pool", "kind": "Pool", "listKind": "PoolList"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.size", "statusReplicasPath": ".status.ready", "labelSelectorPath": ".status.selector"}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": "integer", "maximum": 10}}},
+                    "status": {"type": "object", "properties": {"ready": {"type": "integer"}, "selector": {"type": "string"}}}}}}}]}
+    });
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd).unwrap(),
+    )
+    .await
+    .unwrap();
+    crate::support::eventually(std::time::Duration::from_secs(5), "the CRD to be served", || {
+        let client = client.clone();
+        async move {
+            crate::support::post_json(
+                &client,
+                "/apis/example.com/v1/namespaces/default/pools",
+                &json!({"apiVersion": "example.com/v1", "kind": "Pool", "metadata": {"name": "p"}, "spec": {"size": 2}}),
+            )
+            .await
+            .ok()
+        }
+    })
+    .await;
+    let path = "/apis/example.com/v1/namespaces/default/pools/p/scale";
+    let get = |client: kube::Client| async move {
+        client
+            .request::<Value>(http::Request::get(path).body(vec![]).unwrap())
+            .await
+            .unwrap()
+    };
+    let scale = get(client.clone()).await;
+    assert_eq!(scale["apiVersion"], "autoscaling/v1");
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(scale["spec"]["replicas"], 2);
+    assert_eq!(scale["status"]["replicas"], 0);
+
+    let patched: Value = client
+        .request(
+            http::Request::patch(path)
+                .header("content-type", "application/merge-patch+json")
+                .body(serde_json::to_vec(&json!({"spec": {"replicas": 5}})).unwrap())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched["spec"]["replicas"], 5);
+    let pool: Value = client
+        .request(
+            http::Request::get("/apis/example.com/v1/namespaces/default/pools/p")
+                .body(vec![])
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pool["spec"]["size"], 5, "written to specReplicasPath");
+
+    let too_many = client
+        .request::<Value>(
+            http::Request::patch(path)
+                .header("content-type", "application/merge-patch+json")
+                .body(serde_json::to_vec(&json!({"spec": {"replicas": 50}})).unwrap())
+                .unwrap(),
+        )
+        .await;
+    let (code, _, message) = api_error(too_many);
+    assert_eq!(code, 422);
+    assert!(message.contains("spec.size"), "{message}");
+
+    // kubectl scale, gated as the other kubectl tests.
+    if let Some(kubectl) = crate::kubectl::Kubectl::for_cluster(&sim) {
+        let out = kubectl.ok(&["scale", "pool/p", "--replicas=3"]).await;
+        assert!(out.contains("pool.example.com/p scaled"), "{out}");
+        assert_eq!(get(client.clone()).await["spec"]["replicas"], 3);
+    }
+}

@@ -9,14 +9,14 @@ use serde_json::Value;
 
 use crate::support::cluster;
 
-struct Kubectl {
+pub struct Kubectl {
     kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Kubectl {
     /// None (after printing why) when kubectl is not installed and not required.
-    fn for_cluster(sim: &SimCluster) -> Option<Kubectl> {
+    pub fn for_cluster(sim: &SimCluster) -> Option<Kubectl> {
         let present = std::process::Command::new("kubectl")
             .arg("version")
             .arg("--client")
@@ -59,7 +59,7 @@ impl Kubectl {
     }
 
     /// Runs kubectl and returns stdout; panics with stderr on failure.
-    async fn ok(&self, args: &[&str]) -> String {
+    pub async fn ok(&self, args: &[&str]) -> String {
         let output = self.run(args).await;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         assert!(
