@@ -345,35 +345,16 @@ impl Shared {
             reason: reason.to_owned(),
             message,
         };
-        let client_tls = match (tls, &self.config.tls) {
-            (false, _) => None,
-            (true, Some(config)) => Some(ClientTls {
-                ca_pem: config.ca_pem.clone(),
-            }),
-            (true, None) => {
-                return failed(
-                    reasons::UNKNOWN,
-                    "the agent serves TLS but the operator has no CA to verify it (--agent-tls-ca)"
-                        .to_owned(),
-                );
-            }
-        };
-        let call = |token: String| {
-            let client_tls = client_tls.clone();
-            async move { get_activity(address, &token, self.config.timeout, client_tls.as_ref()).await }
-        };
-        let (token, fresh) = match self.token(namespace).await {
-            Ok(token) => token,
+        let timeout = self.config.timeout;
+        let answer = match self
+            .with_token(namespace, tls, |token, client_tls| async move {
+                get_activity(address, &token, timeout, client_tls.as_ref()).await
+            })
+            .await
+        {
+            Ok(answer) => answer,
             Err(message) => return failed(reasons::UNKNOWN, message),
         };
-        let mut answer = call(token.clone()).await;
-        if !fresh && matches!(&answer, Err(CallError::Refused(s)) if token_rejected(s)) {
-            self.forget_token(namespace, &token).await;
-            answer = match self.token(namespace).await {
-                Ok((renewed, _)) => call(renewed).await,
-                Err(message) => return failed(reasons::UNKNOWN, message),
-            };
-        }
         match answer {
             Ok(answer) => match answer.last_activity.parse::<jiff::Timestamp>() {
                 Ok(at) => ActivityOutcome::Seen {
@@ -539,34 +520,16 @@ impl Shared {
             reason: reasons::UNKNOWN.to_owned(),
             message,
         };
-        let client_tls = match (tls, &self.config.tls) {
-            (false, _) => None,
-            (true, Some(config)) => Some(ClientTls {
-                ca_pem: config.ca_pem.clone(),
-            }),
-            (true, None) => {
-                return unknown("the agent serves TLS but the operator has no CA to verify it (--agent-tls-ca); the pod was made when TLS was on".to_owned());
-            }
-        };
-        let call = |token: String| {
-            let client_tls = client_tls.clone();
-            async move { who_am_i(address, &token, self.config.timeout, client_tls.as_ref()).await }
-        };
-        let namespace = &workspace.0;
-        let (token, fresh) = match self.token(namespace).await {
-            Ok(token) => token,
+        let timeout = self.config.timeout;
+        let answer = match self
+            .with_token(&workspace.0, tls, |token, client_tls| async move {
+                who_am_i(address, &token, timeout, client_tls.as_ref()).await
+            })
+            .await
+        {
+            Ok(answer) => answer,
             Err(message) => return unknown(message),
         };
-        let mut answer = call(token.clone()).await;
-        // A cached token the agent rejected (its service account was re-created, say): get a
-        // new one and ask once more.
-        if !fresh && matches!(&answer, Err(CallError::Refused(s)) if token_rejected(s)) {
-            self.forget_token(namespace, &token).await;
-            answer = match self.token(namespace).await {
-                Ok((renewed, _)) => call(renewed).await,
-                Err(message) => return unknown(message),
-            };
-        }
         let operator = self.config.service_account.username();
         match answer {
             Ok(answer)
@@ -604,6 +567,38 @@ impl Shared {
                 message: status.message().to_owned(),
             },
         }
+    }
+
+    /// Makes `call` with the operator's token for `namespace` (and the agent's TLS, when it
+    /// serves TLS); a cached token the agent rejected (its service account was re-created, say)
+    /// is renewed and the call made once more. Err: why no call could be made.
+    async fn with_token<T, F, Fut>(
+        &self,
+        namespace: &str,
+        tls: bool,
+        call: F,
+    ) -> Result<Result<T, CallError>, String>
+    where
+        F: Fn(String, Option<ClientTls>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallError>>,
+    {
+        let client_tls = match (tls, &self.config.tls) {
+            (false, _) => None,
+            (true, Some(config)) => Some(ClientTls {
+                ca_pem: config.ca_pem.clone(),
+            }),
+            (true, None) => {
+                return Err("the agent serves TLS but the operator has no CA to verify it (--agent-tls-ca); the pod was made when TLS was on".to_owned());
+            }
+        };
+        let (token, fresh) = self.token(namespace).await?;
+        let answer = call(token.clone(), client_tls.clone()).await;
+        if !fresh && matches!(&answer, Err(CallError::Refused(s)) if token_rejected(s)) {
+            self.forget_token(namespace, &token).await;
+            let (renewed, _) = self.token(namespace).await?;
+            return Ok(call(renewed, client_tls).await);
+        }
+        Ok(answer)
     }
 
     /// Drops the cached token for `namespace` if it is still `token`.

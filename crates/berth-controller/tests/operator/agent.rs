@@ -75,13 +75,7 @@ async fn service_account(h: &Harness, name: &str) {
 }
 
 fn agent_checks(h: &Harness, result: &str) -> u64 {
-    let needle = format!("berth_agent_checks_total{{result=\"{result}\"}} ");
-    h.metrics
-        .render()
-        .lines()
-        .find_map(|l| l.strip_prefix(needle.as_str()))
-        .map(|n| n.trim().parse().unwrap())
-        .unwrap_or(0)
+    h.metric(&format!("berth_agent_checks_total{{result=\"{result}\"}}"))
 }
 
 /// Holds while the agent check fails `retries` more times with `reason` (however long that

@@ -21,22 +21,13 @@ use crate::support::*;
 
 /// GetActivity calls the operator made with `result`, from its metrics.
 fn activity_checks(h: &Harness, result: &str) -> u64 {
-    let needle = format!("berth_agent_activity_checks_total{{result=\"{result}\"}} ");
-    h.metrics
-        .render()
-        .lines()
-        .find_map(|l| l.strip_prefix(needle.as_str()))
-        .map(|n| n.trim().parse().unwrap())
-        .unwrap_or(0)
+    h.metric(&format!(
+        "berth_agent_activity_checks_total{{result=\"{result}\"}}"
+    ))
 }
 
 fn culled(h: &Harness) -> u64 {
-    h.metrics
-        .render()
-        .lines()
-        .find_map(|l| l.strip_prefix("berth_workspaces_culled_total "))
-        .map(|n| n.trim().parse().unwrap())
-        .unwrap_or(0)
+    h.metric("berth_workspaces_culled_total")
 }
 
 fn idle_reason(ws: &Workspace) -> bool {

@@ -245,6 +245,17 @@ subjects:
         self.until_reconciled(before, 1).await;
     }
 
+    /// The value of the metric line `series` (name and labels, as rendered), 0 when absent.
+    pub fn metric(&self, series: &str) -> u64 {
+        let needle = format!("{series} ");
+        self.metrics
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix(needle.as_str()))
+            .map(|n| n.trim().parse().unwrap())
+            .unwrap_or(0)
+    }
+
     pub fn operator_requests(&self, verbs: &[&str]) -> u64 {
         self.sim
             .count_requests(|k| k.user == OPERATOR && verbs.contains(&k.verb.as_str()))
