@@ -215,6 +215,10 @@ fn render_table(rows: &[&[String; 6]]) -> String {
 pub async fn run(args: DevArgs) -> Result<(), String> {
     let manifests = examples(args.examples.as_ref())?;
     check_kubeconfig_free(&args.kubeconfig)?;
+    // Registered before anything is written, so SIGTERM at any point stops cleanly (and the
+    // kubeconfig goes), with `--for` too.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
     let cluster = berth_sim::SimCluster::start(berth_sim::SimConfig {
         nodes: berth_sim::NodeConfig::several(args.nodes),
         runtime: std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
@@ -317,9 +321,16 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
     );
     let mut rows: BTreeMap<(String, String), [String; 6]> = BTreeMap::new();
     let stop = async {
-        match args.duration {
-            Some(d) => tokio::time::sleep(d).await,
-            None => crate::wait_for_shutdown_signal().await,
+        let ran_out = async {
+            match args.duration {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = ran_out => {}
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
         }
     };
     tokio::pin!(stop);

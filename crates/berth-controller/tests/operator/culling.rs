@@ -102,8 +102,14 @@ async fn an_idle_workspace_is_paused_at_its_timeout_and_resumes_with_its_home() 
         activity_checks(&h, "ok") >= 2,
         "asked at shrinking steps, not once"
     );
-    assert!(culling.spec.paused, "Berth set spec.paused");
+    assert_eq!(
+        phase_of(&culling),
+        Some(Phase::Stopping),
+        "{}",
+        message_of(&culling)
+    );
     let stopped = h.until_phase("sleepy", Phase::Stopped).await;
+    assert!(stopped.spec.paused, "Berth set spec.paused");
     assert!(idle_reason(&stopped));
     let message = message_of(&stopped);
     assert!(

@@ -53,12 +53,23 @@ async fn a_crd_is_established_and_served() {
         "the schema default is stored"
     );
 
-    // Deleting the CRD stops serving it and removes its objects.
+    // Deleting the CRD removes its objects, then stops serving it (as the real server, it
+    // is Terminating meanwhile: see below).
     crds.delete("workspaces.berth.dev", &Default::default())
         .await
         .unwrap();
-    let (code, _, _) = api_error(workspaces.list(&Default::default()).await);
-    assert_eq!(code, 404);
+    crate::support::eventually(
+        std::time::Duration::from_secs(10),
+        "the CRD to stop being served",
+        || async {
+            matches!(
+                workspaces.list(&Default::default()).await,
+                Err(kube::Error::Api(s)) if s.code == 404
+            )
+            .then_some(())
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
