@@ -1270,6 +1270,10 @@ pub fn human(d: Duration) -> String {
     }
 }
 
+/// How soon a workspace whose activity ask is due now is looked at again, should the ask's
+/// own wake not come.
+const ASK_RUNNING_RECHECK: Duration = Duration::from_secs(1);
+
 /// `at` as the status stores it (whole seconds), so a stored time compares equal to it.
 fn whole_second(at: Timestamp) -> Timestamp {
     Timestamp::from_second(at.as_second()).unwrap_or(at)
@@ -1337,11 +1341,13 @@ impl Builder<'_> {
             }
             self.phase(Phase::Running, text);
         }
-        let wait = idle::next_ask(timeout, since, check, now);
-        self.finish(wait.clamp(
-            Duration::from_millis(100),
-            slow.max(Duration::from_millis(100)),
-        ))
+        // Due now: the ask was started with this reconcile and its answer wakes the
+        // workspace, so the requeue is only the safety net, not a 10 Hz loop while it runs.
+        let wait = match idle::next_ask(timeout, since, check, now) {
+            due if due.is_zero() => ASK_RUNNING_RECHECK,
+            wait => wait.max(Duration::from_millis(100)),
+        };
+        self.finish(wait.min(slow.max(Duration::from_millis(100))))
     }
 
     /// Gives up on a start that made no progress for `startTimeout` (rule C9).
