@@ -377,8 +377,43 @@ pub fn cluster_ip(n: u32) -> String {
     format!("10.96.{}.{}", (n / 254) % 256, n % 254 + 1)
 }
 
+/// The defaults of a pod spec, in a pod or in a workload's template.
+pub fn default_pod_spec(spec: &mut Value) {
+    for (key, value) in [
+        ("restartPolicy", json!("Always")),
+        ("terminationGracePeriodSeconds", json!(30)),
+        ("dnsPolicy", json!("ClusterFirst")),
+        ("schedulerName", json!("default-scheduler")),
+        ("securityContext", json!({})),
+        ("enableServiceLinks", json!(true)),
+    ] {
+        if spec[key].is_null() {
+            spec[key] = value;
+        }
+    }
+    for list in ["containers", "initContainers"] {
+        if let Some(containers) = spec[list].as_array_mut() {
+            containers.iter_mut().for_each(default_container);
+        }
+    }
+    if let Some(volumes) = spec["volumes"].as_array_mut() {
+        for volume in volumes {
+            if volume["secret"].is_object() && volume["secret"]["defaultMode"].is_null() {
+                volume["secret"]["defaultMode"] = json!(420);
+            }
+            if volume["configMap"].is_object() && volume["configMap"]["defaultMode"].is_null() {
+                volume["configMap"]["defaultMode"] = json!(420);
+            }
+        }
+    }
+}
+
 /// Fills in what the real API server defaults on create. `next_ip` allocates ClusterIPs.
 pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl FnOnce() -> String) {
+    if rt.group == "apps" {
+        crate::apps::default_on_create(&rt.resource, object);
+        return;
+    }
     if rt.is_custom || !rt.group.is_empty() && rt.group != "apiextensions.k8s.io" {
         return;
     }
@@ -394,13 +429,9 @@ pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl Fn
         }
         "pods" => {
             let spec = &mut object["spec"];
+            default_pod_spec(spec);
+            // The Priority admission plugin.
             for (key, value) in [
-                ("restartPolicy", json!("Always")),
-                ("terminationGracePeriodSeconds", json!(30)),
-                ("dnsPolicy", json!("ClusterFirst")),
-                ("schedulerName", json!("default-scheduler")),
-                ("securityContext", json!({})),
-                ("enableServiceLinks", json!(true)),
                 ("priority", json!(0)),
                 ("preemptionPolicy", json!("PreemptLowerPriority")),
             ] {
@@ -412,23 +443,6 @@ pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl Fn
                 spec["serviceAccountName"] = json!("default");
             }
             spec["serviceAccount"] = spec["serviceAccountName"].clone();
-            for list in ["containers", "initContainers"] {
-                if let Some(containers) = spec[list].as_array_mut() {
-                    containers.iter_mut().for_each(default_container);
-                }
-            }
-            if let Some(volumes) = spec["volumes"].as_array_mut() {
-                for volume in volumes {
-                    if volume["secret"].is_object() && volume["secret"]["defaultMode"].is_null() {
-                        volume["secret"]["defaultMode"] = json!(420);
-                    }
-                    if volume["configMap"].is_object()
-                        && volume["configMap"]["defaultMode"].is_null()
-                    {
-                        volume["configMap"]["defaultMode"] = json!(420);
-                    }
-                }
-            }
             // The DefaultTolerationSeconds admission plugin.
             let mut tolerations = spec["tolerations"].as_array().cloned().unwrap_or_default();
             for key in [
@@ -530,6 +544,9 @@ pub fn keep_allocated(rt: &ResourceType, old: &Value, new: &mut Value) {
 /// service's cluster IP.
 pub fn immutable_update_forbidden(rt: &ResourceType, old: &Value, new: &Value) -> Vec<Cause> {
     let mut causes = vec![];
+    if rt.group == "apps" {
+        causes.extend(crate::apps::update_forbidden(old, new));
+    }
     if !rt.group.is_empty() {
         return causes;
     }
@@ -651,6 +668,9 @@ pub fn fold_string_data(secret: &mut Value) {
 /// Validation of built-in types on create and update.
 pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
     let mut causes = validate_metadata(object);
+    if rt.group == "apps" {
+        causes.extend(crate::apps::validate(object));
+    }
     if rt.is_custom || !rt.group.is_empty() {
         return causes;
     }

@@ -2,6 +2,7 @@
 //! CRDs, RBAC and the controllers that make deletion work, for tests and the no-cluster demo.
 
 mod apply;
+mod apps;
 mod auth;
 mod builtin;
 mod cluster;

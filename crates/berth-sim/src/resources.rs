@@ -367,6 +367,39 @@ fn builtin_types() -> Vec<ResourceType> {
             behaviour: Stored,
         },
         Spec {
+            group: "apps",
+            version: "v1",
+            resource: "deployments",
+            kind: "Deployment",
+            namespaced: true,
+            short: &["deploy"],
+            subresources: &["status", "scale"],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "apps",
+            version: "v1",
+            resource: "replicasets",
+            kind: "ReplicaSet",
+            namespaced: true,
+            short: &["rs"],
+            subresources: &["status", "scale"],
+            fields: &["status.replicas"],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "policy",
+            version: "v1",
+            resource: "poddisruptionbudgets",
+            kind: "PodDisruptionBudget",
+            namespaced: true,
+            short: &["pdb"],
+            subresources: &["status"],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
             group: "admissionregistration.k8s.io",
             version: "v1",
             resource: "validatingwebhookconfigurations",
@@ -530,7 +563,10 @@ fn builtin_types() -> Vec<ResourceType> {
                 list_kind: format!("{}List", s.kind),
                 namespaced: s.namespaced,
                 short_names: s.short.iter().map(|x| x.to_string()).collect(),
-                categories: if matches!(s.resource, "pods" | "services") {
+                categories: if matches!(
+                    s.resource,
+                    "pods" | "services" | "deployments" | "replicasets"
+                ) {
                     vec!["all".to_owned()]
                 } else {
                     vec![]
@@ -539,7 +575,14 @@ fn builtin_types() -> Vec<ResourceType> {
                 storage,
                 view,
                 behaviour: s.behaviour,
-                tracks_generation: matches!(s.resource, "pods" | "customresourcedefinitions"),
+                tracks_generation: matches!(
+                    s.resource,
+                    "pods"
+                        | "customresourcedefinitions"
+                        | "deployments"
+                        | "replicasets"
+                        | "poddisruptionbudgets"
+                ),
                 schema: None,
                 printer_columns: vec![],
                 field_labels: s.fields.iter().map(|x| x.to_string()).collect(),

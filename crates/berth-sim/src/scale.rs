@@ -1,4 +1,4 @@
-//! The `scale` subresource of custom resources: an autoscaling/v1 `Scale` whose replicas are
+//! The `scale` subresource of custom resources and apps/v1 workloads: an autoscaling/v1 `Scale` whose replicas are
 //! read from and written to the paths the CRD names (`specReplicasPath`,
 //! `statusReplicasPath`, `labelSelectorPath`), as `kubectl scale` and autoscalers use it.
 
@@ -16,6 +16,8 @@ struct Paths {
     spec_replicas: String,
     status_replicas: String,
     selector: Option<String>,
+    /// apps/v1 workloads report their `spec.selector` in its string form.
+    workload: bool,
 }
 
 /// `.spec.replicas` as `/spec/replicas`.
@@ -26,6 +28,14 @@ fn pointer(path: &str) -> String {
 }
 
 fn paths(sim: &Sim, rt: &ResourceType) -> ApiResult<Paths> {
+    if rt.group == "apps" {
+        return Ok(Paths {
+            spec_replicas: "/spec/replicas".into(),
+            status_replicas: "/status/replicas".into(),
+            selector: None,
+            workload: true,
+        });
+    }
     let crd = sim
         .store
         .get(CRD_STORAGE, "", &format!("{}.{}", rt.resource, rt.group))
@@ -43,6 +53,7 @@ fn paths(sim: &Sim, rt: &ResourceType) -> ApiResult<Paths> {
         spec_replicas: text("specReplicasPath").unwrap_or_else(|| "/spec/replicas".into()),
         status_replicas: text("statusReplicasPath").unwrap_or_else(|| "/status/replicas".into()),
         selector: text("labelSelectorPath"),
+        workload: false,
     })
 }
 
@@ -59,6 +70,9 @@ fn to_scale(object: &Value, paths: &Paths) -> Value {
         .and_then(Value::as_str)
     {
         status["selector"] = json!(selector);
+    }
+    if paths.workload {
+        status["selector"] = json!(crate::apps::selector_string(&object["spec"]["selector"]));
     }
     json!({
         "apiVersion": "autoscaling/v1",

@@ -384,7 +384,7 @@ async fn route(
         return Ok(json_response(StatusCode::CREATED, &answered, &[]));
     }
 
-    if subresource == "scale" && rt.is_custom {
+    if subresource == "scale" && (rt.is_custom || rt.group == "apps") {
         let patch_type = match verb {
             "patch" => Some(
                 PatchType::from_content_type(

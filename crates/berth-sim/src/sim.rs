@@ -1108,6 +1108,9 @@ impl Sim {
         }
         if subresource.is_empty() {
             builtin::keep_allocated(rt, current, &mut new);
+            if rt.group == "apps" {
+                crate::apps::default_on_create(&rt.resource, &mut new);
+            }
         }
         let warnings =
             self.admit_fields(rt, &mut new, Some(current), ctx.field_validation, &name)?;

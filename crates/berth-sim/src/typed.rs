@@ -15,8 +15,9 @@ pub fn schema(group: &str, resource: &str) -> Option<&'static Value> {
     SCHEMAS
         .get_or_init(|| {
             use k8s_openapi::api::{
-                admissionregistration::v1 as admission, coordination::v1 as coordination,
-                core::v1 as core, rbac::v1 as rbac,
+                admissionregistration::v1 as admission, apps::v1 as apps,
+                coordination::v1 as coordination, core::v1 as core, policy::v1 as policy,
+                rbac::v1 as rbac,
             };
             let mut schemas: Known = vec![];
             macro_rules! add {
@@ -35,6 +36,13 @@ pub fn schema(group: &str, resource: &str) -> Option<&'static Value> {
             add!("", "namespaces", core::Namespace);
             add!("", "nodes", core::Node);
             add!("coordination.k8s.io", "leases", coordination::Lease);
+            add!("apps", "deployments", apps::Deployment);
+            add!("apps", "replicasets", apps::ReplicaSet);
+            add!(
+                "policy",
+                "poddisruptionbudgets",
+                policy::PodDisruptionBudget
+            );
             add!("rbac.authorization.k8s.io", "roles", rbac::Role);
             add!(
                 "rbac.authorization.k8s.io",

@@ -5,6 +5,7 @@ mod support;
 
 mod admission;
 mod api;
+mod apps;
 mod auth;
 mod crd;
 mod deletion;
