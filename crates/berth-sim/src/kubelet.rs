@@ -76,6 +76,53 @@ fn field_path(container: &str, init: bool) -> String {
     }
 }
 
+/// `$(NAME)` replaced by a variable defined before it, as the kubelet expands env values;
+/// `$$` is a literal `$`, and an unknown reference stays as written.
+fn expand(value: &str, env: &[(String, String)]) -> String {
+    let mut out = String::new();
+    let mut rest = value;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some((name, tail)) = after
+            .strip_prefix('(')
+            .and_then(|inner| inner.split_once(')'))
+        {
+            match env.iter().rfind(|(n, _)| n == name) {
+                Some((_, v)) => out.push_str(v),
+                None => out.push_str(&format!("$({name})")),
+            }
+            rest = tail;
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A pod field the downward API can name (`metadata.namespace`, `status.podIP`, ...).
+fn pod_field(pod: &Value, path: &str) -> Option<String> {
+    if let Some(key) = path
+        .strip_prefix("metadata.labels['")
+        .or_else(|| path.strip_prefix("metadata.annotations['"))
+        .and_then(|rest| rest.strip_suffix("']"))
+    {
+        let map = if path.starts_with("metadata.labels") {
+            "labels"
+        } else {
+            "annotations"
+        };
+        return pod["metadata"][map][key].as_str().map(str::to_owned);
+    }
+    let value = path.split('.').fold(pod, |v, part| &v[part]);
+    value.as_str().map(str::to_owned)
+}
+
 fn container_id() -> String {
     let bytes: [u8; 32] = rand::random();
     format!(
@@ -578,10 +625,91 @@ impl Worker {
         }
     }
 
-    /// The files of the secret and config map volumes mounted into `container`, by path, as
-    /// the kubelet would write them (`items` pick and rename keys).
-    fn mounted_files(&self, pod: &Value, container: &Value) -> BTreeMap<String, Vec<u8>> {
+    /// The files of a secret or config map, by key, as its volume would hold them
+    /// (`items` pick and rename keys).
+    fn object_files(&self, source: &Value, secret: bool) -> BTreeMap<String, Vec<u8>> {
         use base64::Engine;
+        let (storage, name) = if secret {
+            (
+                "/secrets",
+                source["secretName"].as_str().or(source["name"].as_str()),
+            )
+        } else {
+            ("/configmaps", source["name"].as_str())
+        };
+        let Some(object) = self
+            .sim
+            .store
+            .get(storage, &self.namespace, name.unwrap_or_default())
+        else {
+            return BTreeMap::new();
+        };
+        let mut data: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        for (key, value) in object["data"].as_object().into_iter().flatten() {
+            let text = value.as_str().unwrap_or_default();
+            let bytes = if secret {
+                base64::engine::general_purpose::STANDARD
+                    .decode(text)
+                    .unwrap_or_default()
+            } else {
+                text.as_bytes().to_vec()
+            };
+            data.insert(key.clone(), bytes);
+        }
+        match source["items"].as_array() {
+            Some(items) => items
+                .iter()
+                .filter_map(|item| {
+                    let key = item["key"].as_str().unwrap_or_default();
+                    let path = item["path"].as_str().unwrap_or(key);
+                    data.get(key).map(|bytes| (path.to_owned(), bytes.clone()))
+                })
+                .collect(),
+            None => data,
+        }
+    }
+
+    /// The files of a downward API source: the pod's own fields.
+    fn downward_files(pod: &Value, source: &Value) -> BTreeMap<String, Vec<u8>> {
+        source["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|item| {
+                let field = item["fieldRef"]["fieldPath"].as_str()?;
+                let value = pod_field(pod, field)?;
+                Some((item["path"].as_str()?.to_owned(), value.into_bytes()))
+            })
+            .collect()
+    }
+
+    /// A projected service-account token, bound to the pod's account.
+    fn token_file(&self, pod: &Value, source: &Value) -> BTreeMap<String, Vec<u8>> {
+        let account = pod["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap_or("default");
+        let audiences = source["audience"]
+            .as_str()
+            .map(|a| vec![a.to_owned()])
+            .unwrap_or_default();
+        let seconds = source["expirationSeconds"].as_u64().unwrap_or(3600);
+        self.sim
+            .issue_token(
+                &self.namespace,
+                account,
+                audiences,
+                Duration::from_secs(seconds),
+            )
+            .map(|(token, _)| {
+                let path = source["path"].as_str().unwrap_or("token").to_owned();
+                BTreeMap::from([(path, token.into_bytes())])
+            })
+            .unwrap_or_default()
+    }
+
+    /// The files of the secret, config map, downward API and projected volumes mounted into
+    /// `container`, by path, as the kubelet would write them.
+    fn mounted_files(&self, pod: &Value, container: &Value) -> BTreeMap<String, Vec<u8>> {
         let mut files = BTreeMap::new();
         let volumes = pod["spec"]["volumes"]
             .as_array()
@@ -591,56 +719,101 @@ impl Worker {
             let Some(volume) = volumes.iter().find(|v| v["name"] == mount["name"]) else {
                 continue;
             };
-            let (source, object) = if !volume["secret"].is_null() {
-                let name = volume["secret"]["secretName"].as_str().unwrap_or_default();
-                (
-                    &volume["secret"],
-                    self.sim.store.get("/secrets", &self.namespace, name),
-                )
-            } else if !volume["configMap"].is_null() {
-                let name = volume["configMap"]["name"].as_str().unwrap_or_default();
-                (
-                    &volume["configMap"],
-                    self.sim.store.get("/configmaps", &self.namespace, name),
-                )
+            let data = if volume["secret"].is_object() {
+                self.object_files(&volume["secret"], true)
+            } else if volume["configMap"].is_object() {
+                self.object_files(&volume["configMap"], false)
+            } else if volume["downwardAPI"].is_object() {
+                Self::downward_files(pod, &volume["downwardAPI"])
+            } else if let Some(sources) = volume["projected"]["sources"].as_array() {
+                let mut data = BTreeMap::new();
+                for source in sources {
+                    data.extend(if source["secret"].is_object() {
+                        self.object_files(&source["secret"], true)
+                    } else if source["configMap"].is_object() {
+                        self.object_files(&source["configMap"], false)
+                    } else if source["downwardAPI"].is_object() {
+                        Self::downward_files(pod, &source["downwardAPI"])
+                    } else if source["serviceAccountToken"].is_object() {
+                        self.token_file(pod, &source["serviceAccountToken"])
+                    } else {
+                        BTreeMap::new()
+                    });
+                }
+                data
             } else {
                 continue;
             };
-            let Some(object) = object else { continue };
-            let mut data: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-            for (key, value) in object["data"].as_object().into_iter().flatten() {
-                let text = value.as_str().unwrap_or_default();
-                let bytes = if volume["secret"].is_null() {
-                    text.as_bytes().to_vec()
-                } else {
-                    base64::engine::general_purpose::STANDARD
-                        .decode(text)
-                        .unwrap_or_default()
-                };
-                data.insert(key.clone(), bytes);
-            }
             let base = mount["mountPath"]
                 .as_str()
                 .unwrap_or_default()
                 .trim_end_matches('/');
-            match source["items"].as_array() {
-                Some(items) => {
-                    for item in items {
-                        let key = item["key"].as_str().unwrap_or_default();
-                        if let Some(bytes) = data.get(key) {
-                            let path = item["path"].as_str().unwrap_or(key);
-                            files.insert(format!("{base}/{path}"), bytes.clone());
-                        }
-                    }
-                }
-                None => {
-                    for (key, bytes) in data {
-                        files.insert(format!("{base}/{key}"), bytes);
-                    }
-                }
+            for (path, bytes) in data {
+                files.insert(format!("{base}/{path}"), bytes);
             }
         }
         files
+    }
+
+    /// The container's environment as the kubelet gives it: its `env` with references
+    /// resolved (a later duplicate wins), then the API server's service variables.
+    fn environment(&self, pod: &Value, container: &Value) -> Vec<(String, String)> {
+        use base64::Engine;
+        let mut env: Vec<(String, String)> = vec![];
+        let set = |env: &mut Vec<(String, String)>, name: &str, value: String| {
+            env.retain(|(n, _)| n != name);
+            env.push((name.to_owned(), value));
+        };
+        for var in container["env"].as_array().into_iter().flatten() {
+            let name = var["name"].as_str().unwrap_or_default();
+            let from = &var["valueFrom"];
+            let value = if let Some(value) = var["value"].as_str() {
+                Some(value.to_owned())
+            } else if let Some(field) = from["fieldRef"]["fieldPath"].as_str() {
+                pod_field(pod, field)
+            } else if from["secretKeyRef"].is_object() {
+                let r = &from["secretKeyRef"];
+                self.sim
+                    .store
+                    .get(
+                        "/secrets",
+                        &self.namespace,
+                        r["name"].as_str().unwrap_or_default(),
+                    )
+                    .and_then(|s| {
+                        s["data"][r["key"].as_str().unwrap_or_default()]
+                            .as_str()
+                            .map(str::to_owned)
+                    })
+                    .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                    .map(|b| String::from_utf8_lossy(&b).into_owned())
+            } else if from["configMapKeyRef"].is_object() {
+                let r = &from["configMapKeyRef"];
+                self.sim
+                    .store
+                    .get(
+                        "/configmaps",
+                        &self.namespace,
+                        r["name"].as_str().unwrap_or_default(),
+                    )
+                    .and_then(|c| {
+                        c["data"][r["key"].as_str().unwrap_or_default()]
+                            .as_str()
+                            .map(str::to_owned)
+                    })
+            } else {
+                None
+            };
+            let value = value.unwrap_or_default();
+            let expanded = expand(&value, &env);
+            set(&mut env, name, expanded);
+        }
+        if let Some((host, port)) = self.sim.address.get().and_then(|a| a.rsplit_once(':')) {
+            set(&mut env, "KUBERNETES_SERVICE_HOST", host.to_owned());
+            set(&mut env, "KUBERNETES_SERVICE_PORT", port.to_owned());
+            set(&mut env, "KUBERNETES_SERVICE_PORT_HTTPS", port.to_owned());
+        }
+        env
     }
 
     fn context(&self, container: &Value, init: bool) -> ContainerContext {
@@ -664,6 +837,7 @@ impl Worker {
             pod_name: self.name.clone(),
             pod_uid: self.uid.clone(),
             files: self.mounted_files(&pod, container),
+            env: self.environment(&pod, container),
             pod,
             container: container.clone(),
             init,
@@ -773,23 +947,57 @@ impl Worker {
             .unwrap_or_else(|| "Always".to_owned())
     }
 
-    /// Whether the container is ready: its readiness probe (TCP or gRPC: a TCP connect to
-    /// the pod IP) succeeds, or it has none.
+    /// Whether the container is ready: its readiness probe succeeds, or it has none. An
+    /// `httpGet` probe is a real HTTP GET of its path (2xx and 3xx pass, as the kubelet's); a
+    /// TCP or gRPC probe is a TCP connect to the pod IP. Ports may be named.
     async fn probe(&self, container: &Value) -> bool {
         let probe = &container["readinessProbe"];
-        let port = probe["tcpSocket"]["port"]
-            .as_u64()
-            .or_else(|| probe["grpc"]["port"].as_u64())
-            .or_else(|| probe["httpGet"]["port"].as_u64());
-        match (port, self.pod_ip) {
-            (Some(port), Some(ip)) => tokio::time::timeout(
-                Duration::from_millis(500),
-                tokio::net::TcpStream::connect((ip, port as u16)),
-            )
-            .await
-            .is_ok_and(|r| r.is_ok()),
-            _ => true,
-        }
+        let port_of = |port: &Value| {
+            port.as_u64().or_else(|| {
+                let name = port.as_str()?;
+                container["ports"]
+                    .as_array()?
+                    .iter()
+                    .find(|p| p["name"] == name)?["containerPort"]
+                    .as_u64()
+            })
+        };
+        let http = &probe["httpGet"];
+        let port = port_of(&probe["tcpSocket"]["port"])
+            .or_else(|| port_of(&probe["grpc"]["port"]))
+            .or_else(|| port_of(&http["port"]));
+        let (Some(port), Some(ip)) = (port, self.pod_ip) else {
+            return true;
+        };
+        let timeout = Duration::from_secs(probe["timeoutSeconds"].as_u64().unwrap_or(1))
+            .max(Duration::from_millis(500));
+        let address = std::net::SocketAddr::from((ip, port as u16));
+        let plain_http = http.is_object() && http["scheme"].as_str().is_none_or(|s| s == "HTTP");
+        let check = async {
+            let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+            if !plain_http {
+                return Some(true);
+            }
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let path = http["path"].as_str().unwrap_or("/");
+            let request = format!(
+                "GET {path} HTTP/1.1\r\nHost: {address}\r\nUser-Agent: kube-probe/1.33\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+            );
+            stream.write_all(request.as_bytes()).await.ok()?;
+            let mut head = [0u8; 64];
+            let mut read = 0;
+            while read < 12 {
+                let n = stream.read(&mut head[read..]).await.ok()?;
+                if n == 0 {
+                    break;
+                }
+                read += n;
+            }
+            let line = String::from_utf8_lossy(&head[..read]);
+            let code: u16 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some((200..400).contains(&code))
+        };
+        matches!(tokio::time::timeout(timeout, check).await, Ok(Some(true)))
     }
 
     async fn run(mut self) {
@@ -1305,5 +1513,19 @@ pub async fn run(sim: Arc<Sim>) {
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_references_expand_as_the_kubelet_expands_them() {
+        let env = vec![("POD_IP".to_owned(), "10.0.0.7".to_owned())];
+        assert_eq!(expand("$(POD_IP):8081", &env), "10.0.0.7:8081");
+        assert_eq!(expand("$$(POD_IP)", &env), "$(POD_IP)");
+        assert_eq!(expand("$(MISSING)-x", &env), "$(MISSING)-x");
+        assert_eq!(expand("cost $5", &env), "cost $5");
     }
 }

@@ -29,6 +29,7 @@ mod scheduler;
 mod schema;
 mod selector;
 mod server;
+mod service_account;
 mod sim;
 mod store;
 mod table;

@@ -26,8 +26,13 @@ pub struct ContainerContext {
     pub api_server: String,
     /// The cluster CA, what `ca.crt` holds.
     pub ca_pem: String,
-    /// The files of the secret and config map volumes mounted into this container, by path.
+    /// The files of the secret, config map, downward API and projected volumes mounted into
+    /// this container, by path (the service-account token, `ca.crt` and `namespace` among
+    /// them, unless the pod opted out).
     pub files: std::collections::BTreeMap<String, Vec<u8>>,
+    /// The container's environment, references resolved, with `KUBERNETES_SERVICE_HOST` and
+    /// `KUBERNETES_SERVICE_PORT`, in order.
+    pub env: Vec<(String, String)>,
 }
 
 /// A started container: it reports its exit code once, and stops when asked.

@@ -257,7 +257,7 @@ pub fn new_uid() -> String {
     )
 }
 
-fn random_suffix() -> String {
+pub(crate) fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rng();
     (0..5)
@@ -782,26 +782,7 @@ impl Sim {
         self.check_namespace_open(rt, namespace)?;
         self.check_definition_open(rt)?;
         if rt.group.is_empty() && rt.resource == "pods" {
-            // The ServiceAccount admission plugin.
-            let account = object["spec"]["serviceAccountName"]
-                .as_str()
-                .filter(|s| !s.is_empty())
-                .unwrap_or("default")
-                .to_owned();
-            if self
-                .store
-                .get("/serviceaccounts", namespace, &account)
-                .is_none()
-            {
-                return Err(ApiError::Forbidden {
-                    message: format!(
-                        "pods \"{name}\" is forbidden: error looking up service account {namespace}/{account}: serviceaccount \"{account}\" not found"
-                    ),
-                    kind: "pods".to_owned(),
-                    name: Some(name.clone()),
-                    group: String::new(),
-                });
-            }
+            crate::service_account::admit(&self.store, namespace, &name, &mut object)?;
             crate::quota::admit_pod(&self.store, namespace, &name, &object)?;
         }
         if let Some(meta) = object["metadata"].as_object_mut() {

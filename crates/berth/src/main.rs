@@ -5,6 +5,8 @@ mod agent;
 mod controller;
 #[cfg(feature = "sim")]
 mod dev;
+#[cfg(feature = "sim")]
+mod pod_process;
 
 use std::process::ExitCode;
 
@@ -240,7 +242,13 @@ fn run_sim(args: SimArgs) -> ExitCode {
         let config = berth_sim::SimConfig {
             port: args.port,
             nodes: berth_sim::NodeConfig::several(args.nodes),
-            runtime: std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
+            runtime: match std::env::current_exe() {
+                Ok(binary) => std::sync::Arc::new(pod_process::PodProcessRuntime::new(binary)),
+                Err(err) => {
+                    eprintln!("berth sim: cannot find its own binary: {err}");
+                    return ExitCode::FAILURE;
+                }
+            },
             seed: args.seed,
             ..Default::default()
         };

@@ -1130,3 +1130,350 @@ fn dev_works_from_an_installed_binary_and_guards_its_kubeconfig() {
     assert!(stderr.contains("bad.yaml"), "{stderr}");
     assert!(!kubeconfig.exists(), "no kubeconfig to a dead cluster");
 }
+
+/// The install proven by running it: `kubectl apply -k deploy/` into `berth sim`, whose
+/// kubelets run the operator's containers as real `berth controller` processes on the
+/// in-cluster path (the pod's service-account token, CA and namespace, the service
+/// variables). What a platform team would check after installing, and after losing a node.
+mod installed {
+    use super::*;
+    use serde_json::Value;
+    use std::path::{Path, PathBuf};
+
+    /// `berth sim` as a child, stopped (SIGTERM) when dropped, with the operator processes.
+    struct Sim {
+        child: std::process::Child,
+        kubeconfig: PathBuf,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Drop for Sim {
+        fn drop(&mut self) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if self.child.try_wait().ok().flatten().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+        }
+    }
+
+    fn start() -> Sim {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("sim.kubeconfig");
+        let child = Command::new(BERTH)
+            .args(["sim", "--nodes", "3", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !kubeconfig.exists() {
+            assert!(Instant::now() < deadline, "berth sim wrote no kubeconfig");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Sim {
+            child,
+            kubeconfig,
+            _dir: dir,
+        }
+    }
+
+    fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<String, String> {
+        let output = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .output()
+            .unwrap();
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
+        }
+    }
+
+    fn get(kubeconfig: &Path, args: &[&str]) -> Option<Value> {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        kubectl(kubeconfig, &all)
+            .ok()
+            .and_then(|s| serde_json::from_str(&s).ok())
+    }
+
+    /// Polls `check` every 200 ms until it returns Some; on timeout, panics with `what`
+    /// and what `explain` shows of the cluster then.
+    fn until<T>(
+        limit: Duration,
+        what: &str,
+        explain: impl Fn() -> String,
+        mut check: impl FnMut() -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(value) = check() {
+                return value;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "timed out after {limit:?} waiting for {what}\n{}",
+                    explain()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn is_ready(pod: &Value) -> bool {
+        pod["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    }
+
+    /// The operator's live pods, when both are Ready.
+    fn ready_operators(kubeconfig: &Path) -> Option<Vec<Value>> {
+        let pods = get(
+            kubeconfig,
+            &[
+                "get",
+                "pods",
+                "-n",
+                "berth-system",
+                "-l",
+                "app.kubernetes.io/name=berth-controller",
+            ],
+        )?;
+        let live: Vec<Value> = pods["items"]
+            .as_array()?
+            .iter()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .cloned()
+            .collect();
+        (live.len() == 2 && live.iter().all(is_ready)).then_some(live)
+    }
+
+    fn holder(kubeconfig: &Path) -> Option<String> {
+        let lease = get(
+            kubeconfig,
+            &["get", "lease", "-n", "berth-system", "berth-controller"],
+        )?;
+        lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
+    }
+
+    fn running(kubeconfig: &Path, workspace: &str) -> Option<()> {
+        let ws = get(kubeconfig, &["get", "workspace", workspace])?;
+        (ws["status"]["phase"] == "Running").then_some(())
+    }
+
+    /// A plain HTTP GET to the pod's own address, as the kubelet's probe and a scraper do.
+    fn http_get(address: &str, path: &str) -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(address).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let code = response.split_whitespace().nth(1)?.parse().ok()?;
+        Some((code, response))
+    }
+
+    fn workspace(name: &str) -> String {
+        format!(
+            "apiVersion: berth.dev/v1alpha1\nkind: Workspace\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  image: ghcr.io/example/devbox:1.4\n  command: [\"sleep\", \"infinity\"]\n"
+        )
+    }
+
+    fn apply(kubeconfig: &Path, yaml: &str) {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), yaml).unwrap();
+        kubectl(kubeconfig, &["apply", "-f", file.path().to_str().unwrap()])
+            .unwrap_or_else(|e| panic!("kubectl apply: {e}"));
+    }
+
+    #[test]
+    fn kubectl_apply_k_runs_the_operator_and_a_standby_takes_over_from_a_deleted_leader() {
+        if !kubectl_present() {
+            return;
+        }
+        let sim = start();
+        let k = sim.kubeconfig.as_path();
+        let explain = || {
+            format!(
+                "{}\n{}",
+                kubectl(
+                    k,
+                    &[
+                        "get",
+                        "deploy,rs,pods,lease",
+                        "-n",
+                        "berth-system",
+                        "-o",
+                        "wide"
+                    ]
+                )
+                .unwrap_or_else(|e| e),
+                kubectl(k, &["get", "events", "-A"]).unwrap_or_else(|e| e)
+            )
+        };
+        let applied = kubectl(k, &["apply", "-k", DEPLOY]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            applied.contains("deployment.apps/berth-controller created"),
+            "{applied}"
+        );
+
+        // Both replicas Ready through their probes: the kubelet GETs /readyz on each pod's
+        // own address, where the real process answers.
+        let operators = until(
+            Duration::from_secs(60),
+            "two Ready operator pods",
+            explain,
+            || ready_operators(k),
+        );
+        for pod in &operators {
+            let probe = &pod["spec"]["containers"][0]["readinessProbe"]["httpGet"];
+            assert_eq!(probe["path"], "/readyz");
+            let ip = pod["status"]["podIP"].as_str().unwrap();
+            let (code, _) =
+                http_get(&format!("{ip}:8081"), "/readyz").expect("the pod serves health");
+            assert_eq!(code, 200);
+            let (_, metrics) = http_get(&format!("{ip}:8080"), "/metrics").expect("metrics");
+            assert!(metrics.contains("berth_build_info"), "{metrics}");
+            // The service-account volume the process read its token from.
+            let mounts = pod["spec"]["containers"][0]["volumeMounts"].to_string();
+            assert!(
+                mounts.contains("/var/run/secrets/kubernetes.io/serviceaccount"),
+                "{mounts}"
+            );
+        }
+        let names: Vec<String> = operators
+            .iter()
+            .map(|p| p["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect();
+        let leader = until(Duration::from_secs(30), "a Lease holder", explain, || {
+            holder(k).filter(|h| names.iter().any(|n| h.starts_with(&format!("{n}-"))))
+        });
+        let leader_pod = names
+            .iter()
+            .find(|n| leader.starts_with(&format!("{n}-")))
+            .unwrap()
+            .clone();
+
+        // A workspace runs: its agent authenticated the operator, whose token came from the
+        // operator pod's own service account.
+        kubectl(
+            k,
+            &[
+                "apply",
+                "-f",
+                &format!("{DEPLOY}/rbac/workspace-service-account.yaml"),
+            ],
+        )
+        .unwrap();
+        apply(k, &workspace("before"));
+        until(
+            Duration::from_secs(60),
+            "workspace before Running",
+            explain,
+            || running(k, "before"),
+        );
+        let agent =
+            get(k, &["get", "workspace", "before"]).unwrap()["status"]["agent"]["identity"].clone();
+        assert_eq!(agent, "system:serviceaccount:berth-system:berth-controller");
+
+        // The leader's pod is deleted: it releases the Lease on SIGTERM, the standby takes
+        // it (before the leader's last renewal would have expired: released, not lost), and
+        // the ReplicaSet brings a new standby.
+        let before = get(
+            k,
+            &["get", "lease", "-n", "berth-system", "berth-controller"],
+        )
+        .unwrap();
+        kubectl(
+            k,
+            &[
+                "delete",
+                "pod",
+                "-n",
+                "berth-system",
+                &leader_pod,
+                "--wait=false",
+            ],
+        )
+        .unwrap();
+        let standby = names.iter().find(|n| **n != leader_pod).unwrap().clone();
+        until(
+            Duration::from_secs(30),
+            "the standby holding the Lease",
+            explain,
+            || holder(k).filter(|h| h.starts_with(&format!("{standby}-"))),
+        );
+        let after = get(
+            k,
+            &["get", "lease", "-n", "berth-system", "berth-controller"],
+        )
+        .unwrap();
+        let time = |lease: &Value, field: &str| {
+            lease["spec"][field]
+                .as_str()
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                .unwrap_or_else(|| panic!("{field} in {lease}"))
+        };
+        let expiry = time(&before, "renewTime")
+            + jiff::SignedDuration::from_secs(
+                before["spec"]["leaseDurationSeconds"].as_i64().unwrap(),
+            );
+        assert!(
+            time(&after, "acquireTime") < expiry,
+            "the standby took the Lease only once it expired: {before} then {after}"
+        );
+        let replaced = until(
+            Duration::from_secs(60),
+            "a new second replica Ready",
+            explain,
+            || {
+                ready_operators(k).filter(|pods| {
+                    pods.iter()
+                        .all(|p| p["metadata"]["name"] != leader_pod.as_str())
+                })
+            },
+        );
+        assert!(
+            replaced
+                .iter()
+                .any(|p| p["metadata"]["name"] == standby.as_str())
+        );
+
+        // A workspace created after the takeover runs.
+        apply(k, &workspace("after"));
+        until(
+            Duration::from_secs(60),
+            "workspace after Running",
+            explain,
+            || running(k, "after"),
+        );
+        let deployment = get(
+            k,
+            &[
+                "get",
+                "deployment",
+                "-n",
+                "berth-system",
+                "berth-controller",
+            ],
+        )
+        .unwrap();
+        assert_eq!(deployment["status"]["availableReplicas"], 2, "{deployment}");
+    }
+}

@@ -9,6 +9,7 @@ mod apps;
 mod auth;
 mod crd;
 mod deletion;
+mod in_cluster;
 mod kubectl;
 mod nodes;
 mod scale;

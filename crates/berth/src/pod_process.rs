@@ -1,0 +1,299 @@
+//! The container runtime of `berth sim`: a container of Berth's own image that runs the
+//! operator or the webhook (`berth controller ...`, `berth webhook ...`) becomes a real `berth`
+//! process of this binary, with the container's environment and nothing of ours, and the
+//! files of its service-account volume at `/var/run/secrets/kubernetes.io/serviceaccount`
+//! in a mount namespace of its own, so it takes the in-cluster path a pod takes. Every other
+//! container goes to the agent runtime.
+
+use std::{
+    ffi::CString,
+    os::unix::{ffi::OsStrExt, process::ExitStatusExt},
+    path::{Path, PathBuf},
+    process::Stdio,
+};
+
+use berth_agent::sim_runtime::AgentRuntime;
+use berth_sim::{BoxFuture, ContainerContext, ContainerRuntime, RunningContainer};
+use serde_json::Value;
+
+/// Where in-cluster clients read the token, `ca.crt` and `namespace`.
+const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The subcommands that run as processes: the ones the install's Deployments run.
+const PROCESS_SUBCOMMANDS: &[&str] = &["controller", "webhook"];
+
+/// Runs Berth's operator and webhook containers as processes of `binary`; the rest in-process.
+#[derive(Clone, Debug)]
+pub struct PodProcessRuntime {
+    binary: PathBuf,
+    agents: AgentRuntime,
+}
+
+impl PodProcessRuntime {
+    pub fn new(binary: PathBuf) -> Self {
+        PodProcessRuntime {
+            binary,
+            agents: AgentRuntime,
+        }
+    }
+}
+
+/// Whether an image is Berth's: its repository's last part is `berth`.
+fn is_berth_image(image: &str) -> bool {
+    let without_digest = image.split('@').next().unwrap_or_default();
+    let repository = match without_digest.rsplit_once(':') {
+        Some((repository, tag)) if !tag.contains('/') => repository,
+        _ => without_digest,
+    };
+    repository.rsplit('/').next() == Some("berth")
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The arguments after the program, when the container runs one of `PROCESS_SUBCOMMANDS` of
+/// Berth's image: its command (whose program is `berth`) or the image's entrypoint, then args.
+pub fn berth_arguments(container: &Value) -> Option<Vec<String>> {
+    if !is_berth_image(container["image"].as_str().unwrap_or_default()) {
+        return None;
+    }
+    let command = strings(&container["command"]);
+    let mut arguments = match command.split_first() {
+        None => vec![],
+        Some((program, rest)) if program.rsplit('/').next() == Some("berth") => rest.to_vec(),
+        Some(_) => return None,
+    };
+    arguments.extend(strings(&container["args"]));
+    PROCESS_SUBCOMMANDS
+        .contains(&arguments.first()?.as_str())
+        .then_some(arguments)
+}
+
+/// Lays out the root of what the process sees at `/var/run`: `secrets/kubernetes.io/
+/// serviceaccount/{token,ca.crt,namespace}` from the container's mounted files.
+fn lay_out(root: &Path, context: &ContainerContext) -> std::io::Result<()> {
+    let dir = root.join("run/secrets/kubernetes.io/serviceaccount");
+    std::fs::create_dir_all(&dir)?;
+    for (path, bytes) in &context.files {
+        if let Some(name) = path
+            .strip_prefix(SERVICE_ACCOUNT_DIR)
+            .and_then(|p| p.strip_prefix('/'))
+        {
+            std::fs::write(dir.join(name), bytes)?;
+        }
+    }
+    std::fs::create_dir_all(root.join("home"))?;
+    Ok(())
+}
+
+fn c_path(path: &Path) -> std::io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+}
+
+/// Writes `text` to an open-able file; for the user namespace maps, between fork and exec
+/// (no allocation: both are prepared before the fork).
+fn write_file(path: &CString, text: &[u8]) -> std::io::Result<()> {
+    // SAFETY: `path` is a valid C string; the descriptor is closed before returning.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = libc::write(fd, text.as_ptr().cast(), text.len());
+        libc::close(fd);
+        if written < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Everything the child does between fork and exec, prepared beforehand.
+struct Namespace {
+    /// Our `run` folder, bound over the real `/var/run` (resolved), in the child only.
+    source: CString,
+    target: CString,
+    /// For an unprivileged run: a user namespace with our own uid and gid mapped.
+    maps: Option<(Vec<u8>, Vec<u8>)>,
+    setgroups: CString,
+    uid_map: CString,
+    gid_map: CString,
+}
+
+impl Namespace {
+    fn new(root: &Path) -> std::io::Result<Self> {
+        let target = std::fs::canonicalize("/var/run")?;
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Ok(Namespace {
+            source: c_path(&root.join("run"))?,
+            target: c_path(&target)?,
+            maps: (uid != 0).then(|| {
+                (
+                    format!("{uid} {uid} 1").into_bytes(),
+                    format!("{gid} {gid} 1").into_bytes(),
+                )
+            }),
+            setgroups: c_path(Path::new("/proc/self/setgroups"))?,
+            uid_map: c_path(Path::new("/proc/self/uid_map"))?,
+            gid_map: c_path(Path::new("/proc/self/gid_map"))?,
+        })
+    }
+
+    /// In the child: a private mount namespace (in a user namespace when not root) where our
+    /// folder is `/var/run`.
+    fn enter(&self) -> std::io::Result<()> {
+        let flags = if self.maps.is_some() {
+            libc::CLONE_NEWUSER | libc::CLONE_NEWNS
+        } else {
+            libc::CLONE_NEWNS
+        };
+        // SAFETY: plain system calls on prepared C strings; no allocation after the fork.
+        unsafe {
+            // The container goes with the simulator, however it ends.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::unshare(flags) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some((uid_map, gid_map)) = &self.maps {
+                write_file(&self.setgroups, b"deny")?;
+                write_file(&self.uid_map, uid_map)?;
+                write_file(&self.gid_map, gid_map)?;
+            }
+            let root = c"/";
+            if libc::mount(
+                std::ptr::null(),
+                root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::mount(
+                self.source.as_ptr(),
+                self.target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PodProcessRuntime {
+    async fn start_process(
+        &self,
+        context: ContainerContext,
+        arguments: Vec<String>,
+    ) -> Result<RunningContainer, String> {
+        let root = tempfile::Builder::new()
+            .prefix(&format!("berth-pod-{}-", context.pod_name))
+            .tempdir()
+            .map_err(|e| format!("cannot make the container's folder: {e}"))?;
+        lay_out(root.path(), &context)
+            .map_err(|e| format!("cannot write the container's files: {e}"))?;
+        let namespace = Namespace::new(root.path())
+            .map_err(|e| format!("cannot prepare the container's mounts: {e}"))?;
+        let log = std::fs::File::create(root.path().join("container.log"))
+            .map_err(|e| format!("cannot open the container's log: {e}"))?;
+        let mut command = tokio::process::Command::new(&self.binary);
+        command
+            .args(&arguments)
+            .env_clear()
+            .envs(context.env.iter().map(|(k, v)| (k, v)))
+            .env("HOME", root.path().join("home"))
+            .env("HOSTNAME", &context.pod_name)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .kill_on_drop(true);
+        // SAFETY: `enter` makes only system calls on values prepared before the fork.
+        unsafe {
+            command.pre_exec(move || namespace.enter());
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", self.binary.display()))?;
+        let (exit_tx, exited) = tokio::sync::oneshot::channel();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let pid = child.id();
+        tokio::spawn(async move {
+            let _root = root;
+            let status = tokio::select! {
+                status = child.wait() => status,
+                _ = stop_rx => {
+                    if let Some(pid) = pid {
+                        // SAFETY: signalling our own child, which has not been reaped yet.
+                        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+                    }
+                    child.wait().await
+                }
+            };
+            let code = match status {
+                Ok(status) => status
+                    .code()
+                    .unwrap_or_else(|| 128 + status.signal().unwrap_or(9)),
+                Err(_) => 137,
+            };
+            let _ = exit_tx.send(code);
+        });
+        Ok(RunningContainer { exited, stop })
+    }
+}
+
+impl ContainerRuntime for PodProcessRuntime {
+    fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
+        match berth_arguments(&context.container).filter(|_| !context.init) {
+            Some(arguments) => {
+                let this = self.clone();
+                Box::pin(async move { this.start_process(context, arguments).await })
+            }
+            None => self.agents.start(context),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_berths_own_image_running_the_operator_or_webhook_is_a_process() {
+        let operator = json!({"image": "ghcr.io/berth-dev/berth:0.1.0", "args": ["controller", "--leader-election"]});
+        assert_eq!(
+            berth_arguments(&operator),
+            Some(vec!["controller".into(), "--leader-election".into()])
+        );
+        let with_command = json!({"image": "registry:5000/berth", "command": ["/usr/local/bin/berth", "webhook"], "args": ["--tls-cert", "c"]});
+        assert_eq!(
+            berth_arguments(&with_command),
+            Some(vec!["webhook".into(), "--tls-cert".into(), "c".into()])
+        );
+        for other in [
+            json!({"image": "ghcr.io/berth-dev/berth:0.1.0", "command": ["/opt/berth/berth", "agent", "--", "sleep"]}),
+            json!({"image": "ghcr.io/berth-dev/berth:0.1.0", "args": ["install", "/opt/berth/berth"]}),
+            json!({"image": "ghcr.io/someone/berthing:1", "args": ["controller"]}),
+            json!({"image": "ghcr.io/berth-dev/berth:0.1.0", "command": ["sh", "-c", "berth controller"]}),
+        ] {
+            assert_eq!(berth_arguments(&other), None, "{other}");
+        }
+        assert!(is_berth_image("localhost:5000/berth"));
+        assert!(is_berth_image("berth@sha256:abc"));
+    }
+}
