@@ -212,45 +212,126 @@ fn render_table(rows: &[&[String; 6]]) -> String {
 }
 
 /// Runs the dev environment until Ctrl-C, SIGTERM or `--for` runs out.
-pub async fn run(args: DevArgs) -> Result<(), String> {
-    let manifests = examples(args.examples.as_ref())?;
-    check_kubeconfig_free(&args.kubeconfig)?;
-    // Registered before anything is written, so SIGTERM at any point stops cleanly (and the
-    // kubeconfig goes), with `--for` too.
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
-    let cluster = berth_sim::SimCluster::start(berth_sim::SimConfig {
-        nodes: berth_sim::NodeConfig::several(args.nodes),
-        runtime: std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| e.to_string())?;
-    cluster
-        .write_kubeconfig(&args.kubeconfig)
-        .map_err(|e| format!("cannot write {}: {e}", args.kubeconfig.display()))?;
-    let _kubeconfig = OwnKubeconfig {
-        path: args.kubeconfig.clone(),
-        text: std::fs::read_to_string(&args.kubeconfig).unwrap_or_default(),
-    };
-    let client = cluster.client().await.map_err(|e| e.to_string())?;
+/// What `kubectl apply -k deploy/` installs, built in: the kustomization's resources in its
+/// order (a test checks this list against `deploy/kustomization.yaml`).
+pub const INSTALL: &[(&str, &str)] = &[
+    (
+        "crds/workspaces.berth.dev.yaml",
+        include_str!("../../../deploy/crds/workspaces.berth.dev.yaml"),
+    ),
+    ("rbac/berth-controller.yaml", rbac::OPERATOR),
+    (
+        "operator/deployment.yaml",
+        include_str!("../../../deploy/operator/deployment.yaml"),
+    ),
+    (
+        "operator/service.yaml",
+        include_str!("../../../deploy/operator/service.yaml"),
+    ),
+    (
+        "operator/pdb.yaml",
+        include_str!("../../../deploy/operator/pdb.yaml"),
+    ),
+];
+const KUSTOMIZATION: &str = include_str!("../../../deploy/kustomization.yaml");
+
+/// The operator's settings in `berth dev`, as variables on its Deployment: failed agent
+/// checks are retried sooner than in production, so a fix shows quickly, and the pinned
+/// example may select its node.
+const DEV_SETTINGS: &[(&str, &str)] = &[
+    ("BERTH_AGENT_BACKOFF_BASE", "2s"),
+    ("BERTH_AGENT_BACKOFF_MAX", "20s"),
+    ("BERTH_ALLOWED_NODE_LABELS", "kubernetes.io/hostname"),
+];
+
+/// The install's manifests as kustomize renders them (its `images:` applied) with the dev
+/// settings added to the operator's container.
+fn install_manifests() -> Result<Vec<(&'static str, String)>, String> {
+    let kustomization: serde_json::Value =
+        serde_saphyr::from_str(KUSTOMIZATION).map_err(|e| format!("kustomization.yaml: {e}"))?;
+    INSTALL
+        .iter()
+        .map(|(name, text)| {
+            let documents: Vec<serde_json::Value> =
+                serde_saphyr::from_multiple(text).map_err(|e| format!("{name}: {e}"))?;
+            let rendered: Vec<serde_json::Value> = documents
+                .into_iter()
+                .filter(|d| !d.is_null())
+                .map(|mut d| {
+                    if d["kind"] == "Deployment" {
+                        set_images(&mut d, &kustomization["images"]);
+                        for container in d["spec"]["template"]["spec"]["containers"]
+                            .as_array_mut()
+                            .into_iter()
+                            .flatten()
+                        {
+                            let env = container["env"].as_array_mut();
+                            let extra = DEV_SETTINGS
+                                .iter()
+                                .map(|(k, v)| serde_json::json!({"name": k, "value": v}));
+                            match env {
+                                Some(env) => env.extend(extra),
+                                None => container["env"] = extra.collect(),
+                            }
+                        }
+                    }
+                    d
+                })
+                .collect();
+            let text = rendered
+                .iter()
+                .map(|d| serde_json::to_string(d).map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, _>>()?
+                .join("\n---\n");
+            Ok((*name, text))
+        })
+        .collect()
+}
+
+/// kustomize's `images:` transformer: a container image named `name` gets `newName`,
+/// `newTag` or `digest`.
+fn set_images(deployment: &mut serde_json::Value, images: &serde_json::Value) {
+    for container in deployment["spec"]["template"]["spec"]["containers"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        let Some(current) = container["image"].as_str().map(str::to_owned) else {
+            continue;
+        };
+        let name = current.split(['@', ':']).next().unwrap_or_default();
+        for image in images.as_array().into_iter().flatten() {
+            if image["name"] != name {
+                continue;
+            }
+            let repository = image["newName"].as_str().unwrap_or(name);
+            container["image"] =
+                serde_json::json!(match (image["digest"].as_str(), image["newTag"].as_str()) {
+                    (Some(digest), _) => format!("{repository}@{digest}"),
+                    (None, Some(tag)) => format!("{repository}:{tag}"),
+                    (None, None) => repository.to_owned(),
+                });
+        }
+    }
+}
+
+/// The operator inside `berth dev`, as its own service account with the RBAC of deploy/rbac/
+/// and the dev settings, for a machine where it cannot run as the install's pods.
+async fn in_process_operator(
+    cluster: &berth_sim::SimCluster,
+    client: &Client,
+) -> Result<tokio::task::JoinHandle<Result<(), berth_controller::Error>>, String> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
         .await
         .map_err(|e| format!("cannot install the CRD: {e}"))?;
-
-    // The operator runs as its own service account with the RBAC of deploy/rbac/, as the
-    // chart installs it; the `default` service account may delegate auth for its agents.
-    for manifest in [rbac::OPERATOR, rbac::WORKSPACE_SERVICE_ACCOUNT] {
-        berth_sim::manifests::create_all(&client, manifest, "default")
-            .await
-            .map_err(|e| format!("cannot create the RBAC of deploy/rbac: {e}"))?;
-    }
+    berth_sim::manifests::create_all(client, rbac::OPERATOR, "default")
+        .await
+        .map_err(|e| format!("cannot create the RBAC of deploy/rbac: {e}"))?;
     let config = Config {
         metrics_address: None,
         health_address: None,
-        // As `berth controller --allowed-node-labels kubernetes.io/hostname`: the pinned
-        // example selects its node; nothing else beyond the containers is allowed.
+        // As BERTH_ALLOWED_NODE_LABELS in DEV_SETTINGS.
         policy: berth_controller::Policy {
             pod: berth_controller::pod_policy::PodPolicy {
                 node_labels: vec!["kubernetes.io/hostname".to_owned()],
@@ -259,7 +340,7 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
             ..Default::default()
         },
         agent: AgentConfig {
-            // Retry failed agent checks sooner than in production, so a fix shows quickly.
+            // As the agent backoff of DEV_SETTINGS.
             backoff_base: Duration::from_secs(2),
             backoff_max: Duration::from_secs(20),
             ..AgentConfig::default()
@@ -279,15 +360,72 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         .client_with_token(&token)
         .await
         .map_err(|e| e.to_string())?;
-    let operator =
-        tokio::spawn(async move { berth_controller::run(operator_client, config).await });
+    Ok(tokio::spawn(async move {
+        berth_controller::run(operator_client, config).await
+    }))
+}
+
+pub async fn run(args: DevArgs) -> Result<(), String> {
+    let manifests = examples(args.examples.as_ref())?;
+    check_kubeconfig_free(&args.kubeconfig)?;
+    // Registered before anything is written, so SIGTERM at any point stops cleanly (and the
+    // kubeconfig goes), with `--for` too.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+    // The operator runs as the install's Deployment (pods whose containers are real
+    // `berth controller` processes), where this machine lets those processes have the
+    // pod's files at the in-cluster paths; elsewhere inside this process, with the same RBAC.
+    let pods = crate::pod_process::PodProcessRuntime::new(
+        std::env::current_exe().map_err(|e| format!("cannot find its own binary: {e}"))?,
+    );
+    let isolation = pods.check_isolation().await;
+    let runtime: std::sync::Arc<dyn berth_sim::ContainerRuntime> = match &isolation {
+        Ok(()) => std::sync::Arc::new(pods),
+        Err(_) => std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
+    };
+    let cluster = berth_sim::SimCluster::start(berth_sim::SimConfig {
+        nodes: berth_sim::NodeConfig::several(args.nodes),
+        runtime,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    cluster
+        .write_kubeconfig(&args.kubeconfig)
+        .map_err(|e| format!("cannot write {}: {e}", args.kubeconfig.display()))?;
+    let _kubeconfig = OwnKubeconfig {
+        path: args.kubeconfig.clone(),
+        text: std::fs::read_to_string(&args.kubeconfig).unwrap_or_default(),
+    };
+    let client = cluster.client().await.map_err(|e| e.to_string())?;
+    let (operator, how) = match isolation {
+        Ok(()) => {
+            for (name, text) in install_manifests()? {
+                berth_sim::manifests::create_all(&client, &text, "default")
+                    .await
+                    .map_err(|e| format!("cannot install deploy/{name}: {e}"))?;
+            }
+            (
+                None,
+                "installed from deploy/ (kubectl -n berth-system get deploy,pods)".to_owned(),
+            )
+        }
+        Err(why) => (
+            Some(in_process_operator(&cluster, &client).await?),
+            format!("running inside berth dev ({why})"),
+        ),
+    };
+    // The `default` service account may delegate auth for its agents.
+    berth_sim::manifests::create_all(&client, rbac::WORKSPACE_SERVICE_ACCOUNT, "default")
+        .await
+        .map_err(|e| format!("cannot create deploy/rbac/workspace-service-account.yaml: {e}"))?;
 
     let applied = apply_examples(&client, &manifests).await?;
     let interactive = std::io::stdout().is_terminal();
     let kubeconfig = args.kubeconfig.display();
     let hints = [
         format!(
-            "berth dev: a simulated cluster at {} with the Berth operator",
+            "berth dev: a simulated cluster at {} with the Berth operator {how}",
             cluster.url()
         ),
         format!("berth dev: applied {}", applied.join(", ")),
@@ -366,7 +504,9 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
             }
         }
     }
-    operator.abort();
+    if let Some(operator) = operator {
+        operator.abort();
+    }
     cluster.shutdown();
     println!("berth dev: stopped");
     Ok(())
@@ -395,6 +535,51 @@ mod tests {
         assert_eq!(
             built_in, on_disk,
             "list every file of examples/ in EXAMPLES"
+        );
+    }
+
+    #[test]
+    fn the_built_in_install_is_the_kustomizations_resources() {
+        let kustomization: serde_json::Value = serde_saphyr::from_str(KUSTOMIZATION).unwrap();
+        let resources: Vec<&str> = kustomization["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_str().unwrap())
+            .collect();
+        let built_in: Vec<&str> = INSTALL.iter().map(|(name, _)| *name).collect();
+        assert_eq!(
+            built_in, resources,
+            "list deploy/kustomization.yaml's resources in INSTALL"
+        );
+        let rendered = install_manifests().unwrap();
+        let deployment = &rendered
+            .iter()
+            .find(|(name, _)| *name == "operator/deployment.yaml")
+            .unwrap()
+            .1;
+        let deployment: serde_json::Value = serde_json::from_str(deployment).unwrap();
+        let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+        let tag = kustomization["images"][0]["newTag"].as_str().unwrap();
+        assert_eq!(container["image"], format!("ghcr.io/berth-dev/berth:{tag}"));
+        let env = container["env"].to_string();
+        assert!(env.contains("BERTH_ALLOWED_NODE_LABELS"), "{env}");
+    }
+
+    #[test]
+    fn images_are_set_as_kustomize_sets_them() {
+        let mut deployment = serde_json::json!({"spec": {"template": {"spec": {"containers": [
+            {"image": "ghcr.io/berth-dev/berth"}, {"image": "busybox:1.36"}]}}}});
+        let images = serde_json::json!([{"name": "ghcr.io/berth-dev/berth", "newName": "registry.local/berth", "newTag": "1.2.3"}]);
+        set_images(&mut deployment, &images);
+        let containers = &deployment["spec"]["template"]["spec"]["containers"];
+        assert_eq!(containers[0]["image"], "registry.local/berth:1.2.3");
+        assert_eq!(containers[1]["image"], "busybox:1.36");
+        let pinned = serde_json::json!([{"name": "busybox", "digest": "sha256:abc"}]);
+        set_images(&mut deployment, &pinned);
+        assert_eq!(
+            deployment["spec"]["template"]["spec"]["containers"][1]["image"],
+            "busybox@sha256:abc"
         );
     }
 

@@ -196,6 +196,30 @@ impl Namespace {
 }
 
 impl PodProcessRuntime {
+    /// Whether this machine lets a container's process have its own mount namespace (as
+    /// root, or in a user namespace): runs `berth --version` as a container would run.
+    pub async fn check_isolation(&self) -> Result<(), String> {
+        let root = tempfile::tempdir().map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(root.path().join("run")).map_err(|e| e.to_string())?;
+        let namespace = Namespace::new(root.path()).map_err(|e| e.to_string())?;
+        let mut command = tokio::process::Command::new(&self.binary);
+        command
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: `enter` makes only system calls on values prepared before the fork.
+        unsafe {
+            command.pre_exec(move || namespace.enter());
+        }
+        match command.status().await {
+            Ok(status) if status.success() => Ok(()),
+            Ok(status) => Err(format!("a namespaced berth --version exited with {status}")),
+            Err(e) => Err(format!(
+                "this machine allows no mount namespace for a pod's process: {e}"
+            )),
+        }
+    }
+
     async fn start_process(
         &self,
         context: ContainerContext,
