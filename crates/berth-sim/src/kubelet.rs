@@ -20,7 +20,7 @@ use crate::{
     faults::REJECT_NEXT_ANNOTATION,
     nodes::modify,
     recorder::Source,
-    runtime::{ContainerContext, RunningContainer},
+    runtime::{ContainerContext, ContainerLog, RunningContainer},
     scheduler,
     sim::{Sim, now_rfc3339},
     store::ChangeKind,
@@ -838,6 +838,17 @@ impl Worker {
             pod_uid: self.uid.clone(),
             files: self.mounted_files(&pod, container),
             env: self.environment(&pod, container),
+            log: {
+                // A started container writes a new log, as `kubectl logs` shows the current one.
+                let log = ContainerLog::default();
+                let name = container["name"].as_str().unwrap_or_default().to_owned();
+                self.sim
+                    .logs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert((self.uid.clone(), name), log.clone());
+                log
+            },
             pod,
             container: container.clone(),
             init,
@@ -1415,6 +1426,11 @@ impl Worker {
         .await;
         self.sim
             .finish_pod_termination(&self.namespace, &self.name, &self.uid);
+        self.sim
+            .logs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(uid, _), _| *uid != self.uid);
     }
 }
 

@@ -59,7 +59,8 @@ pub use faults::{ApiFault, Faults, Frequency, RequestMatch};
 pub use nodes::{Backoff, NodeConfig, Timings};
 pub use requests::{RequestCount, RequestKey};
 pub use runtime::{
-    BoxFuture, ContainerContext, ContainerRuntime, IdleRuntime, RunningContainer, SharedRuntime,
+    BoxFuture, ContainerContext, ContainerLog, ContainerRuntime, IdleRuntime, RunningContainer,
+    SharedRuntime,
 };
 pub use sim::{PodTermination, SimConfig};
 pub use tls::{Authority, TlsError};

@@ -2,7 +2,13 @@
 //! runtime runs nothing (containers just run until stopped; init containers succeed); the
 //! `berth` binary provides one that runs the Berth agent in-process.
 
-use std::{future::Future, net::Ipv4Addr, pin::Pin, sync::Arc};
+use std::{
+    collections::VecDeque,
+    future::Future,
+    net::Ipv4Addr,
+    pin::Pin,
+    sync::{Arc, Mutex},
+};
 
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -30,6 +36,8 @@ pub struct ContainerContext {
     /// this container, by path (the service-account token, `ca.crt` and `namespace` among
     /// them, unless the pod opted out).
     pub files: std::collections::BTreeMap<String, Vec<u8>>,
+    /// Where the container's output goes, for `kubectl logs`.
+    pub log: ContainerLog,
     /// The container's environment, references resolved, with `KUBERNETES_SERVICE_HOST` and
     /// `KUBERNETES_SERVICE_PORT`, in order.
     pub env: Vec<(String, String)>,
@@ -77,3 +85,68 @@ impl ContainerRuntime for IdleRuntime {
 
 /// The runtime a cluster uses.
 pub type SharedRuntime = Arc<dyn ContainerRuntime>;
+
+/// The most a container's log keeps: its latest output, as a kubelet rotates the rest away.
+pub const LOG_LIMIT: usize = 1 << 20;
+
+/// What a container writes to its stdout and stderr, as `kubectl logs` reads it: the latest
+/// `LOG_LIMIT` bytes, and how many were ever written (where a follower has read to).
+#[derive(Clone, Debug, Default)]
+pub struct ContainerLog(Arc<Mutex<LogBuffer>>);
+
+#[derive(Debug, Default)]
+struct LogBuffer {
+    bytes: VecDeque<u8>,
+    written: u64,
+}
+
+impl ContainerLog {
+    fn buffer(&self) -> std::sync::MutexGuard<'_, LogBuffer> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends output.
+    pub fn write(&self, data: &[u8]) {
+        let mut buffer = self.buffer();
+        buffer.bytes.extend(data);
+        buffer.written += data.len() as u64;
+        let over = buffer.bytes.len().saturating_sub(LOG_LIMIT);
+        buffer.bytes.drain(..over);
+    }
+
+    /// What is kept, and the count written so far.
+    pub fn read(&self) -> (Vec<u8>, u64) {
+        let buffer = self.buffer();
+        (buffer.bytes.iter().copied().collect(), buffer.written)
+    }
+
+    /// What was written after `from` bytes (of what is still kept), and the new count.
+    pub fn since(&self, from: u64) -> (Vec<u8>, u64) {
+        let buffer = self.buffer();
+        let new = (buffer.written.saturating_sub(from) as usize).min(buffer.bytes.len());
+        let start = buffer.bytes.len() - new;
+        (
+            buffer.bytes.range(start..).copied().collect(),
+            buffer.written,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_keeps_its_latest_output_and_tells_a_follower_what_is_new() {
+        let log = ContainerLog::default();
+        log.write(b"one\n");
+        let (all, at) = log.read();
+        assert_eq!((all.as_slice(), at), (&b"one\n"[..], 4));
+        log.write(b"two\n");
+        assert_eq!(log.since(at), (b"two\n".to_vec(), 8));
+        log.write(&vec![b'x'; LOG_LIMIT]);
+        let (kept, written) = log.read();
+        assert_eq!((kept.len(), written), (LOG_LIMIT, 8 + LOG_LIMIT as u64));
+        assert!(kept.iter().all(|b| *b == b'x'));
+    }
+}

@@ -418,25 +418,48 @@ async fn route(
                 let pod = sim.get(&rt, namespace, name)?;
                 let container =
                     check_log_container(&pod, name, query.get("container").map(String::as_str))?;
+                let log = sim
+                    .logs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&(
+                        pod["metadata"]["uid"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                        container.clone(),
+                    ))
+                    .cloned()
+                    .unwrap_or_default();
+                let (kept, written) = log.read();
+                let shown = tail_lines(kept, query.get("tailLines"));
                 if query.get("follow").is_some_and(|f| f == "true") {
-                    // Containers here write nothing; a follower stays connected while the
-                    // container runs, as with a real kubelet, and the stream ends with it.
-                    let stream = follow_logs(
+                    // A follower gets what is there, then what the container writes while it
+                    // runs; the stream ends with it, as with a real kubelet.
+                    let rest = follow_logs(
                         sim.clone(),
                         rt.storage.to_string(),
                         namespace.to_owned(),
                         pod,
                         container,
+                        log,
+                        written,
                     );
+                    let first = futures::stream::iter([Ok::<_, std::convert::Infallible>(
+                        bytes::Bytes::from(shown),
+                    )]);
                     return Response::builder()
                         .status(StatusCode::OK)
                         .header(header::CONTENT_TYPE, "text/plain")
-                        .body(Body::from_stream(stream))
+                        .body(Body::from_stream(futures::StreamExt::chain(first, rest)))
                         .map_err(|e| ApiError::internal(e.to_string()));
                 }
-                return Ok(
-                    (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], "").into_response()
-                );
+                return Ok((
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "text/plain")],
+                    shown,
+                )
+                    .into_response());
             }
             let object = sim.get(&rt, namespace, name)?;
             Ok(json_response(
@@ -734,33 +757,63 @@ fn still_running(
             .is_some_and(|s| s["state"]["terminated"].is_null())
 }
 
-/// The body of `log?follow=true`: open while the container runs.
+/// The last `tailLines` lines of a log, or all of it.
+fn tail_lines(log: Vec<u8>, tail: Option<&String>) -> Vec<u8> {
+    let Some(n) = tail.and_then(|t| t.parse::<usize>().ok()) else {
+        return log;
+    };
+    let text = log.strip_suffix(b"\n").unwrap_or(&log);
+    let starts: Vec<usize> = std::iter::once(0)
+        .chain(
+            text.iter()
+                .enumerate()
+                .filter(|(_, b)| **b == b'\n')
+                .map(|(i, _)| i + 1),
+        )
+        .collect();
+    match starts.len().checked_sub(n) {
+        Some(first) if n > 0 => log[starts[first]..].to_vec(),
+        Some(_) => vec![],
+        None => log,
+    }
+}
+
+/// The rest of `log?follow=true`: what the container writes after `from`, while it runs.
 fn follow_logs(
     sim: Arc<Sim>,
     storage: String,
     namespace: String,
     pod: Value,
     container: String,
+    log: crate::runtime::ContainerLog,
+    from: u64,
 ) -> impl futures::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> {
     let name = pod["metadata"]["name"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
     let uid = pod["metadata"]["uid"].clone();
-    futures::stream::unfold((), move |()| {
-        let (sim, storage, namespace, name, uid, container) = (
+    futures::stream::unfold(from, move |read| {
+        let (sim, storage, namespace, name, uid, container, log) = (
             sim.clone(),
             storage.clone(),
             namespace.clone(),
             name.clone(),
             uid.clone(),
             container.clone(),
+            log.clone(),
         );
         async move {
-            while still_running(&sim, &storage, &namespace, &name, &uid, &container) {
+            loop {
+                let (new, written) = log.since(read);
+                if !new.is_empty() {
+                    return Some((Ok(bytes::Bytes::from(new)), written));
+                }
+                if !still_running(&sim, &storage, &namespace, &name, &uid, &container) {
+                    return None;
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            None
         }
     })
 }
@@ -1105,4 +1158,18 @@ fn review(
         _ => return Err(ApiError::no_such_path()),
     }
     Ok(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_lines_keeps_the_last_lines() {
+        let log = b"a\nb\nc\n".to_vec();
+        assert_eq!(tail_lines(log.clone(), Some(&"2".to_owned())), b"b\nc\n");
+        assert_eq!(tail_lines(log.clone(), Some(&"9".to_owned())), log);
+        assert_eq!(tail_lines(log.clone(), Some(&"0".to_owned())), b"");
+        assert_eq!(tail_lines(log.clone(), None), log);
+    }
 }

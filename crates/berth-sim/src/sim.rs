@@ -226,6 +226,9 @@ pub struct Sim {
     next_cluster_ip: AtomicU32,
     pub faults: crate::faults::Faults,
     pub recorder: crate::recorder::Recorder,
+    /// Each running container's output, by (pod UID, container name), for `kubectl logs`.
+    pub logs:
+        std::sync::Mutex<std::collections::HashMap<(String, String), crate::runtime::ContainerLog>>,
     terminations: tokio::sync::mpsc::UnboundedSender<(String, String, String, Duration)>,
 }
 
@@ -342,6 +345,7 @@ impl Sim {
             next_cluster_ip: AtomicU32::new(1),
             faults: crate::faults::Faults::new(seed),
             recorder: crate::recorder::Recorder::default(),
+            logs: Default::default(),
             terminations,
         }
     }

@@ -16,6 +16,8 @@ use berth_agent::sim_runtime::AgentRuntime;
 use berth_sim::{BoxFuture, ContainerContext, ContainerRuntime, RunningContainer};
 use serde_json::Value;
 
+type OutputPipe = std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>;
+
 /// Where in-cluster clients read the token, `ca.crt` and `namespace`.
 const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The subcommands that run as processes: the ones the install's Deployments run.
@@ -233,8 +235,6 @@ impl PodProcessRuntime {
             .map_err(|e| format!("cannot write the container's files: {e}"))?;
         let namespace = Namespace::new(root.path())
             .map_err(|e| format!("cannot prepare the container's mounts: {e}"))?;
-        let log = std::fs::File::create(root.path().join("container.log"))
-            .map_err(|e| format!("cannot open the container's log: {e}"))?;
         let mut command = tokio::process::Command::new(&self.binary);
         command
             .args(&arguments)
@@ -243,8 +243,8 @@ impl PodProcessRuntime {
             .env("HOME", root.path().join("home"))
             .env("HOSTNAME", &context.pod_name)
             .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .kill_on_drop(true);
         // SAFETY: `enter` makes only system calls on values prepared before the fork.
         unsafe {
@@ -253,6 +253,27 @@ impl PodProcessRuntime {
         let mut child = command
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", self.binary.display()))?;
+        // Its output is its log, as `kubectl logs` reads it.
+        for output in [
+            child.stdout.take().map(|o| Box::pin(o) as OutputPipe),
+            child.stderr.take().map(|o| Box::pin(o) as OutputPipe),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let log = context.log.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                let mut output = output;
+                let mut chunk = [0u8; 8192];
+                while let Ok(n) = output.read(&mut chunk).await {
+                    if n == 0 {
+                        break;
+                    }
+                    log.write(&chunk[..n]);
+                }
+            });
+        }
         let (exit_tx, exited) = tokio::sync::oneshot::channel();
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let pid = child.id();

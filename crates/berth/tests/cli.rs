@@ -1421,6 +1421,18 @@ mod installed {
             .unwrap()
             .clone();
 
+        // The process's own output, as the team reads it.
+        until(
+            Duration::from_secs(30),
+            "the leader saying so in its log",
+            || kubectl(k, &["logs", "-n", "berth-system", &leader_pod]).unwrap_or_else(|e| e),
+            || {
+                kubectl(k, &["logs", "-n", "berth-system", &leader_pod])
+                    .ok()
+                    .filter(|logs| logs.contains("\"message\":\"leading: reconciling\""))
+            },
+        );
+
         // A workspace runs: its agent authenticated the operator, whose token came from the
         // operator pod's own service account.
         kubectl(

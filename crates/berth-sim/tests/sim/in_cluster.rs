@@ -34,6 +34,9 @@ impl ContainerRuntime for Recording {
         Box::pin(async move {
             let (exit_tx, exited) = tokio::sync::oneshot::channel();
             let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            context
+                .log
+                .write(format!("starting in {}\nlistening\n", context.pod_name).as_bytes());
             this.contexts
                 .lock()
                 .unwrap()
@@ -288,4 +291,54 @@ async fn an_http_readiness_probe_gets_its_path_on_a_named_port() {
         ready(false)
     })
     .await;
+}
+
+#[tokio::test]
+async fn kubectl_logs_reads_what_a_container_wrote() {
+    let runtime = Recording::default();
+    let cluster = cluster_with(SimConfig {
+        runtime: Arc::new(runtime.clone()),
+        ..SimConfig::fast()
+    })
+    .await;
+    let pods: Api<Pod> = Api::default_namespaced(cluster.client().await.unwrap());
+    pods.create(
+        &PostParams::default(),
+        &pod(
+            "talker",
+            json!({"containers": [{"name": "main", "image": "nginx:1.27"}]}),
+        ),
+    )
+    .await
+    .unwrap();
+    let context = eventually(WAIT, "the container started", || async {
+        runtime.contexts.lock().unwrap().get("talker").cloned()
+    })
+    .await;
+    let logs = eventually(WAIT, "the container's status running", || async {
+        pods.logs("talker", &Default::default()).await.ok()
+    })
+    .await;
+    assert_eq!(logs, "starting in talker\nlistening\n");
+    let tail = kube::api::LogParams {
+        tail_lines: Some(1),
+        ..Default::default()
+    };
+    assert_eq!(pods.logs("talker", &tail).await.unwrap(), "listening\n");
+    // A follower gets what is there, then what comes.
+    let follow = kube::api::LogParams {
+        follow: true,
+        ..Default::default()
+    };
+    let mut stream = pods.log_stream("talker", &follow).await.unwrap();
+    use futures::AsyncBufReadExt;
+    let mut line = String::new();
+    stream.read_line(&mut line).await.unwrap();
+    assert_eq!(line, "starting in talker\n");
+    line.clear();
+    stream.read_line(&mut line).await.unwrap();
+    context.log.write(b"later\n");
+    line.clear();
+    stream.read_line(&mut line).await.unwrap();
+    assert_eq!(line, "later\n");
 }
