@@ -4,8 +4,10 @@
 //! the webhook's `clientConfig.url` over HTTPS, trusting only its `caBundle`, within its
 //! `timeoutSeconds` (default 10). A denial refuses the request in the webhook's words; a
 //! webhook that cannot be asked refuses it too with `failurePolicy: Fail` (the default) and is
-//! skipped with `Ignore`. Not served: `clientConfig.service` (the sim has no service network),
-//! namespace and object selectors, match conditions.
+//! skipped with `Ignore`. A `clientConfig.service` webhook is called at a ready pod behind
+//! that service (its selector, the service port's `targetPort`), verified as
+//! `<service>.<namespace>.svc`, as a cluster's service network would route it. Not served:
+//! namespace and object selectors.
 
 use std::time::Duration;
 
@@ -73,7 +75,7 @@ fn matching(sim: &Sim, rt: &ResourceType, operation: &str) -> Vec<Value> {
 pub async fn validate(sim: &Sim, request: Admission<'_>) -> ApiResult<()> {
     for webhook in matching(sim, request.rt, request.operation) {
         if conditions_hold(&webhook, &request) {
-            ask(&webhook, &request).await?;
+            ask(sim, &webhook, &request).await?;
         }
     }
     Ok(())
@@ -134,7 +136,84 @@ fn conditions_hold(webhook: &Value, request: &Admission<'_>) -> bool {
         .all(|r| r.passed || r.message.as_deref() != Some(FALSE))
 }
 
-async fn ask(webhook: &Value, request: &Admission<'_>) -> ApiResult<()> {
+/// Where a webhook is called.
+struct Target {
+    /// The URL the API server's messages name.
+    url: String,
+    /// Where the request goes, and the name its certificate must carry.
+    address: Result<(String, String), String>,
+}
+
+/// A webhook's `clientConfig`: its URL, or a ready endpoint of its service.
+fn target(sim: &Sim, webhook: &Value) -> Target {
+    let config = &webhook["clientConfig"];
+    if let Some(url) = config["url"].as_str() {
+        let host = url
+            .trim_start_matches("https://")
+            .split(['/', ':'])
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        return Target {
+            url: url.to_owned(),
+            address: Ok((url.to_owned(), host)),
+        };
+    }
+    let service = &config["service"];
+    let (name, namespace) = (
+        service["name"].as_str().unwrap_or_default(),
+        service["namespace"].as_str().unwrap_or_default(),
+    );
+    let port = service["port"].as_u64().unwrap_or(443);
+    let path = service["path"].as_str().unwrap_or_default();
+    let host = format!("{name}.{namespace}.svc");
+    let url = format!("https://{host}:{port}{path}");
+    let address = match sim.store.get("/services", namespace, name) {
+        None => Err(format!("service \"{name}\" not found")),
+        Some(service) => endpoint(sim, &service, namespace, port)
+            .map(|at| (format!("https://{at}{path}"), host))
+            .ok_or_else(|| format!("no endpoints available for service \"{name}\"")),
+    };
+    Target { url, address }
+}
+
+/// A ready pod's address behind the service's `port`, as its endpoints would list it.
+fn endpoint(sim: &Sim, service: &Value, namespace: &str, port: u64) -> Option<String> {
+    let selector = service["spec"]["selector"].as_object()?;
+    let service_port = service["spec"]["ports"]
+        .as_array()?
+        .iter()
+        .find(|p| p["port"].as_u64() == Some(port))?;
+    let target = &service_port["targetPort"];
+    let (pods, _) = sim.store.list("/pods", Some(namespace));
+    pods.iter()
+        .filter(|pod| {
+            pod["metadata"]["deletionTimestamp"].is_null()
+                && selector
+                    .iter()
+                    .all(|(k, v)| pod["metadata"]["labels"][k] == *v)
+                && pod["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+        .find_map(|pod| {
+            let ip = pod["status"]["podIP"].as_str()?;
+            let number = target.as_u64().or_else(|| {
+                let named = target.as_str()?;
+                pod["spec"]["containers"]
+                    .as_array()?
+                    .iter()
+                    .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+                    .find(|p| p["name"] == named)?["containerPort"]
+                    .as_u64()
+            })?;
+            Some(format!("{ip}:{number}"))
+        })
+}
+
+async fn ask(sim: &Sim, webhook: &Value, request: &Admission<'_>) -> ApiResult<()> {
     let name = webhook["name"].as_str().unwrap_or_default();
     let timeout = Duration::from_secs(
         webhook["timeoutSeconds"]
@@ -142,7 +221,8 @@ async fn ask(webhook: &Value, request: &Admission<'_>) -> ApiResult<()> {
             .unwrap_or(10)
             .clamp(1, 30),
     );
-    let url = webhook["clientConfig"]["url"].as_str().unwrap_or_default();
+    let Target { url, address } = target(sim, webhook);
+    let url = url.as_str();
     let rt = request.rt;
     let review = json!({
         "apiVersion": "admission.k8s.io/v1",
@@ -166,13 +246,18 @@ async fn ask(webhook: &Value, request: &Admission<'_>) -> ApiResult<()> {
             "dryRun": request.dry_run,
         }
     });
-    let answer = match tokio::time::timeout(timeout, post(webhook, url, &review)).await {
-        Ok(Ok(answer)) => answer,
-        Ok(Err(error)) => return unreachable(webhook, name, url, timeout, &error),
-        Err(_) => {
-            return unreachable(webhook, name, url, timeout, "context deadline exceeded");
-        }
+    let (at, server_name) = match address {
+        Ok(address) => address,
+        Err(error) => return unreachable(webhook, name, url, timeout, &error),
     };
+    let answer =
+        match tokio::time::timeout(timeout, post(webhook, &at, &server_name, &review)).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) => return unreachable(webhook, name, url, timeout, &error),
+            Err(_) => {
+                return unreachable(webhook, name, url, timeout, "context deadline exceeded");
+            }
+        };
     let response = &answer["response"];
     if response["allowed"].as_bool() == Some(true) {
         return Ok(());
@@ -209,7 +294,12 @@ fn unreachable(
     })
 }
 
-async fn post(webhook: &Value, url: &str, review: &Value) -> Result<Value, String> {
+async fn post(
+    webhook: &Value,
+    url: &str,
+    server_name: &str,
+    review: &Value,
+) -> Result<Value, String> {
     if !url.starts_with("https://") {
         return Err(format!("webhook URL {url:?} must use https"));
     }
@@ -228,9 +318,12 @@ async fn post(webhook: &Value, url: &str, review: &Value) -> Result<Value, Strin
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots)
         .with_no_client_auth();
+    let server_name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
+        .map_err(|e| e.to_string())?;
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_only()
+        .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(server_name))
         .enable_http1()
         .build();
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())

@@ -1,9 +1,10 @@
 //! The container runtime of `berth sim`: a container of Berth's own image that runs the
 //! operator or the webhook (`berth controller ...`, `berth webhook ...`) becomes a real `berth`
 //! process of this binary, with the container's environment and nothing of ours, and the
-//! files of its service-account volume at `/var/run/secrets/kubernetes.io/serviceaccount`
-//! in a mount namespace of its own, so it takes the in-cluster path a pod takes. Every other
-//! container goes to the agent runtime.
+//! files of its volumes mounted below `/var/run` (the service-account token, `ca.crt` and
+//! `namespace` at `/var/run/secrets/kubernetes.io/serviceaccount`) in a mount namespace of
+//! its own, so it takes the in-cluster path a pod takes. Every other container goes to the
+//! agent runtime.
 
 use std::{
     ffi::CString,
@@ -18,8 +19,9 @@ use serde_json::Value;
 
 type OutputPipe = std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>;
 
-/// Where in-cluster clients read the token, `ca.crt` and `namespace`.
-const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// What the container's own `/var/run` holds: the service-account volume, where in-cluster
+/// clients read the token, `ca.crt` and `namespace`, and any volume mounted below it.
+const RUN_DIR: &str = "/var/run/";
 /// The subcommands that run as processes: the ones the install's Deployments run.
 const PROCESS_SUBCOMMANDS: &[&str] = &["controller", "webhook"];
 
@@ -77,18 +79,25 @@ pub fn berth_arguments(container: &Value) -> Option<Vec<String>> {
         .then_some(arguments)
 }
 
-/// Lays out the root of what the process sees at `/var/run`: `secrets/kubernetes.io/
-/// serviceaccount/{token,ca.crt,namespace}` from the container's mounted files.
+/// Lays out the root of what the process sees at `/var/run`: the container's mounted files
+/// under it (the service-account volume at `secrets/kubernetes.io/serviceaccount`, and any
+/// other volume mounted below `/var/run`), and an empty home.
 fn lay_out(root: &Path, context: &ContainerContext) -> std::io::Result<()> {
-    let dir = root.join("run/secrets/kubernetes.io/serviceaccount");
-    std::fs::create_dir_all(&dir)?;
+    let run = root.join("run");
+    std::fs::create_dir_all(run.join("secrets/kubernetes.io/serviceaccount"))?;
     for (path, bytes) in &context.files {
-        if let Some(name) = path
-            .strip_prefix(SERVICE_ACCOUNT_DIR)
-            .and_then(|p| p.strip_prefix('/'))
-        {
-            std::fs::write(dir.join(name), bytes)?;
+        let Some(relative) = path
+            .strip_prefix(RUN_DIR)
+            .or_else(|| path.strip_prefix("/run/"))
+            .filter(|p| !p.split('/').any(|part| part == ".."))
+        else {
+            continue;
+        };
+        let file = run.join(relative);
+        if let Some(parent) = file.parent() {
+            std::fs::create_dir_all(parent)?;
         }
+        std::fs::write(file, bytes)?;
     }
     std::fs::create_dir_all(root.join("home"))?;
     Ok(())

@@ -1340,6 +1340,62 @@ mod installed {
         Some((code, response))
     }
 
+    /// Installs deploy/webhook/ with a certificate for its Service, and waits for its pods.
+    fn install_webhook(k: &Path, explain: &impl Fn() -> String) {
+        let authority = berth_sim::Authority::generate().unwrap();
+        let (_, _, cert, key) = authority
+            .issue(&["berth-webhook.berth-system.svc"])
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
+        std::fs::write(dir.path().join("tls.key"), key).unwrap();
+        let cert_arg = format!("--cert={}", dir.path().join("tls.crt").display());
+        let key_arg = format!("--key={}", dir.path().join("tls.key").display());
+        kubectl(
+            k,
+            &[
+                "create",
+                "secret",
+                "tls",
+                "berth-webhook-tls",
+                "-n",
+                "berth-system",
+                &cert_arg,
+                &key_arg,
+            ],
+        )
+        .unwrap();
+        let rendered = kubectl(k, &["kustomize", &format!("{DEPLOY}/webhook")]).unwrap();
+        let mut objects: Vec<Value> = serde_saphyr::from_multiple(&rendered).unwrap();
+        use base64::Engine;
+        let bundle = base64::engine::general_purpose::STANDARD.encode(authority.ca_pem());
+        for object in objects.iter_mut() {
+            if object["kind"] == "ValidatingWebhookConfiguration" {
+                for webhook in object["webhooks"].as_array_mut().unwrap() {
+                    webhook["clientConfig"]["caBundle"] = serde_json::json!(bundle);
+                }
+            }
+        }
+        let yaml = objects
+            .iter()
+            .map(|o| o.to_string())
+            .collect::<Vec<_>>()
+            .join("\n---\n");
+        apply(k, &yaml);
+        until(
+            Duration::from_secs(60),
+            "two Ready webhook pods",
+            explain,
+            || {
+                let deployment = get(
+                    k,
+                    &["get", "deployment", "-n", "berth-system", "berth-webhook"],
+                )?;
+                (deployment["status"]["readyReplicas"] == 2).then_some(())
+            },
+        );
+    }
+
     fn workspace(name: &str) -> String {
         format!(
             "apiVersion: berth.dev/v1alpha1\nkind: Workspace\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  image: ghcr.io/example/devbox:1.4\n  command: [\"sleep\", \"infinity\"]\n"
@@ -1516,6 +1572,33 @@ mod installed {
             replaced
                 .iter()
                 .any(|p| p["metadata"]["name"] == standby.as_str())
+        );
+
+        // The admission webhook, installed as a platform team would: its serving certificate
+        // in berth-webhook-tls, its CA in the caBundle, then `kubectl apply` of
+        // deploy/webhook/. The API server reaches it through its Service.
+        install_webhook(k, &explain);
+        let author = "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: workspace-author, namespace: default}\nrules: [{apiGroups: [berth.dev], resources: [workspaces], verbs: [get, create]}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: mallory, namespace: default}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: workspace-author}\nsubjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}]\n";
+        apply(k, author);
+        let grab = format!(
+            "{}  podTemplate:\n    volumes:\n      secrets: [{{secretName: payments-db, mountPath: /s}}]\n",
+            workspace("grab")
+        );
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), grab).unwrap();
+        let denied = kubectl(
+            k,
+            &[
+                "create",
+                "--as=mallory",
+                "-f",
+                file.path().to_str().unwrap(),
+            ],
+        )
+        .expect_err("the webhook refuses a secret its author may not read");
+        assert!(
+            denied.contains("admission webhook \"workspaces.berth.dev\" denied the request: User \"mallory\" cannot get secrets \"payments-db\""),
+            "{denied}"
         );
 
         // A workspace created after the takeover runs.

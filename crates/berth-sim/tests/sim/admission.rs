@@ -1,7 +1,7 @@
 //! Admission: the refusals a real API server makes after validation — the ServiceAccount
 //! plugin and ResourceQuota — with its words.
 
-use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ResourceQuota, Service};
 use kube::{
     Api,
     api::{DeleteParams, PostParams},
@@ -597,4 +597,57 @@ async fn events_k8s_io_events_need_their_reporter_time_and_action() {
         )
         .await
         .expect("what kube's Recorder sends is valid");
+}
+
+/// A webhook behind a Service is called at a ready pod of that Service; without one, the
+/// write fails closed in the API server's words.
+#[tokio::test]
+async fn a_service_webhook_without_a_ready_endpoint_refuses_in_the_real_words() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let configuration = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "hooks"},
+        "webhooks": [{
+            "name": "maps.example.com",
+            "clientConfig": {"service": {"name": "hook", "namespace": "default", "path": "/check"}},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"]}],
+            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 3,
+            "admissionReviewVersions": ["v1"]
+        }]
+    });
+    post_json(
+        &client,
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+        &configuration,
+    )
+    .await
+    .unwrap();
+    let maps: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let map = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    let failed = |why: &str| {
+        format!(
+            "Internal error occurred: failed calling webhook \"maps.example.com\": failed to call webhook: Post \"https://hook.default.svc:443/check?timeout=3s\": {why}"
+        )
+    };
+    let (code, _, message) = api_error(maps.create(&PostParams::default(), &map("a")).await);
+    assert_eq!((code, message), (500, failed("service \"hook\" not found")));
+
+    let services: Api<Service> = Api::default_namespaced(client.clone());
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "hook"}, "spec": {
+                "selector": {"app": "hook"}, "ports": [{"port": 443, "targetPort": 8443}]}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (code, _, message) = api_error(maps.create(&PostParams::default(), &map("b")).await);
+    assert_eq!(
+        (code, message),
+        (500, failed("no endpoints available for service \"hook\""))
+    );
 }
