@@ -16,6 +16,7 @@ pub mod manifests;
 mod node_ports;
 mod nodes;
 mod openapi;
+mod openapi_proto;
 mod patch;
 mod protobuf;
 mod quantity;

@@ -261,6 +261,28 @@ async fn route(
                 .map(ok)
                 .unwrap_or_else(|| Err(ApiError::no_such_path()));
         }
+        ["openapi", "v2"] => {
+            non_resource(sim, &identity, path)?;
+            let document = crate::openapi::v2(&sim.registry());
+            let accept = header_str(headers, "accept").unwrap_or_default();
+            let (content_type, body) = if accept.contains(crate::openapi_proto::ACCEPT) {
+                (
+                    crate::openapi_proto::CONTENT_TYPE,
+                    crate::openapi_proto::encode(&document),
+                )
+            } else {
+                ("application/json", document.to_string().into_bytes())
+            };
+            return Ok((
+                StatusCode::OK,
+                [
+                    (header::CONTENT_TYPE, content_type),
+                    (header::VARY, "Accept"),
+                ],
+                body,
+            )
+                .into_response());
+        }
         ["openapi", "v3"] => {
             non_resource(sim, &identity, path)?;
             return ok(crate::openapi::index(&sim.registry()));

@@ -8,67 +8,132 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
+/// A built-in type the sim knows from k8s-openapi: its group and resource, its schema with
+/// every subschema inlined (for strict decoding), and its schema added to a generator (for
+/// OpenAPI: a `$ref` to its definition, which the generator then holds with the definitions
+/// it refers to).
+struct Builtin {
+    group: &'static str,
+    resource: &'static str,
+    inlined: fn() -> Value,
+    definition: fn(&mut schemars::SchemaGenerator) -> Value,
+}
+
+macro_rules! builtin {
+    ($group:literal, $resource:literal, $type:ty) => {
+        Builtin {
+            group: $group,
+            resource: $resource,
+            inlined: generate::<$type>,
+            definition: |generator| generator.subschema_for::<$type>().to_value(),
+        }
+    };
+}
+
+use k8s_openapi::api::{
+    admissionregistration::v1 as admission, apps::v1 as apps, coordination::v1 as coordination,
+    core::v1 as core, policy::v1 as policy, rbac::v1 as rbac,
+};
+
+const BUILTINS: &[Builtin] = &[
+    builtin!("", "pods", core::Pod),
+    builtin!("", "services", core::Service),
+    builtin!("", "configmaps", core::ConfigMap),
+    builtin!("", "secrets", core::Secret),
+    builtin!("", "persistentvolumeclaims", core::PersistentVolumeClaim),
+    builtin!("", "persistentvolumes", core::PersistentVolume),
+    builtin!("", "serviceaccounts", core::ServiceAccount),
+    builtin!("", "resourcequotas", core::ResourceQuota),
+    builtin!("", "namespaces", core::Namespace),
+    builtin!("", "nodes", core::Node),
+    builtin!("coordination.k8s.io", "leases", coordination::Lease),
+    builtin!("apps", "deployments", apps::Deployment),
+    builtin!("apps", "replicasets", apps::ReplicaSet),
+    builtin!(
+        "policy",
+        "poddisruptionbudgets",
+        policy::PodDisruptionBudget
+    ),
+    builtin!("rbac.authorization.k8s.io", "roles", rbac::Role),
+    builtin!(
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        rbac::RoleBinding
+    ),
+    builtin!(
+        "rbac.authorization.k8s.io",
+        "clusterroles",
+        rbac::ClusterRole
+    ),
+    builtin!(
+        "rbac.authorization.k8s.io",
+        "clusterrolebindings",
+        rbac::ClusterRoleBinding
+    ),
+    builtin!(
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        admission::ValidatingWebhookConfiguration
+    ),
+];
+
 /// The schema of built-in type `group`/`resource`, if the sim knows its fields.
 pub fn schema(group: &str, resource: &str) -> Option<&'static Value> {
-    type Known = Vec<((&'static str, &'static str), Value)>;
-    static SCHEMAS: OnceLock<Known> = OnceLock::new();
-    SCHEMAS
-        .get_or_init(|| {
-            use k8s_openapi::api::{
-                admissionregistration::v1 as admission, apps::v1 as apps,
-                coordination::v1 as coordination, core::v1 as core, policy::v1 as policy,
-                rbac::v1 as rbac,
-            };
-            let mut schemas: Known = vec![];
-            macro_rules! add {
-                ($group:literal, $resource:literal, $type:ty) => {
-                    schemas.push((($group, $resource), generate::<$type>()));
-                };
-            }
-            add!("", "pods", core::Pod);
-            add!("", "services", core::Service);
-            add!("", "configmaps", core::ConfigMap);
-            add!("", "secrets", core::Secret);
-            add!("", "persistentvolumeclaims", core::PersistentVolumeClaim);
-            add!("", "persistentvolumes", core::PersistentVolume);
-            add!("", "serviceaccounts", core::ServiceAccount);
-            add!("", "resourcequotas", core::ResourceQuota);
-            add!("", "namespaces", core::Namespace);
-            add!("", "nodes", core::Node);
-            add!("coordination.k8s.io", "leases", coordination::Lease);
-            add!("apps", "deployments", apps::Deployment);
-            add!("apps", "replicasets", apps::ReplicaSet);
-            add!(
-                "policy",
-                "poddisruptionbudgets",
-                policy::PodDisruptionBudget
-            );
-            add!("rbac.authorization.k8s.io", "roles", rbac::Role);
-            add!(
-                "rbac.authorization.k8s.io",
-                "rolebindings",
-                rbac::RoleBinding
-            );
-            add!(
-                "rbac.authorization.k8s.io",
-                "clusterroles",
-                rbac::ClusterRole
-            );
-            add!(
-                "rbac.authorization.k8s.io",
-                "clusterrolebindings",
-                rbac::ClusterRoleBinding
-            );
-            add!(
-                "admissionregistration.k8s.io",
-                "validatingwebhookconfigurations",
-                admission::ValidatingWebhookConfiguration
-            );
-            schemas
-        })
+    static SCHEMAS: OnceLock<Vec<Value>> = OnceLock::new();
+    let schemas = SCHEMAS.get_or_init(|| BUILTINS.iter().map(|b| (b.inlined)()).collect());
+    BUILTINS
         .iter()
-        .find(|((g, r), _)| *g == group && *r == resource)
-        .map(|(_, schema)| schema)
+        .position(|b| b.group == group && b.resource == resource)
+        .map(|i| &schemas[i])
+}
+
+/// The OpenAPI definitions of the built-in types, as the real server publishes them (named
+/// `io.k8s.api.core.v1.Pod` and so on, referring to each other as `#/definitions/NAME`), and
+/// the definition name of each type by (group, resource).
+pub struct Definitions {
+    pub schemas: serde_json::Map<String, Value>,
+    pub names: Vec<((&'static str, &'static str), String)>,
+}
+
+impl Definitions {
+    /// The definition name of built-in type `group`/`resource`.
+    pub fn name_of(&self, group: &str, resource: &str) -> Option<&str> {
+        self.names
+            .iter()
+            .find(|((g, r), _)| *g == group && *r == resource)
+            .map(|(_, name)| name.as_str())
+    }
+}
+
+/// The built-in types' definitions, generated once.
+pub fn definitions() -> &'static Definitions {
+    static DEFINITIONS: OnceLock<Definitions> = OnceLock::new();
+    DEFINITIONS.get_or_init(|| {
+        let mut generator = schemars::generate::SchemaSettings::draft2020_12()
+            .with(|s| {
+                s.definitions_path = "/definitions".into();
+                s.meta_schema = None;
+            })
+            .into_generator();
+        let names = BUILTINS
+            .iter()
+            .map(|b| {
+                let reference = (b.definition)(&mut generator);
+                let name = reference["$ref"]
+                    .as_str()
+                    .and_then(|r| r.strip_prefix("#/definitions/"))
+                    .unwrap_or_default()
+                    .to_owned();
+                ((b.group, b.resource), name)
+            })
+            .collect();
+        let schemas = generator
+            .take_definitions(true)
+            .into_iter()
+            .map(|(name, schema)| (name, schema))
+            .collect();
+        Definitions { schemas, names }
+    })
 }
 
 /// Removes every `null` field, at any depth: to a typed decoder, null and absent are the same.

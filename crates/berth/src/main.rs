@@ -279,6 +279,10 @@ fn run_sim(args: SimArgs) -> ExitCode {
             "  make node-1 reject its next pod: kubectl annotate node node-1 \
              sim.berth.dev/reject-next=1:OutOfcpu (more in crates/berth-sim/README.md)"
         );
+        println!(
+            "  install Berth as on a cluster (its pods run this binary): kubectl --kubeconfig {} apply -k deploy/",
+            args.kubeconfig.display()
+        );
         println!("berth sim: Ctrl-C or SIGTERM stops it");
         wait_for_shutdown_signal().await;
         cluster.shutdown();

@@ -229,15 +229,13 @@ async fn unschedulable_until_a_node_fits() {
         json!({"image": "devbox:1", "resources": {"requests": {"cpu": "12"}}}),
     )
     .await;
-    let waiting = h
-        .until("dave", "the scheduler's message", |ws| {
-            message_of(ws).contains("0/3 nodes are available: 3 Insufficient cpu.")
-        })
-        .await;
-    assert_eq!(
-        condition(&waiting, "PodScheduled").unwrap().reason,
-        "Unschedulable"
-    );
+    // The scheduler's event and its condition on the pod are two writes, seen in either order
+    // (as from a real scheduler): the workspace shows both once both are seen.
+    h.until("dave", "the scheduler's message and condition", |ws| {
+        message_of(ws).contains("0/3 nodes are available: 3 Insufficient cpu.")
+            && condition(ws, "PodScheduled").is_some_and(|c| c.reason == "Unschedulable")
+    })
+    .await;
     h.sim
         .add_node(NodeConfig::new("node-big").capacity("16", "64Gi", 110));
     let running = h.until_phase("dave", Phase::Running).await;

@@ -12,5 +12,6 @@ mod deletion;
 mod in_cluster;
 mod kubectl;
 mod nodes;
+mod openapi;
 mod scale;
 mod watch;
