@@ -127,11 +127,7 @@ pub fn definitions() -> &'static Definitions {
                 ((b.group, b.resource), name)
             })
             .collect();
-        let schemas = generator
-            .take_definitions(true)
-            .into_iter()
-            .map(|(name, schema)| (name, schema))
-            .collect();
+        let schemas = generator.take_definitions(true);
         Definitions { schemas, names }
     })
 }
