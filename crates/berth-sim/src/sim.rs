@@ -295,12 +295,18 @@ pub fn labels_of(object: &Value) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
-/// The object without what a no-op write may differ in.
+/// The object without what a no-op write may differ in: its resourceVersion and when each
+/// manager last wrote (a new owner of a field, though, is a change, as on a real server).
 fn comparable(object: &Value) -> Value {
     let mut o = object.clone();
     if let Some(meta) = o["metadata"].as_object_mut() {
         meta.remove("resourceVersion");
-        meta.remove("managedFields");
+        if let Some(entries) = meta.get_mut("managedFields").and_then(Value::as_array_mut) {
+            for entry in entries.iter_mut() {
+                entry.as_object_mut().map(|e| e.remove("time"));
+            }
+            entries.sort_by_key(|e| e.to_string());
+        }
     }
     o
 }

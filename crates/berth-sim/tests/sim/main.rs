@@ -7,6 +7,7 @@ mod admission;
 mod api;
 mod apps;
 mod auth;
+mod conformance;
 mod crd;
 mod deletion;
 mod in_cluster;
