@@ -1,309 +1,901 @@
-//! Request bodies in Kubernetes' protobuf encoding, for the few types kubectl sends that way
-//! (typed clients: `auth can-i`, `auth whoami`, `create token`, `create secret|configmap|
-//! namespace|serviceaccount|role|rolebinding|clusterrole|clusterrolebinding`). The sim answers
-//! in JSON, which those clients accept.
+//! Request bodies in Kubernetes' protobuf encoding, as kubectl's typed commands send them
+//! (`create deployment|service|quota|pdb|secret|configmap|namespace|serviceaccount|role|
+//! rolebinding|clusterrole|clusterrolebinding|token`, `auth can-i`, `auth whoami`): decoded by
+//! prost into k8s-pb's types, then written as the JSON the sim stores. The sim reads the
+//! fields those commands set; a body that sets anything more is refused (415, "send it as
+//! JSON"), never stored in part. The sim answers in JSON, which those clients accept.
+
+use std::collections::BTreeMap;
 
 use base64::Engine;
+use k8s_pb::{
+    api::{
+        apps::v1 as apps, authentication::v1 as authn, authorization::v1 as authz,
+        core::v1 as core, policy::v1 as policy, rbac::v1 as rbac,
+    },
+    apimachinery::pkg::{apis::meta::v1 as meta, runtime::Unknown, util::intstr::IntOrString},
+};
+use prost::Message;
 use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, ApiResult};
 
 const MAGIC: &[u8] = b"k8s\x00";
 
-/// One decoded field: a varint or a length-delimited payload.
-enum Field<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-}
+/// A body held more than the sim reads: the type that held it.
+struct Leftover(&'static str);
 
-fn varint(bytes: &[u8], pos: &mut usize) -> ApiResult<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = *bytes.get(*pos).ok_or_else(truncated)?;
-        *pos += 1;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Ok(value);
-        }
-    }
-    Err(truncated())
-}
+type Converted = Result<Value, Leftover>;
 
-fn truncated() -> ApiError {
-    ApiError::bad_request("the protobuf body is truncated or malformed")
-}
+/// Go's zero `metav1.Time` as the real encoder writes it (seconds since year 1).
+const ZERO_TIME_SECONDS: i64 = -62_135_596_800;
 
-fn fields(bytes: &[u8]) -> ApiResult<Vec<(u64, Field<'_>)>> {
-    let mut pos = 0;
-    let mut out = vec![];
-    while pos < bytes.len() {
-        let key = varint(bytes, &mut pos)?;
-        let (number, wire) = (key >> 3, key & 7);
-        match wire {
-            0 => out.push((number, Field::Varint(varint(bytes, &mut pos)?))),
-            2 => {
-                let len = varint(bytes, &mut pos)? as usize;
-                let end = pos
-                    .checked_add(len)
-                    .filter(|e| *e <= bytes.len())
-                    .ok_or_else(truncated)?;
-                out.push((number, Field::Bytes(&bytes[pos..end])));
-                pos = end;
+/// Whether an encoded message says nothing: every field zero, empty, or a message that says
+/// nothing (the real encoder writes the zero value of every non-pointer field).
+fn says_nothing(bytes: &[u8]) -> bool {
+    fn varint(bytes: &[u8], pos: &mut usize) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *bytes.get(*pos)?;
+            *pos += 1;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(value);
             }
-            1 => pos += 8,
-            5 => pos += 4,
-            _ => return Err(truncated()),
+        }
+        None
+    }
+    let zero_time = meta::Time {
+        seconds: Some(ZERO_TIME_SECONDS),
+        nanos: Some(0),
+    }
+    .encode_to_vec();
+    let mut pos = 0;
+    while pos < bytes.len() {
+        let Some(key) = varint(bytes, &mut pos) else {
+            return false;
+        };
+        let zero = match key & 7 {
+            0 => varint(bytes, &mut pos) == Some(0),
+            1 | 5 => {
+                let width = if key & 7 == 1 { 8 } else { 4 };
+                let end = pos + width;
+                let zero = bytes
+                    .get(pos..end)
+                    .is_some_and(|b| b.iter().all(|x| *x == 0));
+                pos = end;
+                zero
+            }
+            2 => {
+                let Some(len) = varint(bytes, &mut pos) else {
+                    return false;
+                };
+                let end = pos + len as usize;
+                let Some(payload) = bytes.get(pos..end) else {
+                    return false;
+                };
+                pos = end;
+                payload.is_empty() || payload == zero_time.as_slice() || says_nothing(payload)
+            }
+            _ => false,
+        };
+        if !zero {
+            return false;
         }
     }
+    true
+}
+
+/// Nothing is left in `rest` once its read fields were taken out.
+fn nothing_left<T: Message>(what: &'static str, rest: T) -> Result<(), Leftover> {
+    if says_nothing(&rest.encode_to_vec()) {
+        Ok(())
+    } else {
+        Err(Leftover(what))
+    }
+}
+
+fn is_zero(value: &Value) -> bool {
+    matches!(value, Value::Bool(false)) || value == &json!(0) || value == &json!("")
+}
+
+/// A JSON object under construction: absent and empty values are left out, as in the
+/// real server's JSON.
+#[derive(Default)]
+struct Out(Map<String, Value>);
+
+impl Out {
+    /// A field that is a value in Go: its zero value is what was not set.
+    fn put(&mut self, key: &str, value: Option<impl serde::Serialize>) -> &mut Self {
+        if let Some(value) = value.map(|v| json!(v)).filter(|v| !is_zero(v)) {
+            self.0.insert(key.to_owned(), value);
+        }
+        self
+    }
+
+    /// A field that is a pointer in Go: a zero value was set.
+    fn keep(&mut self, key: &str, value: Option<impl serde::Serialize>) -> &mut Self {
+        if let Some(value) = value {
+            self.0.insert(key.to_owned(), json!(value));
+        }
+        self
+    }
+
+    fn list(&mut self, key: &str, values: Vec<impl serde::Serialize>) -> &mut Self {
+        if !values.is_empty() {
+            self.0.insert(key.to_owned(), json!(values));
+        }
+        self
+    }
+
+    fn map(&mut self, key: &str, values: BTreeMap<String, String>) -> &mut Self {
+        if !values.is_empty() {
+            self.0.insert(key.to_owned(), json!(values));
+        }
+        self
+    }
+
+    fn value(&mut self, key: &str, value: Option<Value>) -> &mut Self {
+        if let Some(value) = value {
+            self.0.insert(key.to_owned(), value);
+        }
+        self
+    }
+
+    fn done(&mut self) -> Value {
+        Value::Object(std::mem::take(&mut self.0))
+    }
+}
+
+/// Converts an optional message with `convert`.
+fn opt<T>(
+    value: Option<T>,
+    convert: impl FnOnce(T) -> Converted,
+) -> Result<Option<Value>, Leftover> {
+    value.map(convert).transpose()
+}
+
+/// Converts each message of a list with `convert`.
+fn each<T>(values: Vec<T>, convert: impl Fn(T) -> Converted) -> Result<Vec<Value>, Leftover> {
+    values.into_iter().map(convert).collect()
+}
+
+fn object_meta(mut m: meta::ObjectMeta) -> Converted {
+    let out = Out::default()
+        .put("name", m.name.take())
+        .put("generateName", m.generate_name.take())
+        .put("namespace", m.namespace.take())
+        .map("labels", std::mem::take(&mut m.labels))
+        .map("annotations", std::mem::take(&mut m.annotations))
+        .list("finalizers", std::mem::take(&mut m.finalizers))
+        .done();
+    nothing_left("ObjectMeta", m)?;
     Ok(out)
 }
 
-/// How to read one message: field number -> (JSON name, kind).
-enum Kind {
-    Str,
-    RepeatedStr,
-    Int,
-    Bool,
-    /// `map<string, string>`.
-    MapStr,
-    /// `map<string, bytes>`, rendered base64 as in JSON.
-    MapBytes,
-    Message(&'static [(u64, &'static str, Kind)]),
-    RepeatedMessage(&'static [(u64, &'static str, Kind)]),
+fn label_selector(mut s: meta::LabelSelector) -> Converted {
+    let expressions = each(std::mem::take(&mut s.match_expressions), |mut r| {
+        let out = Out::default()
+            .put("key", r.key.take())
+            .put("operator", r.operator.take())
+            .list("values", std::mem::take(&mut r.values))
+            .done();
+        nothing_left("LabelSelectorRequirement", r)?;
+        Ok(out)
+    })?;
+    let out = Out::default()
+        .map("matchLabels", std::mem::take(&mut s.match_labels))
+        .list("matchExpressions", expressions)
+        .done();
+    nothing_left("LabelSelector", s)?;
+    Ok(out)
 }
 
-const OBJECT_META: &[(u64, &str, Kind)] = &[
-    (1, "name", Kind::Str),
-    (2, "generateName", Kind::Str),
-    (3, "namespace", Kind::Str),
-    (11, "labels", Kind::MapStr),
-    (12, "annotations", Kind::MapStr),
-];
-const SUBJECT: &[(u64, &str, Kind)] = &[
-    (1, "kind", Kind::Str),
-    (2, "apiGroup", Kind::Str),
-    (3, "name", Kind::Str),
-    (4, "namespace", Kind::Str),
-];
-const ROLE_REF: &[(u64, &str, Kind)] = &[
-    (1, "apiGroup", Kind::Str),
-    (2, "kind", Kind::Str),
-    (3, "name", Kind::Str),
-];
-const POLICY_RULE: &[(u64, &str, Kind)] = &[
-    (1, "verbs", Kind::RepeatedStr),
-    (2, "apiGroups", Kind::RepeatedStr),
-    (3, "resources", Kind::RepeatedStr),
-    (4, "resourceNames", Kind::RepeatedStr),
-    (5, "nonResourceURLs", Kind::RepeatedStr),
-];
-const BINDING: &[(u64, &str, Kind)] = &[
-    (1, "metadata", Kind::Message(OBJECT_META)),
-    (2, "subjects", Kind::RepeatedMessage(SUBJECT)),
-    (3, "roleRef", Kind::Message(ROLE_REF)),
-];
-const ROLE: &[(u64, &str, Kind)] = &[
-    (1, "metadata", Kind::Message(OBJECT_META)),
-    (2, "rules", Kind::RepeatedMessage(POLICY_RULE)),
-];
-const SECRET: &[(u64, &str, Kind)] = &[
-    (1, "metadata", Kind::Message(OBJECT_META)),
-    (2, "data", Kind::MapBytes),
-    (3, "type", Kind::Str),
-    (4, "stringData", Kind::MapStr),
-    (5, "immutable", Kind::Bool),
-];
-const CONFIG_MAP: &[(u64, &str, Kind)] = &[
-    (1, "metadata", Kind::Message(OBJECT_META)),
-    (2, "data", Kind::MapStr),
-    (3, "binaryData", Kind::MapBytes),
-    (4, "immutable", Kind::Bool),
-];
-const RESOURCE_ATTRIBUTES: &[(u64, &str, Kind)] = &[
-    (1, "namespace", Kind::Str),
-    (2, "verb", Kind::Str),
-    (3, "group", Kind::Str),
-    (4, "version", Kind::Str),
-    (5, "resource", Kind::Str),
-    (6, "subresource", Kind::Str),
-    (7, "name", Kind::Str),
-];
-const NON_RESOURCE_ATTRIBUTES: &[(u64, &str, Kind)] =
-    &[(1, "path", Kind::Str), (2, "verb", Kind::Str)];
-const SELF_SAR_SPEC: &[(u64, &str, Kind)] = &[
-    (1, "resourceAttributes", Kind::Message(RESOURCE_ATTRIBUTES)),
-    (
-        2,
-        "nonResourceAttributes",
-        Kind::Message(NON_RESOURCE_ATTRIBUTES),
-    ),
-];
-const SELF_SAR: &[(u64, &str, Kind)] = &[
-    (1, "metadata", Kind::Message(OBJECT_META)),
-    (2, "spec", Kind::Message(SELF_SAR_SPEC)),
-];
-const SAR_SPEC: &[(u64, &str, Kind)] = &[
-    (1, "resourceAttributes", Kind::Message(RESOURCE_ATTRIBUTES)),
-    (
-        2,
-        "nonResourceAttributes",
-        Kind::Message(NON_RESOURCE_ATTRIBUTES),
-    ),
-    (3, "user", Kind::Str),
-    (4, "groups", Kind::RepeatedStr),
-    (6, "uid", Kind::Str),
-];
-const SAR: &[(u64, &str, Kind)] = &[
-    (1, "metadata", Kind::Message(OBJECT_META)),
-    (2, "spec", Kind::Message(SAR_SPEC)),
-];
-const BOUND_OBJECT: &[(u64, &str, Kind)] = &[
-    (1, "kind", Kind::Str),
-    (2, "apiVersion", Kind::Str),
-    (3, "name", Kind::Str),
-    (4, "uid", Kind::Str),
-];
-const TOKEN_REQUEST_SPEC: &[(u64, &str, Kind)] = &[
-    (1, "audiences", Kind::RepeatedStr),
-    (3, "boundObjectRef", Kind::Message(BOUND_OBJECT)),
-    (4, "expirationSeconds", Kind::Int),
-];
-const TOKEN_REQUEST: &[(u64, &str, Kind)] = &[
-    (1, "metadata", Kind::Message(OBJECT_META)),
-    (2, "spec", Kind::Message(TOKEN_REQUEST_SPEC)),
-];
-const JUST_META: &[(u64, &str, Kind)] = &[(1, "metadata", Kind::Message(OBJECT_META))];
-const SELF_RULES_REVIEW_SPEC: &[(u64, &str, Kind)] = &[(1, "namespace", Kind::Str)];
-const SELF_RULES_REVIEW: &[(u64, &str, Kind)] = &[
-    (1, "metadata", Kind::Message(OBJECT_META)),
-    (2, "spec", Kind::Message(SELF_RULES_REVIEW_SPEC)),
-];
-
-fn message(bytes: &[u8], schema: &[(u64, &str, Kind)]) -> ApiResult<Value> {
-    let mut out = Map::new();
-    for (number, field) in fields(bytes)? {
-        let Some((_, name, kind)) = schema.iter().find(|(n, _, _)| *n == number) else {
-            continue;
-        };
-        match (kind, field) {
-            (Kind::Str, Field::Bytes(b)) => {
-                out.insert((*name).to_owned(), json!(String::from_utf8_lossy(b)));
-            }
-            (Kind::RepeatedStr, Field::Bytes(b)) => {
-                let list = out.entry((*name).to_owned()).or_insert_with(|| json!([]));
-                if let Value::Array(items) = list {
-                    items.push(json!(String::from_utf8_lossy(b)));
-                }
-            }
-            (Kind::Int, Field::Varint(v)) => {
-                out.insert((*name).to_owned(), json!(v as i64));
-            }
-            (Kind::Bool, Field::Varint(v)) => {
-                out.insert((*name).to_owned(), json!(v != 0));
-            }
-            (Kind::MapStr | Kind::MapBytes, Field::Bytes(entry)) => {
-                let (mut key, mut value) = (String::new(), Value::String(String::new()));
-                for (n, f) in fields(entry)? {
-                    if let Field::Bytes(b) = f {
-                        match (n, kind) {
-                            (1, _) => key = String::from_utf8_lossy(b).into_owned(),
-                            (2, Kind::MapBytes) => {
-                                value = json!(base64::engine::general_purpose::STANDARD.encode(b))
-                            }
-                            (2, _) => value = json!(String::from_utf8_lossy(b)),
-                            _ => {}
-                        }
-                    }
-                }
-                let map = out.entry((*name).to_owned()).or_insert_with(|| json!({}));
-                map[key] = value;
-            }
-            (Kind::Message(inner), Field::Bytes(b)) => {
-                out.insert((*name).to_owned(), message(b, inner)?);
-            }
-            (Kind::RepeatedMessage(inner), Field::Bytes(b)) => {
-                let list = out.entry((*name).to_owned()).or_insert_with(|| json!([]));
-                if let Value::Array(items) = list {
-                    items.push(message(b, inner)?);
-                }
-            }
-            _ => {}
-        }
+/// An int-or-string; its zero value (in a field that is a value in Go) is absent.
+fn int_or_string(value: IntOrString) -> Option<Value> {
+    match value {
+        IntOrString {
+            r#type: Some(1),
+            str_val: Some(s),
+            ..
+        } => Some(json!(s)),
+        IntOrString { int_val, .. } => int_val.filter(|i| *i != 0).map(|i| json!(i)),
     }
-    Ok(Value::Object(out))
+}
+
+fn quantities(
+    values: BTreeMap<String, k8s_pb::apimachinery::pkg::api::resource::Quantity>,
+) -> BTreeMap<String, String> {
+    values
+        .into_iter()
+        .map(|(k, q)| (k, q.string.unwrap_or_default()))
+        .collect()
+}
+
+fn service(mut s: core::Service) -> Converted {
+    // What a client sends as status is not kept on create.
+    s.status.take();
+    let spec = opt(s.spec.take(), |mut spec| {
+        let ports = each(std::mem::take(&mut spec.ports), |mut p| {
+            let out = Out::default()
+                .put("name", p.name.take())
+                .put("protocol", p.protocol.take())
+                .put("appProtocol", p.app_protocol.take())
+                .put("port", p.port.take())
+                .value("targetPort", p.target_port.take().and_then(int_or_string))
+                .put("nodePort", p.node_port.take())
+                .done();
+            nothing_left("ServicePort", p)?;
+            Ok(out)
+        })?;
+        let out = Out::default()
+            .list("ports", ports)
+            .map("selector", std::mem::take(&mut spec.selector))
+            .put("clusterIP", spec.cluster_ip.take())
+            .list("clusterIPs", std::mem::take(&mut spec.cluster_ips))
+            .put("type", spec.r#type.take())
+            .put("externalName", spec.external_name.take())
+            .put("sessionAffinity", spec.session_affinity.take())
+            .done();
+        nothing_left("ServiceSpec", spec)?;
+        Ok(out)
+    })?;
+    let out = Out::default()
+        .value("metadata", opt(s.metadata.take(), object_meta)?)
+        .value("spec", spec)
+        .done();
+    nothing_left("Service", s)?;
+    Ok(out)
+}
+
+fn container(mut c: core::Container) -> Converted {
+    let ports = each(std::mem::take(&mut c.ports), |mut p| {
+        let out = Out::default()
+            .put("name", p.name.take())
+            .put("containerPort", p.container_port.take())
+            .put("protocol", p.protocol.take())
+            .done();
+        nothing_left("ContainerPort", p)?;
+        Ok(out)
+    })?;
+    let env = each(std::mem::take(&mut c.env), |mut e| {
+        let out = Out::default()
+            .put("name", e.name.take())
+            .put("value", e.value.take())
+            .done();
+        nothing_left("EnvVar", e)?;
+        Ok(out)
+    })?;
+    let resources = opt(c.resources.take(), |mut r| {
+        let out = Out::default()
+            .map("limits", quantities(std::mem::take(&mut r.limits)))
+            .map("requests", quantities(std::mem::take(&mut r.requests)))
+            .done();
+        nothing_left("ResourceRequirements", r)?;
+        Ok(out)
+    })?;
+    let out = Out::default()
+        .put("name", c.name.take())
+        .put("image", c.image.take())
+        .list("command", std::mem::take(&mut c.command))
+        .list("args", std::mem::take(&mut c.args))
+        .put("workingDir", c.working_dir.take())
+        .list("ports", ports)
+        .list("env", env)
+        .value("resources", resources)
+        .put("imagePullPolicy", c.image_pull_policy.take())
+        .put("terminationMessagePath", c.termination_message_path.take())
+        .put(
+            "terminationMessagePolicy",
+            c.termination_message_policy.take(),
+        )
+        .done();
+    nothing_left("Container", c)?;
+    Ok(out)
+}
+
+fn pod_template(mut t: core::PodTemplateSpec) -> Converted {
+    let spec = opt(t.spec.take(), |mut spec| {
+        let security = opt(spec.security_context.take(), |s| {
+            nothing_left("PodSecurityContext", s)?;
+            Ok(json!({}))
+        })?;
+        let out = Out::default()
+            .list(
+                "containers",
+                each(std::mem::take(&mut spec.containers), container)?,
+            )
+            .put("restartPolicy", spec.restart_policy.take())
+            .keep(
+                "terminationGracePeriodSeconds",
+                spec.termination_grace_period_seconds.take(),
+            )
+            .put("dnsPolicy", spec.dns_policy.take())
+            .put("serviceAccountName", spec.service_account_name.take())
+            .put("schedulerName", spec.scheduler_name.take())
+            .map("nodeSelector", std::mem::take(&mut spec.node_selector))
+            .value("securityContext", security)
+            .done();
+        nothing_left("PodSpec", spec)?;
+        Ok(out)
+    })?;
+    let out = Out::default()
+        .value("metadata", opt(t.metadata.take(), object_meta)?)
+        .value("spec", spec)
+        .done();
+    nothing_left("PodTemplateSpec", t)?;
+    Ok(out)
+}
+
+fn deployment(mut d: apps::Deployment) -> Converted {
+    d.status.take();
+    let spec = opt(d.spec.take(), |mut spec| {
+        let strategy = opt(spec.strategy.take(), |mut s| {
+            let out = Out::default().put("type", s.r#type.take()).done();
+            nothing_left("DeploymentStrategy", s)?;
+            Ok(out)
+        })?;
+        let out = Out::default()
+            .keep("replicas", spec.replicas.take())
+            .value("selector", opt(spec.selector.take(), label_selector)?)
+            .value("template", opt(spec.template.take(), pod_template)?)
+            .value("strategy", strategy)
+            .done();
+        nothing_left("DeploymentSpec", spec)?;
+        Ok(out)
+    })?;
+    let out = Out::default()
+        .value("metadata", opt(d.metadata.take(), object_meta)?)
+        .value("spec", spec)
+        .done();
+    nothing_left("Deployment", d)?;
+    Ok(out)
+}
+
+fn pod_disruption_budget(mut p: policy::PodDisruptionBudget) -> Converted {
+    p.status.take();
+    let spec = opt(p.spec.take(), |mut spec| {
+        let out = Out::default()
+            .value(
+                "minAvailable",
+                spec.min_available
+                    .take()
+                    .map(|v| int_or_string(v).unwrap_or(json!(0))),
+            )
+            .value(
+                "maxUnavailable",
+                spec.max_unavailable
+                    .take()
+                    .map(|v| int_or_string(v).unwrap_or(json!(0))),
+            )
+            .value("selector", opt(spec.selector.take(), label_selector)?)
+            .done();
+        nothing_left("PodDisruptionBudgetSpec", spec)?;
+        Ok(out)
+    })?;
+    let out = Out::default()
+        .value("metadata", opt(p.metadata.take(), object_meta)?)
+        .value("spec", spec)
+        .done();
+    nothing_left("PodDisruptionBudget", p)?;
+    Ok(out)
+}
+
+fn resource_quota(mut q: core::ResourceQuota) -> Converted {
+    q.status.take();
+    let spec = opt(q.spec.take(), |mut spec| {
+        let out = Out::default()
+            .map("hard", quantities(std::mem::take(&mut spec.hard)))
+            .list("scopes", std::mem::take(&mut spec.scopes))
+            .done();
+        nothing_left("ResourceQuotaSpec", spec)?;
+        Ok(out)
+    })?;
+    let out = Out::default()
+        .value("metadata", opt(q.metadata.take(), object_meta)?)
+        .value("spec", spec)
+        .done();
+    nothing_left("ResourceQuota", q)?;
+    Ok(out)
+}
+
+fn base64_map(values: BTreeMap<String, Vec<u8>>) -> BTreeMap<String, String> {
+    values
+        .into_iter()
+        .map(|(k, v)| (k, base64::engine::general_purpose::STANDARD.encode(v)))
+        .collect()
+}
+
+fn secret(mut s: core::Secret) -> Converted {
+    let out = Out::default()
+        .value("metadata", opt(s.metadata.take(), object_meta)?)
+        .map("data", base64_map(std::mem::take(&mut s.data)))
+        .map("stringData", std::mem::take(&mut s.string_data))
+        .put("type", s.r#type.take())
+        .keep("immutable", s.immutable.take())
+        .done();
+    nothing_left("Secret", s)?;
+    Ok(out)
+}
+
+fn config_map(mut c: core::ConfigMap) -> Converted {
+    let out = Out::default()
+        .value("metadata", opt(c.metadata.take(), object_meta)?)
+        .map("data", std::mem::take(&mut c.data))
+        .map("binaryData", base64_map(std::mem::take(&mut c.binary_data)))
+        .keep("immutable", c.immutable.take())
+        .done();
+    nothing_left("ConfigMap", c)?;
+    Ok(out)
+}
+
+/// An object of which only the metadata is read (Namespace, ServiceAccount).
+fn metadata_only<T: Message>(
+    what: &'static str,
+    metadata: Option<meta::ObjectMeta>,
+    rest: T,
+) -> Converted {
+    let out = Out::default()
+        .value("metadata", opt(metadata, object_meta)?)
+        .done();
+    nothing_left(what, rest)?;
+    Ok(out)
+}
+
+fn policy_rule(mut r: rbac::PolicyRule) -> Converted {
+    let out = Out::default()
+        .list("verbs", std::mem::take(&mut r.verbs))
+        .list("apiGroups", std::mem::take(&mut r.api_groups))
+        .list("resources", std::mem::take(&mut r.resources))
+        .list("resourceNames", std::mem::take(&mut r.resource_names))
+        .list("nonResourceURLs", std::mem::take(&mut r.non_resource_ur_ls))
+        .done();
+    nothing_left("PolicyRule", r)?;
+    Ok(out)
+}
+
+fn role(metadata: Option<meta::ObjectMeta>, rules: Vec<rbac::PolicyRule>) -> Converted {
+    Ok(Out::default()
+        .value("metadata", opt(metadata, object_meta)?)
+        .list("rules", each(rules, policy_rule)?)
+        .done())
+}
+
+fn binding(
+    metadata: Option<meta::ObjectMeta>,
+    subjects: Vec<rbac::Subject>,
+    role_ref: Option<rbac::RoleRef>,
+) -> Converted {
+    let subjects = each(subjects, |mut s| {
+        let out = Out::default()
+            .put("kind", s.kind.take())
+            .put("apiGroup", s.api_group.take())
+            .put("name", s.name.take())
+            .put("namespace", s.namespace.take())
+            .done();
+        nothing_left("Subject", s)?;
+        Ok(out)
+    })?;
+    let role_ref = opt(role_ref, |mut r| {
+        let out = Out::default()
+            .put("apiGroup", r.api_group.take())
+            .put("kind", r.kind.take())
+            .put("name", r.name.take())
+            .done();
+        nothing_left("RoleRef", r)?;
+        Ok(out)
+    })?;
+    Ok(Out::default()
+        .value("metadata", opt(metadata, object_meta)?)
+        .list("subjects", subjects)
+        .value("roleRef", role_ref)
+        .done())
+}
+
+fn token_request(mut t: authn::TokenRequest) -> Converted {
+    t.status.take();
+    let spec = opt(t.spec.take(), |mut spec| {
+        let bound = opt(spec.bound_object_ref.take(), |mut b| {
+            let out = Out::default()
+                .put("kind", b.kind.take())
+                .put("apiVersion", b.api_version.take())
+                .put("name", b.name.take())
+                .put("uid", b.u_id.take())
+                .done();
+            nothing_left("BoundObjectReference", b)?;
+            Ok(out)
+        })?;
+        let out = Out::default()
+            .list("audiences", std::mem::take(&mut spec.audiences))
+            .keep("expirationSeconds", spec.expiration_seconds.take())
+            .value("boundObjectRef", bound)
+            .done();
+        nothing_left("TokenRequestSpec", spec)?;
+        Ok(out)
+    })?;
+    let out = Out::default()
+        .value("metadata", opt(t.metadata.take(), object_meta)?)
+        .value("spec", spec)
+        .done();
+    nothing_left("TokenRequest", t)?;
+    Ok(out)
+}
+
+/// The attributes of an access review's spec.
+fn access_attributes(
+    resource: Option<authz::ResourceAttributes>,
+    non_resource: Option<authz::NonResourceAttributes>,
+    out: &mut Out,
+) -> Result<(), Leftover> {
+    let resource = opt(resource, |mut r| {
+        let out = Out::default()
+            .put("namespace", r.namespace.take())
+            .put("verb", r.verb.take())
+            .put("group", r.group.take())
+            .put("version", r.version.take())
+            .put("resource", r.resource.take())
+            .put("subresource", r.subresource.take())
+            .put("name", r.name.take())
+            .done();
+        nothing_left("ResourceAttributes", r)?;
+        Ok(out)
+    })?;
+    let non_resource = opt(non_resource, |mut n| {
+        let out = Out::default()
+            .put("path", n.path.take())
+            .put("verb", n.verb.take())
+            .done();
+        nothing_left("NonResourceAttributes", n)?;
+        Ok(out)
+    })?;
+    out.value("resourceAttributes", resource)
+        .value("nonResourceAttributes", non_resource);
+    Ok(())
+}
+
+fn self_subject_access_review(mut r: authz::SelfSubjectAccessReview) -> Converted {
+    r.status.take();
+    let spec = opt(r.spec.take(), |mut spec| {
+        let mut out = Out::default();
+        access_attributes(
+            spec.resource_attributes.take(),
+            spec.non_resource_attributes.take(),
+            &mut out,
+        )?;
+        nothing_left("SelfSubjectAccessReviewSpec", spec)?;
+        Ok(out.done())
+    })?;
+    let out = Out::default()
+        .value("metadata", opt(r.metadata.take(), object_meta)?)
+        .value("spec", spec)
+        .done();
+    nothing_left("SelfSubjectAccessReview", r)?;
+    Ok(out)
+}
+
+fn subject_access_review_spec(mut spec: authz::SubjectAccessReviewSpec) -> Converted {
+    let mut out = Out::default();
+    access_attributes(
+        spec.resource_attributes.take(),
+        spec.non_resource_attributes.take(),
+        &mut out,
+    )?;
+    out.put("user", spec.user.take())
+        .list("groups", std::mem::take(&mut spec.groups))
+        .put("uid", spec.uid.take());
+    nothing_left("SubjectAccessReviewSpec", spec)?;
+    Ok(out.done())
+}
+
+fn self_subject_rules_review(mut r: authz::SelfSubjectRulesReview) -> Converted {
+    r.status.take();
+    let spec = opt(r.spec.take(), |mut spec| {
+        let out = Out::default()
+            .put("namespace", spec.namespace.take())
+            .done();
+        nothing_left("SelfSubjectRulesReviewSpec", spec)?;
+        Ok(out)
+    })?;
+    let out = Out::default()
+        .value("metadata", opt(r.metadata.take(), object_meta)?)
+        .value("spec", spec)
+        .done();
+    nothing_left("SelfSubjectRulesReview", r)?;
+    Ok(out)
+}
+
+fn malformed(error: prost::DecodeError) -> ApiError {
+    ApiError::bad_request(format!(
+        "the protobuf body is truncated or malformed: {error}"
+    ))
+}
+
+/// Decodes `raw` as `T` with prost, then converts it.
+fn read<T: Message + Default>(
+    raw: &[u8],
+    convert: impl FnOnce(T) -> Converted,
+) -> ApiResult<Result<Value, Leftover>> {
+    Ok(convert(T::decode(raw).map_err(malformed)?))
 }
 
 /// Decodes a protobuf request body into the JSON form of its object.
 pub fn decode(body: &[u8]) -> ApiResult<Value> {
-    let unknown = body
+    let envelope = body
         .strip_prefix(MAGIC)
         .ok_or_else(|| ApiError::bad_request("the protobuf body lacks the k8s magic prefix"))?;
-    let (mut api_version, mut kind, mut raw) = (String::new(), String::new(), &[][..]);
-    for (number, field) in fields(unknown)? {
-        match (number, field) {
-            (1, Field::Bytes(type_meta)) => {
-                for (n, f) in fields(type_meta)? {
-                    if let Field::Bytes(b) = f {
-                        match n {
-                            1 => api_version = String::from_utf8_lossy(b).into_owned(),
-                            2 => kind = String::from_utf8_lossy(b).into_owned(),
-                            _ => {}
-                        }
-                    }
-                }
-            }
-            (2, Field::Bytes(b)) => raw = b,
-            _ => {}
+    let unknown = Unknown::decode(envelope).map_err(malformed)?;
+    let type_meta = unknown.type_meta.unwrap_or_default();
+    let api_version = type_meta.api_version.unwrap_or_default();
+    let kind = type_meta.kind.unwrap_or_default();
+    let raw = unknown.raw.unwrap_or_default();
+    let raw = raw.as_slice();
+    let converted = match (api_version.as_str(), kind.as_str()) {
+        ("v1", "Service") => read(raw, service)?,
+        ("apps/v1", "Deployment") => read(raw, deployment)?,
+        ("policy/v1", "PodDisruptionBudget") => read(raw, pod_disruption_budget)?,
+        ("v1", "ResourceQuota") => read(raw, resource_quota)?,
+        ("v1", "Secret") => read(raw, secret)?,
+        ("v1", "ConfigMap") => read(raw, config_map)?,
+        ("v1", "Namespace") => read(raw, |mut n: core::Namespace| {
+            n.status.take();
+            let metadata = n.metadata.take();
+            metadata_only("Namespace", metadata, n)
+        })?,
+        ("v1", "ServiceAccount") => read(raw, |mut s: core::ServiceAccount| {
+            let metadata = s.metadata.take();
+            metadata_only("ServiceAccount", metadata, s)
+        })?,
+        ("rbac.authorization.k8s.io/v1", "Role") => {
+            read(raw, |r: rbac::Role| role(r.metadata, r.rules))?
         }
-    }
-    let schema = match kind.as_str() {
-        "SelfSubjectAccessReview" => SELF_SAR,
-        "SubjectAccessReview" | "LocalSubjectAccessReview" => SAR,
-        "TokenRequest" => TOKEN_REQUEST,
-        "SelfSubjectRulesReview" => SELF_RULES_REVIEW,
-        "SelfSubjectReview" | "Namespace" | "ServiceAccount" => JUST_META,
-        "ClusterRoleBinding" | "RoleBinding" => BINDING,
-        "ClusterRole" | "Role" => ROLE,
-        "Secret" => SECRET,
-        "ConfigMap" => CONFIG_MAP,
-        other => {
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => read(raw, |r: rbac::ClusterRole| {
+            if r.aggregation_rule.is_some() {
+                return Err(Leftover("ClusterRole"));
+            }
+            role(r.metadata, r.rules)
+        })?,
+        ("rbac.authorization.k8s.io/v1", "RoleBinding") => read(raw, |b: rbac::RoleBinding| {
+            binding(b.metadata, b.subjects, b.role_ref)
+        })?,
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+            read(raw, |b: rbac::ClusterRoleBinding| {
+                binding(b.metadata, b.subjects, b.role_ref)
+            })?
+        }
+        ("authentication.k8s.io/v1", "TokenRequest") => read(raw, token_request)?,
+        ("authentication.k8s.io/v1", "SelfSubjectReview") => {
+            read(raw, |mut r: authn::SelfSubjectReview| {
+                r.status.take();
+                let metadata = r.metadata.take();
+                metadata_only("SelfSubjectReview", metadata, r)
+            })?
+        }
+        ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => {
+            read(raw, self_subject_access_review)?
+        }
+        ("authorization.k8s.io/v1", "SubjectAccessReview") => {
+            read(raw, |mut r: authz::SubjectAccessReview| {
+                r.status.take();
+                let out = Out::default()
+                    .value("metadata", opt(r.metadata.take(), object_meta)?)
+                    .value("spec", opt(r.spec.take(), subject_access_review_spec)?)
+                    .done();
+                nothing_left("SubjectAccessReview", r)?;
+                Ok(out)
+            })?
+        }
+        ("authorization.k8s.io/v1", "LocalSubjectAccessReview") => {
+            read(raw, |mut r: authz::LocalSubjectAccessReview| {
+                r.status.take();
+                let out = Out::default()
+                    .value("metadata", opt(r.metadata.take(), object_meta)?)
+                    .value("spec", opt(r.spec.take(), subject_access_review_spec)?)
+                    .done();
+                nothing_left("LocalSubjectAccessReview", r)?;
+                Ok(out)
+            })?
+        }
+        ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => {
+            read(raw, self_subject_rules_review)?
+        }
+        _ => {
             return Err(ApiError::UnsupportedMediaType {
-                message: format!("the sim does not decode {other} from protobuf; send JSON"),
+                message: format!(
+                    "the sim does not decode {api_version} {kind} from protobuf; send it as JSON"
+                ),
             });
         }
     };
-    let mut object = message(raw, schema)?;
-    object["apiVersion"] = json!(api_version);
-    object["kind"] = json!(kind);
-    Ok(object)
+    match converted {
+        Ok(mut object) => {
+            object["apiVersion"] = json!(api_version);
+            object["kind"] = json!(kind);
+            Ok(object)
+        }
+        Err(Leftover(what)) => Err(ApiError::UnsupportedMediaType {
+            message: format!(
+                "the sim reads from protobuf the fields kubectl's create commands set; this {kind} sets other fields of its {what}: send it as JSON"
+            ),
+        }),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn field(number: u64, payload: &[u8]) -> Vec<u8> {
-        let mut out = vec![((number << 3) | 2) as u8, payload.len() as u8];
-        out.extend_from_slice(payload);
-        out
+    fn envelope(api_version: &str, kind: &str, raw: Vec<u8>) -> Vec<u8> {
+        let unknown = Unknown {
+            type_meta: Some(k8s_pb::apimachinery::pkg::runtime::TypeMeta {
+                api_version: Some(api_version.to_owned()),
+                kind: Some(kind.to_owned()),
+            }),
+            raw: Some(raw),
+            ..Default::default()
+        };
+        [MAGIC.to_vec(), unknown.encode_to_vec()].concat()
+    }
+
+    fn named(name: &str) -> Option<meta::ObjectMeta> {
+        Some(meta::ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        })
     }
 
     #[test]
-    fn decodes_a_self_subject_access_review() {
-        let attributes = [field(1, b"default"), field(2, b"list"), field(5, b"pods")].concat();
-        let spec = field(1, &attributes);
-        let raw = field(2, &spec);
-        let type_meta = [
-            field(1, b"authorization.k8s.io/v1"),
-            field(2, b"SelfSubjectAccessReview"),
-        ]
-        .concat();
-        let body = [MAGIC.to_vec(), field(1, &type_meta), field(2, &raw)].concat();
-        let object = decode(&body).unwrap();
-        assert_eq!(object["kind"], "SelfSubjectAccessReview");
+    fn a_deployment_as_kubectl_create_deployment_sends_it() {
+        let labels: BTreeMap<String, String> = [("app".to_owned(), "web".to_owned())].into();
+        let deployment = apps::Deployment {
+            metadata: Some(meta::ObjectMeta {
+                labels: labels.clone(),
+                ..named("web").unwrap()
+            }),
+            spec: Some(apps::DeploymentSpec {
+                replicas: Some(2),
+                selector: Some(meta::LabelSelector {
+                    match_labels: labels.clone(),
+                    ..Default::default()
+                }),
+                template: Some(core::PodTemplateSpec {
+                    metadata: Some(meta::ObjectMeta {
+                        labels,
+                        ..Default::default()
+                    }),
+                    spec: Some(core::PodSpec {
+                        containers: vec![core::Container {
+                            name: Some("nginx".into()),
+                            image: Some("nginx".into()),
+                            resources: Some(Default::default()),
+                            ports: vec![core::ContainerPort {
+                                container_port: Some(80),
+                                ..Default::default()
+                            }],
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }),
+                }),
+                strategy: Some(Default::default()),
+                ..Default::default()
+            }),
+            status: Some(Default::default()),
+        };
+        let object = decode(&envelope(
+            "apps/v1",
+            "Deployment",
+            deployment.encode_to_vec(),
+        ))
+        .unwrap();
+        assert_eq!(
+            object,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "labels": {"app": "web"}},
+                "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}}, "strategy": {},
+                    "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [
+                        {"name": "nginx", "image": "nginx", "resources": {}, "ports": [{"containerPort": 80}]}]}}}})
+        );
+    }
+
+    #[test]
+    fn a_service_port_targets_a_number_or_a_name() {
+        let service = core::Service {
+            metadata: named("web"),
+            spec: Some(core::ServiceSpec {
+                r#type: Some("ClusterIP".into()),
+                ports: vec![
+                    core::ServicePort {
+                        name: Some("http".into()),
+                        port: Some(80),
+                        target_port: Some(IntOrString {
+                            r#type: Some(0),
+                            int_val: Some(8080),
+                            str_val: None,
+                        }),
+                        ..Default::default()
+                    },
+                    core::ServicePort {
+                        name: Some("admin".into()),
+                        port: Some(81),
+                        target_port: Some(IntOrString {
+                            r#type: Some(1),
+                            int_val: None,
+                            str_val: Some("admin".into()),
+                        }),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+            status: None,
+        };
+        let object = decode(&envelope("v1", "Service", service.encode_to_vec())).unwrap();
+        assert_eq!(object["spec"]["ports"][0]["targetPort"], 8080);
+        assert_eq!(object["spec"]["ports"][1]["targetPort"], "admin");
+        assert_eq!(object["spec"]["type"], "ClusterIP");
+    }
+
+    #[test]
+    fn a_field_the_sim_does_not_read_refuses_the_body_rather_than_dropping_it() {
+        let pod_with_affinity = apps::Deployment {
+            metadata: named("web"),
+            spec: Some(apps::DeploymentSpec {
+                template: Some(core::PodTemplateSpec {
+                    metadata: None,
+                    spec: Some(core::PodSpec {
+                        hostname: Some("pinned".into()),
+                        ..Default::default()
+                    }),
+                }),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        let error = decode(&envelope(
+            "apps/v1",
+            "Deployment",
+            pod_with_affinity.encode_to_vec(),
+        ))
+        .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("this Deployment sets other fields of its PodSpec: send it as JSON"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_self_subject_access_review_and_secrets_decode() {
+        let review = authz::SelfSubjectAccessReview {
+            spec: Some(authz::SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(authz::ResourceAttributes {
+                    namespace: Some("default".into()),
+                    verb: Some("list".into()),
+                    resource: Some("pods".into()),
+                    ..Default::default()
+                }),
+                non_resource_attributes: None,
+            }),
+            ..Default::default()
+        };
+        let object = decode(&envelope(
+            "authorization.k8s.io/v1",
+            "SelfSubjectAccessReview",
+            review.encode_to_vec(),
+        ))
+        .unwrap();
         assert_eq!(
             object["spec"]["resourceAttributes"],
             json!({"namespace": "default", "verb": "list", "resource": "pods"})
         );
+        let secret = core::Secret {
+            metadata: named("s"),
+            data: [("k".to_owned(), b"v".to_vec())].into(),
+            r#type: Some("Opaque".into()),
+            ..Default::default()
+        };
+        let object = decode(&envelope("v1", "Secret", secret.encode_to_vec())).unwrap();
+        assert_eq!(object["data"]["k"], "dg==");
     }
 }

@@ -562,3 +562,78 @@ async fn kubectl_explain_reads_built_in_and_custom_schemas() {
         }
     }
 }
+
+/// kubectl's typed `create` commands, which send protobuf from 1.32 on (JSON before): each
+/// creates what it names, as on a real server.
+#[tokio::test]
+async fn kubectls_typed_create_commands_create_what_they_name() {
+    let sim = cluster_with(SimConfig::fast()).await;
+    for client in clients(&sim).await {
+        let Client::Kubectl {
+            binary, kubeconfig, ..
+        } = &client
+        else {
+            continue;
+        };
+        let who = client.name();
+        let namespace = who.replace('.', "-");
+        let run = |args: Vec<String>| {
+            let (binary, kubeconfig) = (binary.clone(), kubeconfig.clone());
+            async move {
+                let output = tokio::process::Command::new(binary)
+                    .arg("--kubeconfig")
+                    .arg(kubeconfig)
+                    .args(&args)
+                    .env_remove("KUBECONFIG")
+                    .output()
+                    .await
+                    .unwrap();
+                (
+                    output.status.success(),
+                    String::from_utf8_lossy(&output.stdout).into_owned()
+                        + &String::from_utf8_lossy(&output.stderr),
+                )
+            }
+        };
+        let ns = |rest: &str| -> Vec<String> {
+            let mut args: Vec<String> = vec!["-n".into(), namespace.clone()];
+            args.extend(rest.split_whitespace().map(str::to_owned));
+            args
+        };
+        let (ok, text) = run(vec!["create".into(), "namespace".into(), namespace.clone()]).await;
+        assert!(ok, "{who}: {text}");
+        for command in [
+            "create service clusterip web --tcp=80:8080",
+            "create service nodeport edge --tcp=80:8080",
+            "create deployment web --image=nginx:1.27 --replicas=2 --port=80",
+            "create poddisruptionbudget web --selector=app=web --min-available=50%",
+            "create quota compute --hard=pods=20,requests.cpu=10",
+            "create secret generic token --from-literal=a=b",
+            "create configmap settings --from-literal=a=b",
+            "create serviceaccount builder",
+            "create role reader --verb=get --resource=pods",
+            "create rolebinding reader --role=reader --serviceaccount=NS:builder",
+        ] {
+            let command = command.replace("NS", &namespace);
+            let (ok, text) = run(ns(&command)).await;
+            assert!(ok && text.contains("created"), "{who} {command}: {text}");
+        }
+        let (ok, text) = run(ns(
+            "get service web -o jsonpath={.spec.ports[0].targetPort}",
+        ))
+        .await;
+        assert!(ok && text == "8080", "{who}: {text}");
+        let (ok, text) = run(ns("get pdb web -o jsonpath={.spec.minAvailable}")).await;
+        assert!(ok && text == "50%", "{who}: {text}");
+        let (ok, text) = run(ns("rollout status deployment/web --timeout=60s")).await;
+        assert!(
+            ok && text.contains("successfully rolled out"),
+            "{who}: {text}"
+        );
+        let can = format!("auth can-i get pods --as=system:serviceaccount:{namespace}:builder");
+        let (ok, text) = run(ns(&can)).await;
+        assert!(ok && text.trim() == "yes", "{who}: {text}");
+        let (ok, text) = run(ns("create token builder")).await;
+        assert!(ok && text.starts_with("eyJ"), "{who}: {text}");
+    }
+}
