@@ -465,7 +465,10 @@ pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl Fn
             if spec["sessionAffinity"].is_null() {
                 spec["sessionAffinity"] = json!("None");
             }
-            if spec["clusterIP"].is_null() || spec["clusterIP"] == "" {
+            // An ExternalName service is a DNS alias: it gets no cluster IP.
+            if spec["type"] != "ExternalName"
+                && (spec["clusterIP"].is_null() || spec["clusterIP"] == "")
+            {
                 let ip = next_ip();
                 spec["clusterIP"] = json!(ip);
                 spec["clusterIPs"] = json!([ip]);

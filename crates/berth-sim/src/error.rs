@@ -345,7 +345,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response = (code, axum::Json(self.status())).into_response();
+        let mut response = (
+            code,
+            [(header::CONTENT_TYPE, "application/json")],
+            crate::json::to_string(&self.status()),
+        )
+            .into_response();
         if let ApiError::TooManyRequests {
             retry_after_seconds,
             ..

@@ -35,6 +35,37 @@ fn rename(object: &Value, api_version: &str, forward: bool) -> Value {
     Value::Object(out)
 }
 
+/// The timestamps of a stored Event as the real server keeps them: `eventTime` and
+/// `series.lastObservedTime` (MicroTime) to the microsecond, `firstTimestamp` and
+/// `lastTimestamp` (Time) to the second, all in UTC; what is not a time is the decoder's 400.
+pub fn normalize_times(event: &mut Value) -> Result<(), String> {
+    fn normalize(object: &mut Value, key: &str, micro: bool) -> Result<(), String> {
+        let Some(value) = object.get_mut(key) else {
+            return Ok(());
+        };
+        let Some(text) = value.as_str() else {
+            return Ok(());
+        };
+        let time: jiff::Timestamp = text.parse().map_err(|_| {
+            format!("parsing time \"{text}\" as \"2006-01-02T15:04:05Z07:00\": cannot parse")
+        })?;
+        let format = if micro {
+            "%Y-%m-%dT%H:%M:%S%.6fZ"
+        } else {
+            "%Y-%m-%dT%H:%M:%SZ"
+        };
+        *value = Value::String(time.strftime(format).to_string());
+        Ok(())
+    }
+    normalize(event, "eventTime", true)?;
+    normalize(event, "firstTimestamp", false)?;
+    normalize(event, "lastTimestamp", false)?;
+    if let Some(series) = event.get_mut("series") {
+        normalize(series, "lastObservedTime", true)?;
+    }
+    Ok(())
+}
+
 /// The events.k8s.io/v1 view of a stored core/v1 Event.
 pub fn to_v1(core: &Value) -> Value {
     rename(core, "events.k8s.io/v1", true)
@@ -49,6 +80,26 @@ pub fn from_v1(v1: &Value) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn times_are_kept_as_the_real_server_keeps_them() {
+        let mut event = json!({"eventTime": "2026-12-02T14:15:16.123456789+01:00",
+            "firstTimestamp": "2026-12-02T14:15:16.9Z", "series": {"lastObservedTime": "2026-12-02T14:15:16Z"}});
+        normalize_times(&mut event).unwrap();
+        assert_eq!(event["eventTime"], "2026-12-02T13:15:16.123456Z");
+        assert_eq!(event["firstTimestamp"], "2026-12-02T14:15:16Z");
+        assert_eq!(
+            event["series"]["lastObservedTime"],
+            "2026-12-02T14:15:16.000000Z"
+        );
+        assert!(event.get("lastTimestamp").is_none());
+        let mut bad = json!({"eventTime": "yesterday"});
+        assert!(
+            normalize_times(&mut bad)
+                .unwrap_err()
+                .starts_with("parsing time \"yesterday\"")
+        );
+    }
 
     #[test]
     fn views_round_trip() {

@@ -11,6 +11,7 @@ mod error;
 mod events;
 mod faults;
 mod gc;
+mod json;
 mod kubelet;
 pub mod manifests;
 mod node_ports;

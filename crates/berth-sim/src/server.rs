@@ -146,7 +146,12 @@ fn negotiate(headers: &HeaderMap, query: &HashMap<String, String>) -> Render {
 }
 
 fn json_response(code: StatusCode, value: &Value, warnings: &[String]) -> Response {
-    let mut response = (code, axum::Json(value)).into_response();
+    let mut response = (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::json::to_string(value),
+    )
+        .into_response();
     for warning in warnings {
         if let Ok(v) = HeaderValue::from_str(&format!("299 - \"{}\"", warning.replace('"', "\\\"")))
         {
@@ -238,7 +243,7 @@ async fn route(
                     (header::CONTENT_TYPE, content_type),
                     (header::VARY, "Accept"),
                 ],
-                document.to_string(),
+                crate::json::to_string(&document),
             )
                 .into_response());
         }

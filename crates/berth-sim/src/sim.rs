@@ -820,6 +820,14 @@ impl Sim {
             builtin::cluster_ip(self.next_cluster_ip.fetch_add(1, Ordering::Relaxed))
         });
         let warnings = self.admit_fields(rt, &mut object, None, ctx.field_validation, &name)?;
+        if &*rt.storage == "/events" {
+            events::normalize_times(&mut object).map_err(|message| {
+                ApiError::bad_request(format!(
+                    "{} in version \"{}\" cannot be handled as a {}: {message}",
+                    rt.kind, rt.version, rt.kind
+                ))
+            })?;
+        }
         Self::check_decodable(rt, &object)?;
         let mut causes = builtin::validate(rt, &object);
         if causes.is_empty() && rt.group.is_empty() && rt.resource == "services" {
@@ -1105,6 +1113,14 @@ impl Sim {
         }
         let warnings =
             self.admit_fields(rt, &mut new, Some(current), ctx.field_validation, &name)?;
+        if &*rt.storage == "/events" {
+            events::normalize_times(&mut new).map_err(|message| {
+                ApiError::bad_request(format!(
+                    "{} in version \"{}\" cannot be handled as a {}: {message}",
+                    rt.kind, rt.version, rt.kind
+                ))
+            })?;
+        }
         Self::check_decodable(rt, &new)?;
         let mut causes = builtin::validate(rt, &new);
         if rt.resource == "pods" && rt.group.is_empty() && subresource.is_empty() {

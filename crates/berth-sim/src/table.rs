@@ -187,6 +187,44 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
                 1,
             ),
         ],
+        ("apps", "deployments") => vec![
+            name,
+            column(
+                "Ready",
+                "string",
+                "",
+                "Number of the pod with ready state",
+                0,
+            ),
+            column(
+                "Up-to-date",
+                "string",
+                "",
+                "Total number of non-terminated pods targeted by this deployment that have the desired template spec.",
+                0,
+            ),
+            column(
+                "Available",
+                "string",
+                "",
+                "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment.",
+                0,
+            ),
+            age_column(),
+        ],
+        ("apps", "replicasets") => vec![
+            name,
+            column("Desired", "integer", "", "Number of desired pods.", 0),
+            column("Current", "integer", "", "Number of actual replicas.", 0),
+            column(
+                "Ready",
+                "integer",
+                "",
+                "The number of pods targeted by this ReplicaSet with a Ready Condition.",
+                0,
+            ),
+            age_column(),
+        ],
         ("", "configmaps") => vec![
             name,
             column(
@@ -457,7 +495,8 @@ fn service_cells(service: &Value, now: Timestamp) -> Vec<Value> {
     vec![
         json!(service["spec"]["type"].as_str().unwrap_or("ClusterIP")),
         json!(service["spec"]["clusterIP"].as_str().unwrap_or("<none>")),
-        json!("<none>"),
+        // An ExternalName service's external address is the name it aliases.
+        json!(service["spec"]["externalName"].as_str().unwrap_or("<none>")),
         json!(if ports.is_empty() {
             "<none>".to_owned()
         } else {
@@ -552,6 +591,25 @@ fn cells(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], now: Timesta
             json!(age(object, now)),
         ],
         ("", "services") => service_cells(object, now),
+        ("apps", "deployments") => {
+            let status = |key: &str| object["status"][key].as_i64().unwrap_or(0);
+            vec![
+                json!(format!(
+                    "{}/{}",
+                    status("readyReplicas"),
+                    object["spec"]["replicas"].as_i64().unwrap_or(0)
+                )),
+                json!(status("updatedReplicas")),
+                json!(status("availableReplicas")),
+                json!(age(object, now)),
+            ]
+        }
+        ("apps", "replicasets") => vec![
+            json!(object["spec"]["replicas"].as_i64().unwrap_or(0)),
+            json!(object["status"]["replicas"].as_i64().unwrap_or(0)),
+            json!(object["status"]["readyReplicas"].as_i64().unwrap_or(0)),
+            json!(age(object, now)),
+        ],
         ("", "configmaps") => vec![
             json!(count(&object["data"]) + count(&object["binaryData"])),
             json!(age(object, now)),

@@ -56,7 +56,7 @@ pub fn render(rt: &ResourceType, object: &Value, how: Render) -> Value {
 }
 
 fn line(kind: &str, object: Value) -> Bytes {
-    let mut text = json!({"type": kind, "object": object}).to_string();
+    let mut text = crate::json::watch_event(kind, &object);
     text.push('\n');
     Bytes::from(text)
 }

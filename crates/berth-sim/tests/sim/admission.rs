@@ -651,3 +651,38 @@ async fn a_service_webhook_without_a_ready_endpoint_refuses_in_the_real_words() 
         (500, failed("no endpoints available for service \"hook\""))
     );
 }
+
+/// Event times are kept as the real server keeps them: MicroTime to the microsecond, Time to
+/// the second, in UTC; a time that does not parse is the decoder's 400.
+#[tokio::test]
+async fn event_times_are_normalised_as_the_real_server_keeps_them() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let event = |name: &str, event_time: &str| {
+        json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": name},
+            "type": "Normal", "reason": "Started", "action": "Start", "note": "started",
+            "eventTime": event_time, "series": {"count": 2, "lastObservedTime": "2026-12-02T10:00:05.5+02:00"},
+            "reportingController": "example.com/ctl", "reportingInstance": "ctl-0",
+            "regarding": {"kind": "Pod", "name": "p", "namespace": "default"}})
+    };
+    let path = "/apis/events.k8s.io/v1/namespaces/default/events";
+    let created = post_json(
+        &client,
+        path,
+        &event("precise", "2026-12-02T10:00:00.123456789Z"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(created["eventTime"], "2026-12-02T10:00:00.123456Z");
+    assert_eq!(
+        created["series"]["lastObservedTime"],
+        "2026-12-02T08:00:05.500000Z"
+    );
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::default_namespaced(client.clone());
+    let seen = serde_json::to_value(core.get("precise").await.unwrap()).unwrap();
+    assert_eq!(seen["eventTime"], "2026-12-02T10:00:00.123456Z");
+    let (code, _, message) =
+        api_error(post_json(&client, path, &event("vague", "yesterday")).await);
+    assert_eq!(code, 400);
+    assert!(message.contains("parsing time \"yesterday\""), "{message}");
+}

@@ -938,3 +938,56 @@ async fn a_merge_patch_that_is_not_an_object_is_refused_as_the_real_server_does(
         "nothing changed"
     );
 }
+
+/// As the real server writes JSON: `kind` then `apiVersion` lead objects, lists, their items,
+/// watch events' objects and Status errors.
+#[tokio::test]
+async fn kind_comes_before_api_version_in_every_answer() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let maps: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    maps.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"a": "1"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    let text = |path: &str| {
+        let client = client.clone();
+        let request = http::Request::get(path.to_owned())
+            .body(Vec::new())
+            .unwrap();
+        async move { client.request_text(request).await }
+    };
+    let one = text("/api/v1/namespaces/default/configmaps/c")
+        .await
+        .unwrap();
+    assert!(
+        one.starts_with(r#"{"kind":"ConfigMap","apiVersion":"v1","#),
+        "{one}"
+    );
+    let list = text("/api/v1/namespaces/default/configmaps").await.unwrap();
+    assert!(
+        list.starts_with(r#"{"kind":"ConfigMapList","apiVersion":"v1","#),
+        "{list}"
+    );
+    assert!(
+        list.contains(r#"[{"kind":"ConfigMap","apiVersion":"v1","#),
+        "{list}"
+    );
+    let request = http::Request::get("/api/v1/namespaces/default/configmaps/missing")
+        .body(Vec::new())
+        .unwrap();
+    let response = client
+        .send(request.map(kube::client::Body::from))
+        .await
+        .unwrap();
+    let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 1 << 20)
+        .await
+        .unwrap();
+    let status = String::from_utf8_lossy(&body);
+    assert!(
+        status.starts_with(r#"{"kind":"Status","apiVersion":"v1","#),
+        "{status}"
+    );
+}

@@ -691,3 +691,51 @@ async fn kubectl_get_shows_the_real_columns_of_config_maps_secrets_and_accounts(
     assert_eq!(accounts[0], ["NAME", "SECRETS", "AGE"]);
     assert_eq!(accounts[1][..2], ["builder", "0"]);
 }
+
+#[tokio::test]
+async fn kubectl_get_shows_the_real_columns_of_workloads_and_an_external_name() {
+    let sim = crate::support::cluster_with_nodes().await;
+    let Some(kubectl) = Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    kubectl
+        .ok(&[
+            "create",
+            "deployment",
+            "web",
+            "--image=nginx:1.27",
+            "--replicas=2",
+        ])
+        .await;
+    kubectl
+        .ok(&[
+            "create",
+            "service",
+            "externalname",
+            "docs",
+            "--external-name=docs.example.com",
+        ])
+        .await;
+    kubectl
+        .ok(&["rollout", "status", "deployment/web", "--timeout=30s"])
+        .await;
+    let words = |text: &str| -> Vec<Vec<String>> {
+        text.lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    };
+    let deployments = words(&kubectl.ok(&["get", "deployment", "web"]).await);
+    assert_eq!(
+        deployments[0],
+        ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
+    );
+    assert_eq!(deployments[1][..4], ["web", "2/2", "2", "2"]);
+    let sets = words(&kubectl.ok(&["get", "replicasets"]).await);
+    assert_eq!(sets[0], ["NAME", "DESIRED", "CURRENT", "READY", "AGE"]);
+    assert_eq!(sets[1][1..4], ["2", "2", "2"]);
+    let services = words(&kubectl.ok(&["get", "service", "docs"]).await);
+    assert_eq!(
+        services[1][..4],
+        ["docs", "ExternalName", "<none>", "docs.example.com"]
+    );
+}
