@@ -159,6 +159,17 @@ async fn a_pod_gets_its_service_account_token_ca_namespace_and_environment() {
         |name: &str| String::from_utf8(context.files[&format!("{MOUNT}/{name}")].clone()).unwrap();
     assert_eq!(file("namespace"), "default");
     assert_eq!(file("ca.crt"), cluster.ca_pem());
+    // Valid for a year, as the real server extends the admission's 3607 s request (the
+    // kubelet here never refreshes the file).
+    use base64::Engine;
+    let claims: serde_json::Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(file("token").split('.').nth(1).unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    let lifetime = claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap();
+    assert!(lifetime >= 364 * 24 * 3600, "{claims}");
     // The token works, as the pod's own account.
     let as_pod = cluster.client_with_token(&file("token")).await.unwrap();
     let who: serde_json::Value = as_pod
