@@ -240,12 +240,8 @@ fn service(mut s: core::Service) -> Converted {
         nothing_left("ServiceSpec", spec)?;
         Ok(out)
     })?;
-    let out = Out::default()
-        .value("metadata", opt(s.metadata.take(), object_meta)?)
-        .value("spec", spec)
-        .done();
-    nothing_left("Service", s)?;
-    Ok(out)
+    let metadata = s.metadata.take();
+    object("Service", metadata, spec, s)
 }
 
 fn container(mut c: core::Container) -> Converted {
@@ -319,12 +315,8 @@ fn pod_template(mut t: core::PodTemplateSpec) -> Converted {
         nothing_left("PodSpec", spec)?;
         Ok(out)
     })?;
-    let out = Out::default()
-        .value("metadata", opt(t.metadata.take(), object_meta)?)
-        .value("spec", spec)
-        .done();
-    nothing_left("PodTemplateSpec", t)?;
-    Ok(out)
+    let metadata = t.metadata.take();
+    object("PodTemplateSpec", metadata, spec, t)
 }
 
 fn deployment(mut d: apps::Deployment) -> Converted {
@@ -344,12 +336,8 @@ fn deployment(mut d: apps::Deployment) -> Converted {
         nothing_left("DeploymentSpec", spec)?;
         Ok(out)
     })?;
-    let out = Out::default()
-        .value("metadata", opt(d.metadata.take(), object_meta)?)
-        .value("spec", spec)
-        .done();
-    nothing_left("Deployment", d)?;
-    Ok(out)
+    let metadata = d.metadata.take();
+    object("Deployment", metadata, spec, d)
 }
 
 fn pod_disruption_budget(mut p: policy::PodDisruptionBudget) -> Converted {
@@ -373,12 +361,8 @@ fn pod_disruption_budget(mut p: policy::PodDisruptionBudget) -> Converted {
         nothing_left("PodDisruptionBudgetSpec", spec)?;
         Ok(out)
     })?;
-    let out = Out::default()
-        .value("metadata", opt(p.metadata.take(), object_meta)?)
-        .value("spec", spec)
-        .done();
-    nothing_left("PodDisruptionBudget", p)?;
-    Ok(out)
+    let metadata = p.metadata.take();
+    object("PodDisruptionBudget", metadata, spec, p)
 }
 
 fn resource_quota(mut q: core::ResourceQuota) -> Converted {
@@ -391,12 +375,8 @@ fn resource_quota(mut q: core::ResourceQuota) -> Converted {
         nothing_left("ResourceQuotaSpec", spec)?;
         Ok(out)
     })?;
-    let out = Out::default()
-        .value("metadata", opt(q.metadata.take(), object_meta)?)
-        .value("spec", spec)
-        .done();
-    nothing_left("ResourceQuota", q)?;
-    Ok(out)
+    let metadata = q.metadata.take();
+    object("ResourceQuota", metadata, spec, q)
 }
 
 fn base64_map(values: BTreeMap<String, Vec<u8>>) -> BTreeMap<String, String> {
@@ -429,14 +409,16 @@ fn config_map(mut c: core::ConfigMap) -> Converted {
     Ok(out)
 }
 
-/// An object of which only the metadata is read (Namespace, ServiceAccount).
-fn metadata_only<T: Message>(
+/// An object of metadata and a spec (converted already); `rest` must hold nothing else.
+fn object(
     what: &'static str,
     metadata: Option<meta::ObjectMeta>,
-    rest: T,
+    spec: Option<Value>,
+    rest: impl Message,
 ) -> Converted {
     let out = Out::default()
         .value("metadata", opt(metadata, object_meta)?)
+        .value("spec", spec)
         .done();
     nothing_left(what, rest)?;
     Ok(out)
@@ -513,12 +495,8 @@ fn token_request(mut t: authn::TokenRequest) -> Converted {
         nothing_left("TokenRequestSpec", spec)?;
         Ok(out)
     })?;
-    let out = Out::default()
-        .value("metadata", opt(t.metadata.take(), object_meta)?)
-        .value("spec", spec)
-        .done();
-    nothing_left("TokenRequest", t)?;
-    Ok(out)
+    let metadata = t.metadata.take();
+    object("TokenRequest", metadata, spec, t)
 }
 
 /// The attributes of an access review's spec.
@@ -565,12 +543,8 @@ fn self_subject_access_review(mut r: authz::SelfSubjectAccessReview) -> Converte
         nothing_left("SelfSubjectAccessReviewSpec", spec)?;
         Ok(out.done())
     })?;
-    let out = Out::default()
-        .value("metadata", opt(r.metadata.take(), object_meta)?)
-        .value("spec", spec)
-        .done();
-    nothing_left("SelfSubjectAccessReview", r)?;
-    Ok(out)
+    let metadata = r.metadata.take();
+    object("SelfSubjectAccessReview", metadata, spec, r)
 }
 
 fn subject_access_review_spec(mut spec: authz::SubjectAccessReviewSpec) -> Converted {
@@ -596,12 +570,8 @@ fn self_subject_rules_review(mut r: authz::SelfSubjectRulesReview) -> Converted 
         nothing_left("SelfSubjectRulesReviewSpec", spec)?;
         Ok(out)
     })?;
-    let out = Out::default()
-        .value("metadata", opt(r.metadata.take(), object_meta)?)
-        .value("spec", spec)
-        .done();
-    nothing_left("SelfSubjectRulesReview", r)?;
-    Ok(out)
+    let metadata = r.metadata.take();
+    object("SelfSubjectRulesReview", metadata, spec, r)
 }
 
 fn malformed(error: prost::DecodeError) -> ApiError {
@@ -639,11 +609,11 @@ pub fn decode(body: &[u8]) -> ApiResult<Value> {
         ("v1", "Namespace") => read(raw, |mut n: core::Namespace| {
             n.status.take();
             let metadata = n.metadata.take();
-            metadata_only("Namespace", metadata, n)
+            object("Namespace", metadata, None, n)
         })?,
         ("v1", "ServiceAccount") => read(raw, |mut s: core::ServiceAccount| {
             let metadata = s.metadata.take();
-            metadata_only("ServiceAccount", metadata, s)
+            object("ServiceAccount", metadata, None, s)
         })?,
         ("rbac.authorization.k8s.io/v1", "Role") => {
             read(raw, |r: rbac::Role| role(r.metadata, r.rules))?
@@ -667,7 +637,7 @@ pub fn decode(body: &[u8]) -> ApiResult<Value> {
             read(raw, |mut r: authn::SelfSubjectReview| {
                 r.status.take();
                 let metadata = r.metadata.take();
-                metadata_only("SelfSubjectReview", metadata, r)
+                object("SelfSubjectReview", metadata, None, r)
             })?
         }
         ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => {
@@ -676,23 +646,17 @@ pub fn decode(body: &[u8]) -> ApiResult<Value> {
         ("authorization.k8s.io/v1", "SubjectAccessReview") => {
             read(raw, |mut r: authz::SubjectAccessReview| {
                 r.status.take();
-                let out = Out::default()
-                    .value("metadata", opt(r.metadata.take(), object_meta)?)
-                    .value("spec", opt(r.spec.take(), subject_access_review_spec)?)
-                    .done();
-                nothing_left("SubjectAccessReview", r)?;
-                Ok(out)
+                let metadata = r.metadata.take();
+                let spec = opt(r.spec.take(), subject_access_review_spec)?;
+                object("SubjectAccessReview", metadata, spec, r)
             })?
         }
         ("authorization.k8s.io/v1", "LocalSubjectAccessReview") => {
             read(raw, |mut r: authz::LocalSubjectAccessReview| {
                 r.status.take();
-                let out = Out::default()
-                    .value("metadata", opt(r.metadata.take(), object_meta)?)
-                    .value("spec", opt(r.spec.take(), subject_access_review_spec)?)
-                    .done();
-                nothing_left("LocalSubjectAccessReview", r)?;
-                Ok(out)
+                let metadata = r.metadata.take();
+                let spec = opt(r.spec.take(), subject_access_review_spec)?;
+                object("LocalSubjectAccessReview", metadata, spec, r)
             })?
         }
         ("authorization.k8s.io/v1", "SelfSubjectRulesReview") => {
