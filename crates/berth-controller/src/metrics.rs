@@ -1,6 +1,7 @@
 //! Prometheus metrics (OpenMetrics) and the `/metrics`, `/healthz`, `/readyz` endpoints.
 
 use std::{
+    collections::HashMap,
     net::SocketAddr,
     sync::{
         Arc, Mutex,
@@ -105,7 +106,13 @@ pub struct Metrics {
     pub culled: Counter,
     /// Caches synced and the CRD served: `/readyz` answers 200.
     pub ready: AtomicBool,
+    /// Counts workspaces by phase from the running operator's cache, at each scrape: a
+    /// reconcile never scans every workspace (that made each one cost O(n)).
+    phases: Mutex<Option<PhaseCounter>>,
 }
+
+/// Counts the cached workspaces by phase.
+pub type PhaseCounter = Box<dyn Fn() -> HashMap<String, i64> + Send + Sync>;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -187,13 +194,29 @@ impl Default for Metrics {
             activity_checks,
             culled,
             ready: AtomicBool::new(false),
+            phases: Mutex::new(None),
         }
     }
 }
 
 impl Metrics {
+    /// Where `berth_workspaces{phase}` is counted from, from now on.
+    pub fn count_phases_with(&self, counter: PhaseCounter) {
+        *self.phases.lock().unwrap_or_else(|p| p.into_inner()) = Some(counter);
+    }
+
     /// The OpenMetrics text.
     pub fn render(&self) -> String {
+        if let Some(counter) = &*self.phases.lock().unwrap_or_else(|p| p.into_inner()) {
+            let counts = counter();
+            for phase in berth_api::Phase::ALL {
+                self.workspaces
+                    .get_or_create(&PhaseLabel {
+                        phase: phase.to_string(),
+                    })
+                    .set(counts.get(phase.as_str()).copied().unwrap_or(0));
+            }
+        }
         let mut text = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.

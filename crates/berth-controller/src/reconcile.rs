@@ -30,7 +30,7 @@ use crate::{
     caches::CachesReady,
     config::Config,
     event_index::EventIndex,
-    metrics::{Metrics, PhaseLabel, ReasonLabel},
+    metrics::{Metrics, ReasonLabel},
     pod,
     refusal::Refusal,
     state::{self, Action, Observed},
@@ -322,6 +322,7 @@ async fn run_controller(
             let _ = events.wait_until_ready().await;
         })
     };
+    metrics.count_phases_with(phase_counter(workspace_store.clone()));
     let context = Arc::new(Context {
         client: client.clone(),
         recorder: Recorder::new(client.clone(), reporter),
@@ -459,7 +460,6 @@ async fn reconcile_in_span(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Resu
             .unwrap_or_else(|p| p.into_inner())
             .remove(&reference);
     }
-    update_phase_gauge(&ctx);
     result
 }
 
@@ -486,21 +486,16 @@ fn error_policy(workspace: Arc<Workspace>, error: &Error, ctx: Arc<Context>) -> 
     Requeue::requeue(delay)
 }
 
-fn update_phase_gauge(ctx: &Context) {
-    let mut counts: HashMap<String, i64> = HashMap::new();
-    for ws in ctx.workspaces.state() {
-        let phase = ws.status.as_ref().and_then(|s| s.phase).unwrap_or_default();
-        *counts.entry(phase.to_string()).or_default() += 1;
-    }
-    for phase in berth_api::Phase::ALL {
-        let count = counts.get(phase.as_str()).copied().unwrap_or(0);
-        ctx.metrics
-            .workspaces
-            .get_or_create(&PhaseLabel {
-                phase: phase.to_string(),
-            })
-            .set(count);
-    }
+/// Counts the workspaces of `store` by phase, for the gauge at each scrape.
+fn phase_counter(store: Store<Workspace>) -> crate::metrics::PhaseCounter {
+    Box::new(move || {
+        let mut counts: HashMap<String, i64> = HashMap::new();
+        for ws in store.state() {
+            let phase = ws.status.as_ref().and_then(|s| s.phase).unwrap_or_default();
+            *counts.entry(phase.to_string()).or_default() += 1;
+        }
+        counts
+    })
 }
 
 /// Waits until every cache has its initial list, so a decision never rests on a cache that

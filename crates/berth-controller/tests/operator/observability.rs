@@ -135,6 +135,18 @@ async fn metrics_count_reconciles_writes_and_phases_and_are_served() {
         response
     };
     assert!(http("/metrics").await.contains("berth_workspaces"));
+    // The gauge is counted at each scrape: a deleted workspace leaves it.
+    workspaces.delete("m", &Default::default()).await.unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the phase gauge without it",
+        || async {
+            let text = metrics.render();
+            text.contains("berth_workspaces{phase=\"Running\"} 0")
+                .then_some(())
+        },
+    )
+    .await;
     assert!(http("/healthz").await.starts_with("HTTP/1.1 200"));
     eventually(
         Duration::from_secs(5),
