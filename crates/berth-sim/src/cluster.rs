@@ -212,7 +212,12 @@ impl SimCluster {
     /// Writes the superuser kubeconfig as YAML.
     pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
         let yaml = serde_saphyr::to_string(&self.kubeconfig()).map_err(std::io::Error::other)?;
-        std::fs::write(path, yaml)
+        // Written beside it and renamed over it, so a reader that sees the file sees it whole.
+        let path = path.as_ref();
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        std::fs::write(&partial, yaml)?;
+        std::fs::rename(&partial, path)
     }
 
     /// A superuser client.

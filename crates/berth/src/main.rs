@@ -104,6 +104,10 @@ struct SimArgs {
     /// Seed of the simulator's random faults, to reproduce a run.
     #[arg(long, default_value_t = 1, env = "BERTH_SIM_SEED")]
     seed: u64,
+    /// Millisecond timings (image pulls, starts, heartbeats), as the tests use, instead of
+    /// ones close to a real cluster's: for benchmarks.
+    #[arg(long, env = "BERTH_SIM_FAST")]
+    fast: bool,
 }
 
 fn main() -> ExitCode {
@@ -250,6 +254,11 @@ fn run_sim(args: SimArgs) -> ExitCode {
                 }
             },
             seed: args.seed,
+            timings: if args.fast {
+                berth_sim::Timings::fast()
+            } else {
+                berth_sim::Timings::realistic()
+            },
             ..Default::default()
         };
         let cluster = match berth_sim::SimCluster::start(config).await {

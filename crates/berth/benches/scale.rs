@@ -1,0 +1,392 @@
+//! The operator at scale, measured as it runs in a cluster: `berth sim --fast` and
+//! `berth controller` as two processes, so the operator's memory and CPU are its own. Prints a
+//! table: workspaces, time until all run, the operator's peak RSS and CPU (and per start),
+//! its API writes per start by verb and resource from the sim's request log, refused (409)
+//! writes, writes over an idle window, and a restart (time to ready, writes after it).
+//!
+//! Run: `cargo bench -p berth --bench scale` (`BERTH_BENCH_WORKSPACES`, default 200;
+//! `BERTH_BENCH_IDLE_SECONDS`, default 30; `BERTH_BENCH_SIM_MAX_MIB`, default 16384: the run
+//! stops, saying how far it got, once the sim's memory passes it). Results go in
+//! `bench/scale.md`.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use berth_api::{Phase, Workspace};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::{Api, api::PostParams};
+use serde_json::{Value, json};
+
+const BERTH: &str = env!("CARGO_BIN_EXE_berth");
+const OPERATOR: &str = "system:serviceaccount:berth-system:berth-controller";
+const RBAC: &str = include_str!("../../../deploy/rbac/berth-controller.yaml");
+const WORKSPACE_ACCOUNT: &str = include_str!("../../../deploy/rbac/workspace-service-account.yaml");
+
+fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A child process, killed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Process {
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// (peak RSS in MiB, CPU seconds) from `/proc`.
+    fn usage(&self) -> (f64, f64) {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let peak_kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0.0);
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        let ticks = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        (peak_kib / 1024.0, (ticks(11) + ticks(12)) / 100.0)
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_sim(dir: &Path, nodes: usize) -> (Process, PathBuf) {
+    let kubeconfig = dir.join("sim.kubeconfig");
+    let child = Command::new(BERTH)
+        .args([
+            "sim",
+            "--fast",
+            "--nodes",
+            &nodes.to_string(),
+            "--kubeconfig",
+        ])
+        .arg(&kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    // Read once it is whole: it may be seen while still being written.
+    while !kube::config::Kubeconfig::read_from(&kubeconfig)
+        .is_ok_and(|k| k.current_context.is_some())
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "berth sim wrote no kubeconfig"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (Process(child), kubeconfig)
+}
+
+/// A kubeconfig like `admin`'s, authenticating with `token`.
+fn kubeconfig_with_token(admin: &Path, token: &str, path: &Path) {
+    let text = std::fs::read_to_string(admin).unwrap();
+    let mut config: Value = serde_saphyr::from_str(&text).unwrap();
+    config["users"][0]["user"] = json!({"token": token});
+    std::fs::write(path, config.to_string()).unwrap();
+}
+
+fn start_operator(kubeconfig: &Path, metrics: u16, health: u16) -> Process {
+    Process(
+        Command::new(BERTH)
+            .args([
+                "controller",
+                "--service-account",
+                "berth-system/berth-controller",
+            ])
+            .args(["--metrics-address", &format!("127.0.0.1:{metrics}")])
+            .args(["--health-address", &format!("127.0.0.1:{health}")])
+            .env("KUBECONFIG", kubeconfig)
+            .env("BERTH_LOG_FORMAT", "json")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+async fn http_get(port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    socket
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .ok()?;
+    let mut response = String::new();
+    socket.read_to_string(&mut response).await.ok()?;
+    Some(response)
+}
+
+/// The operator's requests in the sim's log: (verb, resource[/subresource], code) -> count.
+async fn operator_requests(admin: &kube::Client) -> BTreeMap<(String, String, u16), u64> {
+    let request = http::Request::get("/sim/v1/requests")
+        .body(Vec::new())
+        .unwrap();
+    let rows: Vec<Value> = admin.request(request).await.unwrap();
+    let mut counts = BTreeMap::new();
+    for row in rows.iter().filter(|r| r["user"] == OPERATOR) {
+        let resource = match row["subresource"].as_str().unwrap_or_default() {
+            "" => row["resource"].as_str().unwrap_or_default().to_owned(),
+            sub => format!("{}/{sub}", row["resource"].as_str().unwrap_or_default()),
+        };
+        *counts
+            .entry((
+                row["verb"].as_str().unwrap_or_default().to_owned(),
+                resource,
+                row["code"].as_u64().unwrap_or(0) as u16,
+            ))
+            .or_default() += row["count"].as_u64().unwrap_or(0);
+    }
+    counts
+}
+
+fn since(
+    after: &BTreeMap<(String, String, u16), u64>,
+    before: &BTreeMap<(String, String, u16), u64>,
+) -> BTreeMap<(String, String, u16), u64> {
+    after
+        .iter()
+        .filter_map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or(0);
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+const WRITES: &[&str] = &["create", "update", "patch", "delete"];
+
+fn writes(counts: &BTreeMap<(String, String, u16), u64>) -> u64 {
+    counts
+        .iter()
+        .filter(|((verb, _, code), _)| WRITES.contains(&verb.as_str()) && *code < 400)
+        .map(|(_, n)| n)
+        .sum()
+}
+
+fn main() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(run());
+}
+
+async fn run() {
+    let n = setting("BERTH_BENCH_WORKSPACES", 200) as usize;
+    let idle = Duration::from_secs(setting("BERTH_BENCH_IDLE_SECONDS", 30));
+    let sim_limit_mib = setting("BERTH_BENCH_SIM_MAX_MIB", 16 * 1024) as f64;
+    let dir = tempfile::tempdir().unwrap();
+    // 110 pods a node, as kubelets allow by default.
+    let (sim, admin_kubeconfig) = start_sim(dir.path(), n / 100 + 1);
+    let admin_config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&admin_kubeconfig).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let admin = kube::Client::try_from(admin_config).unwrap();
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(admin.clone());
+    crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
+        .await
+        .unwrap();
+    for manifest in [RBAC, WORKSPACE_ACCOUNT] {
+        berth_sim::manifests::create_all(&admin, manifest, "default")
+            .await
+            .unwrap();
+    }
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), "berth-system");
+    let request: k8s_openapi::api::authentication::v1::TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 86400}}))
+            .unwrap();
+    let token = accounts
+        .create_token_request("berth-controller", &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let operator_kubeconfig = dir.path().join("operator.kubeconfig");
+    kubeconfig_with_token(&admin_kubeconfig, &token, &operator_kubeconfig);
+    let (metrics, health) = (free_port(), free_port());
+    let mut operator = start_operator(&operator_kubeconfig, metrics, health);
+    let ready = |health: u16| async move {
+        let started = Instant::now();
+        loop {
+            if http_get(health, "/readyz")
+                .await
+                .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+            {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "the operator never got ready"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    ready(health).await;
+    let (_, cpu_before) = operator.usage();
+    let before = operator_requests(&admin).await;
+
+    // Start: n workspaces, 50 creates in flight.
+    let workspaces: Api<Workspace> = Api::namespaced(admin.clone(), "default");
+    let started = Instant::now();
+    let names: Vec<String> = (0..n).map(|i| format!("ws-{i:05}")).collect();
+    for chunk in names.chunks(50) {
+        let creates = chunk.iter().map(|name| {
+            let workspaces = workspaces.clone();
+            let body: Workspace = serde_json::from_value(json!({
+                "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": name},
+                "spec": {"image": "ghcr.io/example/devbox:1.4", "command": ["sleep", "infinity"]}
+            }))
+            .unwrap();
+            async move {
+                workspaces
+                    .create(&PostParams::default(), &body)
+                    .await
+                    .unwrap()
+            }
+        });
+        futures::future::join_all(creates).await;
+    }
+    loop {
+        let list = workspaces.list(&Default::default()).await.unwrap();
+        let running = list
+            .items
+            .iter()
+            .filter(|w| w.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
+            .count();
+        if running == n {
+            break;
+        }
+        // The sim holds an agent server per pod: stop before it takes the machine's memory.
+        let (sim_rss, _) = sim.usage();
+        if sim_rss > sim_limit_mib {
+            let (operator_rss, operator_cpu) = operator.usage();
+            println!(
+                "stopped after {:.0} s: the sim reached {sim_rss:.0} MiB (BERTH_BENCH_SIM_MAX_MIB) with {running}/{n} workspaces running; the operator then: {operator_rss:.0} MiB peak RSS, {:.1} s CPU",
+                started.elapsed().as_secs_f64(),
+                operator_cpu - cpu_before
+            );
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1800),
+            "{running}/{n} running after 30 min"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let to_running = started.elapsed();
+    // Let the last status writes and events land before counting.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (rss, cpu_after) = operator.usage();
+    let start_counts = since(&operator_requests(&admin).await, &before);
+
+    // Idle: nothing changes, nothing should be written.
+    let idle_before = operator_requests(&admin).await;
+    tokio::time::sleep(idle).await;
+    let idle_counts = since(&operator_requests(&admin).await, &idle_before);
+    let (rss_idle, _) = operator.usage();
+
+    // Restart: a new operator over the same workspaces.
+    let _ = Command::new("kill")
+        .args(["-TERM", &operator.pid().to_string()])
+        .status();
+    let _ = operator.0.wait();
+    let restart_before = operator_requests(&admin).await;
+    let (metrics2, health2) = (free_port(), free_port());
+    let restarted = start_operator(&operator_kubeconfig, metrics2, health2);
+    let ready_after = ready(health2).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let restart_counts = since(&operator_requests(&admin).await, &restart_before);
+    let (rss_restarted, _) = restarted.usage();
+    let (sim_rss, sim_cpu) = sim.usage();
+    let _ = metrics;
+
+    let per = |v: u64| v as f64 / n as f64;
+    println!("| figure | {n} workspaces |");
+    println!("|---|---|");
+    println!(
+        "| created -> all Running | {:.1} s |",
+        to_running.as_secs_f64()
+    );
+    println!(
+        "| operator peak RSS (after start / after {}s idle / restarted) | {rss:.0} MiB / {rss_idle:.0} MiB / {rss_restarted:.0} MiB |",
+        idle.as_secs()
+    );
+    let cpu = cpu_after - cpu_before;
+    println!(
+        "| operator CPU for the start, per workspace | {cpu:.1} s, {:.2} ms |",
+        cpu * 1000.0 / n as f64
+    );
+    println!(
+        "| successful API writes per start | {:.2} |",
+        per(writes(&start_counts))
+    );
+    for ((verb, resource, code), count) in &start_counts {
+        if WRITES.contains(&verb.as_str()) {
+            println!(
+                "| - {verb} {resource} ({code}) per start | {:.3} |",
+                per(*count)
+            );
+        }
+    }
+    println!(
+        "| refused (409) writes per start | {:.3} |",
+        per(start_counts
+            .iter()
+            .filter(|((v, _, c), _)| WRITES.contains(&v.as_str()) && *c == 409)
+            .map(|(_, n)| n)
+            .sum())
+    );
+    println!(
+        "| writes over {}s idle | {} |",
+        idle.as_secs(),
+        writes(&idle_counts)
+    );
+    println!(
+        "| restart: ready after / writes in the 10 s after | {:.2} s / {} |",
+        ready_after.as_secs_f64(),
+        writes(&restart_counts)
+    );
+    println!(
+        "| sim process: peak RSS / CPU (kubelets, in-process agents, API server) | {sim_rss:.0} MiB / {sim_cpu:.0} s |"
+    );
+}
