@@ -11,6 +11,7 @@ use std::{
     os::unix::{ffi::OsStrExt, process::ExitStatusExt},
     path::{Path, PathBuf},
     process::Stdio,
+    time::Duration,
 };
 
 use berth_agent::sim_runtime::AgentRuntime;
@@ -222,12 +223,14 @@ impl PodProcessRuntime {
         unsafe {
             command.pre_exec(move || namespace.enter());
         }
-        match command.status().await {
-            Ok(status) if status.success() => Ok(()),
-            Ok(status) => Err(format!("a namespaced berth --version exited with {status}")),
-            Err(e) => Err(format!(
+        command.kill_on_drop(true);
+        match tokio::time::timeout(Duration::from_secs(10), command.status()).await {
+            Ok(Ok(status)) if status.success() => Ok(()),
+            Ok(Ok(status)) => Err(format!("a namespaced berth --version exited with {status}")),
+            Ok(Err(e)) => Err(format!(
                 "this machine allows no mount namespace for a pod's process: {e}"
             )),
+            Err(_) => Err("a namespaced berth --version did not exit within 10 s".to_owned()),
         }
     }
 
@@ -286,6 +289,12 @@ impl PodProcessRuntime {
         let (exit_tx, exited) = tokio::sync::oneshot::channel();
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let pid = child.id();
+        // As a kubelet: SIGTERM, then SIGKILL once the pod's grace period is over.
+        let grace = Duration::from_secs(
+            context.pod["spec"]["terminationGracePeriodSeconds"]
+                .as_u64()
+                .unwrap_or(30),
+        );
         tokio::spawn(async move {
             let _root = root;
             let status = tokio::select! {
@@ -295,7 +304,13 @@ impl PodProcessRuntime {
                         // SAFETY: signalling our own child, which has not been reaped yet.
                         unsafe { libc::kill(pid as i32, libc::SIGTERM) };
                     }
-                    child.wait().await
+                    match tokio::time::timeout(grace, child.wait()).await {
+                        Ok(status) => status,
+                        Err(_) => {
+                            let _ = child.start_kill();
+                            child.wait().await
+                        }
+                    }
                 }
             };
             let code = match status {
@@ -326,6 +341,61 @@ impl ContainerRuntime for PodProcessRuntime {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A process that ignores SIGTERM is killed once the pod's grace period is over, and
+    /// reports 137, as under a kubelet.
+    #[tokio::test]
+    async fn a_process_that_ignores_sigterm_is_killed_after_the_grace_period() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("berth");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\n[ \"$1\" = --version ] && exit 0\ntrap '' TERM\necho started\nwhile true; do sleep 0.1; done\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let runtime = PodProcessRuntime::new(script);
+        if let Err(why) = runtime.check_isolation().await {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let context = ContainerContext {
+            namespace: "default".into(),
+            pod_name: "stubborn".into(),
+            pod_uid: "uid".into(),
+            pod: json!({"spec": {"terminationGracePeriodSeconds": 1}}),
+            container: json!({"name": "c", "image": "ghcr.io/berth-dev/berth:0.1.0", "args": ["controller"]}),
+            init: false,
+            pod_ip: std::net::Ipv4Addr::LOCALHOST,
+            token: String::new(),
+            api_server: String::new(),
+            ca_pem: String::new(),
+            files: Default::default(),
+            env: vec![],
+            log: Default::default(),
+        };
+        let log = context.log.clone();
+        let RunningContainer { exited, stop } = runtime.start(context).await.unwrap();
+        for _ in 0..100 {
+            if log.read().1 > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(log.read().0, b"started\n");
+        let asked = std::time::Instant::now();
+        drop(stop);
+        let code = tokio::time::timeout(Duration::from_secs(20), exited)
+            .await
+            .expect("killed after its grace")
+            .unwrap();
+        assert_eq!(code, 137);
+        assert!(
+            asked.elapsed() >= Duration::from_secs(1),
+            "not before the grace period"
+        );
+    }
 
     #[test]
     fn only_berths_own_image_running_the_operator_or_webhook_is_a_process() {
