@@ -10,7 +10,7 @@ use std::{
 };
 
 use berth_api::Workspace;
-use berth_controller::{Config, config::AgentConfig, rbac};
+use berth_controller::rbac;
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
@@ -235,13 +235,14 @@ pub const INSTALL: &[(&str, &str)] = &[
 ];
 const KUSTOMIZATION: &str = include_str!("../../../deploy/kustomization.yaml");
 
-/// The operator's settings in `berth dev`, as variables on its Deployment: failed agent
+/// The operator's settings in `berth dev`, as `berth controller` flags (added to its
+/// Deployment's arguments, or parsed for the in-process operator): failed agent
 /// checks are retried sooner than in production, so a fix shows quickly, and the pinned
 /// example may select its node.
-const DEV_SETTINGS: &[(&str, &str)] = &[
-    ("BERTH_AGENT_BACKOFF_BASE", "2s"),
-    ("BERTH_AGENT_BACKOFF_MAX", "20s"),
-    ("BERTH_ALLOWED_NODE_LABELS", "kubernetes.io/hostname"),
+const DEV_FLAGS: &[&str] = &[
+    "--agent-backoff-base=2s",
+    "--agent-backoff-max=20s",
+    "--allowed-node-labels=kubernetes.io/hostname",
 ];
 
 /// The install's manifests as kustomize renders them (its `images:` applied) with the dev
@@ -265,13 +266,10 @@ fn install_manifests() -> Result<Vec<(&'static str, String)>, String> {
                             .into_iter()
                             .flatten()
                         {
-                            let env = container["env"].as_array_mut();
-                            let extra = DEV_SETTINGS
-                                .iter()
-                                .map(|(k, v)| serde_json::json!({"name": k, "value": v}));
-                            match env {
-                                Some(env) => env.extend(extra),
-                                None => container["env"] = extra.collect(),
+                            let extra = DEV_FLAGS.iter().map(|f| serde_json::json!(f));
+                            match container["args"].as_array_mut() {
+                                Some(args) => args.extend(extra),
+                                None => container["args"] = extra.collect(),
                             }
                         }
                     }
@@ -328,25 +326,24 @@ async fn in_process_operator(
     berth_sim::manifests::create_all(client, rbac::OPERATOR, "default")
         .await
         .map_err(|e| format!("cannot create the RBAC of deploy/rbac: {e}"))?;
-    let config = Config {
-        metrics_address: None,
-        health_address: None,
-        // As BERTH_ALLOWED_NODE_LABELS in DEV_SETTINGS.
-        policy: berth_controller::Policy {
-            pod: berth_controller::pod_policy::PodPolicy {
-                node_labels: vec!["kubernetes.io/hostname".to_owned()],
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-        agent: AgentConfig {
-            // As the agent backoff of DEV_SETTINGS.
-            backoff_base: Duration::from_secs(2),
-            backoff_max: Duration::from_secs(20),
-            ..AgentConfig::default()
-        },
-        ..Config::default()
-    };
+    // The same flags as the Deployment's, serving no metrics from inside `berth dev`.
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        controller: crate::controller::ControllerArgs,
+    }
+    let flags = [
+        "controller",
+        "--service-account=berth-system/berth-controller",
+    ]
+    .iter()
+    .chain(DEV_FLAGS);
+    let mut config = <Flags as clap::Parser>::try_parse_from(flags)
+        .map_err(|e| e.to_string())?
+        .controller
+        .config()?;
+    config.metrics_address = None;
+    config.health_address = None;
     let account = &config.agent.service_account;
     let token = cluster
         .issue_token(
@@ -562,8 +559,11 @@ mod tests {
         let container = &deployment["spec"]["template"]["spec"]["containers"][0];
         let tag = kustomization["images"][0]["newTag"].as_str().unwrap();
         assert_eq!(container["image"], format!("ghcr.io/berth-dev/berth:{tag}"));
-        let env = container["env"].to_string();
-        assert!(env.contains("BERTH_ALLOWED_NODE_LABELS"), "{env}");
+        let args = container["args"].to_string();
+        assert!(
+            args.contains("--allowed-node-labels=kubernetes.io/hostname"),
+            "{args}"
+        );
     }
 
     #[test]

@@ -975,16 +975,12 @@ async fn kind_comes_before_api_version_in_every_answer() {
         list.contains(r#"[{"kind":"ConfigMap","apiVersion":"v1","#),
         "{list}"
     );
-    let request = http::Request::get("/api/v1/namespaces/default/configmaps/missing")
-        .body(Vec::new())
-        .unwrap();
-    let response = client
-        .send(request.map(kube::client::Body::from))
-        .await
-        .unwrap();
-    let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 1 << 20)
-        .await
-        .unwrap();
+    let (_, _, body) = crate::support::get_raw(
+        &client,
+        "/api/v1/namespaces/default/configmaps/missing",
+        "application/json",
+    )
+    .await;
     let status = String::from_utf8_lossy(&body);
     assert!(
         status.starts_with(r#"{"kind":"Status","apiVersion":"v1","#),

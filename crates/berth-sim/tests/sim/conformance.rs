@@ -45,10 +45,14 @@ fn versioned_kubectl(version: &str) -> Option<PathBuf> {
     versioned.is_file().then_some(versioned)
 }
 
+fn required() -> bool {
+    std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() == Ok("1")
+}
+
 /// Every client for `sim`: kube-rs, then each kubectl version that is present.
 async fn clients(sim: &SimCluster) -> Vec<Client> {
     let mut clients = vec![Client::Kube(sim.client().await.unwrap())];
-    let required = std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() == Ok("1");
+    let required = required();
     for version in VERSIONS {
         match versioned_kubectl(version) {
             Some(binary) => {
@@ -306,9 +310,11 @@ where
     F: Fn(Client, kube::Client) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let probe = cluster_with(config()).await;
-    let count = clients(&probe).await.len();
-    drop(probe);
+    // kube-rs, then each kubectl that is present (`clients` says when one is missing).
+    let count = 1 + VERSIONS
+        .iter()
+        .filter(|v| versioned_kubectl(v).is_some())
+        .count();
     for i in 0..count {
         let sim = cluster_with(config()).await;
         let client = clients(&sim).await.swap_remove(i);

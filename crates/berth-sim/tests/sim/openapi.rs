@@ -5,26 +5,11 @@
 
 use serde_json::Value;
 
-use crate::support::{cluster, install_workspace_crd};
+use crate::support::{cluster, get_raw, install_workspace_crd};
 
 async fn get(client: &kube::Client, path: &str, accept: &str) -> (String, Vec<u8>) {
-    let request = http::Request::get(path)
-        .header("accept", accept)
-        .body(Vec::new())
-        .unwrap();
-    let response = client
-        .send(request.map(kube::client::Body::from))
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200, "{path}");
-    let content_type = response.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 64 << 20)
-        .await
-        .unwrap()
-        .to_vec();
+    let (code, content_type, body) = get_raw(client, path, accept).await;
+    assert_eq!(code, 200, "{path}");
     (content_type, body)
 }
 

@@ -99,3 +99,28 @@ pub async fn post_json(
         .unwrap();
     client.request(request).await
 }
+
+/// GETs `path` with `accept`, as a client that reads the raw answer: (status code, content
+/// type, body).
+pub async fn get_raw(client: &kube::Client, path: &str, accept: &str) -> (u16, String, Vec<u8>) {
+    let request = http::Request::get(path)
+        .header("accept", accept)
+        .body(Vec::new())
+        .unwrap();
+    let response = client
+        .send(request.map(kube::client::Body::from))
+        .await
+        .unwrap();
+    let code = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 64 << 20)
+        .await
+        .unwrap()
+        .to_vec();
+    (code, content_type, body)
+}
