@@ -224,7 +224,9 @@ impl Authenticator {
         Authenticator {
             mode,
             scope,
-            cache: Mutex::new(LruCache::new(limits.cached)),
+            // Unbounded to the crate, bounded by `put`: `LruCache::new` allocates room for
+            // every entry up front (about 300 KiB for 4096), where an agent sees a handful.
+            cache: Mutex::new(LruCache::unbounded()),
             reviews: tokio::sync::Semaphore::new(limits.concurrent_reviews.max(1)),
             limits,
             peak_in_flight: AtomicUsize::new(0),
@@ -312,10 +314,11 @@ impl Authenticator {
         let answer = self.review(client, token, &audience, until).await;
         // An outage is not an answer about this token.
         if !matches!(answer, Err(ref s) if s.code() == Code::Unavailable) {
-            self.cache
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .put(key, (answer.clone(), Instant::now()));
+            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache.put(key, (answer.clone(), Instant::now()));
+            while cache.len() > self.limits.cached.get() {
+                cache.pop_lru();
+            }
         }
         answer
     }

@@ -105,6 +105,9 @@ pub struct Policy {
     pub max_requeue: Duration,
     /// The safety-net recheck of a running workspace.
     pub resync: Duration,
+    /// Progress within a start (same phase, nothing wrong) is written at most this often
+    /// (rule C16); a phase change or anything wrong is written at once.
+    pub progress_interval: Duration,
     pub warnings: WarningPolicy,
     /// Which failed pods count as kubelet rejections (rule C10).
     pub rejections: crate::rejection::RejectionPolicy,
@@ -223,6 +226,7 @@ impl Default for Policy {
             },
             max_requeue: Duration::from_secs(60),
             resync: Duration::from_secs(600),
+            progress_interval: Duration::from_secs(1),
             warnings: WarningPolicy::default(),
             rejections: crate::rejection::RejectionPolicy::default(),
             pod: crate::pod_policy::PodPolicy::default(),

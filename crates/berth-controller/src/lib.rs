@@ -14,9 +14,11 @@ pub mod pod;
 pub mod pod_policy;
 pub mod rbac;
 pub mod reconcile;
+pub mod recorder;
 pub mod refusal;
 pub mod rejection;
 pub mod state;
+pub mod trim;
 pub mod webhook;
 
 pub use config::{Config, Policy, WarningPolicy};

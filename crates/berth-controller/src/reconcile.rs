@@ -15,7 +15,6 @@ use kube::{
     runtime::{
         Controller, WatchStreamExt,
         controller::Action as Requeue,
-        events::{Event as KubeEvent, EventType, Recorder, Reporter},
         finalizer::{Event as Finalizer, finalizer},
         reflector::{self, ObjectRef, Store, reflector},
         watcher,
@@ -32,6 +31,7 @@ use crate::{
     event_index::EventIndex,
     metrics::{Metrics, ReasonLabel},
     pod,
+    recorder::{EventType, Recorder, Report, Reporter},
     refusal::Refusal,
     state::{self, Action, Observed},
 };
@@ -64,17 +64,32 @@ pub struct Context {
     /// Objects this operator just created or applied, which its caches may not show yet:
     /// (action, namespace, name) -> when. Acting again on a stale cache would only earn a 409.
     expectations: std::sync::Mutex<HashMap<(&'static str, String, String), Instant>>,
+    /// When this operator last wrote the status of a workspace that is starting, to write
+    /// its progress at most once per `progress_interval` (rule C16).
+    progress_writes: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Instant>>,
 }
 
 /// How long a create is trusted to show up in the cache before it is tried again.
-const EXPECTATION_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+/// Under load a watch can lag by seconds; an expectation ends early when the cache shows the
+/// object (or the action is undone), so this only bounds a create whose object vanished before
+/// the cache saw it (kube-controller-manager waits five minutes for the same).
+const EXPECTATION_TTL: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Context {
     /// Whether `what` was done for (namespace, name) within the TTL.
     fn expected(&self, what: &'static str, namespace: &str, name: &str) -> bool {
         let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
-        expectations.retain(|_, at| at.elapsed() < EXPECTATION_TTL);
-        expectations.contains_key(&(what, namespace.to_owned(), name.to_owned()))
+        // Only this key is looked at: a scan of every expectation would cost each create
+        // O(workspaces starting).
+        let key = (what, namespace.to_owned(), name.to_owned());
+        match expectations.get(&key) {
+            Some(at) if at.elapsed() < EXPECTATION_TTL => true,
+            Some(_) => {
+                expectations.remove(&key);
+                false
+            }
+            None => false,
+        }
     }
 
     fn expect(&self, what: &'static str, namespace: &str, name: &str) {
@@ -131,6 +146,32 @@ impl Context {
                 .or_default()
                 .push(version);
         }
+    }
+
+    /// How long ago this operator wrote the status of the starting `workspace`, if it did.
+    fn since_progress_write(
+        &self,
+        workspace: &ObjectRef<Workspace>,
+    ) -> Option<std::time::Duration> {
+        self.progress_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(workspace)
+            .map(Instant::elapsed)
+    }
+
+    /// Remembers a status write while the workspace starts; forgets it once it does not.
+    fn wrote_status(&self, workspace: &ObjectRef<Workspace>, phase: Option<berth_api::Phase>) {
+        let mut writes = self
+            .progress_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match phase {
+            Some(berth_api::Phase::Pending | berth_api::Phase::Starting) => {
+                writes.insert(workspace.clone(), Instant::now())
+            }
+            _ => writes.remove(workspace),
+        };
     }
 
     fn forget(&self, what: &'static str, namespace: &str, name: &str) {
@@ -268,23 +309,26 @@ async fn run_controller(
     let (pods, pods_writer) = reflector::store::<Pod>();
     let pod_stream = reflector(
         pods_writer,
-        watcher(api::<Pod>(&client, ns), owned()).default_backoff(),
+        watcher(api::<Pod>(&client, ns), owned())
+            .default_backoff()
+            .modify(crate::trim::pod),
     )
-    .modify(|p| p.managed_fields_mut().clear())
     .touched_objects();
     let (claims, claims_writer) = reflector::store::<PersistentVolumeClaim>();
     let claim_stream = reflector(
         claims_writer,
-        watcher(api::<PersistentVolumeClaim>(&client, ns), owned()).default_backoff(),
+        watcher(api::<PersistentVolumeClaim>(&client, ns), owned())
+            .default_backoff()
+            .modify(crate::trim::managed_fields),
     )
-    .modify(|c| c.managed_fields_mut().clear())
     .touched_objects();
     let (services, services_writer) = reflector::store::<Service>();
     let service_stream = reflector(
         services_writer,
-        watcher(api::<Service>(&client, ns), owned()).default_backoff(),
+        watcher(api::<Service>(&client, ns), owned())
+            .default_backoff()
+            .modify(crate::trim::managed_fields),
     )
-    .modify(|s| s.managed_fields_mut().clear())
     .touched_objects();
     let (events, events_writer) = reflector::store::<Event>();
     let event_index = Arc::new(EventIndex::default());
@@ -292,15 +336,21 @@ async fn run_controller(
     let warning_events = watcher::Config::default().fields("involvedObject.kind=Pod,type=Warning");
     let event_stream = reflector(
         events_writer,
-        watcher(api::<Event>(&client, ns), warning_events).default_backoff(),
+        watcher(api::<Event>(&client, ns), warning_events)
+            .default_backoff()
+            .modify(crate::trim::managed_fields),
     )
     .inspect_ok(move |change| indexed.apply(change))
-    .modify(|e| e.managed_fields_mut().clear())
     .touched_objects();
 
-    let controller = Controller::new(workspaces, watcher::Config::default())
+    let (workspace_store, workspaces_writer) = reflector::store::<Workspace>();
+    let workspace_stream = reflector(
+        workspaces_writer,
+        watcher(workspaces, watcher::Config::default()).modify(crate::trim::workspace),
+    )
+    .applied_objects();
+    let controller = Controller::for_stream(workspace_stream, workspace_store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(16));
-    let workspace_store = controller.store();
     let reporter = Reporter {
         controller: config.manager.clone(),
         instance: std::env::var("HOSTNAME").ok(),
@@ -340,6 +390,7 @@ async fn run_controller(
         refusals: Default::default(),
         replaced: Default::default(),
         expectations: Default::default(),
+        progress_writes: Default::default(),
     });
 
     // Warning events map to the workspace of the pod they are about (named in full by the
@@ -569,6 +620,11 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     // acting (which could, say, create a replacement pod without counting it).
     let mut version = workspace.resource_version();
     if decision.status != old {
+        let since = ctx.since_progress_write(&reference);
+        let interval = ctx.config.policy.progress_interval;
+        if let Some(wait) = state::hold_back(&old, &decision, since, interval) {
+            return Ok(Requeue::requeue(wait.min(decision.requeue)));
+        }
         version = write_status(&workspace, &decision.status, version, &ctx).await?;
     }
     let mut foreign = None;
@@ -640,16 +696,15 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     }
     let reference = kube::Resource::object_ref(&*workspace, &());
     for notice in decisions.iter().flat_map(|d| &d.notices) {
-        let event = KubeEvent {
+        let event = Report {
             type_: if notice.warning {
                 EventType::Warning
             } else {
                 EventType::Normal
             },
-            reason: notice.reason.to_string(),
-            note: Some(notice.note.clone()),
-            action: notice.reason.to_string(),
-            secondary: None,
+            reason: &notice.reason,
+            action: &notice.reason,
+            note: &notice.note,
         };
         if let Err(error) = ctx.recorder.publish(&event, &reference).await {
             warn!(%error, reason = %notice.reason, "cannot publish event");
@@ -683,6 +738,7 @@ async fn write_status(
         .await?;
     ctx.metrics.status_writes.inc();
     ctx.wrote_over(workspace, resource_version);
+    ctx.wrote_status(&ObjectRef::from_obj(workspace), status.phase);
     info!(
         workspace = %workspace.name_any(),
         phase = status.phase.map(|p| p.as_str()).unwrap_or_default(),
@@ -850,6 +906,7 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
     caches_ready(ctx).await;
     ctx.agents.forget(workspace);
     ctx.set_refusal(&ObjectRef::from_obj(workspace), None);
+    ctx.wrote_status(&ObjectRef::from_obj(workspace), None);
     ctx.replaced
         .lock()
         .unwrap_or_else(|p| p.into_inner())

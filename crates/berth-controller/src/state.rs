@@ -465,6 +465,44 @@ impl Builder<'_> {
     }
 }
 
+/// Ready reasons that only say a start is moving on, as opposed to what is wrong with it.
+const PROGRESS: [&str; 6] = [
+    reasons::WAITING_FOR_SCHEDULER,
+    reasons::CONTAINER_CREATING,
+    "PodInitializing",
+    reasons::CONTAINERS_NOT_READY,
+    reasons::UNKNOWN,
+    reasons::WAITING_FOR_POD,
+];
+
+/// Rule C16, coalesced: progress within a start is written at most once per `interval`, so a
+/// start costs a status write per phase a user sees rather than one per step of the kubelet.
+/// Returns how long to hold `decision`'s status back, given how long ago this operator last
+/// wrote the workspace's status (`None`: not lately); `None` means write it now.
+///
+/// Held back only when the workspace stays in its phase, Pending or Starting (a new phase is
+/// always written), at the same generation and recreation count, the Ready condition names progress (never a problem: those are
+/// written at once), and the decision takes no action (a write guards every action) and
+/// publishes no Warning. Its Normal events (Created, Started) wait with the status: they are
+/// derived from the status as last written, so the next decision derives them again.
+pub fn hold_back(
+    old: &WorkspaceStatus,
+    decision: &Decision,
+    since_last_write: Option<Duration>,
+    interval: Duration,
+) -> Option<Duration> {
+    let new = &decision.status;
+    let progress = find_condition(&new.conditions, types::READY)
+        .is_some_and(|c| c.status == "False" && PROGRESS.contains(&c.reason.as_str()));
+    let same_start = old.phase == new.phase
+        && matches!(new.phase, Some(Phase::Pending | Phase::Starting))
+        && old.observed_generation == new.observed_generation
+        && old.pod_recreations == new.pod_recreations;
+    let quiet = decision.actions.is_empty() && decision.notices.iter().all(|n| !n.warning);
+    let wait = interval.checked_sub(since_last_write?)?;
+    (progress && same_start && quiet && !wait.is_zero()).then_some(wait)
+}
+
 /// Derives the workspace's status and the actions that move it toward its spec.
 pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decision {
     let workspace = observed.workspace;

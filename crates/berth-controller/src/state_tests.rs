@@ -1385,3 +1385,147 @@ mod culling {
         assert!(second.actions.is_empty() && second.notices.is_empty());
     }
 }
+
+/// Rule C16, coalesced. What a user sees: a start's progress (bound to a node, containers
+/// being created, the agent being checked) reaches the status at most once a second, while a
+/// problem (an image that cannot be pulled) and the phase Running are written at once.
+#[test]
+fn progress_within_a_start_is_written_at_most_once_per_interval() {
+    let second = Duration::from_secs(1);
+    // The status written when the pod was created.
+    let creating = decide(&workspace(json!({"image": "x:1"}), started(3)), None, &[]);
+    assert!(!creating.actions.is_empty());
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        serde_json::to_value(&creating.status).unwrap(),
+    );
+    let pending = pod_of(&ws, json!({"phase": "Pending"}));
+    let first = decide(&ws, Some(&pending), &[]);
+    assert_eq!(
+        (creating.status.phase, first.status.phase),
+        (Some(Phase::Pending), Some(Phase::Starting))
+    );
+    assert_eq!(
+        hold_back(
+            &ws.status.clone().unwrap(),
+            &first,
+            Some(Duration::ZERO),
+            second
+        ),
+        None,
+        "a new phase is written at once"
+    );
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        serde_json::to_value(&first.status).unwrap(),
+    );
+    let old = ws.status.clone().unwrap();
+
+    let creating = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+    );
+    let d = decide(&ws, Some(&creating), &[]);
+    assert_ne!(d.status, old, "there is progress to write");
+    assert_eq!(
+        hold_back(&old, &d, Some(Duration::from_millis(200)), second),
+        Some(Duration::from_millis(800)),
+        "written 200 ms ago: held back for the rest of the second"
+    );
+    assert_eq!(hold_back(&old, &d, Some(2 * second), second), None);
+    assert_eq!(
+        hold_back(&old, &d, None, second),
+        None,
+        "not written lately"
+    );
+    assert_eq!(
+        hold_back(&old, &d, Some(Duration::ZERO), Duration::ZERO),
+        None,
+        "an interval of 0 writes every step"
+    );
+
+    // A Normal event waits with the status it goes with: while the status is held back, the
+    // next decision derives the event again.
+    let running = pod_of(
+        &ws,
+        json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"running": {}}}]}),
+    );
+    let d = decide(&ws, Some(&running), &[]);
+    assert_eq!(notice_reasons(&d), ["Started"]);
+    assert_eq!(
+        hold_back(&old, &d, Some(Duration::ZERO), second),
+        Some(second)
+    );
+    assert_eq!(
+        notice_reasons(&decide(&ws, Some(&running), &[])),
+        ["Started"]
+    );
+
+    // A problem is written at once.
+    let stuck = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ErrImagePull", "message": "pull access denied"}}}]}),
+    );
+    let d = decide(&ws, Some(&stuck), &[]);
+    assert_eq!(condition_of(&d, "Ready").reason, "ErrImagePull");
+    assert_eq!(hold_back(&old, &d, Some(Duration::ZERO), second), None);
+
+    // So is the phase a user waits for.
+    let ready = ready_pod(&ws);
+    let d = decide_checked(&ws, &ready, &verified());
+    assert_eq!(d.status.phase, Some(Phase::Running));
+    assert_eq!(hold_back(&old, &d, Some(Duration::ZERO), second), None);
+
+    // And anything that acts: the write guards the action.
+    let d = decide(&ws, None, &[]);
+    assert!(!d.actions.is_empty());
+    assert_eq!(hold_back(&old, &d, Some(Duration::ZERO), second), None);
+}
+
+/// The pod cache keeps only what decisions read (`trim::pod`): every decision on a trimmed
+/// pod is the decision on the whole pod.
+#[test]
+fn decisions_on_a_trimmed_pod_are_the_decisions_on_the_whole_pod() {
+    let ws = workspace(json!({"image": "x:1"}), started(3));
+    let statuses = [
+        json!({"phase": "Pending"}),
+        json!({"phase": "Pending", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+        json!({"phase": "Pending", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ErrImagePull", "message": "pull access denied"}}}]}),
+        json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"running": {}}}]}),
+        json!({"phase": "Running", "podIP": "127.1.0.1", "conditions": [scheduled(), {"type": "Ready", "status": "True"}]}),
+        json!({"phase": "Failed", "reason": "OutOfcpu", "message": "Pod was rejected: Node didn't have enough resource: cpu"}),
+        json!({"phase": "Unknown", "message": "node-1 is lost"}),
+    ];
+    let with_tls = crate::config::AgentConfig {
+        tls: Some(crate::config::AgentTls {
+            secret: "agent-tls".into(),
+            ca_pem: b"ca".to_vec(),
+        }),
+        ..Default::default()
+    };
+    for agent in [crate::config::AgentConfig::default(), with_tls] {
+        for status in &statuses {
+            let mut whole = pod::build_pod(&ws, &agent);
+            whole.metadata.uid = Some("pod-1".into());
+            whole.spec.as_mut().unwrap().node_name = Some("node-1".into());
+            whole.status = serde_json::from_value(status.clone()).unwrap();
+            let mut trimmed = whole.clone();
+            crate::trim::pod(&mut trimmed);
+            assert_eq!(
+                pod::serves_agent_tls(&trimmed),
+                pod::serves_agent_tls(&whole)
+            );
+            for check in [None, Some(verified())] {
+                let decide_on = |pod: &Pod| match &check {
+                    None => decide(&ws, Some(pod), &[]),
+                    Some(check) => decide_checked(&ws, pod, check),
+                };
+                assert_eq!(
+                    format!("{:?}", decide_on(&trimmed)),
+                    format!("{:?}", decide_on(&whole)),
+                    "pod status {status}"
+                );
+            }
+        }
+    }
+}

@@ -42,6 +42,8 @@ pub enum PodTermination {
 pub struct SimConfig {
     /// How many changes the history keeps for watch resumption; older revisions get 410 Gone.
     pub history_limit: usize,
+    /// How long the history keeps a change (etcd's compaction interval).
+    pub history_window: Duration,
     /// How often watches that asked for bookmarks receive one.
     pub bookmark_interval: Duration,
     /// How graceful pod deletions finish.
@@ -69,6 +71,7 @@ impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             history_limit: 250_000,
+            history_window: crate::store::HISTORY_WINDOW,
             bookmark_interval: Duration::from_secs(10),
             pod_termination: PodTermination::AfterGracePeriod,
             max_pod_grace: Duration::from_secs(30),
@@ -339,7 +342,10 @@ impl Sim {
         let (watch_closer, _) = tokio::sync::watch::channel(0);
         let seed = config.seed;
         Sim {
-            store: Store::new(config.history_limit, 1 << 16),
+            // The broadcast holds each change it carries (as Values) until 8192 later ones
+            // overwrite it; a watch that falls further behind ends, and its client resumes
+            // from the history, as a real API server closes a watch that cannot keep up.
+            store: Store::new(config.history_limit, config.history_window, 1 << 13),
             registry: RwLock::new(Registry::builtin()),
             tokens: Tokens::default(),
             requests: RequestLog::default(),

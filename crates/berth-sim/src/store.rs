@@ -1,6 +1,7 @@
 //! The sim's storage: one global, monotonically increasing revision (like etcd's), objects
 //! by bucket and key, a bounded history of changes for watch resumption and consistent
-//! paginated lists, and a broadcast of every change.
+//! paginated lists (kept as JSON text: the last five minutes, as etcd between compactions),
+//! and a broadcast of every change.
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -35,6 +36,55 @@ pub struct Change {
     pub previous: Option<Arc<Value>>,
 }
 
+/// A change as the history keeps it: its objects as JSON text, which takes a tenth of the
+/// memory of a `Value` (a small map costs a 600-byte B-tree node). Rebuilt into a [`Change`]
+/// only when a watch resumes from the history or a list asks for an old revision.
+struct Kept {
+    revision: u64,
+    storage: StorageKey,
+    kind: ChangeKind,
+    key: ObjectKey,
+    object: Box<[u8]>,
+    previous: Option<Box<[u8]>>,
+    /// When it was made: the history keeps a window of time, as etcd keeps the revisions
+    /// since its last compaction.
+    at: std::time::Instant,
+}
+
+fn text(object: &Value) -> Box<[u8]> {
+    serde_json::to_vec(object)
+        .expect("a Value always serializes")
+        .into_boxed_slice()
+}
+
+fn parsed(text: &[u8]) -> Arc<Value> {
+    Arc::new(serde_json::from_slice(text).expect("the history holds JSON it wrote"))
+}
+
+impl Kept {
+    fn new(change: &Change) -> Self {
+        Kept {
+            revision: change.revision,
+            storage: change.storage.clone(),
+            kind: change.kind,
+            key: key_of(&change.object),
+            object: text(&change.object),
+            previous: change.previous.as_deref().map(text),
+            at: std::time::Instant::now(),
+        }
+    }
+
+    fn change(&self) -> Arc<Change> {
+        Arc::new(Change {
+            revision: self.revision,
+            storage: self.storage.clone(),
+            kind: self.kind,
+            object: parsed(&self.object),
+            previous: self.previous.as_deref().map(parsed),
+        })
+    }
+}
+
 /// Why a conditional write failed.
 #[derive(Debug, PartialEq, Eq)]
 pub enum WriteError {
@@ -46,6 +96,10 @@ pub enum WriteError {
     Stale,
 }
 
+/// How long the history keeps a change: kube-apiserver compacts etcd every five minutes
+/// (`--etcd-compaction-interval`), and a watch from before that gets 410 Gone.
+pub const HISTORY_WINDOW: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// A revision older than the retained history was asked for.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Compacted {
@@ -55,8 +109,10 @@ pub struct Compacted {
 struct Inner {
     revision: u64,
     buckets: HashMap<StorageKey, BTreeMap<ObjectKey, Arc<Value>>>,
-    history: VecDeque<Arc<Change>>,
+    history: VecDeque<Kept>,
     history_limit: usize,
+    /// Changes older than this leave the history (kube-apiserver compacts etcd every 5 min).
+    history_window: std::time::Duration,
     /// Revisions at or below this are no longer in the history.
     compacted: u64,
 }
@@ -99,7 +155,12 @@ pub fn resource_version(object: &Value) -> Option<u64> {
 }
 
 impl Store {
-    pub fn new(history_limit: usize, broadcast_capacity: usize) -> Self {
+    /// A store whose history keeps at most `history_limit` changes of the last `window`.
+    pub fn new(
+        history_limit: usize,
+        window: std::time::Duration,
+        broadcast_capacity: usize,
+    ) -> Self {
         let (changes, _) = broadcast::channel(broadcast_capacity.max(16));
         Store {
             inner: Mutex::new(Inner {
@@ -107,6 +168,7 @@ impl Store {
                 buckets: HashMap::new(),
                 history: VecDeque::new(),
                 history_limit: history_limit.max(1),
+                history_window: window,
                 compacted: 1,
             }),
             changes,
@@ -178,16 +240,15 @@ impl Store {
             if &*change.storage != storage {
                 continue;
             }
-            let key = key_of(&change.object);
-            if namespace.is_some_and(|ns| ns != key.0) {
+            if namespace.is_some_and(|ns| ns != change.key.0) {
                 continue;
             }
             match (&change.kind, &change.previous) {
                 (ChangeKind::Added, _) => {
-                    objects.remove(&key);
+                    objects.remove(&change.key);
                 }
                 (_, Some(previous)) => {
-                    objects.insert(key, previous.clone());
+                    objects.insert(change.key.clone(), parsed(previous));
                 }
                 (_, None) => {}
             }
@@ -219,7 +280,7 @@ impl Store {
             .history
             .range(start..)
             .filter(|c| &*c.storage == storage)
-            .cloned()
+            .map(Kept::change)
             .collect();
         Ok(Subscription {
             backlog,
@@ -256,8 +317,16 @@ impl Store {
             object,
             previous,
         });
-        inner.history.push_back(change.clone());
-        while inner.history.len() > inner.history_limit {
+        let kept = Kept::new(&change);
+        let now = kept.at;
+        inner.history.push_back(kept);
+        let window = inner.history_window;
+        while inner.history.len() > inner.history_limit
+            || inner
+                .history
+                .front()
+                .is_some_and(|oldest| now.duration_since(oldest.at) > window)
+        {
             if let Some(dropped) = inner.history.pop_front() {
                 inner.compacted = dropped.revision;
             }
@@ -384,7 +453,7 @@ mod tests {
 
     #[test]
     fn revisions_grow_across_buckets_and_history_rebuilds_old_lists() {
-        let store = Store::new(100, 16);
+        let store = Store::new(100, HISTORY_WINDOW, 16);
         let pods: StorageKey = "/pods".into();
         let cms: StorageKey = "/configmaps".into();
         let a = store.create(&pods, pod("a")).unwrap();
@@ -405,7 +474,7 @@ mod tests {
 
     #[test]
     fn stale_writes_are_refused() {
-        let store = Store::new(100, 16);
+        let store = Store::new(100, HISTORY_WINDOW, 16);
         let pods: StorageKey = "/pods".into();
         let a = store.create(&pods, pod("a")).unwrap();
         assert_eq!(
@@ -426,7 +495,7 @@ mod tests {
 
     #[test]
     fn history_is_bounded_and_old_revisions_are_compacted() {
-        let store = Store::new(3, 16);
+        let store = Store::new(3, HISTORY_WINDOW, 16);
         let pods: StorageKey = "/pods".into();
         let first = store.create(&pods, pod("p0")).unwrap();
         for i in 1..10 {
@@ -440,5 +509,29 @@ mod tests {
         let recent = store.revision() - 2;
         let sub = store.subscribe_from("/pods", recent).unwrap();
         assert_eq!(sub.backlog.len(), 2);
+    }
+
+    #[test]
+    fn the_history_keeps_a_window_of_time() {
+        let window = std::time::Duration::from_millis(200);
+        let store = Store::new(1000, window, 16);
+        let pods: StorageKey = "/pods".into();
+        let old = store.create(&pods, pod("old")).unwrap();
+        std::thread::sleep(window + std::time::Duration::from_millis(50));
+        let recent = store.create(&pods, pod("recent")).unwrap();
+        assert_eq!(
+            store
+                .subscribe_from("/pods", resource_version(&old).unwrap() - 1)
+                .err(),
+            Some(Compacted {
+                oldest_available: resource_version(&old).unwrap()
+            }),
+            "a change older than the window is compacted, though far below the count"
+        );
+        let sub = store
+            .subscribe_from("/pods", resource_version(&old).unwrap())
+            .unwrap();
+        assert_eq!(sub.backlog.len(), 1);
+        assert_eq!(sub.backlog[0].object, recent);
     }
 }

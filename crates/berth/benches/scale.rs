@@ -7,7 +7,9 @@
 //! Run: `cargo bench -p berth --bench scale` (`BERTH_BENCH_WORKSPACES`, default 200;
 //! `BERTH_BENCH_IDLE_SECONDS`, default 30; `BERTH_BENCH_SIM_MAX_MIB`, default 16384: the run
 //! stops, saying how far it got, once the sim's memory passes it). Results go in
-//! `bench/scale.md`.
+//! `bench/scale.md`. For a heap profile, build `cargo build --profile profiling -p berth
+//! --features dhat-heap` and name that binary in `BERTH_BENCH_OPERATOR` or `BERTH_BENCH_SIM`;
+//! each writes `$BERTH_DHAT_OUT` when it is stopped.
 
 use std::{
     collections::BTreeMap,
@@ -37,10 +39,34 @@ fn setting(name: &str, default: u64) -> u64 {
 struct Process(Child);
 
 impl Drop for Process {
+    /// SIGTERM first, so a profiling build writes its profile; SIGKILL after a minute.
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let asked = Instant::now();
+        while asked.elapsed() < Duration::from_secs(60) {
+            if self.0.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Where a profiling build writes the profile of `run`: `$BERTH_DHAT_OUT-<run>.json`, one per
+/// process rather than one over the other.
+fn profile(run: &str) -> String {
+    let out = std::env::var("BERTH_DHAT_OUT").unwrap_or_else(|_| "dhat".into());
+    format!("{}-{run}.json", out.trim_end_matches(".json"))
+}
+
+/// The binary for `role` ("SIM" or "OPERATOR"): `BERTH_BENCH_<role>` (e.g. a profiling
+/// build), else the one cargo built.
+fn binary(role: &str) -> String {
+    std::env::var(format!("BERTH_BENCH_{role}")).unwrap_or_else(|_| BERTH.into())
 }
 
 impl Process {
@@ -84,15 +110,20 @@ fn free_port() -> u16 {
 
 fn start_sim(dir: &Path, nodes: usize) -> (Process, PathBuf) {
     let kubeconfig = dir.join("sim.kubeconfig");
-    let child = Command::new(BERTH)
+    let child = Command::new(binary("SIM"))
         .args([
             "sim",
             "--fast",
+            // Nodes renew their Leases as real kubelets do (--fast's 100 ms on a hundred
+            // nodes would be a thousand writes a second no cluster makes).
+            "--node-heartbeat",
+            "10s",
             "--nodes",
             &nodes.to_string(),
             "--kubeconfig",
         ])
         .arg(&kubeconfig)
+        .env("BERTH_DHAT_OUT", profile("sim"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -119,9 +150,9 @@ fn kubeconfig_with_token(admin: &Path, token: &str, path: &Path) {
     std::fs::write(path, config.to_string()).unwrap();
 }
 
-fn start_operator(kubeconfig: &Path, metrics: u16, health: u16) -> Process {
+fn start_operator(kubeconfig: &Path, metrics: u16, health: u16, run: &str) -> Process {
     Process(
-        Command::new(BERTH)
+        Command::new(binary("OPERATOR"))
             .args([
                 "controller",
                 "--service-account",
@@ -132,6 +163,7 @@ fn start_operator(kubeconfig: &Path, metrics: u16, health: u16) -> Process {
             .env("KUBECONFIG", kubeconfig)
             .env("BERTH_LOG_FORMAT", "json")
             .env("RUST_LOG", "warn")
+            .env("BERTH_DHAT_OUT", profile(&format!("operator-{run}")))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -191,6 +223,105 @@ fn since(
         .collect()
 }
 
+/// When the bench's own watches saw each workspace's milestones.
+#[derive(Default, Clone, Copy)]
+struct Seen {
+    created: Option<Instant>,
+    first_status: Option<Instant>,
+    pod_ready: Option<Instant>,
+    running: Option<Instant>,
+}
+
+type Milestones = std::sync::Arc<std::sync::Mutex<BTreeMap<String, Seen>>>;
+
+/// Watches workspaces and their pods (as a user's `kubectl get -w` would) and records when
+/// each milestone was first seen: the latency from what the kubelet reports to what the
+/// workspace's status says.
+fn watch_milestones(admin: &kube::Client) -> Milestones {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen: Milestones = Default::default();
+    let workspaces: Api<Workspace> = Api::namespaced(admin.clone(), "default");
+    let record = seen.clone();
+    tokio::spawn(async move {
+        let mut changes = std::pin::pin!(
+            watcher(workspaces, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+        );
+        while let Some(Ok(workspace)) = changes.next().await {
+            let now = Instant::now();
+            let phase = workspace.status.as_ref().and_then(|s| s.phase);
+            let mut seen = record.lock().unwrap();
+            let entry = seen
+                .entry(workspace.metadata.name.clone().unwrap_or_default())
+                .or_default();
+            entry.created.get_or_insert(now);
+            if phase.is_some() {
+                entry.first_status.get_or_insert(now);
+            }
+            if phase == Some(Phase::Running) {
+                entry.running.get_or_insert(now);
+            }
+        }
+    });
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let record = seen.clone();
+    tokio::spawn(async move {
+        let mut changes = std::pin::pin!(
+            watcher(pods, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+        );
+        while let Some(Ok(pod)) = changes.next().await {
+            let ready = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            let Some(workspace) = pod
+                .metadata
+                .name
+                .as_deref()
+                .and_then(|n| n.strip_suffix("-ws"))
+            else {
+                continue;
+            };
+            if ready {
+                let now = Instant::now();
+                let mut seen = record.lock().unwrap();
+                seen.entry(workspace.to_owned())
+                    .or_default()
+                    .pod_ready
+                    .get_or_insert(now);
+            }
+        }
+    });
+    seen
+}
+
+/// p50 and p99 of the gaps `to - from` over the workspaces that have both, in ms.
+fn percentiles(
+    seen: &Milestones,
+    from: impl Fn(&Seen) -> Option<Instant>,
+    to: impl Fn(&Seen) -> Option<Instant>,
+) -> (f64, f64) {
+    let mut gaps: Vec<f64> = seen
+        .lock()
+        .unwrap()
+        .values()
+        .filter_map(|s| Some(to(s)?.saturating_duration_since(from(s)?).as_secs_f64() * 1000.0))
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        gaps.get(((gaps.len() as f64 * q).ceil() as usize).saturating_sub(1))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    (at(0.5), at(0.99))
+}
+
 const WRITES: &[&str] = &["create", "update", "patch", "delete"];
 
 fn writes(counts: &BTreeMap<(String, String, u16), u64>) -> u64 {
@@ -244,7 +375,7 @@ async fn run() {
     let operator_kubeconfig = dir.path().join("operator.kubeconfig");
     kubeconfig_with_token(&admin_kubeconfig, &token, &operator_kubeconfig);
     let (metrics, health) = (free_port(), free_port());
-    let mut operator = start_operator(&operator_kubeconfig, metrics, health);
+    let mut operator = start_operator(&operator_kubeconfig, metrics, health, "start");
     let ready = |health: u16| async move {
         let started = Instant::now();
         loop {
@@ -265,6 +396,7 @@ async fn run() {
     let (_, cpu_before) = operator.usage();
     let before = operator_requests(&admin).await;
 
+    let milestones = watch_milestones(&admin);
     // Start: n workspaces, 50 creates in flight.
     let workspaces: Api<Workspace> = Api::namespaced(admin.clone(), "default");
     let started = Instant::now();
@@ -332,7 +464,7 @@ async fn run() {
     let _ = operator.0.wait();
     let restart_before = operator_requests(&admin).await;
     let (metrics2, health2) = (free_port(), free_port());
-    let restarted = start_operator(&operator_kubeconfig, metrics2, health2);
+    let restarted = start_operator(&operator_kubeconfig, metrics2, health2, "restart");
     let ready_after = ready(health2).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let restart_counts = since(&operator_requests(&admin).await, &restart_before);
@@ -346,6 +478,12 @@ async fn run() {
     println!(
         "| created -> all Running | {:.1} s |",
         to_running.as_secs_f64()
+    );
+    let (created_p50, created_p99) = percentiles(&milestones, |s| s.created, |s| s.first_status);
+    println!("| created -> first status (p50 / p99) | {created_p50:.0} ms / {created_p99:.0} ms |");
+    let (ready_p50, ready_p99) = percentiles(&milestones, |s| s.pod_ready, |s| s.running);
+    println!(
+        "| pod Ready -> workspace Running, agent check included (p50 / p99) | {ready_p50:.0} ms / {ready_p99:.0} ms |"
     );
     println!(
         "| operator peak RSS (after start / after {}s idle / restarted) | {rss:.0} MiB / {rss_idle:.0} MiB / {rss_restarted:.0} MiB |",

@@ -8,7 +8,7 @@ use berth_controller::{
     config::{AgentConfig, AgentTls, DEFAULT_WARNING_REASONS, LeaderElection, ServiceAccountRef},
 };
 
-fn duration(text: &str) -> Result<Duration, String> {
+pub fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).map_err(|e| e.to_string())
 }
 
@@ -34,6 +34,9 @@ pub struct ControllerArgs {
     /// The safety-net recheck of running workspaces.
     #[arg(long, env = "BERTH_RESYNC", default_value = "10m", value_parser = duration)]
     pub resync: Duration,
+    /// Progress within a start (the same phase, nothing wrong) is written to the status at most this often; a phase change or a problem is written at once.
+    #[arg(long, env = "BERTH_STATUS_PROGRESS_INTERVAL", default_value = "1s", value_parser = duration)]
+    pub status_progress_interval: Duration,
     /// How Warning events of a workspace's pod count: Reason=error|transient|ignore[:min-count],...
     #[arg(long, env = "BERTH_WARNING_REASONS", default_value = DEFAULT_WARNING_REASONS)]
     pub warning_reasons: WarningPolicy,
@@ -133,6 +136,7 @@ impl ControllerArgs {
                 },
                 max_requeue: self.max_requeue,
                 resync: self.resync,
+                progress_interval: self.status_progress_interval,
                 warnings: self.warning_reasons.clone(),
                 rejections: self.rejection_reasons.clone(),
                 pod: self.pod_policy.policy(),

@@ -108,9 +108,23 @@ struct SimArgs {
     /// ones close to a real cluster's: for benchmarks.
     #[arg(long, env = "BERTH_SIM_FAST")]
     fast: bool,
+    /// How often each node renews its Lease (default: 10s, or 100ms with --fast). A real
+    /// kubelet renews every 10s; a scale run with many nodes wants that rather than --fast's.
+    #[arg(long, env = "BERTH_SIM_NODE_HEARTBEAT", value_parser = controller::duration)]
+    node_heartbeat: Option<std::time::Duration>,
 }
 
+/// With `--features dhat-heap`, every allocation is recorded; the profile is written to
+/// `$BERTH_DHAT_OUT` (default `dhat-heap.json`) when the process exits.
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
 fn main() -> ExitCode {
+    #[cfg(feature = "dhat-heap")]
+    let _profiler = dhat::Profiler::builder()
+        .file_name(std::env::var("BERTH_DHAT_OUT").unwrap_or_else(|_| "dhat-heap.json".into()))
+        .build();
     let cli = Cli::parse();
     let logs = match cli.command {
         #[cfg(feature = "sim")]
@@ -242,6 +256,11 @@ fn run_sim(args: SimArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let timings = if args.fast {
+        berth_sim::Timings::fast()
+    } else {
+        berth_sim::Timings::realistic()
+    };
     runtime.block_on(async {
         let config = berth_sim::SimConfig {
             port: args.port,
@@ -254,10 +273,9 @@ fn run_sim(args: SimArgs) -> ExitCode {
                 }
             },
             seed: args.seed,
-            timings: if args.fast {
-                berth_sim::Timings::fast()
-            } else {
-                berth_sim::Timings::realistic()
+            timings: berth_sim::Timings {
+                heartbeat: args.node_heartbeat.unwrap_or(timings.heartbeat),
+                ..timings
             },
             ..Default::default()
         };
