@@ -223,6 +223,15 @@ fn since(
         .collect()
 }
 
+/// The operator's reconciles so far (`berth_reconcile_duration_seconds_count`, every result).
+async fn reconciles(metrics: u16) -> f64 {
+    let text = http_get(metrics, "/metrics").await.unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("berth_reconcile_duration_seconds_count"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// When the bench's own watches saw each workspace's milestones.
 #[derive(Default, Clone, Copy)]
 struct Seen {
@@ -394,6 +403,7 @@ async fn run() {
     };
     ready(health).await;
     let (_, cpu_before) = operator.usage();
+    let reconciles_before = reconciles(metrics).await;
     let before = operator_requests(&admin).await;
 
     let milestones = watch_milestones(&admin);
@@ -449,6 +459,7 @@ async fn run() {
     // Let the last status writes and events land before counting.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (rss, cpu_after) = operator.usage();
+    let reconciles_during = reconciles(metrics).await - reconciles_before;
     let start_counts = since(&operator_requests(&admin).await, &before);
 
     // Idle: nothing changes, nothing should be written.
@@ -470,7 +481,6 @@ async fn run() {
     let restart_counts = since(&operator_requests(&admin).await, &restart_before);
     let (rss_restarted, _) = restarted.usage();
     let (sim_rss, sim_cpu) = sim.usage();
-    let _ = metrics;
 
     let per = |v: u64| v as f64 / n as f64;
     println!("| figure | {n} workspaces |");
@@ -493,6 +503,10 @@ async fn run() {
     println!(
         "| operator CPU for the start, per workspace | {cpu:.1} s, {:.2} ms |",
         cpu * 1000.0 / n as f64
+    );
+    println!(
+        "| reconciles per start | {:.2} |",
+        reconciles_during / n as f64
     );
     println!(
         "| successful API writes per start | {:.2} |",
