@@ -538,6 +538,11 @@ async fn run() {
         ready_after.as_secs_f64(),
         writes(&restart_counts)
     );
+    for ((verb, resource, code), count) in &restart_counts {
+        if WRITES.contains(&verb.as_str()) {
+            println!("| - after the restart: {verb} {resource} ({code}) | {count} |");
+        }
+    }
     println!(
         "| sim process: peak RSS / CPU (kubelets, in-process agents, API server) | {sim_rss:.0} MiB / {sim_cpu:.0} s |"
     );

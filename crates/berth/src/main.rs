@@ -254,8 +254,35 @@ fn block_on(name: &str, job: impl std::future::Future<Output = Result<(), String
 }
 
 /// `berth sim`: serve the simulated cluster until Ctrl-C or SIGTERM.
+/// Raises this process's soft limit of open files to its hard limit, as Go's runtime does
+/// for every program: the sim holds a listener per running pod's agent, and many systems set
+/// a soft limit of 1024. Returns the limit now in force.
+#[cfg(feature = "sim")]
+fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(limit.rlim_cur)
+}
+
 #[cfg(feature = "sim")]
 fn run_sim(args: SimArgs) -> ExitCode {
+    if let Err(err) = raise_open_files_limit() {
+        eprintln!("berth sim: cannot raise the limit of open files: {err}");
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
