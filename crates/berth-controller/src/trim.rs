@@ -27,25 +27,19 @@ pub fn workspace(workspace: &mut Workspace) {
 /// Drops what no decision reads from a cached Pod.
 pub fn pod(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
-    if let Some(spec) = pod.spec.take() {
-        pod.spec = Some(PodSpec {
-            node_name: spec.node_name,
-            // A `Volume` is 1.5 KiB however little it says: only the agent's TLS volume is
-            // kept, by name (whether the agent serves TLS).
-            volumes: spec
-                .volumes
-                .into_iter()
-                .flatten()
-                .find(|v| v.name == crate::pod::AGENT_TLS_VOLUME)
-                .map(|v| {
-                    vec![Volume {
-                        name: v.name,
-                        ..Default::default()
-                    }]
-                }),
-            ..Default::default()
-        });
-    }
+    let tls = crate::pod::serves_agent_tls(pod);
+    pod.spec = pod.spec.take().map(|spec| PodSpec {
+        node_name: spec.node_name,
+        // A `Volume` is 1.5 KiB however little it says: of the volumes, only what
+        // `serves_agent_tls` reads is kept, the TLS volume's name.
+        volumes: tls.then(|| {
+            vec![Volume {
+                name: crate::pod::AGENT_TLS_VOLUME.to_owned(),
+                ..Default::default()
+            }]
+        }),
+        ..Default::default()
+    });
 }
 
 /// Drops managedFields, for the kinds whose other fields are read.

@@ -20,7 +20,7 @@ use std::{
 
 use berth_api::{Phase, Workspace};
 use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::{Api, api::PostParams};
+use kube::{Api, ResourceExt, api::PostParams};
 use serde_json::{Value, json};
 
 const BERTH: &str = env!("CARGO_BIN_EXE_berth");
@@ -243,29 +243,45 @@ struct Seen {
 
 type Milestones = std::sync::Arc<std::sync::Mutex<BTreeMap<String, Seen>>>;
 
+/// Watches `api` in the background, handing each object seen, with when, to `note`.
+fn watch_each<K>(
+    api: Api<K>,
+    seen: Milestones,
+    note: impl Fn(&K, Instant, &mut BTreeMap<String, Seen>) + Send + 'static,
+) where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    tokio::spawn(async move {
+        let mut changes = std::pin::pin!(
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+        );
+        while let Some(Ok(object)) = changes.next().await {
+            note(&object, Instant::now(), &mut seen.lock().unwrap());
+        }
+    });
+}
+
 /// Watches workspaces and their pods (as a user's `kubectl get -w` would) and records when
 /// each milestone was first seen: the latency from what the kubelet reports to what the
 /// workspace's status says.
 fn watch_milestones(admin: &kube::Client) -> Milestones {
-    use futures::StreamExt;
     use k8s_openapi::api::core::v1::Pod;
-    use kube::runtime::{WatchStreamExt, watcher};
     let seen: Milestones = Default::default();
-    let workspaces: Api<Workspace> = Api::namespaced(admin.clone(), "default");
-    let record = seen.clone();
-    tokio::spawn(async move {
-        let mut changes = std::pin::pin!(
-            watcher(workspaces, watcher::Config::default())
-                .default_backoff()
-                .applied_objects()
-        );
-        while let Some(Ok(workspace)) = changes.next().await {
-            let now = Instant::now();
+    watch_each(
+        Api::<Workspace>::namespaced(admin.clone(), "default"),
+        seen.clone(),
+        |workspace, now, seen| {
             let phase = workspace.status.as_ref().and_then(|s| s.phase);
-            let mut seen = record.lock().unwrap();
-            let entry = seen
-                .entry(workspace.metadata.name.clone().unwrap_or_default())
-                .or_default();
+            let entry = seen.entry(workspace.name_any()).or_default();
             entry.created.get_or_insert(now);
             if phase.is_some() {
                 entry.first_status.get_or_insert(now);
@@ -273,40 +289,30 @@ fn watch_milestones(admin: &kube::Client) -> Milestones {
             if phase == Some(Phase::Running) {
                 entry.running.get_or_insert(now);
             }
-        }
-    });
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let record = seen.clone();
-    tokio::spawn(async move {
-        let mut changes = std::pin::pin!(
-            watcher(pods, watcher::Config::default())
-                .default_backoff()
-                .applied_objects()
-        );
-        while let Some(Ok(pod)) = changes.next().await {
+        },
+    );
+    watch_each(
+        Api::<Pod>::namespaced(admin.clone(), "default"),
+        seen.clone(),
+        |pod, now, seen| {
             let ready = pod
                 .status
                 .as_ref()
                 .and_then(|s| s.conditions.as_ref())
                 .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            let Some(workspace) = pod
-                .metadata
-                .name
-                .as_deref()
-                .and_then(|n| n.strip_suffix("-ws"))
-            else {
-                continue;
-            };
-            if ready {
-                let now = Instant::now();
-                let mut seen = record.lock().unwrap();
-                seen.entry(workspace.to_owned())
+            // The workspace is the pod's controller.
+            let workspace = pod
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true) && o.kind == "Workspace");
+            if let (true, Some(workspace)) = (ready, workspace) {
+                seen.entry(workspace.name.clone())
                     .or_default()
                     .pod_ready
                     .get_or_insert(now);
             }
-        }
-    });
+        },
+    );
     seen
 }
 

@@ -253,12 +253,11 @@ fn block_on(name: &str, job: impl std::future::Future<Output = Result<(), String
     }
 }
 
-/// `berth sim`: serve the simulated cluster until Ctrl-C or SIGTERM.
 /// Raises this process's soft limit of open files to its hard limit, as Go's runtime does
 /// for every program: the sim holds a listener per running pod's agent, and many systems set
-/// a soft limit of 1024. Returns the limit now in force.
+/// a soft limit of 1024.
 #[cfg(feature = "sim")]
-fn raise_open_files_limit() -> std::io::Result<u64> {
+fn raise_open_files_limit() -> std::io::Result<()> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -275,9 +274,10 @@ fn raise_open_files_limit() -> std::io::Result<u64> {
             }
         }
     }
-    Ok(limit.rlim_cur)
+    Ok(())
 }
 
+/// `berth sim`: serve the simulated cluster until Ctrl-C or SIGTERM.
 #[cfg(feature = "sim")]
 fn run_sim(args: SimArgs) -> ExitCode {
     if let Err(err) = raise_open_files_limit() {

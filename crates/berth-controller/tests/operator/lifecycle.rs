@@ -562,3 +562,45 @@ async fn growing_home_grows_the_same_claim_and_a_shrink_is_refused() {
         other => panic!("a shrink must be refused: {other:?}"),
     }
 }
+
+/// Rule C16, coalesced. What a user sees: a start writes the status once per phase (Pending
+/// while the pod is created, Starting once it exists, Running), not once per step of the
+/// kubelet; the steps in between (bound, containers created, started, agent being checked)
+/// wait for the progress interval, here longer than any start, so the count cannot depend on
+/// how fast the machine is.
+#[tokio::test]
+async fn a_start_writes_the_status_once_per_phase() {
+    let mut config = test_config();
+    config.policy.progress_interval = Duration::from_secs(3600);
+    let h = Harness::start_with(crate::support::sim_config(), config).await;
+    let history = history(&h, "quick");
+    h.create("quick", json!({"image": "devbox:1"})).await;
+    let ws = h.until_phase("quick", Phase::Running).await;
+    let status_writes = h.sim.count_requests(|k| {
+        k.user == crate::support::OPERATOR
+            && k.verb == "patch"
+            && k.resource == "workspaces"
+            && k.subresource == "status"
+    });
+    assert_eq!(status_writes, 3, "one status write per phase");
+    // Every change of the workspace, its status-less ones (creation, finalizer) left out.
+    let phases: Vec<Phase> = history
+        .through(&ws)
+        .await
+        .iter()
+        .filter_map(|s| s.0)
+        .collect();
+    assert_eq!(
+        phases,
+        [Phase::Pending, Phase::Starting, Phase::Running],
+        "each phase a user sees is written, once"
+    );
+    // The events of the steps in between were published with the status they go with.
+    let events = crate::support::events_about(&h, &ws.uid().unwrap()).await;
+    for reason in ["Created", "Started", "Ready"] {
+        assert!(
+            events.iter().any(|(r, _)| r == reason),
+            "{reason} in {events:?}"
+        );
+    }
+}
