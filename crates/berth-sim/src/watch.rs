@@ -204,6 +204,10 @@ pub fn watch(
             tokio::time::Instant::now() + sim.config.bookmark_interval,
             sim.config.bookmark_interval,
         );
+        // The revision this watch has passed on: every change up to it was sent (or is not
+        // for this watch). A bookmark names it, never the store's newest revision: a client
+        // that resumes from a bookmark must not skip the changes still queued for it.
+        let mut delivered = start;
         loop {
             tokio::select! {
                 _ = &mut deadline => return,
@@ -211,13 +215,14 @@ pub fn watch(
                 // The sim closes every watch (a fault), or is shutting down.
                 _ = closer.changed() => return,
                 _ = bookmarks.tick(), if request.bookmarks => {
-                    if tx.send(bookmark(&rt, sim.store.revision(), false)).await.is_err() { return; }
+                    if tx.send(bookmark(&rt, delivered, false)).await.is_err() { return; }
                 }
                 received = receiver.recv() => match received {
                     Ok(change) => {
                         if change.revision <= start { continue; }
                         if let Some(event) = event_for(&sim, &rt, &request, &change)
                             && tx.send(event).await.is_err() { return; }
+                        delivered = change.revision;
                     }
                     Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => return,
                 },

@@ -9,7 +9,8 @@
 //! stops, saying how far it got, once the sim's memory passes it). Results go in
 //! `bench/scale.md`. For a heap profile, build `cargo build --profile profiling -p berth
 //! --features dhat-heap` and name that binary in `BERTH_BENCH_OPERATOR` or `BERTH_BENCH_SIM`;
-//! each writes `$BERTH_DHAT_OUT` when it is stopped.
+//! each writes `$BERTH_DHAT_OUT` when it is stopped. To read what the processes said, name a
+//! folder in `BERTH_BENCH_LOGS`: the sim's log and each operator run's (at `info`) go there.
 
 use std::{
     collections::BTreeMap,
@@ -69,6 +70,19 @@ fn binary(role: &str) -> String {
     std::env::var(format!("BERTH_BENCH_{role}")).unwrap_or_else(|_| BERTH.into())
 }
 
+/// Where `name`'s standard error goes: a file in `$BERTH_BENCH_LOGS` when it is set, else
+/// nowhere; and the operator's log level then (`info`, else `warn`).
+fn log_to(name: &str) -> (Stdio, &'static str) {
+    match std::env::var_os("BERTH_BENCH_LOGS") {
+        Some(dir) => {
+            let file = std::fs::File::create(Path::new(&dir).join(format!("{name}.log")))
+                .expect("BERTH_BENCH_LOGS names a folder one can write in");
+            (file.into(), "info")
+        }
+        None => (Stdio::null(), "warn"),
+    }
+}
+
 impl Process {
     fn pid(&self) -> u32 {
         self.0.id()
@@ -125,7 +139,7 @@ fn start_sim(dir: &Path, nodes: usize) -> (Process, PathBuf) {
         .arg(&kubeconfig)
         .env("BERTH_DHAT_OUT", profile("sim"))
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log_to("sim").0)
         .spawn()
         .unwrap();
     let started = Instant::now();
@@ -151,6 +165,7 @@ fn kubeconfig_with_token(admin: &Path, token: &str, path: &Path) {
 }
 
 fn start_operator(kubeconfig: &Path, metrics: u16, health: u16, run: &str) -> Process {
+    let (log, level) = log_to(&format!("operator-{run}"));
     Process(
         Command::new(binary("OPERATOR"))
             .args([
@@ -162,10 +177,10 @@ fn start_operator(kubeconfig: &Path, metrics: u16, health: u16, run: &str) -> Pr
             .args(["--health-address", &format!("127.0.0.1:{health}")])
             .env("KUBECONFIG", kubeconfig)
             .env("BERTH_LOG_FORMAT", "json")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", level)
             .env("BERTH_DHAT_OUT", profile(&format!("operator-{run}")))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .unwrap(),
     )

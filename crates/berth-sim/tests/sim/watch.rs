@@ -157,6 +157,64 @@ async fn bookmarks_timeouts_and_gone() {
     assert_eq!(take(stream, 1).await, ["ERROR 410 Expired"]);
 }
 
+/// A bookmark names a revision the watch has passed on, never one past changes still queued
+/// for it: a client resumes from its last bookmark, and anything between would be lost. (The
+/// sim's bookmarks named the store's newest revision: at 10 000 workspaces an operator whose
+/// pod watch lagged and was closed resumed past pod updates and left workspaces Starting.)
+#[tokio::test]
+async fn no_event_arrives_after_a_bookmark_past_it() {
+    let sim = cluster_with(SimConfig {
+        bookmark_interval: Duration::from_millis(5),
+        ..SimConfig::api_only()
+    })
+    .await;
+    let cms: Api<ConfigMap> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let from = sim.revision().to_string();
+    let stream = cms.watch(&WatchParams::default(), &from).await.unwrap();
+    // More than the connection buffers while nobody reads: the watch falls behind, and its
+    // bookmarks come due while changes wait for it.
+    let n = 1500;
+    let data = "x".repeat(8 * 1024);
+    for i in 0..n {
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": format!("b{i}")}, "data": {"k": data}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut stream = Box::pin(stream);
+    let (mut added, mut bookmarks, mut bookmark) = (0, 0, 0u64);
+    while added < n {
+        let event = tokio::time::timeout(Duration::from_secs(20), stream.next())
+            .await
+            .expect("the watch goes on")
+            .expect("the watch is open")
+            .unwrap();
+        match event {
+            WatchEvent::Bookmark(b) => {
+                bookmarks += 1;
+                bookmark = b.metadata.resource_version.parse().unwrap();
+            }
+            WatchEvent::Added(cm) => {
+                let revision: u64 = cm.resource_version().unwrap().parse().unwrap();
+                assert!(
+                    revision > bookmark,
+                    "{} at revision {revision} came after a bookmark at {bookmark}",
+                    cm.name_any()
+                );
+                added += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(bookmarks > 0, "bookmarks were sent meanwhile");
+}
+
 #[tokio::test]
 async fn reflector_converges_through_closed_streams_and_forced_relists() {
     let sim = cluster().await;
