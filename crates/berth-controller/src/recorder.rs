@@ -27,8 +27,9 @@ use serde_json::json;
 
 /// How long an event may be repeated as a series (client-go's and kube-runtime's six minutes).
 pub const SERIES_TTL: SignedDuration = SignedDuration::from_mins(6);
-/// The most series remembered; the oldest goes first.
-pub const MAX_SERIES: usize = 50_000;
+/// The most series remembered; the oldest goes first. client-go's event correlator keeps 4096
+/// too: a series forgotten early only means its next repeat is a new Event object.
+pub const MAX_SERIES: usize = 4096;
 
 /// Normal or Warning.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

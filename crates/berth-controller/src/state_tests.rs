@@ -14,6 +14,29 @@ use crate::{config::Policy, pod};
 
 const NOW: i64 = 1_800_000_000;
 
+/// [`super::derive`], checked against the pod cache's trimming: every decision a test makes
+/// is also made on the pod as the cache keeps it (`trim::pod`), and must be the same.
+fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decision {
+    let decision = super::derive(observed, policy, now);
+    if let Some(pod) = observed.pod {
+        let mut cached = pod.clone();
+        crate::trim::pod(&mut cached);
+        let on_cached = super::derive(
+            &Observed {
+                pod: Some(&cached),
+                ..*observed
+            },
+            policy,
+            now,
+        );
+        assert_eq!(
+            on_cached, decision,
+            "the decision on the cached pod differs from the decision on the pod"
+        );
+    }
+    decision
+}
+
 fn now() -> Timestamp {
     Timestamp::from_second(NOW).unwrap()
 }

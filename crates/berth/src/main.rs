@@ -121,6 +121,18 @@ struct SimArgs {
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Turns transparent huge pages off for the process. mimalloc marks its segments for huge
+/// pages (`MADV_HUGEPAGE`), and the kernel then backs each 2 MiB of a segment whole however
+/// little of it is used: measured with the scale benchmark at 1 000 workspaces, 36 of the
+/// operator's 50 MiB were huge pages, and its peak fell from 73 to 39 MiB without them, at the
+/// same CPU. The agent, in every workspace pod, saves the same.
+#[cfg(all(target_os = "linux", not(feature = "dhat-heap")))]
+fn no_huge_pages() {
+    if let Err(err) = nix::sys::prctl::set_thp_disable(true) {
+        eprintln!("berth: cannot turn transparent huge pages off: {err}");
+    }
+}
+
 /// With `--features dhat-heap`, every allocation is recorded; the profile is written to
 /// `$BERTH_DHAT_OUT` (default `dhat-heap.json`) when the process exits.
 #[cfg(feature = "dhat-heap")]
@@ -132,6 +144,8 @@ fn main() -> ExitCode {
     let _profiler = dhat::Profiler::builder()
         .file_name(std::env::var("BERTH_DHAT_OUT").unwrap_or_else(|_| "dhat-heap.json".into()))
         .build();
+    #[cfg(all(target_os = "linux", not(feature = "dhat-heap")))]
+    no_huge_pages();
     let cli = Cli::parse();
     let logs = match cli.command {
         #[cfg(feature = "sim")]

@@ -359,6 +359,12 @@ fn sim_serves_nodes_to_kubectl_and_stops_on_sigterm() {
         assert!(Instant::now() < deadline, "berth sim wrote no kubeconfig");
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Every berth process runs without transparent huge pages (mimalloc asks for them, and
+    // the kernel then backs each of its segments whole: two thirds of the operator's memory).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    if let Some(thp) = status.lines().find_map(|l| l.strip_prefix("THP_enabled:")) {
+        assert_eq!(thp.trim(), "0", "transparent huge pages are off");
+    }
     if kubectl_present() {
         let output = Command::new("kubectl")
             .arg("--kubeconfig")
