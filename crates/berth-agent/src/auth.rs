@@ -83,6 +83,8 @@ pub struct Limits {
     /// The most one check spends on reviews, retries and waiting included, when the caller
     /// set no shorter deadline (a caller's `grpc-timeout` counts three quarters).
     pub budget: Duration,
+    /// How long a refused caller is remembered ([`DENY_TTL`]).
+    pub deny_ttl: Duration,
 }
 
 impl Default for Limits {
@@ -91,6 +93,7 @@ impl Default for Limits {
             cached: NonZeroUsize::new(4096).expect("non-zero"),
             concurrent_reviews: 8,
             budget: Duration::from_secs(2),
+            deny_ttl: DENY_TTL,
         }
     }
 }
@@ -293,7 +296,11 @@ impl Authenticator {
             .unwrap_or_else(|p| p.into_inner())
             .get(&key)
         {
-            let ttl = if answer.is_ok() { ALLOW_TTL } else { DENY_TTL };
+            let ttl = if answer.is_ok() {
+                ALLOW_TTL
+            } else {
+                self.limits.deny_ttl
+            };
             if at.elapsed() < ttl {
                 return answer.clone();
             }

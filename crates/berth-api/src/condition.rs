@@ -1,24 +1,57 @@
-//! Condition types and reasons of a workspace, and the one helper that sets a condition.
+//! Condition types, statuses and reasons of a workspace, typed (never compared as text), and
+//! the one helper that sets a condition.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-/// Condition types a workspace carries.
-pub mod types {
+/// The condition types a workspace carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConditionType {
     /// The current pod is bound to a node.
-    pub const POD_SCHEDULED: &str = "PodScheduled";
+    PodScheduled,
     /// The current pod's containers are ready.
-    pub const POD_READY: &str = "PodReady";
+    PodReady,
     /// The agent answered WhoAmI for the current pod with the operator's identity.
-    pub const AGENT_READY: &str = "AgentReady";
+    AgentReady,
     /// The last pod was rejected by its kubelet and is being replaced.
-    pub const POD_REJECTED: &str = "PodRejected";
+    PodRejected,
     /// The workspace is usable: PodReady and AgentReady.
-    pub const READY: &str = "Ready";
+    Ready,
     /// Berth gave up until the spec changes or the user restarts the workspace.
-    pub const STALLED: &str = "Stalled";
+    Stalled,
+}
+
+impl ConditionType {
+    /// As the condition's `type` says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionType::PodScheduled => "PodScheduled",
+            ConditionType::PodReady => "PodReady",
+            ConditionType::AgentReady => "AgentReady",
+            ConditionType::PodRejected => "PodRejected",
+            ConditionType::Ready => "Ready",
+            ConditionType::Stalled => "Stalled",
+        }
+    }
+
+    /// The type a condition's `type` names; None for one Berth does not write.
+    pub fn parse(text: &str) -> Option<Self> {
+        types::ALL.into_iter().find(|t| t.as_str() == text)
+    }
+}
+
+/// The condition types by the names the code has always used for them.
+pub mod types {
+    use super::ConditionType;
+
+    pub const POD_SCHEDULED: ConditionType = ConditionType::PodScheduled;
+    pub const POD_READY: ConditionType = ConditionType::PodReady;
+    pub const AGENT_READY: ConditionType = ConditionType::AgentReady;
+    pub const POD_REJECTED: ConditionType = ConditionType::PodRejected;
+    pub const READY: ConditionType = ConditionType::Ready;
+    pub const STALLED: ConditionType = ConditionType::Stalled;
 
     /// Every condition type, in the order Berth writes them.
-    pub const ALL: [&str; 6] = [
+    pub const ALL: [ConditionType; 6] = [
         POD_SCHEDULED,
         POD_READY,
         AGENT_READY,
@@ -26,6 +59,16 @@ pub mod types {
         READY,
         STALLED,
     ];
+}
+
+/// The condition types of a pod that Berth reads (the kubelet's and the scheduler's words).
+pub mod pod_conditions {
+    /// The scheduler bound the pod (or says why it cannot).
+    pub const POD_SCHEDULED: &str = "PodScheduled";
+    /// The pod's containers are ready and its readiness gates pass.
+    pub const READY: &str = "Ready";
+    /// The pod's containers are ready.
+    pub const CONTAINERS_READY: &str = "ContainersReady";
 }
 
 /// Condition reasons: CamelCase and stable, since programs and alerts match on them.
@@ -117,6 +160,51 @@ impl ConditionStatus {
             ConditionStatus::Unknown => "Unknown",
         }
     }
+
+    /// The status a condition's text names; None for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "True" => Some(ConditionStatus::True),
+            "False" => Some(ConditionStatus::False),
+            "Unknown" => Some(ConditionStatus::Unknown),
+            _ => None,
+        }
+    }
+}
+
+/// A condition whose status is read typed, never compared as text: a workspace's, a pod's and
+/// a claim's.
+pub trait HasStatus {
+    /// The status as written.
+    fn status_text(&self) -> &str;
+
+    /// The status, if it is one Kubernetes knows.
+    fn status(&self) -> Option<ConditionStatus> {
+        ConditionStatus::parse(self.status_text())
+    }
+
+    /// Whether the status is `status`.
+    fn is(&self, status: ConditionStatus) -> bool {
+        self.status() == Some(status)
+    }
+}
+
+impl HasStatus for Condition {
+    fn status_text(&self) -> &str {
+        &self.status
+    }
+}
+
+impl HasStatus for k8s_openapi::api::core::v1::PodCondition {
+    fn status_text(&self) -> &str {
+        &self.status
+    }
+}
+
+impl HasStatus for k8s_openapi::api::core::v1::PersistentVolumeClaimCondition {
+    fn status_text(&self) -> &str {
+        &self.status
+    }
 }
 
 impl From<bool> for ConditionStatus {
@@ -134,7 +222,7 @@ impl From<bool> for ConditionStatus {
 /// `observedGeneration` are updated in place. Returns whether anything changed.
 pub fn set_condition(
     conditions: &mut Vec<Condition>,
-    type_: &str,
+    type_: ConditionType,
     status: ConditionStatus,
     reason: &str,
     message: &str,
@@ -142,16 +230,16 @@ pub fn set_condition(
     now: &Time,
 ) -> bool {
     let desired = |last_transition_time: Time| Condition {
-        type_: type_.to_owned(),
+        type_: type_.as_str().to_owned(),
         status: status.as_str().to_owned(),
         reason: reason.to_owned(),
         message: message.to_owned(),
         observed_generation,
         last_transition_time,
     };
-    match conditions.iter_mut().find(|c| c.type_ == type_) {
+    match conditions.iter_mut().find(|c| c.type_ == type_.as_str()) {
         Some(existing) => {
-            let transition_time = if existing.status == status.as_str() {
+            let transition_time = if existing.is(status) {
                 existing.last_transition_time.clone()
             } else {
                 now.clone()
@@ -172,8 +260,8 @@ pub fn set_condition(
 }
 
 /// The condition of `type_`, if present.
-pub fn find_condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|c| c.type_ == type_)
+pub fn find_condition(conditions: &[Condition], type_: ConditionType) -> Option<&Condition> {
+    conditions.iter().find(|c| c.type_ == type_.as_str())
 }
 
 #[cfg(test)]
@@ -199,7 +287,7 @@ mod tests {
         );
         assert!(changed);
         assert_eq!(conditions.len(), 1);
-        assert_eq!(conditions[0].status, "False");
+        assert!(conditions[0].is(ConditionStatus::False));
         assert_eq!(conditions[0].last_transition_time, at(100));
         assert_eq!(conditions[0].observed_generation, Some(1));
     }
@@ -253,7 +341,7 @@ mod tests {
             Some(1),
             &at(300),
         );
-        assert_eq!(conditions[0].status, "True");
+        assert!(conditions[0].is(ConditionStatus::True));
         assert_eq!(conditions[0].last_transition_time, at(300));
     }
 

@@ -4,6 +4,7 @@
 
 use std::str::FromStr;
 
+use berth_api::condition::{ConditionStatus, HasStatus, pod_conditions};
 use k8s_openapi::api::core::v1::Pod;
 
 /// The kubelet admission reasons that mean "rejected": exact names, plus every `OutOf<resource>`
@@ -86,7 +87,7 @@ pub fn ever_ran(pod: &Pod) -> bool {
         .conditions
         .iter()
         .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
+        .any(|c| c.type_ == pod_conditions::READY && c.is(ConditionStatus::True));
     started || ready
 }
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use berth_api::{
     AgentStatus, ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace, WorkspaceStatus,
-    condition::{find_condition, reasons, set_condition, types},
+    condition::{
+        ConditionType, HasStatus, find_condition, pod_conditions, reasons, set_condition, types,
+    },
 };
 use jiff::Timestamp;
 use k8s_openapi::{
@@ -106,7 +108,7 @@ fn growing(claim: &PersistentVolumeClaim, size: Option<&Quantity>) -> String {
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.status == "True"))
+        .and_then(|c| c.iter().find(|c| c.is(ConditionStatus::True)))
         .map(|c| match c.message.as_deref().filter(|m| !m.is_empty()) {
             Some(message) => format!("{}: {message}", c.type_),
             None => c.type_.clone(),
@@ -132,7 +134,7 @@ fn containers_running(pod: &Pod) -> bool {
 
 /// Running, with its Ready condition true.
 fn pod_is_ready(pod: &Pod) -> bool {
-    pod_condition(pod, "Ready").as_deref() == Some("True")
+    pod_condition(pod, pod_conditions::READY) == Some(ConditionStatus::True)
         && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
@@ -283,9 +285,9 @@ fn signal(pod: &Pod, warnings: &[&Event], policy: &Policy) -> Option<Signal> {
     let status = pod.status.as_ref();
     let scheduled = status
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
-    if let Some(condition) =
-        scheduled.filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+        .and_then(|c| c.iter().find(|c| c.type_ == pod_conditions::POD_SCHEDULED));
+    if let Some(condition) = scheduled
+        .filter(|c| c.is(ConditionStatus::False) && c.reason.as_deref() == Some("Unschedulable"))
     {
         return Some(Signal {
             reason: reasons::UNSCHEDULABLE.to_owned(),
@@ -336,14 +338,15 @@ fn signal(pod: &Pod, warnings: &[&Event], policy: &Policy) -> Option<Signal> {
     })
 }
 
-fn pod_condition(pod: &Pod, type_: &str) -> Option<String> {
+/// The status of the pod's condition `type_` (one of [`pod_conditions`]).
+fn pod_condition(pod: &Pod, type_: &str) -> Option<ConditionStatus> {
     pod.status
         .as_ref()?
         .conditions
         .as_ref()?
         .iter()
         .find(|c| c.type_ == type_)
-        .map(|c| c.status.clone())
+        .and_then(HasStatus::status)
 }
 
 /// The requeue of a workspace that is not running: it grows with time since the start
@@ -362,8 +365,8 @@ fn elapsed(since: Option<&Time>, now: Timestamp) -> Duration {
 }
 
 /// Removes a condition entirely (Stalled is present only while true).
-fn clear_condition(status: &mut WorkspaceStatus, type_: &str) {
-    status.conditions.retain(|c| c.type_ != type_);
+fn clear_condition(status: &mut WorkspaceStatus, type_: ConditionType) {
+    status.conditions.retain(|c| c.type_ != type_.as_str());
 }
 
 /// The Stalled reasons that are verdicts on the spec (derived again on every reconcile), not
@@ -447,7 +450,13 @@ impl Builder<'_> {
         );
     }
 
-    fn condition(&mut self, type_: &str, status: ConditionStatus, reason: &str, message: &str) {
+    fn condition(
+        &mut self,
+        type_: ConditionType,
+        status: ConditionStatus,
+        reason: &str,
+        message: &str,
+    ) {
         set_condition(
             &mut self.status.conditions,
             type_,
@@ -493,7 +502,7 @@ pub fn hold_back(
 ) -> Option<Duration> {
     let new = &decision.status;
     let progress = find_condition(&new.conditions, types::READY)
-        .is_some_and(|c| c.status == "False" && PROGRESS.contains(&c.reason.as_str()));
+        .is_some_and(|c| c.is(ConditionStatus::False) && PROGRESS.contains(&c.reason.as_str()));
     let same_start = old.phase == new.phase
         && matches!(new.phase, Some(Phase::Pending | Phase::Starting))
         && old.observed_generation == new.observed_generation
@@ -720,7 +729,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
 
     // Gave up earlier: stay Failed until the spec changes or the user restarts (rule C9, C12).
     let stalled = find_condition(&old.conditions, types::STALLED)
-        .filter(|c| c.status == "True")
+        .filter(|c| c.is(ConditionStatus::True))
         .cloned();
     if let Some(stall) = stalled.clone().filter(|c| {
         c.observed_generation == workspace.metadata.generation
@@ -747,7 +756,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
     }
 
     let rejected = find_condition(&b.status.conditions, types::POD_REJECTED)
-        .filter(|c| c.status == "True")
+        .filter(|c| c.is(ConditionStatus::True))
         .cloned();
     let lost_pod = owned_pod.is_none()
         && rejected.is_none()
@@ -888,8 +897,9 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             .push(Notice::normal("Created", format!("Created pod {pod_name}")));
     }
     let was_running = !new_pod
-        && find_condition(&old.conditions, types::POD_READY)
-            .is_some_and(|c| c.status == "True" || c.reason == reasons::CONTAINERS_NOT_READY);
+        && find_condition(&old.conditions, types::POD_READY).is_some_and(|c| {
+            c.is(ConditionStatus::True) || c.reason == reasons::CONTAINERS_NOT_READY
+        });
     if containers_running(pod) && !was_running {
         b.notices.push(Notice::normal(
             "Started",
@@ -1034,10 +1044,10 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"))
+        .and_then(|c| c.iter().find(|c| c.type_ == pod_conditions::POD_SCHEDULED))
         .cloned();
     match scheduled {
-        Some(c) if c.status == "True" => {
+        Some(c) if c.is(ConditionStatus::True) => {
             let message = format!(
                 "Pod {pod_name} is bound to {}",
                 node.as_deref().unwrap_or("a node")
@@ -1157,7 +1167,9 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             reasons::WORKSPACE_READY,
             "Workspace is running",
         );
-        if find_condition(&b.old.conditions, types::READY).is_none_or(|c| c.status != "True") {
+        if find_condition(&b.old.conditions, types::READY)
+            .is_none_or(|c| !c.is(ConditionStatus::True))
+        {
             b.status.ready_at = Some(time(now));
             b.notices
                 .push(Notice::normal("Ready", "Workspace is ready".into()));
@@ -1202,7 +1214,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         b.agent_waits_for(&pod_name);
     }
     let first_false = find_condition(&b.status.conditions, types::POD_SCHEDULED)
-        .filter(|c| c.status != "True")
+        .filter(|c| !c.is(ConditionStatus::True))
         .or_else(|| find_condition(&b.status.conditions, types::POD_READY))
         .cloned();
     if let Some(c) = first_false {
@@ -1266,7 +1278,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         .conditions
         .iter()
         // Waiting for the pod before the agent is checked is not progress.
-        .filter(|c| c.type_ != types::AGENT_READY)
+        .filter(|c| ConditionType::parse(&c.type_) != Some(types::AGENT_READY))
         .map(|c| c.last_transition_time.0)
         .chain(b.status.started_at.as_ref().map(|t| t.0))
         .max()
@@ -1274,7 +1286,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
     let stuck_for = Duration::try_from(now.duration_since(last_progress)).unwrap_or_default();
     if stuck_for >= start_timeout {
         let step = find_condition(&b.status.conditions, types::POD_SCHEDULED)
-            .filter(|c| c.status != "True")
+            .filter(|c| !c.is(ConditionStatus::True))
             .map(|_| "scheduling")
             .unwrap_or("starting containers");
         let last = signal

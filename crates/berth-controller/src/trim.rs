@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::ResourceExt;
 
-use berth_api::Workspace;
+use berth_api::{Workspace, condition::pod_conditions};
 
 /// The annotation `kubectl apply` keeps a whole copy of the object in.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -32,7 +32,11 @@ pub fn workspace(workspace: &mut Workspace) {
 }
 
 /// The pod conditions decisions read; the kubelet's others are dropped.
-const POD_CONDITIONS: [&str; 3] = ["PodScheduled", "Ready", "ContainersReady"];
+const POD_CONDITIONS: [&str; 3] = [
+    pod_conditions::POD_SCHEDULED,
+    pod_conditions::READY,
+    pod_conditions::CONTAINERS_READY,
+];
 
 /// Drops what no decision reads from a cached Pod.
 pub fn pod(pod: &mut Pod) {

@@ -10,10 +10,11 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::{
     error::Cause,
+    meta::now_rfc3339,
     recorder::Source,
     resources::ResourceType,
     selector::LabelSelector,
-    sim::{DeleteOptions, Sim, WriteContext, now_rfc3339},
+    sim::{DeleteOptions, Sim, WriteContext},
     store::{Change, ChangeKind},
 };
 
@@ -293,8 +294,7 @@ fn context(manager: &str) -> WriteContext {
 
 impl Controllers {
     fn event(&self, object: &Value, type_: &str, reason: &str, message: &str, component: &str) {
-        self.sim.recorder.publish(
-            &self.sim,
+        self.sim.record(
             object,
             None,
             type_,

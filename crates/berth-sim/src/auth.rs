@@ -211,6 +211,58 @@ impl Tokens {
         }
         Ok((info.identity.clone(), matched))
     }
+
+    /// Checks a bearer token for `wanted` audiences, as the API server's authenticator does: a
+    /// service account's token holds only while that very account (same UID) exists in
+    /// `store`.
+    pub fn review_current(
+        &self,
+        store: &Store,
+        token: &str,
+        wanted: &[String],
+    ) -> Result<(Identity, Vec<String>), TokenError> {
+        let (identity, audiences) = self.review(token, wanted)?;
+        if let Some(account) = identity.username.strip_prefix("system:serviceaccount:")
+            && !identity.uid.is_empty()
+        {
+            let (namespace, name) = account.split_once(':').unwrap_or_default();
+            let current = store.get("/serviceaccounts", namespace, name);
+            if current
+                .as_ref()
+                .and_then(|sa| crate::meta::meta_str(sa, "uid"))
+                != Some(identity.uid.as_str())
+            {
+                return Err(TokenError::Invalidated);
+            }
+        }
+        Ok((identity, audiences))
+    }
+
+    /// Issues a token for a service account in `store`, as TokenRequest does (any lifetime,
+    /// for tests).
+    pub fn issue_for_account(
+        &self,
+        store: &Store,
+        namespace: &str,
+        service_account: &str,
+        audiences: Vec<String>,
+        ttl: Duration,
+    ) -> Result<(String, Timestamp), ApiError> {
+        let sa = store
+            .get("/serviceaccounts", namespace, service_account)
+            .ok_or_else(|| ApiError::not_found("serviceaccounts", "", service_account))?;
+        let identity = Identity::service_account(
+            namespace,
+            service_account,
+            crate::meta::meta_str(&sa, "uid").unwrap_or_default(),
+        );
+        let audiences = if audiences.is_empty() {
+            vec![API_AUDIENCE.to_owned()]
+        } else {
+            audiences
+        };
+        Ok(self.issue(identity, audiences, ttl))
+    }
 }
 
 /// What a request wants to do, for RBAC.

@@ -17,8 +17,9 @@ use tokio::{net::TcpListener, task::JoinSet};
 
 use crate::{
     auth::{Identity, TokenInfo},
+    config::SimConfig,
     requests::RequestCount,
-    sim::{Sim, SimConfig},
+    sim::Sim,
     tls::{Authority, TlsError},
 };
 
@@ -61,7 +62,7 @@ impl SimCluster {
         let with_nodes = !config.nodes.is_empty();
         if with_nodes {
             // Kubelets finish graceful deletions.
-            config.pod_termination = crate::sim::PodTermination::External;
+            config.pod_termination = crate::config::PodTermination::External;
         }
         let nodes = config.nodes.clone();
         let sim = Arc::new(Sim::new(config, terminations_tx));
@@ -81,6 +82,9 @@ impl SimCluster {
         tokio::task::yield_now().await;
         sim.bootstrap();
         tasks.spawn(crate::nodes::run(sim.clone()));
+        tasks.spawn(crate::volumes::run(sim.clone()));
+        let faults_sim = sim.clone();
+        tasks.spawn(async move { faults_sim.faults.follow_config_map(&faults_sim.store).await });
         if with_nodes {
             crate::nodes::register(&sim, &nodes);
             tasks.spawn(crate::scheduler::run(sim.clone()));
@@ -251,7 +255,9 @@ impl SimCluster {
         ttl: Duration,
     ) -> Result<String, crate::error::ApiError> {
         self.sim
-            .issue_token(
+            .tokens
+            .issue_for_account(
+                &self.sim.store,
                 namespace,
                 service_account,
                 audiences.iter().map(|s| s.to_string()).collect(),
@@ -304,7 +310,7 @@ impl SimCluster {
     }
 
     /// Registers another node (its kubelet serves it at once).
-    pub fn add_node(&self, node: crate::nodes::NodeConfig) {
+    pub fn add_node(&self, node: crate::config::NodeConfig) {
         let index = self.sim.store.list("/nodes", None).0.len();
         let Some(rt) = self.sim.resource_type("", "v1", "nodes") else {
             return;

@@ -278,6 +278,45 @@ impl Faults {
         })
     }
 
+    /// Follows the faults ConfigMap in `store` (applying each version of it) until the store
+    /// closes.
+    pub async fn follow_config_map(&self, store: &crate::store::Store) {
+        use crate::store::ChangeKind;
+        use tokio::sync::broadcast::error::RecvError;
+        let mut changes = store.subscribe();
+        loop {
+            let change = match changes.recv().await {
+                Ok(change) => change,
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => return,
+            };
+            let meta = &change.object["metadata"];
+            if &*change.storage != "/configmaps"
+                || meta["namespace"] != CONFIG_MAP_NAMESPACE
+                || meta["name"] != CONFIG_MAP_NAME
+            {
+                continue;
+            }
+            let data = match change.kind {
+                ChangeKind::Deleted => None,
+                _ => change.object["data"].as_object(),
+            };
+            for problem in self.apply_config_map(data) {
+                tracing::warn!(%problem, "berth-sim-faults");
+            }
+            // `compact: now`: forget the history now, so a list or watch from an older
+            // resourceVersion gets 410 Gone (what kubectl and other clients' tests cannot ask
+            // for through `compact()`).
+            if data
+                .and_then(|d| d.get("compact"))
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|v| !v.trim().is_empty())
+            {
+                store.compact();
+            }
+        }
+    }
+
     /// Replaces the ConfigMap layer from the ConfigMap's data (None: it was deleted).
     /// Returns the lines that could not be read, for a warning.
     pub fn apply_config_map(

@@ -289,7 +289,7 @@ fn process_namespace(sim: &Sim, namespace: &Value) {
 
 /// Sets the CRD's `Terminating` condition (kept in place when its status does not change).
 fn set_terminating(sim: &Sim, crd: &Value, status: &str, reason: &str, message: &str) {
-    let Some(rt) = type_of(sim, crate::sim::CRD_STORAGE) else {
+    let Some(rt) = type_of(sim, crate::crd::CRD_STORAGE) else {
         return;
     };
     let mut conditions: Vec<Value> = crd["status"]["conditions"]
@@ -328,7 +328,7 @@ fn set_terminating(sim: &Sim, crd: &Value, status: &str, reason: &str, message: 
 /// definition. Returns whether it is done.
 fn process_definition(sim: &Sim, crd: &Value) -> bool {
     if crd["metadata"]["deletionTimestamp"].is_null()
-        || !has_finalizer(crd, crate::sim::CRD_CLEANUP_FINALIZER)
+        || !has_finalizer(crd, crate::crd::CRD_CLEANUP_FINALIZER)
     {
         return true;
     }
@@ -366,7 +366,7 @@ fn process_definition(sim: &Sim, crd: &Value) -> bool {
     if !instances.is_empty() {
         return false;
     }
-    if let Some(current) = sim.store.get(crate::sim::CRD_STORAGE, "", &name) {
+    if let Some(current) = sim.store.get(crate::crd::CRD_STORAGE, "", &name) {
         set_terminating(
             sim,
             &current,
@@ -377,8 +377,8 @@ fn process_definition(sim: &Sim, crd: &Value) -> bool {
     }
     remove_finalizer(
         sim,
-        &(crate::sim::CRD_STORAGE.into(), String::new(), name),
-        crate::sim::CRD_CLEANUP_FINALIZER,
+        &(crate::crd::CRD_STORAGE.into(), String::new(), name),
+        crate::crd::CRD_CLEANUP_FINALIZER,
     );
     true
 }
@@ -439,7 +439,7 @@ fn handle(
     }
     match &*change.storage {
         "/namespaces" => track(pending, change),
-        crate::sim::CRD_STORAGE => track(definitions, change),
+        crate::crd::CRD_STORAGE => track(definitions, change),
         _ => {}
     }
 }
@@ -478,7 +478,7 @@ pub async fn run(
                 for name in terminating_definitions.clone() {
                     let done = sim
                         .store
-                        .get(crate::sim::CRD_STORAGE, "", &name)
+                        .get(crate::crd::CRD_STORAGE, "", &name)
                         .is_none_or(|crd| process_definition(&sim, &crd));
                     if done {
                         terminating_definitions.remove(&name);

@@ -18,11 +18,11 @@ use tokio::sync::watch;
 use crate::{
     auth::API_AUDIENCE,
     faults::REJECT_NEXT_ANNOTATION,
-    nodes::modify,
+    meta::now_rfc3339,
     recorder::Source,
     runtime::{ContainerContext, ContainerLog, RunningContainer},
     scheduler,
-    sim::{Sim, now_rfc3339},
+    sim::Sim,
     store::ChangeKind,
 };
 
@@ -59,6 +59,9 @@ struct Worker {
     exit_rx: tokio::sync::mpsc::UnboundedReceiver<(String, i32)>,
     /// Containers stopped to be replaced (their spec changed): their exit is not a crash.
     replaced: std::collections::HashSet<String>,
+    /// Readiness probes failed in a row, by container: a ready container turns unready only
+    /// after its probe's `failureThreshold` of them (3 by default), as with a real kubelet.
+    probe_failures: HashMap<String, u32>,
 }
 
 fn source(node: &str) -> Source<'_> {
@@ -177,15 +180,8 @@ impl Worker {
         if let Some(pod) = self.pod()
             && self.reachable()
         {
-            self.sim.recorder.publish(
-                &self.sim,
-                &pod,
-                field,
-                type_,
-                reason,
-                message,
-                source(&self.node),
-            );
+            self.sim
+                .record(&pod, field, type_, reason, message, source(&self.node));
         }
     }
 
@@ -195,14 +191,16 @@ impl Worker {
             return;
         }
         let uid = self.uid.clone();
-        modify(&self.sim, "/pods", &self.namespace, &self.name, |pod| {
-            if pod["metadata"]["uid"] != uid.as_str() {
-                return false;
-            }
-            let before = pod["status"].clone();
-            change(pod);
-            pod["status"] != before
-        });
+        self.sim
+            .store
+            .modify("/pods", &self.namespace, &self.name, |pod| {
+                if pod["metadata"]["uid"] != uid.as_str() {
+                    return false;
+                }
+                let before = pod["status"].clone();
+                change(pod);
+                pod["status"] != before
+            });
     }
 
     fn set_condition(
@@ -338,7 +336,7 @@ impl Worker {
                 let (count, reason) = annotation.as_deref()?.split_once(':')?;
                 let count: u32 = count.trim().parse().ok().filter(|c| *c > 0)?;
                 let reason = reason.trim().to_owned();
-                modify(&self.sim, "/nodes", "", &self.node, |n| {
+                self.sim.store.modify("/nodes", "", &self.node, |n| {
                     if count > 1 {
                         n["metadata"]["annotations"][REJECT_NEXT_ANNOTATION] =
                             json!(format!("{}:{reason}", count - 1));
@@ -705,7 +703,9 @@ impl Worker {
             seconds
         };
         self.sim
-            .issue_token(
+            .tokens
+            .issue_for_account(
+                &self.sim.store,
                 &self.namespace,
                 account,
                 audiences,
@@ -835,7 +835,9 @@ impl Worker {
             .to_owned();
         let token = self
             .sim
-            .issue_token(
+            .tokens
+            .issue_for_account(
+                &self.sim.store,
                 &self.namespace,
                 &account,
                 vec![API_AUDIENCE.to_owned()],
@@ -1189,12 +1191,37 @@ impl Worker {
     }
 
     /// Recomputes container readiness and the pod's Ready conditions and phase.
+    /// Whether the pod's status says container `name` is ready.
+    fn was_ready(&self, name: &str) -> bool {
+        self.pod().is_some_and(|pod| {
+            pod["status"]["containerStatuses"]
+                .as_array()
+                .and_then(|s| s.iter().find(|c| c["name"] == name))
+                .is_some_and(|c| c["ready"] == true)
+        })
+    }
+
     async fn update_readiness(&mut self) {
         let containers = self.containers(false);
         let mut ready_names = HashSet::new();
         for c in &containers {
             let name = c["name"].as_str().unwrap_or_default().to_owned();
-            if self.running.contains_key(&name) && self.probe(c).await {
+            if !self.running.contains_key(&name) {
+                self.probe_failures.remove(&name);
+                continue;
+            }
+            if self.probe(c).await {
+                self.probe_failures.remove(&name);
+                ready_names.insert(name);
+                continue;
+            }
+            let threshold = c["readinessProbe"]["failureThreshold"]
+                .as_u64()
+                .unwrap_or(3)
+                .max(1);
+            let failures = self.probe_failures.entry(name.clone()).or_default();
+            *failures += 1;
+            if u64::from(*failures) < threshold && self.was_ready(&name) {
                 ready_names.insert(name);
             }
         }
@@ -1410,8 +1437,7 @@ impl Worker {
                 .get("/pods", &self.namespace, &self.name)
                 .is_some()
             {
-                self.sim.recorder.publish(
-                    &self.sim,
+                self.sim.record(
                     &pod,
                     Some(&field_path(&name, false)),
                     "Normal",
@@ -1506,6 +1532,7 @@ pub async fn run(sim: Arc<Sim>) {
                 exit_tx,
                 exit_rx,
                 replaced: Default::default(),
+                probe_failures: Default::default(),
             };
             tokio::spawn(worker.run());
         };

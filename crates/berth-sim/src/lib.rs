@@ -6,6 +6,8 @@ mod apps;
 mod auth;
 mod builtin;
 mod cluster;
+mod config;
+mod crd;
 mod discovery;
 mod error;
 mod events;
@@ -14,11 +16,13 @@ mod gc;
 mod json;
 mod kubelet;
 pub mod manifests;
+mod meta;
 mod node_ports;
 mod nodes;
 mod openapi;
 mod openapi_proto;
 mod patch;
+mod pods;
 mod protobuf;
 mod quantity;
 mod quota;
@@ -37,6 +41,7 @@ mod store;
 mod table;
 mod tls;
 mod typed;
+mod volumes;
 mod watch;
 mod webhooks;
 
@@ -57,12 +62,11 @@ pub mod validation {
         crate::builtin::check_dns1035(field, value)
     }
 }
+pub use config::{Backoff, NodeConfig, PodTermination, SimConfig, Timings};
 pub use faults::{ApiFault, Faults, Frequency, RequestMatch};
-pub use nodes::{Backoff, NodeConfig, Timings};
 pub use requests::{RequestCount, RequestKey};
 pub use runtime::{
     BoxFuture, ContainerContext, ContainerLog, ContainerRuntime, IdleRuntime, RunningContainer,
     SharedRuntime,
 };
-pub use sim::{PodTermination, SimConfig};
 pub use tls::{Authority, TlsError};

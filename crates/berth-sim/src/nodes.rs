@@ -1,87 +1,21 @@
-//! Nodes: their configuration and objects, heartbeats (Leases), the node lifecycle controller
-//! (an unreachable node goes `Ready=Unknown`, its pods `Unknown`, then are evicted), pod
-//! garbage collection for deleted nodes, and a volume binder that binds new claims.
+//! Nodes: their objects, heartbeats (Leases), the node lifecycle controller (an unreachable
+//! node goes `Ready=Unknown`, its pods `Unknown`, then are evicted), and pod garbage
+//! collection for deleted nodes.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use serde_json::{Value, json};
 
 use crate::{
+    config::NodeConfig,
     faults::UNREACHABLE_ANNOTATION,
+    meta::now_rfc3339,
     recorder::Source,
-    sim::{DeleteOptions, Sim, WriteContext, now_rfc3339},
-    store::{ChangeKind, resource_version},
+    sim::{DeleteOptions, Sim, WriteContext},
+    store::ChangeKind,
 };
 
-/// One simulated node.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NodeConfig {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    /// Taints as `(key, value, effect)`.
-    pub taints: Vec<(String, String, String)>,
-    /// Allocatable cpu, e.g. `"4"`.
-    pub cpu: String,
-    /// Allocatable memory, e.g. `"16Gi"`.
-    pub memory: String,
-    pub pods: u32,
-}
-
 impl NodeConfig {
-    /// A node with 4 cpu, 16Gi and room for 110 pods, labelled like a real one.
-    pub fn new(name: &str) -> Self {
-        let labels = [
-            ("kubernetes.io/hostname", name),
-            ("kubernetes.io/os", "linux"),
-            ("kubernetes.io/arch", "amd64"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        NodeConfig {
-            name: name.to_owned(),
-            labels,
-            taints: vec![],
-            cpu: "4".into(),
-            memory: "16Gi".into(),
-            pods: 110,
-        }
-    }
-
-    pub fn label(mut self, key: &str, value: &str) -> Self {
-        self.labels.insert(key.to_owned(), value.to_owned());
-        self
-    }
-
-    pub fn taint(mut self, key: &str, value: &str, effect: &str) -> Self {
-        self.taints
-            .push((key.to_owned(), value.to_owned(), effect.to_owned()));
-        self
-    }
-
-    pub fn capacity(mut self, cpu: &str, memory: &str, pods: u32) -> Self {
-        self.cpu = cpu.to_owned();
-        self.memory = memory.to_owned();
-        self.pods = pods;
-        self
-    }
-
-    /// `count` nodes `node-1`...`node-N` spread over zones a, b, c.
-    pub fn several(count: usize) -> Vec<NodeConfig> {
-        (1..=count)
-            .map(|i| {
-                NodeConfig::new(&format!("node-{i}")).label(
-                    "topology.kubernetes.io/zone",
-                    &format!("zone-{}", ["a", "b", "c"][(i - 1) % 3]),
-                )
-            })
-            .collect()
-    }
-
     /// The Node object a kubelet registers.
     pub fn object(&self, index: usize) -> Value {
         let taints: Vec<Value> = self
@@ -136,95 +70,6 @@ fn node_status(cpu: &str, memory: &str, pods: u32, ip: &str) -> Value {
     })
 }
 
-/// Timing knobs of the scheduler, kubelets and node controller.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Timings {
-    pub sandbox: Duration,
-    pub pull: Duration,
-    pub container_start: Duration,
-    /// From a container's start to its readiness (when it has no probe that decides).
-    pub readiness: Duration,
-    /// Time to stop containers on deletion (capped by the grace period).
-    pub stop: Duration,
-    pub mount_retry: Backoff,
-    pub pull_backoff: Backoff,
-    pub crash_backoff: Backoff,
-    pub heartbeat: Duration,
-    /// No heartbeat for this long: the node is `Ready=Unknown`.
-    pub node_monitor_grace: Duration,
-    /// Caps how long pods on an unreachable node tolerate it before eviction (300 s by default).
-    pub eviction_cap: Duration,
-}
-
-/// An exponential backoff: `initial`, doubling up to `max`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    pub initial: Duration,
-    pub max: Duration,
-}
-
-impl Backoff {
-    pub fn after(&self, attempt: u32) -> Duration {
-        self.initial
-            .saturating_mul(1u32 << attempt.min(20))
-            .min(self.max)
-    }
-}
-
-impl Timings {
-    /// Close to a real cluster's, shortened where waiting teaches nothing (for demos).
-    pub fn realistic() -> Self {
-        Timings {
-            sandbox: Duration::from_millis(300),
-            pull: Duration::from_millis(1200),
-            container_start: Duration::from_millis(200),
-            readiness: Duration::from_millis(500),
-            stop: Duration::from_millis(1000),
-            mount_retry: Backoff {
-                initial: Duration::from_millis(500),
-                max: Duration::from_secs(16),
-            },
-            pull_backoff: Backoff {
-                initial: Duration::from_secs(5),
-                max: Duration::from_secs(60),
-            },
-            crash_backoff: Backoff {
-                initial: Duration::from_secs(10),
-                max: Duration::from_secs(300),
-            },
-            heartbeat: Duration::from_secs(10),
-            node_monitor_grace: Duration::from_secs(40),
-            eviction_cap: Duration::from_secs(300),
-        }
-    }
-
-    /// Milliseconds everywhere, for tests.
-    pub fn fast() -> Self {
-        Timings {
-            sandbox: Duration::from_millis(10),
-            pull: Duration::from_millis(10),
-            container_start: Duration::from_millis(10),
-            readiness: Duration::from_millis(10),
-            stop: Duration::from_millis(20),
-            mount_retry: Backoff {
-                initial: Duration::from_millis(50),
-                max: Duration::from_millis(400),
-            },
-            pull_backoff: Backoff {
-                initial: Duration::from_millis(50),
-                max: Duration::from_millis(400),
-            },
-            crash_backoff: Backoff {
-                initial: Duration::from_millis(50),
-                max: Duration::from_millis(400),
-            },
-            heartbeat: Duration::from_millis(100),
-            node_monitor_grace: Duration::from_millis(500),
-            eviction_cap: Duration::from_millis(500),
-        }
-    }
-}
-
 /// Registers the configured nodes.
 pub fn register(sim: &Sim, nodes: &[NodeConfig]) {
     let Some(rt) = sim.resource_type("", "v1", "nodes") else {
@@ -242,34 +87,6 @@ fn is_ready(node: &Value) -> Option<&str> {
         .iter()
         .find(|c| c["type"] == "Ready")?["status"]
         .as_str()
-}
-
-/// Replaces an object's state through `change`, retrying on concurrent writes.
-pub fn modify(
-    sim: &Sim,
-    storage: &str,
-    namespace: &str,
-    name: &str,
-    change: impl Fn(&mut Value) -> bool,
-) -> Option<Arc<Value>> {
-    let storage: crate::resources::StorageKey = storage.into();
-    for _ in 0..16 {
-        let current = sim.store.get(&storage, namespace, name)?;
-        let mut next = (*current).clone();
-        if !change(&mut next) {
-            return Some(current);
-        }
-        match sim.store.replace(
-            &storage,
-            next,
-            resource_version(&current).unwrap_or_default(),
-        ) {
-            Ok(stored) => return Some(stored),
-            Err(crate::store::WriteError::Stale) => continue,
-            Err(_) => return None,
-        }
-    }
-    None
 }
 
 fn set_ready(node: &mut Value, reachable: bool) -> bool {
@@ -373,27 +190,6 @@ pub async fn run(sim: Arc<Sim>) {
                         lost_since.remove(&name);
                         continue;
                     }
-                    Ok(change) if &*change.storage == "/persistentvolumeclaims" && change.kind == ChangeKind::Added => {
-                        bind_claim(&sim, &change.object);
-                        continue;
-                    }
-                    Ok(change) if &*change.storage == "/persistentvolumeclaims" && change.kind == ChangeKind::Modified => {
-                        expand_claim(&sim, &change.object);
-                        continue;
-                    }
-                    Ok(change) if &*change.storage == "/configmaps" && change.object["metadata"]["namespace"] == crate::faults::CONFIG_MAP_NAMESPACE && change.object["metadata"]["name"] == crate::faults::CONFIG_MAP_NAME => {
-                        let data = if change.kind == ChangeKind::Deleted { None } else { change.object["data"].as_object() };
-                        for problem in sim.faults.apply_config_map(data) {
-                            tracing::warn!(%problem, "berth-sim-faults");
-                        }
-                        // `compact: now`: forget the history now, so a list or watch from an
-                        // older resourceVersion gets 410 Gone (what kubectl and other
-                        // clients' tests cannot ask for through `compact()`).
-                        if data.and_then(|d| d.get("compact")).and_then(serde_json::Value::as_str).is_some_and(|v| !v.trim().is_empty()) {
-                            sim.store.compact();
-                        }
-                        continue;
-                    }
                     Ok(_) => continue,
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -418,7 +214,8 @@ pub async fn run(sim: Arc<Sim>) {
                     renew_lease(&sim, &name);
                 }
                 if is_ready(&node) != Some("True") {
-                    modify(&sim, "/nodes", "", &name, |n| set_ready(n, true));
+                    sim.store
+                        .modify("/nodes", "", &name, |n| set_ready(n, true));
                 }
                 lost_since.remove(&name);
                 continue;
@@ -428,9 +225,9 @@ pub async fn run(sim: Arc<Sim>) {
                 continue;
             }
             if is_ready(&node) != Some("Unknown") {
-                modify(&sim, "/nodes", "", &name, |n| set_ready(n, false));
-                sim.recorder.publish(
-                    &sim,
+                sim.store
+                    .modify("/nodes", "", &name, |n| set_ready(n, false));
+                sim.record(
                     &node,
                     None,
                     "Normal",
@@ -467,8 +264,7 @@ pub async fn run(sim: Arc<Sim>) {
                             pod["metadata"]["namespace"].as_str().unwrap_or_default(),
                             pod["metadata"]["name"].as_str().unwrap_or_default(),
                         );
-                        sim.recorder.publish(
-                            &sim,
+                        sim.record(
                             &pod,
                             None,
                             "Normal",
@@ -494,7 +290,7 @@ fn mark_pod_lost(sim: &Sim, pod: &Value, node: &str) {
     );
     let now = now_rfc3339();
     let message = format!("Node {node} which was running pod {name} is unresponsive");
-    modify(sim, "/pods", ns, name, |p| {
+    sim.store.modify("/pods", ns, name, |p| {
         if matches!(
             p["status"]["phase"].as_str(),
             Some("Succeeded" | "Failed" | "Unknown")
@@ -525,8 +321,7 @@ fn renew_lease(sim: &Sim, node: &str) {
     let now = jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%S.%6fZ")
         .to_string();
-    let renewed = modify(
-        sim,
+    let renewed = sim.store.modify(
         "coordination.k8s.io/leases",
         "kube-node-lease",
         node,
@@ -548,107 +343,4 @@ fn renew_lease(sim: &Sim, node: &str) {
             &WriteContext::system("kubelet"),
         );
     }
-}
-
-/// Volume expansion, as the external resizer and the kubelet do it: a bound claim whose
-/// request grew past its capacity gets a `Resizing` condition at once, and the new capacity
-/// (on the claim and its volume) a moment later.
-fn expand_claim(sim: &Arc<Sim>, claim: &Value) {
-    let storage = |v: &Value| v.as_str().and_then(crate::quantity::units);
-    let requested = claim["spec"]["resources"]["requests"]["storage"].clone();
-    let (Some(want), Some(have)) = (
-        storage(&requested),
-        storage(&claim["status"]["capacity"]["storage"]),
-    ) else {
-        return;
-    };
-    let resizing = claim["status"]["conditions"]
-        .as_array()
-        .is_some_and(|c| c.iter().any(|c| c["type"] == "Resizing"));
-    if want <= have || resizing {
-        return;
-    }
-    let (ns, name) = (
-        claim["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        claim["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-    );
-    let volume = claim["spec"]["volumeName"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    modify(sim, "/persistentvolumeclaims", &ns, &name, |c| {
-        c["status"]["conditions"] = json!([{
-            "type": "Resizing", "status": "True",
-            "lastTransitionTime": crate::sim::now_rfc3339(),
-            "message": format!("External resizer is resizing volume {volume}")
-        }]);
-        true
-    });
-    let sim = sim.clone();
-    // As long as a container takes to start: the resize is visible, and quick on fast timings.
-    let delay = sim
-        .config
-        .timings
-        .container_start
-        .max(Duration::from_millis(100));
-    tokio::spawn(async move {
-        tokio::time::sleep(delay).await;
-        modify(&sim, "/persistentvolumes", "", &volume, |pv| {
-            pv["spec"]["capacity"]["storage"] = requested.clone();
-            true
-        });
-        modify(&sim, "/persistentvolumeclaims", &ns, &name, |c| {
-            c["status"]["capacity"]["storage"] = requested.clone();
-            if let Some(status) = c["status"].as_object_mut() {
-                status.remove("conditions");
-            }
-            true
-        });
-    });
-}
-
-/// Dynamic provisioning: a new claim gets a volume and is Bound.
-fn bind_claim(sim: &Sim, claim: &Value) {
-    let (ns, name) = (
-        claim["metadata"]["namespace"].as_str().unwrap_or_default(),
-        claim["metadata"]["name"].as_str().unwrap_or_default(),
-    );
-    let uid = claim["metadata"]["uid"].as_str().unwrap_or_default();
-    let volume = format!("pvc-{uid}");
-    let size = claim["spec"]["resources"]["requests"]["storage"].clone();
-    let modes = claim["spec"]["accessModes"].clone();
-    if let Some(pvs) = sim.resource_type("", "v1", "persistentvolumes") {
-        let pv = json!({
-            "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": volume},
-            "spec": {
-                "capacity": {"storage": size}, "accessModes": modes,
-                "persistentVolumeReclaimPolicy": "Delete",
-                "storageClassName": claim["spec"]["storageClassName"].as_str().unwrap_or("standard"),
-                "claimRef": {"kind": "PersistentVolumeClaim", "namespace": ns, "name": name, "uid": uid, "apiVersion": "v1"},
-                "hostPath": {"path": format!("/var/lib/berth-sim/{volume}")}
-            }
-        });
-        let _ = sim.create(
-            &pvs,
-            "",
-            pv,
-            &WriteContext::system("persistentvolume-binder-controller"),
-        );
-    }
-    modify(sim, "/persistentvolumeclaims", ns, name, |c| {
-        c["spec"]["volumeName"] = json!(volume);
-        if c["spec"]["storageClassName"].is_null() {
-            c["spec"]["storageClassName"] = json!("standard");
-        }
-        c["status"] =
-            json!({"phase": "Bound", "accessModes": modes, "capacity": {"storage": size}});
-        true
-    });
 }

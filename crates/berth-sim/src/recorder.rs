@@ -7,8 +7,9 @@ use std::{collections::HashMap, sync::Mutex};
 use serde_json::{Value, json};
 
 use crate::{
-    sim::{Sim, now_rfc3339},
-    store::resource_version,
+    meta::now_rfc3339,
+    resources::StorageKey,
+    store::{Store, resource_version},
 };
 
 /// Who reports an event.
@@ -18,6 +19,19 @@ pub struct Source<'a> {
     pub component: &'a str,
     /// The node, for kubelet events.
     pub host: &'a str,
+}
+
+/// One event about an object.
+#[derive(Clone, Copy, Debug)]
+pub struct Report<'a> {
+    pub object: &'a Value,
+    /// Names a container, e.g. `spec.containers{main}`.
+    pub field_path: Option<&'a str>,
+    /// `Normal` or `Warning`.
+    pub type_: &'a str,
+    pub reason: &'a str,
+    pub message: &'a str,
+    pub source: Source<'a>,
 }
 
 /// What makes two events the same: (object uid, reason, message, component).
@@ -36,22 +50,24 @@ fn micro_time() -> String {
 }
 
 impl Recorder {
-    /// Publishes (or bumps) an event about `object`. `field_path` names a container, e.g.
-    /// `spec.containers{main}`.
-    #[allow(clippy::too_many_arguments)]
+    /// Publishes (or bumps) `report`. A repeat is bumped in `store` (whose events are kept in
+    /// `events`); a new event goes to `create` (namespace, event), which says whether it was
+    /// stored.
     pub fn publish(
         &self,
-        sim: &Sim,
-        object: &Value,
-        field_path: Option<&str>,
-        type_: &str,
-        reason: &str,
-        message: &str,
-        source: Source<'_>,
+        store: &Store,
+        events: &StorageKey,
+        report: Report<'_>,
+        create: impl FnOnce(&str, Value) -> bool,
     ) {
-        let Some(events) = sim.resource_type("", "v1", "events") else {
-            return;
-        };
+        let Report {
+            object,
+            field_path,
+            type_,
+            reason,
+            message,
+            source,
+        } = report;
         let meta = &object["metadata"];
         let namespace = meta["namespace"].as_str().unwrap_or("default").to_owned();
         let uid = meta["uid"].as_str().unwrap_or_default().to_owned();
@@ -70,7 +86,7 @@ impl Recorder {
             .cloned();
         if let Some((ns, name)) = existing {
             for _ in 0..8 {
-                let Some(current) = sim.store.get(&events.storage, &ns, &name) else {
+                let Some(current) = store.get(events, &ns, &name) else {
                     break;
                 };
                 let mut bumped = (*current).clone();
@@ -78,8 +94,8 @@ impl Recorder {
                 bumped["count"] = json!(count);
                 bumped["lastTimestamp"] = json!(now);
                 bumped["series"] = json!({"count": count, "lastObservedTime": micro_time()});
-                match sim.store.replace(
-                    &events.storage,
+                match store.replace(
+                    events,
                     bumped,
                     resource_version(&current).unwrap_or_default(),
                 ) {
@@ -124,8 +140,7 @@ impl Recorder {
         if !source.host.is_empty() {
             event["source"]["host"] = json!(source.host);
         }
-        let ctx = crate::sim::WriteContext::system(source.component);
-        if sim.create(&events, &namespace, event, &ctx).is_ok() {
+        if create(&namespace, event) {
             self.seen
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

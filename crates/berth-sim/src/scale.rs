@@ -5,10 +5,11 @@
 use serde_json::{Value, json};
 
 use crate::{
+    crd::CRD_STORAGE,
     error::{ApiError, ApiResult},
     patch::{self, PatchType},
     resources::ResourceType,
-    sim::{CRD_STORAGE, Sim, WriteContext, Written},
+    sim::{Sim, WriteContext, Written},
 };
 
 /// The paths of a version's scale subresource, as JSON pointers.

@@ -12,11 +12,7 @@ use std::{
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::{
-    quantity,
-    recorder::Source,
-    sim::{Sim, now_rfc3339},
-};
+use crate::{meta::now_rfc3339, quantity, recorder::Source, sim::Sim};
 
 /// What a pod asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,7 +83,7 @@ pub fn is_active(pod: &Value) -> bool {
 }
 
 fn labels(node: &Value) -> BTreeMap<String, String> {
-    crate::sim::labels_of(node)
+    crate::meta::labels_of(node)
 }
 
 fn expression_matches(expr: &Value, value: Option<&str>) -> bool {
@@ -318,8 +314,7 @@ fn schedule(
                     entry.0.cpu_millis += r.cpu_millis;
                     entry.0.memory += r.memory;
                     entry.1 += 1;
-                    sim.recorder.publish(
-                        sim,
+                    sim.record(
                         &pod,
                         None,
                         "Normal",
@@ -338,7 +333,7 @@ fn schedule(
                 let message = unschedulable_message(nodes.len(), &reasons);
                 let repeat = attempted.get(&uid) == Some(&message);
                 if !repeat || retry_all {
-                    crate::nodes::modify(sim, "/pods", &ns, &name, |p| {
+                    sim.store.modify("/pods", &ns, &name, |p| {
                         if p["metadata"]["uid"] != uid.as_str() {
                             return false;
                         }
@@ -361,8 +356,7 @@ fn schedule(
                         p["status"]["conditions"] = json!(conditions);
                         true
                     });
-                    sim.recorder.publish(
-                        sim,
+                    sim.record(
                         &pod,
                         None,
                         "Warning",

@@ -88,7 +88,8 @@ fn authenticate(sim: &Sim, headers: &HeaderMap) -> ApiResult<Identity> {
     let identity =
         match header_str(headers, "authorization").and_then(|v| v.strip_prefix("Bearer ")) {
             Some(token) => sim
-                .review_token(token.trim(), &[API_AUDIENCE.to_owned()])
+                .tokens
+                .review_current(&sim.store, token.trim(), &[API_AUDIENCE.to_owned()])
                 .map(|(who, _)| who)
                 .map_err(|_| ApiError::Unauthorized)?,
             None => Identity::anonymous(),
@@ -1009,7 +1010,8 @@ fn token_request(sim: &Sim, namespace: &str, name: &str, body: &Value) -> ApiRes
                 .collect()
         })
         .unwrap_or_default();
-    let (token, expires) = sim.issue_token(
+    let (token, expires) = sim.tokens.issue_for_account(
+        &sim.store,
         namespace,
         name,
         audiences.clone(),
@@ -1101,7 +1103,7 @@ fn review(
             } else {
                 wanted
             };
-            answer["status"] = match sim.review_token(token, &wanted) {
+            answer["status"] = match sim.tokens.review_current(&sim.store, token, &wanted) {
                 Ok((who, audiences)) => json!({
                     "authenticated": true,
                     "user": {"username": who.username, "uid": who.uid, "groups": who.groups},

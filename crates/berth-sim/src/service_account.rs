@@ -47,7 +47,7 @@ pub fn admit(store: &Store, namespace: &str, name: &str, pod: &mut Value) -> Api
             .flatten()
             .any(|m| m["mountPath"] == MOUNT_PATH)
     };
-    let volume = format!("kube-api-access-{}", crate::sim::random_suffix());
+    let volume = format!("kube-api-access-{}", crate::meta::random_suffix());
     let mut any = false;
     for list in ["initContainers", "containers"] {
         for container in pod["spec"][list].as_array_mut().into_iter().flatten() {

@@ -2,7 +2,6 @@
 //! `server.rs` parse requests and call these; the sim's own controllers call them too.
 
 use std::{
-    collections::BTreeMap,
     sync::{
         Arc, OnceLock, RwLock, RwLockReadGuard,
         atomic::{AtomicBool, AtomicU32, Ordering},
@@ -11,100 +10,24 @@ use std::{
 };
 
 use jiff::Timestamp;
-use rand::Rng;
 use serde_json::{Value, json};
 
 use crate::{
     apply::{self, Writer},
-    auth::{self, API_AUDIENCE, Identity, Tokens},
+    auth::{self, Tokens},
     builtin,
+    config::{PodTermination, SimConfig},
+    crd::{CRD_CLEANUP_FINALIZER, CRD_STORAGE},
     error::{ApiError, ApiResult, Cause},
     events,
+    meta::{finalizers, labels_of, meta_str, new_uid, now_rfc3339, random_suffix},
     patch::{self, PatchType},
+    recorder::{Report, Source},
     requests::RequestLog,
     resources::{Registry, ResourceType, View},
-    schema::CrdSchema,
     selector::{FieldSelector, LabelSelector},
     store::{Store, WriteError, resource_version},
 };
-
-/// How the sim finishes graceful pod deletions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PodTermination {
-    /// The API server itself removes a pod once its grace period (capped) has passed.
-    AfterGracePeriod,
-    /// Something else (a kubelet) completes the deletion.
-    External,
-}
-
-/// Settings of a simulated cluster.
-#[derive(Clone)]
-pub struct SimConfig {
-    /// How many changes the history keeps for watch resumption; older revisions get 410 Gone.
-    pub history_limit: usize,
-    /// How long the history keeps a change (etcd's compaction interval).
-    pub history_window: Duration,
-    /// How often watches that asked for bookmarks receive one.
-    pub bookmark_interval: Duration,
-    /// How graceful pod deletions finish.
-    pub pod_termination: PodTermination,
-    /// Caps a pod's grace period, so tests need not wait 30 s.
-    pub max_pod_grace: Duration,
-    /// Namespaces created at start besides default, kube-system, kube-public, kube-node-lease.
-    pub namespaces: Vec<String>,
-    /// Port to listen on; 0 picks a free one.
-    pub port: u16,
-    /// The nodes, each with a scheduler-visible capacity and a kubelet. None: an API server
-    /// only (like envtest): pods stay Pending.
-    pub nodes: Vec<crate::nodes::NodeConfig>,
-    /// Delays and backoffs of the scheduler, kubelets and node controller.
-    pub timings: crate::nodes::Timings,
-    /// Seeds the one RNG behind every random fault, so a run can be reproduced.
-    pub seed: u64,
-    /// What running a container means.
-    pub runtime: crate::runtime::SharedRuntime,
-    /// Images matching any of these patterns (`*` is a wildcard) cannot be pulled.
-    pub unpullable_images: Vec<String>,
-}
-
-impl Default for SimConfig {
-    fn default() -> Self {
-        SimConfig {
-            history_limit: 250_000,
-            history_window: crate::store::HISTORY_WINDOW,
-            bookmark_interval: Duration::from_secs(10),
-            pod_termination: PodTermination::AfterGracePeriod,
-            max_pod_grace: Duration::from_secs(30),
-            namespaces: vec![],
-            port: 0,
-            nodes: crate::nodes::NodeConfig::several(3),
-            timings: crate::nodes::Timings::realistic(),
-            seed: 1,
-            runtime: std::sync::Arc::new(crate::runtime::IdleRuntime),
-            unpullable_images: vec!["*.invalid/*".to_owned(), "*does-not-exist*".to_owned()],
-        }
-    }
-}
-
-impl SimConfig {
-    /// Millisecond timings and short grace periods, for tests.
-    pub fn fast() -> Self {
-        SimConfig {
-            timings: crate::nodes::Timings::fast(),
-            max_pod_grace: Duration::from_millis(200),
-            ..SimConfig::default()
-        }
-    }
-
-    /// An API server with no nodes: nothing schedules or runs.
-    pub fn api_only() -> Self {
-        SimConfig {
-            nodes: vec![],
-            max_pod_grace: Duration::from_millis(200),
-            ..SimConfig::default()
-        }
-    }
-}
 
 /// What a write's unknown fields get (`fieldValidation`): dropped silently, dropped with a
 /// warning (the default), or the write refused.
@@ -237,66 +160,6 @@ pub struct Sim {
 
 pub const FOREGROUND: &str = "foregroundDeletion";
 pub const ORPHAN: &str = "orphan";
-
-/// An RFC 3339 timestamp with second precision, as metadata timestamps are written.
-/// Now, truncated to the second as the real server's metav1.Time stores it.
-pub fn now_rfc3339() -> String {
-    let now = Timestamp::now();
-    Timestamp::from_second(now.as_second())
-        .unwrap_or(now)
-        .to_string()
-}
-
-/// A random version-4 UUID.
-pub fn new_uid() -> String {
-    let mut bytes: [u8; 16] = rand::rng().random();
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
-pub(crate) fn random_suffix() -> String {
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let mut rng = rand::rng();
-    (0..5)
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
-        .collect()
-}
-
-fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
-    object["metadata"][field].as_str()
-}
-
-fn finalizers(object: &Value) -> Vec<String> {
-    object["metadata"]["finalizers"]
-        .as_array()
-        .map(|f| {
-            f.iter()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Labels of an object as a map.
-pub fn labels_of(object: &Value) -> BTreeMap<String, String> {
-    object["metadata"]["labels"]
-        .as_object()
-        .map(|l| {
-            l.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// The object without what a no-op write may differ in: its resourceVersion and when each
 /// manager last wrote (a new owner of a field, though, is a change, as on a real server).
@@ -843,7 +706,7 @@ impl Sim {
             return Err(Self::invalid(rt, &name, causes));
         }
         if rt.group == "apiextensions.k8s.io" {
-            prepare_crd(&mut object).map_err(|causes| Self::invalid(rt, &name, causes))?;
+            crate::crd::prepare(&mut object).map_err(|causes| Self::invalid(rt, &name, causes))?;
             // The apiextensions server's own finalizer: instances go before the definition.
             let finalizers = object["metadata"]["finalizers"]
                 .as_array()
@@ -915,102 +778,40 @@ impl Sim {
         }
     }
 
+    /// Publishes (or bumps) an event about `object` from one of the sim's components, through
+    /// the API as theirs go (a terminating namespace takes no new event). `field_path` names a
+    /// container, e.g. `spec.containers{main}`.
+    pub fn record(
+        &self,
+        object: &Value,
+        field_path: Option<&str>,
+        type_: &str,
+        reason: &str,
+        message: &str,
+        source: Source<'_>,
+    ) {
+        let Some(events) = self.resource_type("", "v1", "events") else {
+            return;
+        };
+        let report = Report {
+            object,
+            field_path,
+            type_,
+            reason,
+            message,
+            source,
+        };
+        let ctx = WriteContext::system(source.component);
+        self.recorder
+            .publish(&self.store, &events.storage, report, |namespace, event| {
+                self.create(&events, namespace, event, &ctx).is_ok()
+            });
+    }
+
     /// Serves the resources a CRD defines (or stops serving those it no longer does).
     pub fn register_crd(&self, crd: &Value) {
-        let spec = &crd["spec"];
-        let group = spec["group"].as_str().unwrap_or_default().to_owned();
-        let plural = spec["names"]["plural"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        // A terminating definition is still served (its instances' finalizers must be
-        // removable); only creates are refused, by `check_definition_open`.
         let mut registry = self.registry.write().unwrap_or_else(|p| p.into_inner());
-        registry.remove_group_resource(&group, &plural);
-        let storage: crate::resources::StorageKey = format!("{group}/{plural}").into();
-        for version in spec["versions"].as_array().cloned().unwrap_or_default() {
-            if version["served"] != true {
-                continue;
-            }
-            let schema = version["schema"]["openAPIV3Schema"].clone();
-            let columns = version["additionalPrinterColumns"]
-                .as_array()
-                .map(|cols| {
-                    cols.iter()
-                        .map(|c| crate::resources::PrinterColumn {
-                            name: c["name"].as_str().unwrap_or_default().to_owned(),
-                            type_: c["type"].as_str().unwrap_or("string").to_owned(),
-                            format: c["format"].as_str().unwrap_or_default().to_owned(),
-                            description: c["description"].as_str().unwrap_or_default().to_owned(),
-                            priority: c["priority"].as_i64().unwrap_or(0),
-                            json_path: c["jsonPath"].as_str().map(str::to_owned),
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            let kind = spec["names"]["kind"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            let mut subresources = vec![];
-            if version["subresources"]["status"].is_object() {
-                subresources.push("status".to_owned());
-            }
-            if version["subresources"]["scale"].is_object() {
-                subresources.push("scale".to_owned());
-            }
-            registry.insert(ResourceType {
-                group: group.clone(),
-                version: version["name"].as_str().unwrap_or_default().to_owned(),
-                resource: plural.clone(),
-                singular: spec["names"]["singular"]
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| kind.to_lowercase()),
-                list_kind: spec["names"]["listKind"]
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| format!("{kind}List")),
-                kind,
-                namespaced: spec["scope"] == "Namespaced",
-                short_names: spec["names"]["shortNames"]
-                    .as_array()
-                    .map(|s| {
-                        s.iter()
-                            .filter_map(|v| v.as_str().map(str::to_owned))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                categories: spec["names"]["categories"]
-                    .as_array()
-                    .map(|s| {
-                        s.iter()
-                            .filter_map(|v| v.as_str().map(str::to_owned))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                subresources,
-                storage: storage.clone(),
-                view: View::Native,
-                behaviour: crate::resources::Behaviour::Stored,
-                tracks_generation: true,
-                schema: (!schema.is_null()).then(|| Arc::new(CrdSchema::new(schema))),
-                printer_columns: columns,
-                field_labels: version["selectableFields"]
-                    .as_array()
-                    .map(|f| {
-                        f.iter()
-                            .filter_map(|s| {
-                                s["jsonPath"]
-                                    .as_str()
-                                    .map(|p| p.trim_start_matches('.').to_owned())
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                is_custom: true,
-            });
-        }
+        crate::crd::serve(&mut registry, crd);
     }
 
     /// Merges an update body with the stored object as the type's strategy does.
@@ -1150,7 +951,7 @@ impl Sim {
             return Err(Self::invalid(rt, &name, causes));
         }
         if rt.group == "apiextensions.k8s.io" && subresource.is_empty() {
-            prepare_crd(&mut new).map_err(|causes| Self::invalid(rt, &name, causes))?;
+            crate::crd::prepare(&mut new).map_err(|causes| Self::invalid(rt, &name, causes))?;
         }
         if rt.tracks_generation && spec_part(current) != spec_part(&new) {
             let generation = current["metadata"]["generation"].as_i64().unwrap_or(0);
@@ -1669,208 +1470,6 @@ impl Sim {
             removed: true,
         })
     }
-
-    /// Completes a pod's graceful deletion (what the kubelet does once containers stopped).
-    pub fn finish_pod_termination(&self, namespace: &str, name: &str, uid: &str) {
-        let Some(pods) = self.resource_type("", "v1", "pods") else {
-            return;
-        };
-        let Some(current) = self.store.get(&pods.storage, namespace, name) else {
-            return;
-        };
-        if meta_str(&current, "uid") != Some(uid)
-            || current["metadata"]["deletionTimestamp"].is_null()
-        {
-            return;
-        }
-        if finalizers(&current).is_empty() {
-            let _ = self.store.remove(
-                &pods.storage,
-                namespace,
-                name,
-                resource_version(&current).unwrap_or_default(),
-            );
-        } else {
-            // Finalizers still hold it: it waits for them with no grace left.
-            let mut new = (*current).clone();
-            new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
-            let _ = self.store.replace(
-                &pods.storage,
-                new,
-                resource_version(&current).unwrap_or_default(),
-            );
-        }
-    }
-
-    /// Binds a pending pod to a node, as the binding subresource does.
-    pub fn bind(&self, namespace: &str, name: &str, node: &str) -> ApiResult<()> {
-        for _ in 0..8 {
-            let current = self
-                .store
-                .get("/pods", namespace, name)
-                .ok_or_else(|| ApiError::not_found("pods", "", name))?;
-            if let Some(existing) = current["spec"]["nodeName"]
-                .as_str()
-                .filter(|n| !n.is_empty())
-            {
-                return Err(ApiError::conflict(
-                    "pods",
-                    "",
-                    name,
-                    &format!("pod {name} is already assigned to node \"{existing}\""),
-                    vec![],
-                ));
-            }
-            let mut bound = (*current).clone();
-            bound["spec"]["nodeName"] = json!(node);
-            let mut conditions = bound["status"]["conditions"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            conditions.retain(|c| c["type"] != "PodScheduled");
-            conditions.push(json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now_rfc3339()}));
-            bound["status"]["conditions"] = json!(conditions);
-            match self.store.replace(
-                &"/pods".into(),
-                bound,
-                resource_version(&current).unwrap_or_default(),
-            ) {
-                Ok(_) => return Ok(()),
-                Err(WriteError::Stale) => continue,
-                Err(_) => return Err(ApiError::not_found("pods", "", name)),
-            }
-        }
-        Err(ApiError::conflict_modified("pods", "", name))
-    }
-
-    /// A fresh pod IP: a loopback address outside 127.0.0.0/16, unique across every sim in
-    /// this process (servers in pods bind it) and starting at a random point, so sims in
-    /// different processes rarely meet.
-    pub fn next_pod_ip(&self) -> std::net::Ipv4Addr {
-        static NEXT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
-        let next = NEXT.get_or_init(|| AtomicU32::new(rand::random_range(1..1 << 22)));
-        let n = next.fetch_add(1, Ordering::Relaxed) % (1 << 23);
-        std::net::Ipv4Addr::new(
-            127,
-            1 + ((n >> 16) & 0x7f) as u8,
-            ((n >> 8) & 0xff) as u8,
-            (n & 0xff) as u8,
-        )
-    }
-
-    /// Checks a bearer token for `wanted` audiences, as the API server's authenticator does: a
-    /// service account's token holds only while that very account (same UID) exists.
-    pub fn review_token(
-        &self,
-        token: &str,
-        wanted: &[String],
-    ) -> Result<(Identity, Vec<String>), crate::auth::TokenError> {
-        let (identity, audiences) = self.tokens.review(token, wanted)?;
-        if let Some(account) = identity.username.strip_prefix("system:serviceaccount:")
-            && !identity.uid.is_empty()
-        {
-            let (namespace, name) = account.split_once(':').unwrap_or_default();
-            let current = self.store.get("/serviceaccounts", namespace, name);
-            if current.as_ref().and_then(|sa| meta_str(sa, "uid")) != Some(identity.uid.as_str()) {
-                return Err(crate::auth::TokenError::Invalidated);
-            }
-        }
-        Ok((identity, audiences))
-    }
-
-    /// Issues a token for a service account, as TokenRequest does (any lifetime, for tests).
-    pub fn issue_token(
-        &self,
-        namespace: &str,
-        service_account: &str,
-        audiences: Vec<String>,
-        ttl: Duration,
-    ) -> ApiResult<(String, Timestamp)> {
-        let sa = self
-            .store
-            .get("/serviceaccounts", namespace, service_account)
-            .ok_or_else(|| ApiError::not_found("serviceaccounts", "", service_account))?;
-        let identity = Identity::service_account(
-            namespace,
-            service_account,
-            meta_str(&sa, "uid").unwrap_or_default(),
-        );
-        let audiences = if audiences.is_empty() {
-            vec![API_AUDIENCE.to_owned()]
-        } else {
-            audiences
-        };
-        Ok(self.tokens.issue(identity, audiences, ttl))
-    }
-}
-
-/// CRD validation and the status the apiextensions controller would set.
-/// Where CRDs are stored.
-pub const CRD_STORAGE: &str = "apiextensions.k8s.io/customresourcedefinitions";
-/// The finalizer the apiextensions server puts on every CRD.
-pub const CRD_CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
-
-fn prepare_crd(crd: &mut Value) -> Result<(), Vec<Cause>> {
-    let spec = &crd["spec"];
-    let group = spec["group"].as_str().unwrap_or_default();
-    let plural = spec["names"]["plural"].as_str().unwrap_or_default();
-    let mut causes = vec![];
-    if group.is_empty() {
-        causes.push(Cause {
-            reason: "FieldValueRequired".into(),
-            message: "Required value".into(),
-            field: "spec.group".into(),
-        });
-    }
-    if plural.is_empty() {
-        causes.push(Cause {
-            reason: "FieldValueRequired".into(),
-            message: "Required value".into(),
-            field: "spec.names.plural".into(),
-        });
-    }
-    if spec["names"]["kind"].as_str().is_none_or(str::is_empty) {
-        causes.push(Cause {
-            reason: "FieldValueRequired".into(),
-            message: "Required value".into(),
-            field: "spec.names.kind".into(),
-        });
-    }
-    let expected = format!("{plural}.{group}");
-    let name = crd["metadata"]["name"].as_str().unwrap_or_default();
-    if name != expected {
-        causes.push(Cause {
-            reason: "FieldValueInvalid".into(),
-            message: format!(
-                "Invalid value: \"{name}\": must be spec.names.plural+\".\"+spec.group"
-            ),
-            field: "metadata.name".into(),
-        });
-    }
-    let versions = spec["versions"].as_array().cloned().unwrap_or_default();
-    let storage_count = versions.iter().filter(|v| v["storage"] == true).count();
-    if storage_count != 1 {
-        causes.push(Cause { reason: "FieldValueInvalid".into(), message: format!("Invalid value: {storage_count}: must have exactly one version marked as storage version"), field: "spec.versions".into() });
-    }
-    if !causes.is_empty() {
-        return Err(causes);
-    }
-    let now = now_rfc3339();
-    let accepted = spec["names"].clone();
-    let stored_versions: Vec<Value> = versions
-        .iter()
-        .filter(|v| v["storage"] == true)
-        .map(|v| v["name"].clone())
-        .collect();
-    crd["status"] = json!({
-        "acceptedNames": accepted,
-        "storedVersions": stored_versions,
-        "conditions": [
-            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": now},
-            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": now}
-        ]
-    });
-    Ok(())
 }
 
 fn encode_continue(revision: u64, key: &(String, String)) -> String {

@@ -366,6 +366,35 @@ impl Store {
         Ok(object)
     }
 
+    /// Replaces an object's state through `change` (which says whether it changed anything),
+    /// retrying on concurrent writes; the object as stored after, None if it is gone.
+    pub fn modify(
+        &self,
+        storage: &str,
+        namespace: &str,
+        name: &str,
+        change: impl Fn(&mut Value) -> bool,
+    ) -> Option<Arc<Value>> {
+        let storage: StorageKey = storage.into();
+        for _ in 0..16 {
+            let current = self.get(&storage, namespace, name)?;
+            let mut next = (*current).clone();
+            if !change(&mut next) {
+                return Some(current);
+            }
+            match self.replace(
+                &storage,
+                next,
+                resource_version(&current).unwrap_or_default(),
+            ) {
+                Ok(stored) => return Some(stored),
+                Err(WriteError::Stale) => continue,
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
     /// Replaces an object if its stored resourceVersion is `expected`.
     pub fn replace(
         &self,

@@ -228,7 +228,7 @@ async fn ask(sim: &Sim, webhook: &Value, request: &Admission<'_>) -> ApiResult<(
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
-            "uid": crate::sim::new_uid(),
+            "uid": crate::meta::new_uid(),
             "kind": {"group": rt.group, "version": rt.version, "kind": rt.kind},
             "resource": {"group": rt.group, "version": rt.version, "resource": rt.resource},
             "requestKind": {"group": rt.group, "version": rt.version, "kind": rt.kind},

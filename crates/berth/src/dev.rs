@@ -166,12 +166,12 @@ const COLUMNS: [&str; 6] = [
 /// One row of the table: namespace, name, phase, ready, recreations, message.
 fn row(ws: &Workspace) -> [String; 6] {
     let status = ws.status.clone().unwrap_or_default();
-    let ready = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .map(|c| c.status.clone())
-        .unwrap_or_default();
+    let ready = berth_api::condition::find_condition(
+        &status.conditions,
+        berth_api::condition::ConditionType::Ready,
+    )
+    .map(|c| c.status.clone())
+    .unwrap_or_default();
     [
         ws.namespace().unwrap_or_default(),
         ws.name_any(),

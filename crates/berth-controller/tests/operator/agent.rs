@@ -19,10 +19,10 @@ use crate::support::{
     test_config,
 };
 
-/// Asserts the logs of this test binary say each of `expected` (every string of one entry on
-/// one line, so the capture is known to work) and hold none of the sim's tokens.
+/// Asserts this test's logs say each of `expected` (every string of one entry on one line, so
+/// the capture is known to work) and hold none of the sim's tokens.
 fn assert_logs_without_tokens(h: &Harness, expected: &[&[&str]]) {
-    let text = crate::support::logs();
+    let text = h.logs.text();
     for wanted in expected {
         assert!(
             text.lines().any(|l| wanted.iter().all(|w| l.contains(w))),
@@ -808,7 +808,7 @@ async fn each_namespace_gets_its_own_token() {
         2,
         "one token per namespace"
     );
-    let logs = crate::support::logs();
+    let logs = h.logs.text();
     for audience in ["berth-agent/default", "berth-agent/team-b"] {
         assert!(
             logs.lines()

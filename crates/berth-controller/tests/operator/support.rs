@@ -33,6 +33,10 @@ pub struct Harness {
     operator: Option<tokio::task::JoinHandle<()>>,
     /// The operator's metrics, shared across restarts.
     pub metrics: std::sync::Arc<berth_controller::metrics::Metrics>,
+    /// This test's logs (see [`LogBuffer::capture`]); a multi-threaded test's worker threads
+    /// log elsewhere.
+    pub logs: LogBuffer,
+    _logging: tracing::subscriber::DefaultGuard,
 }
 
 /// Operator settings for tests: the safety-net requeues are an hour, so anything that happens
@@ -60,7 +64,8 @@ impl Harness {
     }
 
     pub async fn start_with(sim_config: SimConfig, config: Config) -> Harness {
-        capture_logs();
+        let logs = LogBuffer::default();
+        let logging = logs.capture();
         let sim = SimCluster::start(sim_config).await.expect("the sim starts");
         let client = sim.client().await.unwrap();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -92,6 +97,8 @@ impl Harness {
             config,
             operator: None,
             metrics: Default::default(),
+            logs,
+            _logging: logging,
         };
         harness.start_operator();
         harness
@@ -307,13 +314,10 @@ pub fn condition<'a>(
         .find(|c| c.type_ == type_)
 }
 
-/// Every log line of this test binary (the operators, the sims and the in-process agents):
-/// tests assert what is, and is not, in them.
-static LOGS: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> =
-    std::sync::OnceLock::new();
-
-#[derive(Clone)]
-struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+/// One test's log lines (its operator, its sim and the sim's in-process agents): tests assert
+/// what is, and is not, in them.
+#[derive(Clone, Default)]
+pub struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl std::io::Write for LogBuffer {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -329,11 +333,12 @@ impl std::io::Write for LogBuffer {
     }
 }
 
-/// Installs the global subscriber writing into [`LOGS`], once.
-fn capture_logs() {
-    LOGS.get_or_init(|| {
-        let buffer = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
-        let writer = LogBuffer(buffer.clone());
+impl LogBuffer {
+    /// Makes this buffer the log of everything that runs on the calling thread until the guard
+    /// drops: in a current-thread test, the test and every task it spawned (the operator, the
+    /// sim, the agents), and nothing of the tests running beside it.
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let writer = self.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(
                 "info,berth_controller=debug,berth_agent=debug,kube=debug",
@@ -341,16 +346,13 @@ fn capture_logs() {
             .with_writer(move || writer.clone())
             .with_ansi(false)
             .finish();
-        let _ = tracing::subscriber::set_global_default(subscriber);
-        buffer
-    });
-}
+        tracing::subscriber::set_default(subscriber)
+    }
 
-/// What was logged so far.
-pub fn logs() -> String {
-    LOGS.get()
-        .map(|b| String::from_utf8_lossy(&b.lock().unwrap_or_else(|p| p.into_inner())).into_owned())
-        .unwrap_or_default()
+    /// What was logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
 }
 
 /// Polls `check` until it returns `Some`, or panics after `timeout` naming `what`.

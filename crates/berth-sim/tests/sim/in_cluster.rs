@@ -26,6 +26,8 @@ const WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 struct Recording {
     contexts: Arc<Mutex<HashMap<String, ContainerContext>>>,
     ready: Arc<Mutex<Vec<String>>>,
+    /// Requests answered 503, by pod.
+    refused: Arc<Mutex<HashMap<String, u32>>>,
 }
 
 impl ContainerRuntime for Recording {
@@ -48,6 +50,7 @@ impl ContainerRuntime for Recording {
                         .map_err(|e| e.to_string())?;
                 let pod = context.pod_name.clone();
                 let ready = this.ready.clone();
+                let refused = this.refused.clone();
                 tokio::spawn(async move {
                     loop {
                         let Ok((mut socket, _)) = listener.accept().await else {
@@ -61,6 +64,7 @@ impl ContainerRuntime for Recording {
                         let status = if ok {
                             "200 OK"
                         } else {
+                            *refused.lock().unwrap().entry(pod.clone()).or_default() += 1;
                             "503 Service Unavailable"
                         };
                         let _ = socket
@@ -253,6 +257,9 @@ async fn a_pod_or_account_that_opts_out_gets_no_token() {
     assert_eq!(overridden.spec.unwrap().volumes.unwrap().len(), 1);
 }
 
+/// A readiness probe gets its path on the named port; the pod is ready while it answers 200,
+/// and unready after `failureThreshold` failures in a row (3 by default), not at the first: a
+/// pod whose threshold is 1000 stays ready through several 503s.
 #[tokio::test]
 async fn an_http_readiness_probe_gets_its_path_on_a_named_port() {
     let runtime = Recording::default();
@@ -262,21 +269,28 @@ async fn an_http_readiness_probe_gets_its_path_on_a_named_port() {
     })
     .await;
     let pods: Api<Pod> = Api::default_namespaced(cluster.client().await.unwrap());
-    pods.create(
-        &PostParams::default(),
-        &pod(
-            "web",
-            json!({"containers": [{"name": "main", "image": "nginx:1.27",
-                "ports": [{"name": "health", "containerPort": 8081}],
-                "readinessProbe": {"httpGet": {"path": "/ready", "port": "health"}, "periodSeconds": 1}}]}),
-        ),
-    )
-    .await
-    .unwrap();
-    let ready = |want: bool| {
+    for (name, failure_threshold) in [("web", None), ("patient", Some(1000))] {
+        let mut probe =
+            json!({"httpGet": {"path": "/ready", "port": "health"}, "periodSeconds": 1});
+        if let Some(threshold) = failure_threshold {
+            probe["failureThreshold"] = json!(threshold);
+        }
+        pods.create(
+            &PostParams::default(),
+            &pod(
+                name,
+                json!({"containers": [{"name": "main", "image": "nginx:1.27",
+                    "ports": [{"name": "health", "containerPort": 8081}],
+                    "readinessProbe": probe}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let ready = |name: &'static str, want: bool| {
         let pods = pods.clone();
         async move {
-            let pod = pods.get("web").await.ok()?;
+            let pod = pods.get(name).await.ok()?;
             let ready = pod
                 .status?
                 .conditions?
@@ -288,20 +302,35 @@ async fn an_http_readiness_probe_gets_its_path_on_a_named_port() {
     // Running, answering 503: not ready.
     eventually(WAIT, "the pod running and answering 503", || async {
         runtime.contexts.lock().unwrap().get("web")?;
-        ready(false).await
+        ready("web", false).await
     })
     .await;
-    runtime.ready.lock().unwrap().push("web".to_owned());
-    eventually(WAIT, "the pod ready once /ready answers 200", || {
-        ready(true)
+    runtime
+        .ready
+        .lock()
+        .unwrap()
+        .extend(["web".to_owned(), "patient".to_owned()]);
+    eventually(WAIT, "the pods ready once /ready answers 200", || async {
+        ready("web", true).await?;
+        ready("patient", true).await
     })
     .await;
-    // And unready again once it answers 503.
+    // And unready again once it answers 503, after three failed probes.
+    let refused_before = runtime.refused.lock().unwrap().get("patient").copied();
     runtime.ready.lock().unwrap().clear();
     eventually(WAIT, "the pod unready once /ready answers 503", || {
-        ready(false)
+        ready("web", false)
     })
     .await;
+    eventually(WAIT, "three probes of the patient pod refused", || async {
+        let refused = runtime.refused.lock().unwrap().get("patient").copied();
+        (refused.unwrap_or(0) >= refused_before.unwrap_or(0) + 3).then_some(())
+    })
+    .await;
+    assert!(
+        ready("patient", true).await.is_some(),
+        "a pod stays ready until failureThreshold probes failed in a row"
+    );
 }
 
 #[tokio::test]
