@@ -143,6 +143,40 @@ pub mod reasons {
     pub const IDLE: &str = "Idle";
 }
 
+/// The reasons of the events Berth publishes about a workspace (rule C17): CamelCase and
+/// stable, as alerts match on them. Where an event reports what a condition says, it has the
+/// condition's reason.
+pub mod event_reasons {
+    use super::reasons;
+
+    /// The workspace's pod was created.
+    pub const CREATED: &str = "Created";
+    /// A container of the pod runs.
+    pub const STARTED: &str = "Started";
+    /// The workspace became usable.
+    pub const READY: &str = "Ready";
+    /// The workspace was paused: its pod goes, its storage stays.
+    pub const PAUSED: &str = "Paused";
+    /// A paused workspace resumed.
+    pub const RESUMED: &str = "Resumed";
+    /// Nobody used the workspace for its idle timeout: Berth paused it.
+    pub const CULLED: &str = "Culled";
+    /// A rejected or lost pod is created again.
+    pub const RECREATING: &str = "Recreating";
+    /// The kubelet rejected the pod.
+    pub const POD_REJECTED: &str = "PodRejected";
+    /// The pod's node was lost, or the pod disappeared.
+    pub const NODE_LOST: &str = reasons::NODE_LOST;
+    /// Too many pods were rejected; Berth gave up.
+    pub const RECREATION_LIMIT_REACHED: &str = reasons::RECREATION_LIMIT_REACHED;
+    /// A start made no progress for `startTimeout`.
+    pub const START_TIMEOUT: &str = reasons::START_TIMEOUT;
+    /// The agent did not authenticate the operator.
+    pub const AGENT_AUTH_FAILED: &str = "AgentAuthFailed";
+    /// The agent could not say when the workspace was last used; it is not culled meanwhile.
+    pub const ACTIVITY_UNKNOWN: &str = "ActivityUnknown";
+}
+
 /// The status of a condition, as Kubernetes spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ConditionStatus {

@@ -30,6 +30,19 @@ use crate::{
     state::{self, AgentCheck, AgentOutcome},
 };
 
+/// The condition reason of an agent's refusal: the gRPC code's name, as `AgentReady` says it
+/// (`Unauthenticated`, `PermissionDenied`, `Unavailable`, `ResourceExhausted`, or the name
+/// of a code an agent does not send, such as `Internal`).
+pub fn refusal_reason(code: tonic::Code) -> String {
+    match code {
+        tonic::Code::Unauthenticated => reasons::UNAUTHENTICATED.to_owned(),
+        tonic::Code::PermissionDenied => reasons::PERMISSION_DENIED.to_owned(),
+        tonic::Code::Unavailable => reasons::UNAVAILABLE.to_owned(),
+        tonic::Code::ResourceExhausted => reasons::RESOURCE_EXHAUSTED.to_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
 /// The wait after `failures` consecutive failed checks: base, 2 x base, 4 x base ... capped.
 pub fn backoff(failures: u32, base: Duration, max: Duration) -> Duration {
     base.saturating_mul(1u32 << failures.saturating_sub(1).min(20))
@@ -374,7 +387,7 @@ impl Shared {
                 failed(reasons::AGENT_UNREACHABLE, e.to_string())
             }
             Err(CallError::Refused(status)) => {
-                failed(&format!("{:?}", status.code()), status.message().to_owned())
+                failed(&refusal_reason(status.code()), status.message().to_owned())
             }
         }
     }
@@ -562,8 +575,7 @@ impl Shared {
                 message: e.to_string(),
             },
             Err(CallError::Refused(status)) => AgentOutcome::Failed {
-                // The gRPC code's name: Unauthenticated, PermissionDenied, ...
-                reason: format!("{:?}", status.code()),
+                reason: refusal_reason(status.code()),
                 message: status.message().to_owned(),
             },
         }

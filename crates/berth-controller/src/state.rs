@@ -7,7 +7,8 @@ use std::time::Duration;
 use berth_api::{
     AgentStatus, ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace, WorkspaceStatus,
     condition::{
-        ConditionType, HasStatus, find_condition, pod_conditions, reasons, set_condition, types,
+        ConditionType, HasStatus, event_reasons, find_condition, pod_conditions, reasons,
+        set_condition, types,
     },
 };
 use jiff::Timestamp;
@@ -672,7 +673,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             .map(|c| c.message.clone());
         if !matches!(old.phase, Some(Phase::Stopping | Phase::Stopped)) && culled.is_none() {
             b.notices.push(Notice::normal(
-                "Paused",
+                event_reasons::PAUSED,
                 "Workspace paused: its pod is deleted, its storage kept".into(),
             ));
         }
@@ -722,7 +723,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             .any(|c| c.reason == reasons::PAUSED || c.reason == reasons::IDLE)
     {
         b.notices.push(Notice::normal(
-            "Resumed",
+            event_reasons::RESUMED,
             "Workspace resumed: creating its pod".into(),
         ));
     }
@@ -800,7 +801,8 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             reason: condition.reason.clone(),
             attempt: attempt.max(1),
         });
-        b.notices.push(Notice::normal("Recreating", note));
+        b.notices
+            .push(Notice::normal(event_reasons::RECREATING, note));
         b.condition(
             types::POD_REJECTED,
             ConditionStatus::False,
@@ -837,7 +839,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             reason: reasons::NODE_LOST.to_owned(),
             attempt: 1,
         });
-        b.notices.push(Notice::warning("NodeLost", format!("Pod {pod_name} disappeared (its node was deleted or it was evicted); creating it again")));
+        b.notices.push(Notice::warning(event_reasons::NODE_LOST, format!("Pod {pod_name} disappeared (its node was deleted or it was evicted); creating it again")));
     }
     let Some(pod) = owned_pod else {
         b.actions.push(Action::CreatePod);
@@ -893,8 +895,10 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
     // one of its containers runs.
     let new_pod = previous_pod.as_ref().and_then(|p| p.uid.as_deref()) != Some(uid.as_str());
     if new_pod {
-        b.notices
-            .push(Notice::normal("Created", format!("Created pod {pod_name}")));
+        b.notices.push(Notice::normal(
+            event_reasons::CREATED,
+            format!("Created pod {pod_name}"),
+        ));
     }
     let was_running = !new_pod
         && find_condition(&old.conditions, types::POD_READY).is_some_and(|c| {
@@ -902,7 +906,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         });
     if containers_running(pod) && !was_running {
         b.notices.push(Notice::normal(
-            "Started",
+            event_reasons::STARTED,
             format!(
                 "Pod {pod_name} started on {} ({})",
                 node.as_deref().unwrap_or("its node"),
@@ -969,8 +973,10 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
                 reasons::RECREATION_LIMIT_REACHED,
                 &text,
             );
-            b.notices
-                .push(Notice::warning("RecreationLimitReached", text.clone()));
+            b.notices.push(Notice::warning(
+                event_reasons::RECREATION_LIMIT_REACHED,
+                text.clone(),
+            ));
             b.phase(Phase::Failed, text);
             return b.finish(slow);
         }
@@ -987,7 +993,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             &rejected.message,
         );
         b.notices.push(Notice::warning(
-            "PodRejected",
+            event_reasons::POD_REJECTED,
             format!(
                 "Pod {pod_name} was rejected by {node}: {}",
                 rejected.message
@@ -1032,7 +1038,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             &text,
         );
         b.notices.push(Notice::warning(
-            "NodeLost",
+            event_reasons::NODE_LOST,
             format!("{text}; replacing pod {pod_name}"),
         ));
         b.phase(Phase::Unknown, format!("{text}; replacing the pod"));
@@ -1134,8 +1140,10 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
                         c.address
                     );
                     if c.fresh {
-                        b.notices
-                            .push(Notice::warning("AgentAuthFailed", text.clone()));
+                        b.notices.push(Notice::warning(
+                            event_reasons::AGENT_AUTH_FAILED,
+                            text.clone(),
+                        ));
                     }
                     b.status.ready_at = None;
                     b.phase(Phase::Error, text);
@@ -1171,8 +1179,10 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             .is_none_or(|c| !c.is(ConditionStatus::True))
         {
             b.status.ready_at = Some(time(now));
-            b.notices
-                .push(Notice::normal("Ready", "Workspace is ready".into()));
+            b.notices.push(Notice::normal(
+                event_reasons::READY,
+                "Workspace is ready".into(),
+            ));
         }
         b.phase(Phase::Running, "Workspace is running");
         return match idle_timeout {
@@ -1365,7 +1375,7 @@ impl Builder<'_> {
             self.condition(types::READY, ConditionStatus::False, reasons::IDLE, &text);
             self.status.ready_at = None;
             self.notices.push(Notice::normal(
-                "Culled",
+                event_reasons::CULLED,
                 format!(
                     "Stopping the workspace: nobody used it for {} (idleTimeout {}); its storage is kept",
                     human(idle),
@@ -1386,8 +1396,10 @@ impl Builder<'_> {
                 "Workspace is running; its agent cannot say whether it is in use ({reason}: {message}), so it is not stopped when idle. Berth keeps asking."
             );
             if fresh {
-                self.notices
-                    .push(Notice::warning("ActivityUnknown", text.clone()));
+                self.notices.push(Notice::warning(
+                    event_reasons::ACTIVITY_UNKNOWN,
+                    text.clone(),
+                ));
             }
             self.phase(Phase::Running, text);
         }
@@ -1415,7 +1427,7 @@ impl Builder<'_> {
             &text,
         );
         self.notices
-            .push(Notice::warning("StartTimeout", text.clone()));
+            .push(Notice::warning(event_reasons::START_TIMEOUT, text.clone()));
         self.phase(Phase::Failed, text);
         self.finish(requeue)
     }
