@@ -399,26 +399,35 @@ impl Sim {
             (meta_str(a, "namespace"), meta_str(a, "name"))
                 .cmp(&(meta_str(b, "namespace"), meta_str(b, "name")))
         });
-        let mut items: Vec<Value> = objects
-            .iter()
-            .filter(|o| match &start_after {
-                Some((ns, name)) => {
-                    (
-                        meta_str(o, "namespace").unwrap_or_default(),
-                        meta_str(o, "name").unwrap_or_default(),
-                    ) > (ns.as_str(), name.as_str())
-                }
-                None => true,
-            })
-            .map(|o| self.to_view(rt, o))
-            .filter(|o| Self::matches(rt, o, namespace, &options.labels, &options.fields))
-            .collect();
+        // Only the page is copied out; the rest is counted (a list in pages of 500 of 10 000
+        // pods copied every remaining pod for each page).
+        let limit = options.limit.filter(|l| *l > 0);
+        let mut items: Vec<Value> = vec![];
+        let mut remaining = 0usize;
+        for stored in objects.iter().filter(|o| match &start_after {
+            Some((ns, name)) => {
+                (
+                    meta_str(o, "namespace").unwrap_or_default(),
+                    meta_str(o, "name").unwrap_or_default(),
+                ) > (ns.as_str(), name.as_str())
+            }
+            None => true,
+        }) {
+            let view = match rt.view {
+                View::Native => std::borrow::Cow::Borrowed(&**stored),
+                _ => std::borrow::Cow::Owned(self.to_view(rt, stored)),
+            };
+            if !Self::matches(rt, &view, namespace, &options.labels, &options.fields) {
+                continue;
+            }
+            if limit.is_some_and(|l| items.len() >= l) {
+                remaining += 1;
+            } else {
+                items.push(view.into_owned());
+            }
+        }
         let mut metadata = json!({"resourceVersion": revision.to_string()});
-        if let Some(limit) = options.limit.filter(|l| *l > 0)
-            && items.len() > limit
-        {
-            let remaining = items.len() - limit;
-            items.truncate(limit);
+        if remaining > 0 {
             let last = items.last().expect("limit is positive");
             let key = (
                 meta_str(last, "namespace").unwrap_or_default().to_owned(),
