@@ -513,6 +513,147 @@ pub fn hold_back(
     (progress && same_start && quiet && !wait.is_zero()).then_some(wait)
 }
 
+/// A workspace being deleted (rule C18): the pod stops first; the finalizer goes once it is
+/// gone.
+fn deleting(mut b: Builder<'_>, owned_pod: Option<&Pod>, pod_name: &str) -> Decision {
+    if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        b.actions.push(Action::DeletePod {
+            uid: p.uid().unwrap_or_default(),
+        });
+    }
+    let message = match owned_pod {
+        Some(_) => format!("Stopping pod {pod_name} before the workspace is deleted"),
+        None => "Workspace is being deleted".to_owned(),
+    };
+    b.phase(Phase::Terminating, message);
+    b.finish(Duration::from_secs(1))
+}
+
+/// A paused workspace (by its user, or culled for idleness): its pod goes, its storage stays;
+/// Stopping until the pod is gone, then Stopped.
+fn paused(mut b: Builder<'_>, owned_pod: Option<&Pod>, pod_name: &str, slow: Duration) -> Decision {
+    clear_condition(&mut b.status, types::STALLED);
+    clear_condition(&mut b.status, types::POD_REJECTED);
+    b.status.started_at = None;
+    b.status.pod_recreations = None;
+    // Paused by Berth because nobody used it: it says so until it is resumed.
+    let culled = find_condition(&b.old.conditions, types::READY)
+        .filter(|c| c.reason == reasons::IDLE)
+        .map(|c| c.message.clone());
+    if !matches!(b.old.phase, Some(Phase::Stopping | Phase::Stopped)) && culled.is_none() {
+        b.notices.push(Notice::normal(
+            event_reasons::PAUSED,
+            "Workspace paused: its pod is deleted, its storage kept".into(),
+        ));
+    }
+    match &culled {
+        Some(why) => b.condition(types::READY, ConditionStatus::False, reasons::IDLE, why),
+        None => b.condition(
+            types::READY,
+            ConditionStatus::False,
+            reasons::PAUSED,
+            "Workspace is paused",
+        ),
+    }
+    match owned_pod {
+        Some(p) => {
+            if p.metadata.deletion_timestamp.is_none() {
+                b.actions.push(Action::DeletePod {
+                    uid: p.uid().unwrap_or_default(),
+                });
+            }
+            b.phase(
+                Phase::Stopping,
+                match culled {
+                    Some(_) => format!("Stopping pod {pod_name}: nobody used the workspace"),
+                    None => format!("Stopping pod {pod_name} to pause the workspace"),
+                },
+            );
+            b.finish(Duration::from_secs(1))
+        }
+        None => {
+            b.status.pod = None;
+            b.status.agent = None;
+            for t in [types::POD_SCHEDULED, types::POD_READY, types::AGENT_READY] {
+                clear_condition(&mut b.status, t);
+            }
+            b.phase(
+                Phase::Stopped,
+                culled.unwrap_or_else(|| "Workspace is paused; its storage is kept".to_owned()),
+            );
+            b.finish(slow)
+        }
+    }
+}
+
+/// The spec's lifecycle settings, parsed; Err says why the spec cannot work (rule C19).
+struct Lifecycle {
+    start_timeout: Duration,
+    recreation: PodRecreationPolicy,
+    idle_timeout: Option<Duration>,
+}
+
+impl Lifecycle {
+    fn of(workspace: &Workspace, policy: &Policy) -> Result<Self, String> {
+        let start_timeout = match workspace
+            .spec
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.start_timeout.as_ref())
+        {
+            Some(text) => match text.to_duration() {
+                Ok(d) => d,
+                Err(e) => {
+                    let message = format!("The spec cannot work: lifecycle.startTimeout: {e}");
+                    return Err(message);
+                }
+            },
+            None => policy.start_timeout,
+        };
+        let recreation = match PodRecreationPolicy::resolve(
+            workspace
+                .spec
+                .lifecycle
+                .as_ref()
+                .and_then(|l| l.pod_recreation.as_ref()),
+            policy.recreation,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                let message = format!("The spec cannot work: lifecycle.podRecreation.delay: {e}");
+                return Err(message);
+            }
+        };
+
+        let idle_timeout = match workspace
+            .spec
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.idle_timeout.as_ref())
+        {
+            Some(text) => match text.to_duration() {
+                Ok(d) if !d.is_zero() => Some(d),
+                Ok(_) => {
+                    let message =
+                        "The spec cannot work: lifecycle.idleTimeout must be longer than 0s"
+                            .to_owned();
+                    return Err(message);
+                }
+                Err(e) => {
+                    let message = format!("The spec cannot work: lifecycle.idleTimeout: {e}");
+                    return Err(message);
+                }
+            },
+            None => None,
+        };
+        Ok(Lifecycle {
+            start_timeout,
+            recreation,
+            idle_timeout,
+        })
+    }
+}
+
 /// Derives the workspace's status and the actions that move it toward its spec.
 pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decision {
     let workspace = observed.workspace;
@@ -541,70 +682,17 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
     let owned_pod = observed.pod.filter(|p| is_owned_by(&p.metadata, workspace));
     // Deletion first: a spec that cannot work must not hold up its own deletion.
     if workspace.metadata.deletion_timestamp.is_some() {
-        // Rule C18: the pod stops first; the finalizer goes once it is gone.
-        if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
-            b.actions.push(Action::DeletePod {
-                uid: p.uid().unwrap_or_default(),
-            });
-        }
-        let message = match owned_pod {
-            Some(_) => format!("Stopping pod {pod_name} before the workspace is deleted"),
-            None => "Workspace is being deleted".to_owned(),
-        };
-        b.phase(Phase::Terminating, message);
-        return b.finish(Duration::from_secs(1));
+        return deleting(b, owned_pod, &pod_name);
     }
 
     // A spec that can never work waits for a change, without retries (rule C19).
-    let start_timeout = match workspace
-        .spec
-        .lifecycle
-        .as_ref()
-        .and_then(|l| l.start_timeout.as_ref())
-    {
-        Some(text) => match text.to_duration() {
-            Ok(d) => d,
-            Err(e) => {
-                let message = format!("The spec cannot work: lifecycle.startTimeout: {e}");
-                return b.invalid_spec(message, slow);
-            }
-        },
-        None => policy.start_timeout,
-    };
-    let recreation = match PodRecreationPolicy::resolve(
-        workspace
-            .spec
-            .lifecycle
-            .as_ref()
-            .and_then(|l| l.pod_recreation.as_ref()),
-        policy.recreation,
-    ) {
-        Ok(r) => r,
-        Err(e) => {
-            let message = format!("The spec cannot work: lifecycle.podRecreation.delay: {e}");
-            return b.invalid_spec(message, slow);
-        }
-    };
-
-    let idle_timeout = match workspace
-        .spec
-        .lifecycle
-        .as_ref()
-        .and_then(|l| l.idle_timeout.as_ref())
-    {
-        Some(text) => match text.to_duration() {
-            Ok(d) if !d.is_zero() => Some(d),
-            Ok(_) => {
-                let message =
-                    "The spec cannot work: lifecycle.idleTimeout must be longer than 0s".to_owned();
-                return b.invalid_spec(message, slow);
-            }
-            Err(e) => {
-                let message = format!("The spec cannot work: lifecycle.idleTimeout: {e}");
-                return b.invalid_spec(message, slow);
-            }
-        },
-        None => None,
+    let Lifecycle {
+        start_timeout,
+        recreation,
+        idle_timeout,
+    } = match Lifecycle::of(workspace, policy) {
+        Ok(lifecycle) => lifecycle,
+        Err(message) => return b.invalid_spec(message, slow),
     };
 
     // What the operator's policy does not allow a workspace waits for a change, without a pod.
@@ -663,58 +751,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
     }
 
     if workspace.spec.paused {
-        clear_condition(&mut b.status, types::STALLED);
-        clear_condition(&mut b.status, types::POD_REJECTED);
-        b.status.started_at = None;
-        b.status.pod_recreations = None;
-        // Paused by Berth because nobody used it: it says so until it is resumed.
-        let culled = find_condition(&old.conditions, types::READY)
-            .filter(|c| c.reason == reasons::IDLE)
-            .map(|c| c.message.clone());
-        if !matches!(old.phase, Some(Phase::Stopping | Phase::Stopped)) && culled.is_none() {
-            b.notices.push(Notice::normal(
-                event_reasons::PAUSED,
-                "Workspace paused: its pod is deleted, its storage kept".into(),
-            ));
-        }
-        match &culled {
-            Some(why) => b.condition(types::READY, ConditionStatus::False, reasons::IDLE, why),
-            None => b.condition(
-                types::READY,
-                ConditionStatus::False,
-                reasons::PAUSED,
-                "Workspace is paused",
-            ),
-        }
-        return match owned_pod {
-            Some(p) => {
-                if p.metadata.deletion_timestamp.is_none() {
-                    b.actions.push(Action::DeletePod {
-                        uid: p.uid().unwrap_or_default(),
-                    });
-                }
-                b.phase(
-                    Phase::Stopping,
-                    match culled {
-                        Some(_) => format!("Stopping pod {pod_name}: nobody used the workspace"),
-                        None => format!("Stopping pod {pod_name} to pause the workspace"),
-                    },
-                );
-                b.finish(Duration::from_secs(1))
-            }
-            None => {
-                b.status.pod = None;
-                b.status.agent = None;
-                for t in [types::POD_SCHEDULED, types::POD_READY, types::AGENT_READY] {
-                    clear_condition(&mut b.status, t);
-                }
-                b.phase(
-                    Phase::Stopped,
-                    culled.unwrap_or_else(|| "Workspace is paused; its storage is kept".to_owned()),
-                );
-                b.finish(slow)
-            }
-        };
+        return paused(b, owned_pod, &pod_name, slow);
     }
     if matches!(old.phase, Some(Phase::Stopped | Phase::Stopping))
         && old

@@ -140,22 +140,8 @@ pub fn serve(registry: &mut Registry, crd: &Value) {
                 .unwrap_or_else(|| format!("{kind}List")),
             kind,
             namespaced: spec["scope"] == "Namespaced",
-            short_names: spec["names"]["shortNames"]
-                .as_array()
-                .map(|s| {
-                    s.iter()
-                        .filter_map(|v| v.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            categories: spec["names"]["categories"]
-                .as_array()
-                .map(|s| {
-                    s.iter()
-                        .filter_map(|v| v.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            short_names: strings(&spec["names"]["shortNames"]),
+            categories: strings(&spec["names"]["categories"]),
             subresources,
             storage: storage.clone(),
             view: View::Native,
@@ -178,4 +164,15 @@ pub fn serve(registry: &mut Registry, crd: &Value) {
             is_custom: true,
         });
     }
+}
+
+/// The strings of a JSON array (none if it is not one).
+fn strings(list: &Value) -> Vec<String> {
+    list.as_array()
+        .map(|s| {
+            s.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -475,6 +475,17 @@ fn controller_refuses_bad_flags_with_a_clear_message() {
     );
 }
 
+/// A kubeconfig in `dir` whose API server never answers.
+fn unreachable_kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\nusers: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
+    )
+    .unwrap();
+    kubeconfig
+}
+
 /// The operator runs without transparent huge pages: mimalloc asks for them, and the kernel
 /// then backs each of its segments whole (two thirds of the operator's memory at 1 000
 /// workspaces). It keeps running while its API server does not answer.
@@ -482,12 +493,7 @@ fn controller_refuses_bad_flags_with_a_clear_message() {
 #[test]
 fn the_operator_runs_without_transparent_huge_pages() {
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\nusers: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
-    )
-    .unwrap();
+    let kubeconfig = unreachable_kubeconfig(dir.path());
     let mut child = Command::new(BERTH)
         .args([
             "controller",
@@ -534,12 +540,7 @@ fn controller_exits_naming_an_address_in_use() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:9'}}]\nusers: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n",
-    )
-    .unwrap();
+    let kubeconfig = unreachable_kubeconfig(dir.path());
     for (flag, other) in [
         ("--metrics-address", "--health-address"),
         ("--health-address", "--metrics-address"),
