@@ -586,6 +586,22 @@ fn paused(mut b: Builder<'_>, owned_pod: Option<&Pod>, pod_name: &str, slow: Dur
     }
 }
 
+/// A start Berth gave up on (rules C9, C12): Failed with what it said then, its pod deleted,
+/// until the spec changes or the user restarts the workspace.
+fn gave_up(mut b: Builder<'_>, owned_pod: Option<&Pod>, message: &str, slow: Duration) -> Decision {
+    if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        b.actions.push(Action::DeletePod {
+            uid: p.uid().unwrap_or_default(),
+        });
+    }
+    if owned_pod.is_none() {
+        b.status.pod = None;
+    }
+    b.status.phase = Some(Phase::Failed);
+    b.status.message = Some(message.to_owned());
+    b.finish(slow)
+}
+
 /// The spec's lifecycle settings, parsed; Err says why the spec cannot work (rule C19).
 struct Lifecycle {
     start_timeout: Duration,
@@ -773,17 +789,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         c.observed_generation == workspace.metadata.generation
             && !SPEC_VERDICTS.contains(&c.reason.as_str())
     }) {
-        if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
-            b.actions.push(Action::DeletePod {
-                uid: p.uid().unwrap_or_default(),
-            });
-        }
-        if owned_pod.is_none() {
-            b.status.pod = None;
-        }
-        b.status.phase = Some(Phase::Failed);
-        b.status.message = Some(stall.message.clone());
-        return b.finish(slow);
+        return gave_up(b, owned_pod, &stall.message, slow);
     }
     if stalled.is_some() {
         // A new generation starts again.
