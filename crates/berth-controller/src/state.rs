@@ -602,6 +602,120 @@ fn gave_up(mut b: Builder<'_>, owned_pod: Option<&Pod>, message: &str, slow: Dur
     b.finish(slow)
 }
 
+/// A pod rejected by its kubelet or lost with its node, and gone (rule C12, C13): a new one
+/// once the delay has passed (at once for a lost node), counted.
+fn replacing(
+    mut b: Builder<'_>,
+    condition: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
+    recreation: &PodRecreationPolicy,
+    pod_name: &str,
+    now: Timestamp,
+) -> Decision {
+    // The rejected (or lost) pod is gone: replace it once the delay has passed.
+    let node_lost = condition.reason == reasons::NODE_LOST;
+    // Condition times have whole seconds: count the delay from the end of that second, so
+    // it is never shortened.
+    let wait = if node_lost {
+        Duration::ZERO
+    } else {
+        recreation.delay + Duration::from_secs(1)
+    };
+    let since = Duration::try_from(now.duration_since(condition.last_transition_time.0))
+        .unwrap_or_default();
+    if since < wait {
+        return b.finish(wait - since);
+    }
+    let attempt = if node_lost {
+        b.status.pod_recreations.unwrap_or(0)
+    } else {
+        let attempt = b.status.pod_recreations.unwrap_or(0) + 1;
+        b.status.pod_recreations = Some(attempt);
+        attempt
+    };
+    let note = if node_lost {
+        format!("Creating pod {pod_name} again: the node of the last one was lost")
+    } else {
+        format!(
+            "Creating pod {pod_name} again (attempt {attempt} of {}) after its kubelet rejected the last one ({})",
+            recreation.max, condition.reason
+        )
+    };
+    b.recreation = Some(Recreation {
+        reason: condition.reason.clone(),
+        attempt: attempt.max(1),
+    });
+    b.notices
+        .push(Notice::normal(event_reasons::RECREATING, note));
+    b.condition(
+        types::POD_REJECTED,
+        ConditionStatus::False,
+        "PodRecreated",
+        &format!(
+            "A new pod replaced the one that was {}",
+            if node_lost {
+                "lost with its node"
+            } else {
+                "rejected"
+            }
+        ),
+    );
+    b.actions.push(Action::CreatePod);
+    b.status.pod = None;
+    b.pod_being_created(pod_name);
+    b.phase(
+        Phase::Starting,
+        format!(
+            "Creating pod {pod_name} again{}",
+            if node_lost {
+                String::new()
+            } else {
+                format!(" (attempt {attempt} of {})", recreation.max)
+            }
+        ),
+    );
+    b.finish(Duration::from_secs(1))
+}
+
+/// No pod (rule C4): create it, Pending; a create the API server keeps refusing fails the
+/// start after `startTimeout` (rule C9), counted from the first attempt.
+fn creating(
+    mut b: Builder<'_>,
+    pod_name: &str,
+    start_timeout: Duration,
+    now: Timestamp,
+    slow: Duration,
+) -> Decision {
+    b.actions.push(Action::CreatePod);
+    if b.status.started_at.is_none() {
+        b.status.started_at = Some(time(now));
+    }
+    b.status.pod = None;
+    b.status.ready_at = None;
+    b.pod_being_created(pod_name);
+    b.phase(Phase::Pending, format!("Creating pod {pod_name}"));
+    // A create the API server keeps refusing is no progress either (rule C9), counted from
+    // the first attempt.
+    let Some(refused) = b
+        .refusal
+        .as_ref()
+        .map(|(r, _)| *r)
+        .filter(|r| r.action == Action::CreatePod)
+    else {
+        return b.finish(Duration::from_secs(1));
+    };
+    let stuck_for = elapsed(b.status.started_at.as_ref(), now);
+    if stuck_for >= start_timeout {
+        let text = format!(
+            "No progress for {} while creating pod {pod_name}: {}",
+            human(start_timeout),
+            refused.message
+        );
+        b.actions.clear();
+        return b.start_timed_out(text, slow);
+    }
+    b.finish(start_timeout - stuck_for)
+}
+
 /// The spec's lifecycle settings, parsed; Err says why the spec cannot work (rule C19).
 struct Lifecycle {
     start_timeout: Duration,
@@ -811,69 +925,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
             Some(Phase::Running | Phase::Starting | Phase::Error | Phase::Unknown)
         );
     if let (None, Some(condition)) = (owned_pod, &rejected) {
-        // The rejected (or lost) pod is gone: replace it once the delay has passed.
-        let node_lost = condition.reason == reasons::NODE_LOST;
-        // Condition times have whole seconds: count the delay from the end of that second, so
-        // it is never shortened.
-        let wait = if node_lost {
-            Duration::ZERO
-        } else {
-            recreation.delay + Duration::from_secs(1)
-        };
-        let since = Duration::try_from(now.duration_since(condition.last_transition_time.0))
-            .unwrap_or_default();
-        if since < wait {
-            return b.finish(wait - since);
-        }
-        let attempt = if node_lost {
-            b.status.pod_recreations.unwrap_or(0)
-        } else {
-            let attempt = b.status.pod_recreations.unwrap_or(0) + 1;
-            b.status.pod_recreations = Some(attempt);
-            attempt
-        };
-        let note = if node_lost {
-            format!("Creating pod {pod_name} again: the node of the last one was lost")
-        } else {
-            format!(
-                "Creating pod {pod_name} again (attempt {attempt} of {}) after its kubelet rejected the last one ({})",
-                recreation.max, condition.reason
-            )
-        };
-        b.recreation = Some(Recreation {
-            reason: condition.reason.clone(),
-            attempt: attempt.max(1),
-        });
-        b.notices
-            .push(Notice::normal(event_reasons::RECREATING, note));
-        b.condition(
-            types::POD_REJECTED,
-            ConditionStatus::False,
-            "PodRecreated",
-            &format!(
-                "A new pod replaced the one that was {}",
-                if node_lost {
-                    "lost with its node"
-                } else {
-                    "rejected"
-                }
-            ),
-        );
-        b.actions.push(Action::CreatePod);
-        b.status.pod = None;
-        b.pod_being_created(&pod_name);
-        b.phase(
-            Phase::Starting,
-            format!(
-                "Creating pod {pod_name} again{}",
-                if node_lost {
-                    String::new()
-                } else {
-                    format!(" (attempt {attempt} of {})", recreation.max)
-                }
-            ),
-        );
-        return b.finish(Duration::from_secs(1));
+        return replacing(b, condition, &recreation, &pod_name, now);
     }
     if lost_pod {
         // The pod vanished without Berth deleting it (its node was deleted, or someone
@@ -885,35 +937,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         b.notices.push(Notice::warning(event_reasons::NODE_LOST, format!("Pod {pod_name} disappeared (its node was deleted or it was evicted); creating it again")));
     }
     let Some(pod) = owned_pod else {
-        b.actions.push(Action::CreatePod);
-        if b.status.started_at.is_none() {
-            b.status.started_at = Some(time(now));
-        }
-        b.status.pod = None;
-        b.status.ready_at = None;
-        b.pod_being_created(&pod_name);
-        b.phase(Phase::Pending, format!("Creating pod {pod_name}"));
-        // A create the API server keeps refusing is no progress either (rule C9), counted from
-        // the first attempt.
-        let Some(refused) = b
-            .refusal
-            .as_ref()
-            .map(|(r, _)| *r)
-            .filter(|r| r.action == Action::CreatePod)
-        else {
-            return b.finish(Duration::from_secs(1));
-        };
-        let stuck_for = elapsed(b.status.started_at.as_ref(), now);
-        if stuck_for >= start_timeout {
-            let text = format!(
-                "No progress for {} while creating pod {pod_name}: {}",
-                human(start_timeout),
-                refused.message
-            );
-            b.actions.clear();
-            return b.start_timed_out(text, slow);
-        }
-        return b.finish(start_timeout - stuck_for);
+        return creating(b, &pod_name, start_timeout, now, slow);
     };
     let uid = pod.uid().unwrap_or_default();
     let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
