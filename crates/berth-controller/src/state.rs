@@ -725,54 +725,28 @@ struct Lifecycle {
 
 impl Lifecycle {
     fn of(workspace: &Workspace, policy: &Policy) -> Result<Self, String> {
-        let start_timeout = match workspace
-            .spec
-            .lifecycle
-            .as_ref()
-            .and_then(|l| l.start_timeout.as_ref())
-        {
-            Some(text) => match text.to_duration() {
-                Ok(d) => d,
-                Err(e) => {
-                    let message = format!("The spec cannot work: lifecycle.startTimeout: {e}");
-                    return Err(message);
-                }
-            },
+        let lifecycle = workspace.spec.lifecycle.as_ref();
+        let cannot = |field: &str, e: &dyn std::fmt::Display| {
+            format!("The spec cannot work: lifecycle.{field}: {e}")
+        };
+        let start_timeout = match lifecycle.and_then(|l| l.start_timeout.as_ref()) {
+            Some(text) => text.to_duration().map_err(|e| cannot("startTimeout", &e))?,
             None => policy.start_timeout,
         };
-        let recreation = match PodRecreationPolicy::resolve(
-            workspace
-                .spec
-                .lifecycle
-                .as_ref()
-                .and_then(|l| l.pod_recreation.as_ref()),
+        let recreation = PodRecreationPolicy::resolve(
+            lifecycle.and_then(|l| l.pod_recreation.as_ref()),
             policy.recreation,
-        ) {
-            Ok(r) => r,
-            Err(e) => {
-                let message = format!("The spec cannot work: lifecycle.podRecreation.delay: {e}");
-                return Err(message);
-            }
-        };
-
-        let idle_timeout = match workspace
-            .spec
-            .lifecycle
-            .as_ref()
-            .and_then(|l| l.idle_timeout.as_ref())
-        {
-            Some(text) => match text.to_duration() {
-                Ok(d) if !d.is_zero() => Some(d),
-                Ok(_) => {
-                    let message =
+        )
+        .map_err(|e| cannot("podRecreation.delay", &e))?;
+        let idle_timeout = match lifecycle.and_then(|l| l.idle_timeout.as_ref()) {
+            Some(text) => match text.to_duration().map_err(|e| cannot("idleTimeout", &e))? {
+                d if d.is_zero() => {
+                    return Err(
                         "The spec cannot work: lifecycle.idleTimeout must be longer than 0s"
-                            .to_owned();
-                    return Err(message);
+                            .to_owned(),
+                    );
                 }
-                Err(e) => {
-                    let message = format!("The spec cannot work: lifecycle.idleTimeout: {e}");
-                    return Err(message);
-                }
+                d => Some(d),
             },
             None => None,
         };
