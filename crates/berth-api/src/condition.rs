@@ -67,6 +67,8 @@ pub mod pod_conditions {
     pub const POD_SCHEDULED: &str = "PodScheduled";
     /// The pod's containers are ready and its readiness gates pass.
     pub const READY: &str = "Ready";
+    /// The pod's init containers are running.
+    pub const POD_INITIALIZING: &str = "PodInitializing";
     /// The pod's containers are ready.
     pub const CONTAINERS_READY: &str = "ContainersReady";
 }
@@ -94,6 +96,8 @@ pub mod reasons {
     pub const CRASH_LOOP_BACK_OFF: &str = "CrashLoopBackOff";
     /// A container's configuration (e.g. a referenced secret key) is invalid.
     pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
+    /// The pod's init containers are running.
+    pub const POD_INITIALIZING: &str = "PodInitializing";
     /// The pod's containers are ready.
     pub const CONTAINERS_READY: &str = "ContainersReady";
     /// The pod's containers run but are not ready yet.
@@ -122,6 +126,10 @@ pub mod reasons {
     pub const WAITING_FOR_POD: &str = "WaitingForPod";
 
     // PodRejected and Stalled
+    /// A new pod replaced the one that was rejected or lost (PodRejected turns False).
+    pub const POD_RECREATED: &str = "PodRecreated";
+    /// A pod of the workspace's name exists and is not the workspace's own.
+    pub const POD_NOT_OWNED: &str = "PodNotOwned";
     /// A pod's node was lost; the pod is replaced.
     pub const NODE_LOST: &str = "NodeLost";
     /// Too many pods were rejected; Berth gave up.
@@ -173,6 +181,9 @@ pub mod event_reasons {
     pub const START_TIMEOUT: &str = reasons::START_TIMEOUT;
     /// The agent did not authenticate the operator.
     pub const AGENT_AUTH_FAILED: &str = "AgentAuthFailed";
+    /// The workspace's pod did not stop within the deletion grace period: it was deleted at
+    /// once, and the workspace went.
+    pub const DELETION_GRACE_EXPIRED: &str = "DeletionGraceExpired";
     /// The agent could not say when the workspace was last used; it is not culled meanwhile.
     pub const ACTIVITY_UNKNOWN: &str = "ActivityUnknown";
 }

@@ -113,6 +113,9 @@ pub struct Policy {
     pub rejections: crate::rejection::RejectionPolicy,
     /// What a workspace's pod may ask for beyond its containers (default: nothing).
     pub pod: crate::pod_policy::PodPolicy,
+    /// How long deleting a workspace waits for its pod before deleting it at once and
+    /// letting the workspace go (rule C18).
+    pub deletion_grace: Duration,
 }
 
 /// The operator's side of the agent (rules C4, C14, C15).
@@ -230,6 +233,7 @@ impl Default for Policy {
             warnings: WarningPolicy::default(),
             rejections: crate::rejection::RejectionPolicy::default(),
             pod: crate::pod_policy::PodPolicy::default(),
+            deletion_grace: Duration::from_secs(60),
         }
     }
 }
@@ -240,8 +244,6 @@ pub struct Config {
     /// Watch one namespace, or all.
     pub namespace: Option<String>,
     pub policy: Policy,
-    /// How long deleting a workspace waits for its pod before removing the finalizer anyway.
-    pub deletion_grace: Duration,
     /// Where `/metrics` is served; None: nowhere.
     pub metrics_address: Option<SocketAddr>,
     /// Where `/healthz` and `/readyz` are served; None: nowhere.
@@ -271,7 +273,6 @@ impl Default for Config {
         Config {
             namespace: None,
             policy: Policy::default(),
-            deletion_grace: Duration::from_secs(60),
             metrics_address: None,
             health_address: None,
             manager: "berth-controller".to_owned(),

@@ -33,7 +33,7 @@ use crate::{
     pod,
     recorder::{EventType, Recorder, Report, Reporter},
     refusal::Refusal,
-    state::{self, Action, Observed},
+    state::{self, Action, Decision, Observed},
 };
 
 /// Everything a reconcile needs: the client, the caches, the recorder, the metrics.
@@ -694,7 +694,14 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         let seconds = ready.0.duration_since(started.0).as_secs_f64();
         ctx.metrics.start_seconds.observe(seconds.max(0.0));
     }
-    let reference = kube::Resource::object_ref(&*workspace, &());
+    publish(&workspace, &decisions, &ctx).await;
+    Ok(Requeue::requeue(decision.requeue))
+}
+
+/// Publishes the decisions' events on the workspace (rule C17); an event the API server
+/// refuses is logged and dropped (the status says the same).
+async fn publish(workspace: &Workspace, decisions: &[Decision], ctx: &Context) {
+    let reference = kube::Resource::object_ref(workspace, &());
     for notice in decisions.iter().flat_map(|d| &d.notices) {
         let event = Report {
             type_: if notice.warning {
@@ -710,7 +717,6 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
             warn!(%error, reason = %notice.reason, "cannot publish event");
         }
     }
-    Ok(Requeue::requeue(decision.requeue))
 }
 
 async fn write_status(
@@ -913,37 +919,10 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         .remove(&ObjectRef::from_obj(workspace));
     let namespace = workspace.namespace().unwrap_or_default();
     let pod_name = pod::pod_name(&workspace.name_any());
-    let Some(current) = ctx
-        .pods
-        .get(&ObjectRef::new(&pod_name).within(&namespace))
-        .filter(|p| pod::is_owned_by(&p.metadata, workspace))
-    else {
-        return Ok(None);
-    };
-    let deleting_for = workspace
-        .metadata
-        .deletion_timestamp
-        .as_ref()
-        .map(|t| Timestamp::now().duration_since(t.0))
-        .and_then(|d| std::time::Duration::try_from(d).ok())
-        .unwrap_or_default();
-    if deleting_for >= ctx.config.deletion_grace {
-        warn!(workspace = %workspace.name_any(), pod = %pod_name, "pod did not stop within the deletion grace period; deleting it at once and letting the workspace go");
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-        let _ = pods
-            .delete(
-                &pod_name,
-                &DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..Default::default()
-                },
-            )
-            .await;
-        return Ok(None);
-    }
+    let current = ctx.pods.get(&ObjectRef::new(&pod_name).within(&namespace));
     let observed = Observed {
         workspace,
-        pod: Some(&current),
+        pod: current.as_deref(),
         warnings: &[],
         claim: None,
         service: None,
@@ -955,9 +934,13 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
     for action in decision
         .actions
         .iter()
-        .filter(|a| matches!(a, Action::DeletePod { .. }))
+        .filter(|a| matches!(a, Action::DeletePod { .. } | Action::ForceDeletePod { .. }))
     {
         act(workspace, action, ctx).await?;
+    }
+    publish(workspace, std::slice::from_ref(&decision), ctx).await;
+    if decision.release {
+        return Ok(None);
     }
     if workspace.status.as_ref() != Some(&decision.status) {
         write_status(
@@ -968,5 +951,5 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         )
         .await?;
     }
-    Ok(Some(Requeue::requeue(std::time::Duration::from_secs(1))))
+    Ok(Some(Requeue::requeue(decision.requeue)))
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use berth_api::{
-    AgentStatus, ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace, WorkspaceStatus,
+    ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace, WorkspaceStatus,
     condition::{
         ConditionType, HasStatus, event_reasons, find_condition, pod_conditions, reasons,
         set_condition, types,
@@ -20,7 +20,7 @@ use kube::ResourceExt;
 
 use crate::{
     config::{Policy, WarningClass},
-    idle::{self, ActivityCheck, ActivityOutcome},
+    idle::ActivityCheck,
     pod::{self, is_owned_by},
     refusal::Refusal,
 };
@@ -235,6 +235,9 @@ pub struct Decision {
     pub requeue: Duration,
     /// Set when this decision creates a replacement pod.
     pub recreation: Option<Recreation>,
+    /// The workspace is being deleted and its finalizer may go (rule C18): its pod is gone,
+    /// or is force-deleted by this decision's actions.
+    pub release: bool,
 }
 
 /// The most relevant thing wrong (or happening) with a pod that is not ready (rule C6).
@@ -388,6 +391,8 @@ struct Builder<'a> {
     max_requeue: Duration,
     /// While the home claim grows: what the workspace says when it is not running yet.
     growing: Option<String>,
+    /// The workspace is being deleted and its finalizer may go.
+    release: bool,
 }
 
 impl Builder<'_> {
@@ -479,7 +484,7 @@ impl Builder<'_> {
 const PROGRESS: [&str; 6] = [
     reasons::WAITING_FOR_SCHEDULER,
     reasons::CONTAINER_CREATING,
-    "PodInitializing",
+    reasons::POD_INITIALIZING,
     reasons::CONTAINERS_NOT_READY,
     reasons::UNKNOWN,
     reasons::WAITING_FOR_POD,
@@ -511,209 +516,6 @@ pub fn hold_back(
     let quiet = decision.actions.is_empty() && decision.notices.iter().all(|n| !n.warning);
     let wait = interval.checked_sub(since_last_write?)?;
     (progress && same_start && quiet && !wait.is_zero()).then_some(wait)
-}
-
-/// A workspace being deleted (rule C18): the pod stops first; the finalizer goes once it is
-/// gone.
-fn deleting(mut b: Builder<'_>, owned_pod: Option<&Pod>, pod_name: &str) -> Decision {
-    if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
-        b.actions.push(Action::DeletePod {
-            uid: p.uid().unwrap_or_default(),
-        });
-    }
-    let message = match owned_pod {
-        Some(_) => format!("Stopping pod {pod_name} before the workspace is deleted"),
-        None => "Workspace is being deleted".to_owned(),
-    };
-    b.phase(Phase::Terminating, message);
-    b.finish(Duration::from_secs(1))
-}
-
-/// A paused workspace (by its user, or culled for idleness): its pod goes, its storage stays;
-/// Stopping until the pod is gone, then Stopped.
-fn paused(mut b: Builder<'_>, owned_pod: Option<&Pod>, pod_name: &str, slow: Duration) -> Decision {
-    clear_condition(&mut b.status, types::STALLED);
-    clear_condition(&mut b.status, types::POD_REJECTED);
-    b.status.started_at = None;
-    b.status.pod_recreations = None;
-    // Paused by Berth because nobody used it: it says so until it is resumed.
-    let culled = find_condition(&b.old.conditions, types::READY)
-        .filter(|c| c.reason == reasons::IDLE)
-        .map(|c| c.message.clone());
-    if !matches!(b.old.phase, Some(Phase::Stopping | Phase::Stopped)) && culled.is_none() {
-        b.notices.push(Notice::normal(
-            event_reasons::PAUSED,
-            "Workspace paused: its pod is deleted, its storage kept".into(),
-        ));
-    }
-    match &culled {
-        Some(why) => b.condition(types::READY, ConditionStatus::False, reasons::IDLE, why),
-        None => b.condition(
-            types::READY,
-            ConditionStatus::False,
-            reasons::PAUSED,
-            "Workspace is paused",
-        ),
-    }
-    match owned_pod {
-        Some(p) => {
-            if p.metadata.deletion_timestamp.is_none() {
-                b.actions.push(Action::DeletePod {
-                    uid: p.uid().unwrap_or_default(),
-                });
-            }
-            b.phase(
-                Phase::Stopping,
-                match culled {
-                    Some(_) => format!("Stopping pod {pod_name}: nobody used the workspace"),
-                    None => format!("Stopping pod {pod_name} to pause the workspace"),
-                },
-            );
-            b.finish(Duration::from_secs(1))
-        }
-        None => {
-            b.status.pod = None;
-            b.status.agent = None;
-            for t in [types::POD_SCHEDULED, types::POD_READY, types::AGENT_READY] {
-                clear_condition(&mut b.status, t);
-            }
-            b.phase(
-                Phase::Stopped,
-                culled.unwrap_or_else(|| "Workspace is paused; its storage is kept".to_owned()),
-            );
-            b.finish(slow)
-        }
-    }
-}
-
-/// A start Berth gave up on (rules C9, C12): Failed with what it said then, its pod deleted,
-/// until the spec changes or the user restarts the workspace.
-fn gave_up(mut b: Builder<'_>, owned_pod: Option<&Pod>, message: &str, slow: Duration) -> Decision {
-    if let Some(p) = owned_pod.filter(|p| p.metadata.deletion_timestamp.is_none()) {
-        b.actions.push(Action::DeletePod {
-            uid: p.uid().unwrap_or_default(),
-        });
-    }
-    if owned_pod.is_none() {
-        b.status.pod = None;
-    }
-    b.status.phase = Some(Phase::Failed);
-    b.status.message = Some(message.to_owned());
-    b.finish(slow)
-}
-
-/// A pod rejected by its kubelet or lost with its node, and gone (rule C12, C13): a new one
-/// once the delay has passed (at once for a lost node), counted.
-fn replacing(
-    mut b: Builder<'_>,
-    condition: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition,
-    recreation: &PodRecreationPolicy,
-    pod_name: &str,
-    now: Timestamp,
-) -> Decision {
-    // The rejected (or lost) pod is gone: replace it once the delay has passed.
-    let node_lost = condition.reason == reasons::NODE_LOST;
-    // Condition times have whole seconds: count the delay from the end of that second, so
-    // it is never shortened.
-    let wait = if node_lost {
-        Duration::ZERO
-    } else {
-        recreation.delay + Duration::from_secs(1)
-    };
-    let since = Duration::try_from(now.duration_since(condition.last_transition_time.0))
-        .unwrap_or_default();
-    if since < wait {
-        return b.finish(wait - since);
-    }
-    let attempt = if node_lost {
-        b.status.pod_recreations.unwrap_or(0)
-    } else {
-        let attempt = b.status.pod_recreations.unwrap_or(0) + 1;
-        b.status.pod_recreations = Some(attempt);
-        attempt
-    };
-    let note = if node_lost {
-        format!("Creating pod {pod_name} again: the node of the last one was lost")
-    } else {
-        format!(
-            "Creating pod {pod_name} again (attempt {attempt} of {}) after its kubelet rejected the last one ({})",
-            recreation.max, condition.reason
-        )
-    };
-    b.recreation = Some(Recreation {
-        reason: condition.reason.clone(),
-        attempt: attempt.max(1),
-    });
-    b.notices
-        .push(Notice::normal(event_reasons::RECREATING, note));
-    b.condition(
-        types::POD_REJECTED,
-        ConditionStatus::False,
-        "PodRecreated",
-        &format!(
-            "A new pod replaced the one that was {}",
-            if node_lost {
-                "lost with its node"
-            } else {
-                "rejected"
-            }
-        ),
-    );
-    b.actions.push(Action::CreatePod);
-    b.status.pod = None;
-    b.pod_being_created(pod_name);
-    b.phase(
-        Phase::Starting,
-        format!(
-            "Creating pod {pod_name} again{}",
-            if node_lost {
-                String::new()
-            } else {
-                format!(" (attempt {attempt} of {})", recreation.max)
-            }
-        ),
-    );
-    b.finish(Duration::from_secs(1))
-}
-
-/// No pod (rule C4): create it, Pending; a create the API server keeps refusing fails the
-/// start after `startTimeout` (rule C9), counted from the first attempt.
-fn creating(
-    mut b: Builder<'_>,
-    pod_name: &str,
-    start_timeout: Duration,
-    now: Timestamp,
-    slow: Duration,
-) -> Decision {
-    b.actions.push(Action::CreatePod);
-    if b.status.started_at.is_none() {
-        b.status.started_at = Some(time(now));
-    }
-    b.status.pod = None;
-    b.status.ready_at = None;
-    b.pod_being_created(pod_name);
-    b.phase(Phase::Pending, format!("Creating pod {pod_name}"));
-    // A create the API server keeps refusing is no progress either (rule C9), counted from
-    // the first attempt.
-    let Some(refused) = b
-        .refusal
-        .as_ref()
-        .map(|(r, _)| *r)
-        .filter(|r| r.action == Action::CreatePod)
-    else {
-        return b.finish(Duration::from_secs(1));
-    };
-    let stuck_for = elapsed(b.status.started_at.as_ref(), now);
-    if stuck_for >= start_timeout {
-        let text = format!(
-            "No progress for {} while creating pod {pod_name}: {}",
-            human(start_timeout),
-            refused.message
-        );
-        b.actions.clear();
-        return b.start_timed_out(text, slow);
-    }
-    b.finish(start_timeout - stuck_for)
 }
 
 /// The spec's lifecycle settings, parsed; Err says why the spec cannot work (rule C19).
@@ -758,605 +560,280 @@ impl Lifecycle {
     }
 }
 
-/// Derives the workspace's status and the actions that move it toward its spec.
+/// The workspace's own pod, as this decision sees it.
+struct Current<'a> {
+    pod: &'a Pod,
+    /// The pod's name (the workspace's pod name).
+    name: &'a str,
+    uid: String,
+    /// Its agent authenticated the operator already (rule C14: once per pod).
+    agent_verified: bool,
+}
+
+/// Derives the workspace's status and the actions that move it toward its spec: a dispatcher
+/// over the phase families (`state/stopping.rs`, `state/replacing.rs`, `state/starting.rs`,
+/// `state/running.rs`), in the order their rules take precedence.
 pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decision {
     let workspace = observed.workspace;
     let name = workspace.name_any();
     let pod_name = pod::pod_name(&name);
     let empty = WorkspaceStatus::default();
     let old = workspace.status.as_ref().unwrap_or(&empty);
-    let mut b = Builder {
-        status: old.clone(),
-        generation: workspace.metadata.generation,
-        now: time(now),
-        actions: vec![],
-        notices: vec![],
-        old,
-        recreation: None,
-        refusal: observed
-            .refusal
-            .filter(|r| r.generation == workspace.metadata.generation)
-            .map(|r| (r, name.clone())),
-        max_requeue: policy.max_requeue,
-        growing: None,
-    };
-    b.status.observed_generation = workspace.metadata.generation;
+    let mut b = Builder::new(observed, old, policy, now);
     let slow = policy.resync;
-
     let owned_pod = observed.pod.filter(|p| is_owned_by(&p.metadata, workspace));
+
     // Deletion first: a spec that cannot work must not hold up its own deletion.
     if workspace.metadata.deletion_timestamp.is_some() {
-        return deleting(b, owned_pod, &pod_name);
+        let since = workspace.metadata.deletion_timestamp.as_ref();
+        return stopping::deleting(b, owned_pod, &pod_name, policy.deletion_grace, since);
     }
-
     // A spec that can never work waits for a change, without retries (rule C19).
-    let Lifecycle {
-        start_timeout,
-        recreation,
-        idle_timeout,
-    } = match Lifecycle::of(workspace, policy) {
+    let lifecycle = match Lifecycle::of(workspace, policy) {
         Ok(lifecycle) => lifecycle,
         Err(message) => return b.invalid_spec(message, slow),
     };
-
     // What the operator's policy does not allow a workspace waits for a change, without a pod.
     if let Some(violation) = crate::pod_policy::violation(&workspace.spec, &policy.pod) {
         let message = format!("The spec asks for what this operator does not allow: {violation}");
         return b.forbidden(message, slow);
     }
-
     if let Some(foreign) = observed
         .pod
         .filter(|p| !is_owned_by(&p.metadata, workspace))
     {
-        let message = format!(
-            "Pod {} exists and is not owned by this workspace; Berth never adopts or deletes it. Delete or rename that pod, or rename the workspace.",
-            foreign.name_any()
-        );
-        b.condition(
-            types::READY,
-            ConditionStatus::False,
-            "PodNotOwned",
-            &message,
-        );
-        b.phase(Phase::Error, message);
-        let wait = requeue_interval(
-            elapsed(b.status.started_at.as_ref(), now),
-            policy.max_requeue,
-        );
-        return b.finish(wait);
+        return b.foreign_pod(foreign, policy.max_requeue);
     }
-
     // Storage and service follow the spec whatever the pod does.
-    match (pod::build_claim(workspace), observed.claim) {
-        (Some(_), None) => b.actions.push(Action::CreateClaim),
-        (Some(wanted), Some(claim)) if is_owned_by(&claim.metadata, workspace) => {
-            // The claim grows with home.size (it never shrinks: the CRD refuses that).
-            let (requested, capacity) = (pod::claim_request(claim), pod::claim_capacity(claim));
-            let size = pod::claim_request(&wanted);
-            if pod::storage_less(requested.as_ref(), size.as_ref()) {
-                b.actions.push(Action::ResizeClaim);
-            }
-            if pod::storage_less(capacity.as_ref(), size.as_ref()) {
-                b.growing = Some(growing(claim, size.as_ref()));
-            }
-        }
-        _ => {}
-    }
-    match (pod::build_service(workspace).is_some(), observed.service) {
-        (true, None) => b.actions.push(Action::CreateService),
-        (true, Some(s)) if !pod::service_ports_match(s, workspace) => {
-            b.actions.push(Action::UpdateService)
-        }
-        (false, Some(s)) if is_owned_by(&s.metadata, workspace) => {
-            b.actions.push(Action::DeleteService)
-        }
-        _ => {}
-    }
-
+    b.storage_and_service(observed);
     if workspace.spec.paused {
-        return paused(b, owned_pod, &pod_name, slow);
+        return stopping::paused(b, owned_pod, &pod_name, slow);
     }
-    if matches!(old.phase, Some(Phase::Stopped | Phase::Stopping))
-        && old
-            .conditions
-            .iter()
-            .any(|c| c.reason == reasons::PAUSED || c.reason == reasons::IDLE)
-    {
-        b.notices.push(Notice::normal(
-            event_reasons::RESUMED,
-            "Workspace resumed: creating its pod".into(),
-        ));
-    }
-
+    b.resumed();
     // Gave up earlier: stay Failed until the spec changes or the user restarts (rule C9, C12).
-    let stalled = find_condition(&old.conditions, types::STALLED)
-        .filter(|c| c.is(ConditionStatus::True))
-        .cloned();
-    if let Some(stall) = stalled.clone().filter(|c| {
-        c.observed_generation == workspace.metadata.generation
-            && !SPEC_VERDICTS.contains(&c.reason.as_str())
-    }) {
-        return gave_up(b, owned_pod, &stall.message, slow);
-    }
-    if stalled.is_some() {
-        // A new generation starts again.
-        clear_condition(&mut b.status, types::STALLED);
-        clear_condition(&mut b.status, types::POD_REJECTED);
-        b.status.started_at = None;
-        b.status.pod_recreations = None;
+    if let Some(message) = b.gave_up_on_this_spec() {
+        return stopping::gave_up(b, owned_pod, &message, slow);
     }
 
     let rejected = find_condition(&b.status.conditions, types::POD_REJECTED)
         .filter(|c| c.is(ConditionStatus::True))
         .cloned();
-    let lost_pod = owned_pod.is_none()
-        && rejected.is_none()
-        && old.observed_generation == workspace.metadata.generation
-        && old.pod.as_ref().is_some_and(|p| p.uid.is_some())
-        && matches!(
-            old.phase,
-            Some(Phase::Running | Phase::Starting | Phase::Error | Phase::Unknown)
-        );
-    if let (None, Some(condition)) = (owned_pod, &rejected) {
-        return replacing(b, condition, &recreation, &pod_name, now);
-    }
-    if lost_pod {
-        // The pod vanished without Berth deleting it (its node was deleted, or someone
-        // removed it): start it again, counted with the lost nodes.
-        b.recreation = Some(Recreation {
-            reason: reasons::NODE_LOST.to_owned(),
-            attempt: 1,
-        });
-        b.notices.push(Notice::warning(event_reasons::NODE_LOST, format!("Pod {pod_name} disappeared (its node was deleted or it was evicted); creating it again")));
-    }
     let Some(pod) = owned_pod else {
-        return creating(b, &pod_name, start_timeout, now, slow);
+        if let Some(condition) = &rejected {
+            return replacing::replacing(b, condition, &lifecycle.recreation, &pod_name, now);
+        }
+        if b.lost_its_pod() {
+            replacing::vanished(&mut b, &pod_name);
+        }
+        return starting::creating(b, &pod_name, lifecycle.start_timeout, now, slow);
     };
-    let uid = pod.uid().unwrap_or_default();
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-    let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
-    let previous_pod = old.pod.clone();
-    // Rule C14: an agent is verified once per pod; a new pod is checked again.
-    let agent_verified = old
-        .agent
-        .as_ref()
-        .and_then(|a| a.verified_pod_uid.as_deref())
-        == Some(uid.as_str());
-    if !agent_verified {
-        b.status.agent = None;
-    }
-    b.status.pod = Some(PodRef {
-        name: pod_name.clone(),
-        uid: Some(uid.clone()),
-        ip: ip.clone(),
-        node_name: node.clone(),
-    });
-    // Events tell only what happened (rule C17): `Created` once the pod exists, `Started` once
-    // one of its containers runs.
-    let new_pod = previous_pod.as_ref().and_then(|p| p.uid.as_deref()) != Some(uid.as_str());
-    if new_pod {
-        b.notices.push(Notice::normal(
-            event_reasons::CREATED,
-            format!("Created pod {pod_name}"),
-        ));
-    }
-    let was_running = !new_pod
-        && find_condition(&old.conditions, types::POD_READY).is_some_and(|c| {
-            c.is(ConditionStatus::True) || c.reason == reasons::CONTAINERS_NOT_READY
-        });
-    if containers_running(pod) && !was_running {
-        b.notices.push(Notice::normal(
-            event_reasons::STARTED,
-            format!(
-                "Pod {pod_name} started on {} ({})",
-                node.as_deref().unwrap_or("its node"),
-                ip.as_deref().unwrap_or("no IP")
-            ),
-        ));
-    }
-
+    let current = b.saw_pod(pod, &pod_name);
     if pod.metadata.deletion_timestamp.is_some() {
-        b.phase(
-            Phase::Stopping,
-            format!("Waiting for pod {pod_name} to stop"),
-        );
-        return b.finish(Duration::from_secs(1));
+        return stopping::pod_stopping(b, &pod_name);
     }
     if !pod::built_from(pod, &workspace.spec) {
-        b.actions.push(Action::DeletePod { uid });
-        b.status.started_at = Some(time(now));
-        b.status.ready_at = None;
-        // A spec change is a new start: the recreation count starts over.
-        b.status.pod_recreations = None;
-        clear_condition(&mut b.status, types::POD_REJECTED);
-        b.phase(
-            Phase::Stopping,
-            format!("Replacing pod {pod_name}: the workspace spec changed"),
-        );
-        return b.finish(Duration::from_secs(1));
+        return replacing::spec_changed(b, current.uid, &pod_name, now);
     }
-
     // A pod its kubelet rejected is replaced, a bounded number of times (rules C10-C12).
-    if let Some(rejected) = crate::rejection::detect(pod, &policy.rejections) {
-        let replaced = b.status.pod_recreations.unwrap_or(0);
-        let node = rejected
-            .node
-            .clone()
-            .unwrap_or_else(|| "its node".to_owned());
-        b.actions.push(Action::DeletePod { uid: uid.clone() });
-        b.status.pod = None;
-        b.status.ready_at = None;
-        if replaced >= recreation.max {
-            let text = format!(
-                "Pod rejected by {node} ({}) after {replaced} replacement{}; giving up (maxRecreations {}). {}",
-                rejected.reason,
-                if replaced == 1 { "" } else { "s" },
-                recreation.max,
-                rejected.message
-            );
-            let text = text.trim_end().to_owned();
-            b.condition(
-                types::POD_REJECTED,
-                ConditionStatus::True,
-                reasons::RECREATION_LIMIT_REACHED,
-                &text,
-            );
-            b.condition(
-                types::STALLED,
-                ConditionStatus::True,
-                reasons::RECREATION_LIMIT_REACHED,
-                &text,
-            );
-            b.condition(
-                types::READY,
-                ConditionStatus::False,
-                reasons::RECREATION_LIMIT_REACHED,
-                &text,
-            );
-            b.notices.push(Notice::warning(
-                event_reasons::RECREATION_LIMIT_REACHED,
-                text.clone(),
-            ));
-            b.phase(Phase::Failed, text);
-            return b.finish(slow);
-        }
-        b.condition(
-            types::POD_REJECTED,
-            ConditionStatus::True,
-            &rejected.reason,
-            &rejected.message,
-        );
-        b.condition(
-            types::READY,
-            ConditionStatus::False,
-            &rejected.reason,
-            &rejected.message,
-        );
-        b.notices.push(Notice::warning(
-            event_reasons::POD_REJECTED,
-            format!(
-                "Pod {pod_name} was rejected by {node}: {}",
-                rejected.message
-            ),
-        ));
-        b.phase(
-            Phase::Starting,
-            format!(
-                "Pod rejected by {node} ({}); creating a new pod (attempt {} of {})",
-                rejected.reason,
-                replaced + 1,
-                recreation.max
-            ),
-        );
-        return b.finish(recreation.delay.max(Duration::from_millis(100)));
+    if let Some(rejection) = crate::rejection::detect(pod, &policy.rejections) {
+        return replacing::rejected(b, rejection, &current, &lifecycle.recreation, slow);
     }
     // A pod whose node is gone is replaced at once, and counted apart (rule C13).
-    let pod_phase_now = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.clone())
-        .unwrap_or_default();
-    if pod_phase_now == "Unknown" {
-        let text = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.message.clone())
-            .unwrap_or_else(|| format!("The node of pod {pod_name} is lost"));
-        b.actions.push(Action::ForceDeletePod { uid: uid.clone() });
-        b.status.pod = None;
-        b.status.ready_at = None;
-        b.condition(
-            types::POD_REJECTED,
-            ConditionStatus::True,
-            reasons::NODE_LOST,
-            &text,
+    if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Unknown") {
+        return replacing::node_lost(b, &current);
+    }
+    b.scheduled(&current);
+    if pod_is_ready(pod) {
+        return running::running(b, &current, observed, &lifecycle, policy);
+    }
+    starting::starting(
+        b,
+        &current,
+        observed.warnings,
+        lifecycle.start_timeout,
+        policy,
+    )
+}
+
+impl<'a> Builder<'a> {
+    fn new(
+        observed: &Observed<'a>,
+        old: &'a WorkspaceStatus,
+        policy: &Policy,
+        now: Timestamp,
+    ) -> Self {
+        let workspace = observed.workspace;
+        let mut status = old.clone();
+        status.observed_generation = workspace.metadata.generation;
+        Builder {
+            status,
+            generation: workspace.metadata.generation,
+            now: time(now),
+            actions: vec![],
+            notices: vec![],
+            old,
+            recreation: None,
+            refusal: observed
+                .refusal
+                .filter(|r| r.generation == workspace.metadata.generation)
+                .map(|r| (r, workspace.name_any())),
+            max_requeue: policy.max_requeue,
+            growing: None,
+            release: false,
+        }
+    }
+}
+
+impl Builder<'_> {
+    /// Pod `foreign` has the workspace's pod name and is not its own: Berth never adopts or
+    /// deletes it, and says so.
+    fn foreign_pod(mut self, foreign: &Pod, max_requeue: Duration) -> Decision {
+        let message = format!(
+            "Pod {} exists and is not owned by this workspace; Berth never adopts or deletes it. Delete or rename that pod, or rename the workspace.",
+            foreign.name_any()
         );
-        b.condition(
+        self.condition(
             types::READY,
             ConditionStatus::False,
-            reasons::NODE_LOST,
-            &text,
+            reasons::POD_NOT_OWNED,
+            &message,
         );
-        b.notices.push(Notice::warning(
-            event_reasons::NODE_LOST,
-            format!("{text}; replacing pod {pod_name}"),
-        ));
-        b.phase(Phase::Unknown, format!("{text}; replacing the pod"));
-        return b.finish(Duration::from_secs(1));
+        self.phase(Phase::Error, message);
+        let wait = requeue_interval(
+            elapsed(self.status.started_at.as_ref(), self.now.0),
+            max_requeue,
+        );
+        self.finish(wait)
     }
 
-    // Conditions from the pod.
-    let scheduled = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == pod_conditions::POD_SCHEDULED))
-        .cloned();
-    match scheduled {
-        Some(c) if c.is(ConditionStatus::True) => {
-            let message = format!(
-                "Pod {pod_name} is bound to {}",
-                node.as_deref().unwrap_or("a node")
-            );
-            b.condition(
-                types::POD_SCHEDULED,
-                ConditionStatus::True,
-                reasons::SCHEDULED,
-                &message,
-            )
-        }
-        Some(c) => {
-            let reason = c
-                .reason
-                .clone()
-                .unwrap_or_else(|| reasons::UNSCHEDULABLE.to_owned());
-            b.condition(
-                types::POD_SCHEDULED,
-                ConditionStatus::False,
-                &reason,
-                c.message.as_deref().unwrap_or(""),
-            );
-        }
-        None => b.condition(
-            types::POD_SCHEDULED,
-            ConditionStatus::False,
-            reasons::WAITING_FOR_SCHEDULER,
-            &format!("Pod {pod_name} waits for the scheduler"),
-        ),
-    }
-    let pod_phase = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.clone())
-        .unwrap_or_default();
-    let ready = pod_is_ready(pod);
-    let signal = signal(pod, observed.warnings, policy);
-
-    if ready {
-        b.condition(
-            types::POD_READY,
-            ConditionStatus::True,
-            reasons::CONTAINERS_READY,
-            "All containers are ready",
-        );
-        if !agent_verified {
-            // Rule C14: Ready only once the agent authenticated the operator; rule C15: a
-            // failure keeps the pod untouched, says why, and is retried with backoff.
-            let check = observed.agent.filter(|c| c.pod_uid == uid);
-            match check.map(|c| (c, &c.outcome)) {
-                Some((c, AgentOutcome::Verified { identity })) => {
-                    b.status.agent = Some(AgentStatus {
-                        address: Some(c.address.clone()),
-                        identity: Some(identity.clone()),
-                        verified_pod_uid: Some(uid.clone()),
-                    });
-                    b.condition(
-                        types::AGENT_READY,
-                        ConditionStatus::True,
-                        reasons::AGENT_VERIFIED,
-                        &format!(
-                            "The agent at {} authenticated the operator as {identity}",
-                            c.address
-                        ),
-                    );
+    /// The claim and the service follow the spec, whatever the pod does.
+    fn storage_and_service(&mut self, observed: &Observed<'_>) {
+        let workspace = observed.workspace;
+        match (pod::build_claim(workspace), observed.claim) {
+            (Some(_), None) => self.actions.push(Action::CreateClaim),
+            (Some(wanted), Some(claim)) if is_owned_by(&claim.metadata, workspace) => {
+                // The claim grows with home.size (it never shrinks: the CRD refuses that).
+                let (requested, capacity) = (pod::claim_request(claim), pod::claim_capacity(claim));
+                let size = pod::claim_request(&wanted);
+                if pod::storage_less(requested.as_ref(), size.as_ref()) {
+                    self.actions.push(Action::ResizeClaim);
                 }
-                Some((c, AgentOutcome::Failed { reason, message })) => {
-                    b.status.agent = Some(AgentStatus {
-                        address: Some(c.address.clone()),
-                        ..Default::default()
-                    });
-                    b.condition(types::AGENT_READY, ConditionStatus::False, reason, message);
-                    b.condition(types::READY, ConditionStatus::False, reason, message);
-                    let what = match reason.as_str() {
-                        reasons::AGENT_UNREACHABLE => "cannot be reached",
-                        reasons::UNAUTHENTICATED | reasons::PERMISSION_DENIED => {
-                            "refused the operator"
-                        }
-                        reasons::IDENTITY_MISMATCH => "is not to be trusted",
-                        _ => "could not be checked",
-                    };
-                    let text = format!(
-                        "The agent of pod {pod_name} at {} {what} ({reason}): {message}. The pod is kept; Berth keeps retrying.",
-                        c.address
-                    );
-                    if c.fresh {
-                        b.notices.push(Notice::warning(
-                            event_reasons::AGENT_AUTH_FAILED,
-                            text.clone(),
-                        ));
-                    }
-                    b.status.ready_at = None;
-                    b.phase(Phase::Error, text);
-                    return b.finish(c.retry_in.max(Duration::from_millis(100)));
-                }
-                None => {
-                    let message = format!("Pod {pod_name} is ready; checking its agent");
-                    b.condition(
-                        types::AGENT_READY,
-                        ConditionStatus::Unknown,
-                        reasons::UNKNOWN,
-                        &message,
-                    );
-                    b.condition(
-                        types::READY,
-                        ConditionStatus::False,
-                        reasons::UNKNOWN,
-                        &message,
-                    );
-                    b.phase(Phase::Starting, message);
-                    // The check runs in the background and wakes the workspace when it ends.
-                    return b.finish(policy.max_requeue);
+                if pod::storage_less(capacity.as_ref(), size.as_ref()) {
+                    self.growing = Some(growing(claim, size.as_ref()));
                 }
             }
+            _ => {}
         }
-        b.condition(
-            types::READY,
-            ConditionStatus::True,
-            reasons::WORKSPACE_READY,
-            "Workspace is running",
-        );
-        if find_condition(&b.old.conditions, types::READY)
-            .is_none_or(|c| !c.is(ConditionStatus::True))
+        match (pod::build_service(workspace).is_some(), observed.service) {
+            (true, None) => self.actions.push(Action::CreateService),
+            (true, Some(s)) if !pod::service_ports_match(s, workspace) => {
+                self.actions.push(Action::UpdateService)
+            }
+            (false, Some(s)) if is_owned_by(&s.metadata, workspace) => {
+                self.actions.push(Action::DeleteService)
+            }
+            _ => {}
+        }
+    }
+
+    /// A workspace paused (by its user or for idleness) that is not any more says so.
+    fn resumed(&mut self) {
+        if matches!(self.old.phase, Some(Phase::Stopped | Phase::Stopping))
+            && self
+                .old
+                .conditions
+                .iter()
+                .any(|c| c.reason == reasons::PAUSED || c.reason == reasons::IDLE)
         {
-            b.status.ready_at = Some(time(now));
-            b.notices.push(Notice::normal(
-                event_reasons::READY,
-                "Workspace is ready".into(),
+            self.notices.push(Notice::normal(
+                event_reasons::RESUMED,
+                "Workspace resumed: creating its pod".into(),
             ));
         }
-        b.phase(Phase::Running, "Workspace is running");
-        return match idle_timeout {
-            Some(timeout) => {
-                let check = observed.activity.filter(|c| c.pod_uid == uid);
-                b.running_until_idle(timeout, check, &pod_name, slow)
-            }
-            None => b.finish(slow),
-        };
     }
-    b.status.ready_at = None;
 
-    let (reason, message) = match &signal {
-        Some(s) => (s.reason.clone(), s.message.clone()),
-        None => {
-            let waiting = waiting(
-                pod.status
-                    .as_ref()
-                    .and_then(|s| s.container_statuses.as_ref()),
+    /// What Berth said when it gave up on a start of this very spec (rules C9, C12); a stall
+    /// of an older generation is forgotten instead: a new generation starts again.
+    fn gave_up_on_this_spec(&mut self) -> Option<String> {
+        let stalled = find_condition(&self.old.conditions, types::STALLED)
+            .filter(|c| c.is(ConditionStatus::True))?;
+        if stalled.observed_generation == self.generation
+            && !SPEC_VERDICTS.contains(&stalled.reason.as_str())
+        {
+            return Some(stalled.message.clone());
+        }
+        clear_condition(&mut self.status, types::STALLED);
+        clear_condition(&mut self.status, types::POD_REJECTED);
+        self.status.started_at = None;
+        self.status.pod_recreations = None;
+        None
+    }
+
+    /// The pod vanished without Berth deleting it: the last status named a pod of this spec,
+    /// in a phase where it existed, and no rejection explains its absence.
+    fn lost_its_pod(&self) -> bool {
+        let rejected = find_condition(&self.status.conditions, types::POD_REJECTED)
+            .is_some_and(|c| c.is(ConditionStatus::True));
+        !rejected
+            && self.old.observed_generation == self.generation
+            && self.old.pod.as_ref().is_some_and(|p| p.uid.is_some())
+            && matches!(
+                self.old.phase,
+                Some(Phase::Running | Phase::Starting | Phase::Error | Phase::Unknown)
             )
-            .map(|w| w.0);
-            match waiting {
-                None if containers_running(pod) => (
-                    reasons::CONTAINERS_NOT_READY.to_owned(),
-                    format!("Pod {pod_name} is running; waiting for its containers to be ready"),
-                ),
-                waiting => {
-                    let reason = waiting.unwrap_or_else(|| reasons::CONTAINER_CREATING.to_owned());
-                    (
-                        reason.clone(),
-                        format!("Pod {pod_name} is starting ({reason})"),
-                    )
-                }
-            }
-        }
-    };
-    b.condition(types::POD_READY, ConditionStatus::False, &reason, &message);
-    if !agent_verified {
-        b.agent_waits_for(&pod_name);
-    }
-    let first_false = find_condition(&b.status.conditions, types::POD_SCHEDULED)
-        .filter(|c| !c.is(ConditionStatus::True))
-        .or_else(|| find_condition(&b.status.conditions, types::POD_READY))
-        .cloned();
-    if let Some(c) = first_false {
-        b.condition(types::READY, ConditionStatus::False, &c.reason, &c.message);
     }
 
-    match pod_phase.as_str() {
-        "Unknown" => {
-            let text = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.message.clone())
-                .unwrap_or_else(|| format!("The state of pod {pod_name} is unknown"));
-            b.phase(Phase::Unknown, text);
-        }
-        "Failed" | "Succeeded" => {
-            let why = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.reason.clone().zip(s.message.clone()))
-                .map(|(r, m)| format!("{r}: {m}"));
-            let terminated = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .and_then(|cs| cs.iter().find_map(|c| c.state.as_ref()?.terminated.clone()))
-                .map(|t| {
-                    format!(
-                        "container exited with code {}{}{}",
-                        t.exit_code,
-                        t.reason.map(|r| format!(" ({r})")).unwrap_or_default(),
-                        t.message.map(|m| format!(": {m}")).unwrap_or_default()
-                    )
-                });
-            // The container's own words first: a pod that ran and then failed crashed.
-            let text = terminated
-                .or(why)
-                .unwrap_or_else(|| format!("pod phase {pod_phase}"));
-            b.phase(
-                Phase::Error,
-                format!(
-                    "Pod {pod_name} {}: {text}",
-                    if pod_phase == "Failed" {
-                        "failed"
-                    } else {
-                        "exited"
-                    }
-                ),
-            );
-        }
-        _ => match &signal {
-            Some(s) if s.error => b.phase(Phase::Error, s.message.clone()),
-            Some(s) => b.phase(Phase::Starting, s.message.clone()),
-            None => b.phase(Phase::Starting, message.clone()),
-        },
-    }
-
-    // No progress for startTimeout: give up and free the node (rule C9).
-    let last_progress = b
-        .status
-        .conditions
-        .iter()
-        // Waiting for the pod before the agent is checked is not progress.
-        .filter(|c| ConditionType::parse(&c.type_) != Some(types::AGENT_READY))
-        .map(|c| c.last_transition_time.0)
-        .chain(b.status.started_at.as_ref().map(|t| t.0))
-        .max()
-        .unwrap_or(now);
-    let stuck_for = Duration::try_from(now.duration_since(last_progress)).unwrap_or_default();
-    if stuck_for >= start_timeout {
-        let step = find_condition(&b.status.conditions, types::POD_SCHEDULED)
-            .filter(|c| !c.is(ConditionStatus::True))
-            .map(|_| "scheduling")
-            .unwrap_or("starting containers");
-        let last = signal
+    /// The pod is the workspace's: the status names it, and the events tell only what
+    /// happened (rule C17): `Created` once the pod exists, `Started` once one of its
+    /// containers runs.
+    fn saw_pod<'p>(&mut self, pod: &'p Pod, pod_name: &'p str) -> Current<'p> {
+        let uid = pod.uid().unwrap_or_default();
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
+        // Rule C14: an agent is verified once per pod; a new pod is checked again.
+        let agent_verified = self
+            .old
+            .agent
             .as_ref()
-            .map(|s| s.message.clone())
-            .unwrap_or_else(|| "no warning".to_owned());
-        let text = format!(
-            "No progress for {} while {step}: {last}",
-            crate::state::human(start_timeout)
-        );
-        b.actions.push(Action::DeletePod { uid });
-        return b.start_timed_out(text, slow);
+            .and_then(|a| a.verified_pod_uid.as_deref())
+            == Some(uid.as_str());
+        if !agent_verified {
+            self.status.agent = None;
+        }
+        let new_pod = self.old.pod.as_ref().and_then(|p| p.uid.as_deref()) != Some(uid.as_str());
+        self.status.pod = Some(PodRef {
+            name: pod_name.to_owned(),
+            uid: Some(uid.clone()),
+            ip: ip.clone(),
+            node_name: node.clone(),
+        });
+        if new_pod {
+            self.notices.push(Notice::normal(
+                event_reasons::CREATED,
+                format!("Created pod {pod_name}"),
+            ));
+        }
+        let was_running = !new_pod
+            && find_condition(&self.old.conditions, types::POD_READY).is_some_and(|c| {
+                c.is(ConditionStatus::True) || c.reason == reasons::CONTAINERS_NOT_READY
+            });
+        if containers_running(pod) && !was_running {
+            self.notices.push(Notice::normal(
+                event_reasons::STARTED,
+                format!(
+                    "Pod {pod_name} started on {} ({})",
+                    node.as_deref().unwrap_or("its node"),
+                    ip.as_deref().unwrap_or("no IP")
+                ),
+            ));
+        }
+        Current {
+            pod,
+            name: pod_name,
+            uid,
+            agent_verified,
+        }
     }
-    let wait = requeue_interval(
-        elapsed(b.status.started_at.as_ref(), now),
-        policy.max_requeue,
-    )
-    .min(start_timeout - stuck_for);
-    b.finish(wait.max(Duration::from_millis(100)))
 }
 
 /// `10m`, `90s`, `1h30m`.
@@ -1371,108 +848,7 @@ pub fn human(d: Duration) -> String {
     }
 }
 
-/// How soon a workspace whose activity ask is due now is looked at again, should the ask's
-/// own wake not come.
-const ASK_RUNNING_RECHECK: Duration = Duration::from_secs(1);
-
-/// `at` as the status stores it (whole seconds), so a stored time compares equal to it.
-fn whole_second(at: Timestamp) -> Timestamp {
-    Timestamp::from_second(at.as_second()).unwrap_or(at)
-}
-
 impl Builder<'_> {
-    /// A running workspace with an idle timeout: it remembers the latest use its agent
-    /// reported, is stopped once an answer shows nobody used it for the timeout (Berth sets
-    /// `spec.paused`; the storage is kept), and says so when its agent cannot be asked
-    /// (unknown is not idle). It is looked at again when the next ask is due.
-    fn running_until_idle(
-        mut self,
-        timeout: Duration,
-        check: Option<&ActivityCheck>,
-        pod_name: &str,
-        slow: Duration,
-    ) -> Decision {
-        let now = self.now.0;
-        if let Some(ActivityOutcome::Seen { at, signal, .. }) = check.map(|c| &c.outcome) {
-            let at = whole_second(*at);
-            if self.status.last_activity.as_ref().is_none_or(|t| t.0 < at) {
-                self.status.last_activity = Some(Time(at));
-                self.status.last_activity_signal = Some(signal.clone());
-            }
-        }
-        let since = idle::idle_since(&self.status, check).unwrap_or(now);
-        if let Some(idle) = idle::culled_after(timeout, since, check) {
-            let last = match check.map(|c| &c.outcome) {
-                Some(ActivityOutcome::Seen { detail, at, .. }) => {
-                    format!("{detail}, at {}", whole_second(*at))
-                }
-                _ => "nothing".to_owned(),
-            };
-            let text = format!(
-                "Nobody used the workspace for {} (the last use its agent saw: {last}); Berth set spec.paused to true. Its storage is kept; set spec.paused to false to resume.",
-                human(idle)
-            );
-            self.actions.push(Action::Cull);
-            self.condition(types::READY, ConditionStatus::False, reasons::IDLE, &text);
-            self.status.ready_at = None;
-            self.notices.push(Notice::normal(
-                event_reasons::CULLED,
-                format!(
-                    "Stopping the workspace: nobody used it for {} (idleTimeout {}); its storage is kept",
-                    human(idle),
-                    human(timeout)
-                ),
-            ));
-            self.phase(
-                Phase::Stopping,
-                format!("Stopping pod {pod_name}: nobody used the workspace"),
-            );
-            return self.finish(Duration::from_secs(1));
-        }
-        if let Some((reason, message, fresh)) = check.and_then(|c| match &c.outcome {
-            ActivityOutcome::Failed { reason, message } => Some((reason, message, c.fresh)),
-            ActivityOutcome::Seen { .. } => None,
-        }) {
-            let text = format!(
-                "Workspace is running; its agent cannot say whether it is in use ({reason}: {message}), so it is not stopped when idle. Berth keeps asking."
-            );
-            if fresh {
-                self.notices.push(Notice::warning(
-                    event_reasons::ACTIVITY_UNKNOWN,
-                    text.clone(),
-                ));
-            }
-            self.phase(Phase::Running, text);
-        }
-        // Due now: the ask was started with this reconcile and its answer wakes the
-        // workspace, so the requeue is only the safety net, not a 10 Hz loop while it runs.
-        let wait = match idle::next_ask(timeout, since, check, now) {
-            due if due.is_zero() => ASK_RUNNING_RECHECK,
-            wait => wait.max(Duration::from_millis(100)),
-        };
-        self.finish(wait.min(slow.max(Duration::from_millis(100))))
-    }
-
-    /// Gives up on a start that made no progress for `startTimeout` (rule C9).
-    fn start_timed_out(mut self, text: String, requeue: Duration) -> Decision {
-        self.condition(
-            types::STALLED,
-            ConditionStatus::True,
-            reasons::START_TIMEOUT,
-            &text,
-        );
-        self.condition(
-            types::READY,
-            ConditionStatus::False,
-            reasons::START_TIMEOUT,
-            &text,
-        );
-        self.notices
-            .push(Notice::warning(event_reasons::START_TIMEOUT, text.clone()));
-        self.phase(Phase::Failed, text);
-        self.finish(requeue)
-    }
-
     /// The decision, with a refused action accounted for: while the decision still asks for
     /// the action the API server refused, the workspace is `Error` with the API server's words
     /// (a Warning event when the refusal is fresh), and the action waits out its backoff.
@@ -1518,6 +894,7 @@ impl Builder<'_> {
             notices: self.notices,
             requeue,
             recreation: self.recreation,
+            release: self.release,
         }
     }
 
@@ -1539,6 +916,11 @@ impl Builder<'_> {
             .push(Notice::warning(ready.reason.clone(), note));
     }
 }
+
+mod replacing;
+mod running;
+mod starting;
+mod stopping;
 
 #[cfg(test)]
 #[path = "state_tests.rs"]

@@ -140,8 +140,8 @@ impl ControllerArgs {
                 warnings: self.warning_reasons.clone(),
                 rejections: self.rejection_reasons.clone(),
                 pod: self.pod_policy.policy(),
+                deletion_grace: self.deletion_grace,
             },
-            deletion_grace: self.deletion_grace,
             metrics_address: address(&self.metrics_address)?,
             health_address: address(&self.health_address)?,
             leader_election: self.leader_election.then(|| LeaderElection {

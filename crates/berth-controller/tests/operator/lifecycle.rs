@@ -12,7 +12,8 @@ use kube::{
 use serde_json::json;
 
 use crate::support::{
-    Harness, Recording, WAIT, condition, eventually, message_of, phase_of, record, test_config,
+    Harness, Recording, WAIT, condition, events_about, eventually, message_of, phase_of, record,
+    test_config,
 };
 
 async fn secret(h: &Harness, name: &str) {
@@ -380,7 +381,7 @@ async fn pause_keeps_storage_and_resume_starts_again() {
 #[tokio::test]
 async fn deleting_a_workspace_removes_what_it_owns_even_when_its_pod_is_stuck() {
     let h = Harness::start().await;
-    h.create("hank", json!({"image": "devbox:1", "ports": [{"name": "http", "port": 80}], "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"}}}})).await;
+    let hank = h.create("hank", json!({"image": "devbox:1", "ports": [{"name": "http", "port": 80}], "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"}}}})).await;
     h.until_phase("hank", Phase::Running).await;
     // A finalizer nobody removes keeps the pod terminating forever.
     pods(&h)
@@ -408,6 +409,17 @@ async fn deleting_a_workspace_removes_what_it_owns_even_when_its_pod_is_stuck() 
         },
     )
     .await;
+    // The workspace went without its pod stopping, and says so where `kubectl get events`
+    // shows it (the deletion grace is 2 s in these tests).
+    let events = events_about(&h, hank.metadata.uid.as_deref().unwrap()).await;
+    assert!(
+        events
+            .iter()
+            .any(|(reason, note)| reason == "DeletionGraceExpired"
+                && note
+                    .starts_with("Pod hank-ws did not stop within the deletion grace period (2s)")),
+        "{events:?}"
+    );
     let services: Api<Service> = Api::namespaced(h.client.clone(), "default");
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(h.client.clone(), "default");
     eventually(WAIT, "the service and claim to be collected", || async {

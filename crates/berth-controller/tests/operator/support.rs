@@ -46,9 +46,9 @@ pub fn test_config() -> Config {
         policy: Policy {
             max_requeue: Duration::from_secs(3600),
             resync: Duration::from_secs(3600),
+            deletion_grace: Duration::from_secs(2),
             ..Policy::default()
         },
-        deletion_grace: Duration::from_secs(2),
         agent: AgentConfig {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(2),

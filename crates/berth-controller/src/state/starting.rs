@@ -1,0 +1,273 @@
+//! The starting families: no pod yet (create it), and a pod that is not ready (say why, in
+//! the kubelet's and the scheduler's words, and give up after `startTimeout` without
+//! progress).
+
+use std::time::Duration;
+
+use berth_api::{
+    ConditionStatus, Phase,
+    condition::{
+        ConditionType, HasStatus, event_reasons, find_condition, pod_conditions, reasons, types,
+    },
+};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Event;
+
+use super::{
+    Action, Builder, Current, Decision, Notice, containers_running, elapsed, human,
+    requeue_interval, signal, time, waiting,
+};
+use crate::config::Policy;
+
+/// No pod (rule C4): create it, Pending; a create the API server keeps refusing fails the
+/// start after `startTimeout` (rule C9), counted from the first attempt.
+pub(super) fn creating(
+    mut b: Builder<'_>,
+    pod_name: &str,
+    start_timeout: Duration,
+    now: Timestamp,
+    slow: Duration,
+) -> Decision {
+    b.actions.push(Action::CreatePod);
+    if b.status.started_at.is_none() {
+        b.status.started_at = Some(time(now));
+    }
+    b.status.pod = None;
+    b.status.ready_at = None;
+    b.pod_being_created(pod_name);
+    b.phase(Phase::Pending, format!("Creating pod {pod_name}"));
+    // A create the API server keeps refusing is no progress either (rule C9), counted from
+    // the first attempt.
+    let Some(refused) = b
+        .refusal
+        .as_ref()
+        .map(|(r, _)| *r)
+        .filter(|r| r.action == Action::CreatePod)
+    else {
+        return b.finish(Duration::from_secs(1));
+    };
+    let stuck_for = elapsed(b.status.started_at.as_ref(), now);
+    if stuck_for >= start_timeout {
+        let text = format!(
+            "No progress for {} while creating pod {pod_name}: {}",
+            human(start_timeout),
+            refused.message
+        );
+        b.actions.clear();
+        return b.start_timed_out(text, slow);
+    }
+    b.finish(start_timeout - stuck_for)
+}
+
+/// A pod that is not ready (rules C5-C9): the first thing wrong (or happening) is the Ready
+/// reason, in the kubelet's or the scheduler's words; a start with no progress for
+/// `startTimeout` gives up and frees its node.
+pub(super) fn starting(
+    mut b: Builder<'_>,
+    current: &Current<'_>,
+    warnings: &[&Event],
+    start_timeout: Duration,
+    policy: &Policy,
+) -> Decision {
+    let Current {
+        pod,
+        name: pod_name,
+        agent_verified,
+        ..
+    } = *current;
+    let (now, slow) = (b.now.0, policy.resync);
+    b.status.ready_at = None;
+    let pod_phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default();
+    let signal = signal(pod, warnings, policy);
+    let (reason, message) = match &signal {
+        Some(s) => (s.reason.clone(), s.message.clone()),
+        None => {
+            let waiting = waiting(
+                pod.status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref()),
+            )
+            .map(|w| w.0);
+            match waiting {
+                None if containers_running(pod) => (
+                    reasons::CONTAINERS_NOT_READY.to_owned(),
+                    format!("Pod {pod_name} is running; waiting for its containers to be ready"),
+                ),
+                waiting => {
+                    let reason = waiting.unwrap_or_else(|| reasons::CONTAINER_CREATING.to_owned());
+                    (
+                        reason.clone(),
+                        format!("Pod {pod_name} is starting ({reason})"),
+                    )
+                }
+            }
+        }
+    };
+    b.condition(types::POD_READY, ConditionStatus::False, &reason, &message);
+    if !agent_verified {
+        b.agent_waits_for(pod_name);
+    }
+    let first_false = find_condition(&b.status.conditions, types::POD_SCHEDULED)
+        .filter(|c| !c.is(ConditionStatus::True))
+        .or_else(|| find_condition(&b.status.conditions, types::POD_READY))
+        .cloned();
+    if let Some(c) = first_false {
+        b.condition(types::READY, ConditionStatus::False, &c.reason, &c.message);
+    }
+
+    match pod_phase.as_str() {
+        "Unknown" => {
+            let text = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.message.clone())
+                .unwrap_or_else(|| format!("The state of pod {pod_name} is unknown"));
+            b.phase(Phase::Unknown, text);
+        }
+        "Failed" | "Succeeded" => {
+            let why = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.reason.clone().zip(s.message.clone()))
+                .map(|(r, m)| format!("{r}: {m}"));
+            let terminated = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|cs| cs.iter().find_map(|c| c.state.as_ref()?.terminated.clone()))
+                .map(|t| {
+                    format!(
+                        "container exited with code {}{}{}",
+                        t.exit_code,
+                        t.reason.map(|r| format!(" ({r})")).unwrap_or_default(),
+                        t.message.map(|m| format!(": {m}")).unwrap_or_default()
+                    )
+                });
+            // The container's own words first: a pod that ran and then failed crashed.
+            let text = terminated
+                .or(why)
+                .unwrap_or_else(|| format!("pod phase {pod_phase}"));
+            b.phase(
+                Phase::Error,
+                format!(
+                    "Pod {pod_name} {}: {text}",
+                    if pod_phase == "Failed" {
+                        "failed"
+                    } else {
+                        "exited"
+                    }
+                ),
+            );
+        }
+        _ => match &signal {
+            Some(s) if s.error => b.phase(Phase::Error, s.message.clone()),
+            Some(s) => b.phase(Phase::Starting, s.message.clone()),
+            None => b.phase(Phase::Starting, message.clone()),
+        },
+    }
+
+    // No progress for startTimeout: give up and free the node (rule C9).
+    let last_progress = b
+        .status
+        .conditions
+        .iter()
+        // Waiting for the pod before the agent is checked is not progress.
+        .filter(|c| ConditionType::parse(&c.type_) != Some(types::AGENT_READY))
+        .map(|c| c.last_transition_time.0)
+        .chain(b.status.started_at.as_ref().map(|t| t.0))
+        .max()
+        .unwrap_or(now);
+    let stuck_for = Duration::try_from(now.duration_since(last_progress)).unwrap_or_default();
+    if stuck_for >= start_timeout {
+        let step = find_condition(&b.status.conditions, types::POD_SCHEDULED)
+            .filter(|c| !c.is(ConditionStatus::True))
+            .map(|_| "scheduling")
+            .unwrap_or("starting containers");
+        let last = signal
+            .as_ref()
+            .map(|s| s.message.clone())
+            .unwrap_or_else(|| "no warning".to_owned());
+        let text = format!(
+            "No progress for {} while {step}: {last}",
+            crate::state::human(start_timeout)
+        );
+        b.actions.push(Action::DeletePod {
+            uid: current.uid.clone(),
+        });
+        return b.start_timed_out(text, slow);
+    }
+    let wait = requeue_interval(
+        elapsed(b.status.started_at.as_ref(), now),
+        policy.max_requeue,
+    )
+    .min(start_timeout - stuck_for);
+    b.finish(wait.max(Duration::from_millis(100)))
+}
+
+impl Builder<'_> {
+    /// PodScheduled from the pod's own condition, in the scheduler's words.
+    pub(super) fn scheduled(&mut self, current: &Current<'_>) {
+        let b = self;
+        let (pod, pod_name) = (current.pod, current.name);
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let scheduled = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == pod_conditions::POD_SCHEDULED))
+            .cloned();
+        match scheduled {
+            Some(c) if c.is(ConditionStatus::True) => {
+                let message = format!("Pod {pod_name} is bound to {}", node.unwrap_or("a node"));
+                b.condition(
+                    types::POD_SCHEDULED,
+                    ConditionStatus::True,
+                    reasons::SCHEDULED,
+                    &message,
+                )
+            }
+            Some(c) => {
+                let reason = c
+                    .reason
+                    .clone()
+                    .unwrap_or_else(|| reasons::UNSCHEDULABLE.to_owned());
+                b.condition(
+                    types::POD_SCHEDULED,
+                    ConditionStatus::False,
+                    &reason,
+                    c.message.as_deref().unwrap_or(""),
+                );
+            }
+            None => b.condition(
+                types::POD_SCHEDULED,
+                ConditionStatus::False,
+                reasons::WAITING_FOR_SCHEDULER,
+                &format!("Pod {pod_name} waits for the scheduler"),
+            ),
+        }
+    }
+
+    /// Gives up on a start that made no progress for `startTimeout` (rule C9).
+    pub(super) fn start_timed_out(mut self, text: String, requeue: Duration) -> Decision {
+        self.condition(
+            types::STALLED,
+            ConditionStatus::True,
+            reasons::START_TIMEOUT,
+            &text,
+        );
+        self.condition(
+            types::READY,
+            ConditionStatus::False,
+            reasons::START_TIMEOUT,
+            &text,
+        );
+        self.notices
+            .push(Notice::warning(event_reasons::START_TIMEOUT, text.clone()));
+        self.phase(Phase::Failed, text);
+        self.finish(requeue)
+    }
+}
