@@ -69,6 +69,10 @@ pub mod pod_conditions {
     pub const READY: &str = "Ready";
     /// The pod's init containers are running.
     pub const POD_INITIALIZING: &str = "PodInitializing";
+    /// The pod failed, and its containers did not say why.
+    pub const POD_FAILED: &str = "PodFailed";
+    /// The pod's containers all exited with success (the kubelet's word).
+    pub const POD_COMPLETED: &str = "PodCompleted";
     /// The pod's containers are ready.
     pub const CONTAINERS_READY: &str = "ContainersReady";
 }
@@ -98,6 +102,10 @@ pub mod reasons {
     pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
     /// The pod's init containers are running.
     pub const POD_INITIALIZING: &str = "PodInitializing";
+    /// The pod failed, and its containers did not say why.
+    pub const POD_FAILED: &str = "PodFailed";
+    /// The pod's containers all exited with success (the kubelet's word).
+    pub const POD_COMPLETED: &str = "PodCompleted";
     /// The pod's containers are ready.
     pub const CONTAINERS_READY: &str = "ContainersReady";
     /// The pod's containers run but are not ready yet.

@@ -1578,3 +1578,6 @@ fn decisions_on_a_trimmed_pod_are_the_decisions_on_the_whole_pod() {
         }
     }
 }
+
+#[path = "state/families_tests.rs"]
+mod families;

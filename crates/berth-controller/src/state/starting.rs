@@ -11,7 +11,7 @@ use berth_api::{
     },
 };
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{Event, Pod};
 
 use super::{
     Action, Builder, Current, Decision, Notice, containers_running, elapsed, human,
@@ -83,9 +83,13 @@ pub(super) fn starting(
         .and_then(|s| s.phase.clone())
         .unwrap_or_default();
     let signal = signal(pod, warnings, policy);
-    let (reason, message) = match &signal {
-        Some(s) => (s.reason.clone(), s.message.clone()),
-        None => {
+    // A pod that ran to its end: the container's own words first (a pod that ran and then
+    // failed crashed).
+    let ended = matches!(pod_phase.as_str(), "Failed" | "Succeeded").then(|| ended(pod, pod_name));
+    let (reason, message) = match (&ended, &signal) {
+        (Some(end), _) => end.clone(),
+        (None, Some(s)) => (s.reason.clone(), s.message.clone()),
+        (None, None) => {
             let waiting = waiting(
                 pod.status
                     .as_ref()
@@ -128,41 +132,7 @@ pub(super) fn starting(
                 .unwrap_or_else(|| format!("The state of pod {pod_name} is unknown"));
             b.phase(Phase::Unknown, text);
         }
-        "Failed" | "Succeeded" => {
-            let why = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.reason.clone().zip(s.message.clone()))
-                .map(|(r, m)| format!("{r}: {m}"));
-            let terminated = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .and_then(|cs| cs.iter().find_map(|c| c.state.as_ref()?.terminated.clone()))
-                .map(|t| {
-                    format!(
-                        "container exited with code {}{}{}",
-                        t.exit_code,
-                        t.reason.map(|r| format!(" ({r})")).unwrap_or_default(),
-                        t.message.map(|m| format!(": {m}")).unwrap_or_default()
-                    )
-                });
-            // The container's own words first: a pod that ran and then failed crashed.
-            let text = terminated
-                .or(why)
-                .unwrap_or_else(|| format!("pod phase {pod_phase}"));
-            b.phase(
-                Phase::Error,
-                format!(
-                    "Pod {pod_name} {}: {text}",
-                    if pod_phase == "Failed" {
-                        "failed"
-                    } else {
-                        "exited"
-                    }
-                ),
-            );
-        }
+        _ if ended.is_some() => b.phase(Phase::Error, message.clone()),
         _ => match &signal {
             Some(s) if s.error => b.phase(Phase::Error, s.message.clone()),
             Some(s) => b.phase(Phase::Starting, s.message.clone()),
@@ -206,6 +176,47 @@ pub(super) fn starting(
     )
     .min(start_timeout - stuck_for);
     b.finish(wait.max(Duration::from_millis(100)))
+}
+
+/// A pod that ran to its end (phase Failed or Succeeded): the Ready reason and what to say,
+/// in the container's own words first (its terminated reason, `Error`, `OOMKilled` or
+/// `Completed`), then the pod's.
+fn ended(pod: &Pod, pod_name: &str) -> (String, String) {
+    let status = pod.status.as_ref();
+    let failed = status.and_then(|s| s.phase.as_deref()) == Some("Failed");
+    let terminated = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find_map(|c| c.state.as_ref()?.terminated.clone()));
+    let pod_reason = status.and_then(|s| s.reason.clone());
+    let why = pod_reason
+        .clone()
+        .zip(status.and_then(|s| s.message.clone()))
+        .map(|(r, m)| format!("{r}: {m}"));
+    let reason = terminated
+        .as_ref()
+        .and_then(|t| t.reason.clone())
+        .or(pod_reason)
+        .unwrap_or_else(|| {
+            if failed {
+                reasons::POD_FAILED
+            } else {
+                reasons::POD_COMPLETED
+            }
+            .to_owned()
+        });
+    let text = terminated
+        .map(|t| {
+            format!(
+                "container exited with code {}{}{}",
+                t.exit_code,
+                t.reason.map(|r| format!(" ({r})")).unwrap_or_default(),
+                t.message.map(|m| format!(": {m}")).unwrap_or_default()
+            )
+        })
+        .or(why)
+        .unwrap_or_else(|| format!("pod phase {}", if failed { "Failed" } else { "Succeeded" }));
+    let verb = if failed { "failed" } else { "exited" };
+    (reason, format!("Pod {pod_name} {verb}: {text}"))
 }
 
 impl Builder<'_> {
