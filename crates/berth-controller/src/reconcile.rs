@@ -62,34 +62,23 @@ pub struct Context {
     /// last write, and no decision is taken on it.
     replaced: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Vec<String>>>,
     /// Objects this operator just created or applied, which its caches may not show yet:
-    /// (action, namespace, name) -> when. Acting again on a stale cache would only earn a 409.
-    expectations: std::sync::Mutex<HashMap<(&'static str, String, String), Instant>>,
+    /// (kind, namespace, name) -> when the API server accepted it. The core decides with it
+    /// (`state::Expectations`).
+    expectations: std::sync::Mutex<HashMap<(&'static str, String, String), Timestamp>>,
     /// When this operator last wrote the status of a workspace that is starting, to write
     /// its progress at most once per `progress_interval` (rule C16).
-    progress_writes: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Instant>>,
+    progress_writes: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Timestamp>>,
 }
 
-/// How long a create is trusted to show up in the cache before it is tried again.
-/// Under load a watch can lag by seconds; an expectation ends early when the cache shows the
-/// object (or the action is undone), so this only bounds a create whose object vanished before
-/// the cache saw it (kube-controller-manager waits five minutes for the same).
-const EXPECTATION_TTL: std::time::Duration = std::time::Duration::from_secs(60);
-
 impl Context {
-    /// Whether `what` was done for (namespace, name) within the TTL.
-    fn expected(&self, what: &'static str, namespace: &str, name: &str) -> bool {
-        let mut expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
+    /// When `what` was created for (namespace, name), while the caches do not show it.
+    fn expected(&self, what: &'static str, namespace: &str, name: &str) -> Option<Timestamp> {
+        let expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
         // Only this key is looked at: a scan of every expectation would cost each create
         // O(workspaces starting).
-        let key = (what, namespace.to_owned(), name.to_owned());
-        match expectations.get(&key) {
-            Some(at) if at.elapsed() < EXPECTATION_TTL => true,
-            Some(_) => {
-                expectations.remove(&key);
-                false
-            }
-            None => false,
-        }
+        expectations
+            .get(&(what, namespace.to_owned(), name.to_owned()))
+            .copied()
     }
 
     fn expect(&self, what: &'static str, namespace: &str, name: &str) {
@@ -98,7 +87,7 @@ impl Context {
             .unwrap_or_else(|p| p.into_inner())
             .insert(
                 (what, namespace.to_owned(), name.to_owned()),
-                Instant::now(),
+                Timestamp::now(),
             );
     }
 
@@ -148,16 +137,19 @@ impl Context {
         }
     }
 
-    /// How long ago this operator wrote the status of the starting `workspace`, if it did.
+    /// How long before `now` this operator wrote the status of the starting `workspace`, if
+    /// it did.
     fn since_progress_write(
         &self,
         workspace: &ObjectRef<Workspace>,
+        now: Timestamp,
     ) -> Option<std::time::Duration> {
-        self.progress_writes
+        let writes = self
+            .progress_writes
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(workspace)
-            .map(Instant::elapsed)
+            .unwrap_or_else(|p| p.into_inner());
+        let at = *writes.get(workspace)?;
+        std::time::Duration::try_from(now.duration_since(at)).ok()
     }
 
     /// Remembers a status write while the workspace starts; forgets it once it does not.
@@ -168,7 +160,7 @@ impl Context {
             .unwrap_or_else(|p| p.into_inner());
         match phase {
             Some(berth_api::Phase::Pending | berth_api::Phase::Starting) => {
-                writes.insert(workspace.clone(), Instant::now())
+                writes.insert(workspace.clone(), Timestamp::now())
             }
             _ => writes.remove(workspace),
         };
@@ -587,18 +579,6 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     let warnings: Vec<&Event> = events.iter().map(|e| e.as_ref()).collect();
     let agent = ctx.agents.check(&workspace, pod.as_deref()).await;
     let activity = ctx.agents.activity(&workspace, pod.as_deref()).await;
-    let reference = ObjectRef::from_obj(&*workspace);
-    let refusal = ctx.refusal(&reference);
-    let observed = Observed {
-        workspace: &workspace,
-        pod: pod.as_deref(),
-        warnings: &warnings,
-        claim: claim.as_deref(),
-        service: service.as_deref(),
-        agent: agent.as_ref(),
-        refusal: refusal.as_ref(),
-        activity: activity.as_ref(),
-    };
     // What the caches show no longer needs an expectation.
     if pod.is_some() {
         ctx.forget("pod", &namespace, &name);
@@ -612,7 +592,27 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     {
         ctx.forget("service", &namespace, &name);
     }
-    let decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
+    let reference = ObjectRef::from_obj(&*workspace);
+    let refusal = ctx.refusal(&reference);
+    let expectations = state::Expectations {
+        pod: ctx.expected("pod", &namespace, &name),
+        claim: ctx.expected("claim", &namespace, &name),
+        service: ctx.expected("service", &namespace, &name),
+    };
+    let observed = Observed {
+        workspace: &workspace,
+        pod: pod.as_deref(),
+        warnings: &warnings,
+        claim: claim.as_deref(),
+        service: service.as_deref(),
+        agent: agent.as_ref(),
+        refusal: refusal.as_ref(),
+        activity: activity.as_ref(),
+        expectations,
+    };
+    // One clock reading per observation: every decision on it is taken at the same time.
+    let now = Timestamp::now();
+    let decision = state::derive(&observed, &ctx.config.policy, now);
     let old = workspace.status.clone().unwrap_or_default();
 
     // The status is written before acting, conditionally on the cached resourceVersion: a
@@ -620,7 +620,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     // acting (which could, say, create a replacement pod without counting it).
     let mut version = workspace.resource_version();
     if decision.status != old {
-        let since = ctx.since_progress_write(&reference);
+        let since = ctx.since_progress_write(&reference, now);
         let interval = ctx.config.policy.progress_interval;
         if let Some(wait) = state::hold_back(&old, &decision, since, interval) {
             return Ok(Requeue::requeue(wait.min(decision.requeue)));
@@ -781,9 +781,6 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
         action,
         Action::CreatePod | Action::CreateClaim | Action::CreateService | Action::UpdateService
     );
-    if creates && ctx.expected(kind, &namespace, &name) {
-        return Ok(None);
-    }
     if !creates {
         ctx.forget(kind, &namespace, &name);
     }
@@ -929,6 +926,7 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         agent: None,
         refusal: None,
         activity: None,
+        expectations: Default::default(),
     };
     let decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());
     for action in decision

@@ -54,6 +54,37 @@ pub struct Observed<'a> {
     /// The last `GetActivity` to the current pod's agent, when the workspace has an idle
     /// timeout.
     pub activity: Option<&'a ActivityCheck>,
+    /// Creates the API server accepted that the caches do not show yet.
+    pub expectations: Expectations,
+}
+
+/// When this operator's create (or update) of an object the workspace owns was accepted, for
+/// the objects its caches do not show yet. Under load a watch lags by seconds: until the
+/// cache shows the object, or [`EXPECTATION_TTL`] has passed, the create is not sent again (it
+/// would only earn a 409).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Expectations {
+    pub pod: Option<Timestamp>,
+    pub claim: Option<Timestamp>,
+    pub service: Option<Timestamp>,
+}
+
+/// How long a create is trusted to show up in the cache before it is sent again. It bounds
+/// only a create whose object vanished before the cache saw it (kube-controller-manager
+/// waits five minutes for the same).
+pub const EXPECTATION_TTL: Duration = Duration::from_secs(60);
+
+impl Expectations {
+    /// Whether `action` was done lately and its result is still to show up in the cache.
+    fn covers(&self, action: &Action, now: Timestamp) -> bool {
+        let sent = match action {
+            Action::CreatePod => self.pod,
+            Action::CreateClaim => self.claim,
+            Action::CreateService | Action::UpdateService => self.service,
+            _ => None,
+        };
+        sent.is_some_and(|at| elapsed(Some(&Time(at)), now) < EXPECTATION_TTL)
+    }
 }
 
 /// What the operator's WhoAmI to a pod's agent found.
@@ -393,6 +424,7 @@ struct Builder<'a> {
     growing: Option<String>,
     /// The workspace is being deleted and its finalizer may go.
     release: bool,
+    expectations: Expectations,
 }
 
 impl Builder<'_> {
@@ -680,6 +712,7 @@ impl<'a> Builder<'a> {
             max_requeue: policy.max_requeue,
             growing: None,
             release: false,
+            expectations: observed.expectations,
         }
     }
 }
@@ -853,6 +886,9 @@ impl Builder<'_> {
     /// the action the API server refused, the workspace is `Error` with the API server's words
     /// (a Warning event when the refusal is fresh), and the action waits out its backoff.
     fn finish(mut self, mut requeue: Duration) -> Decision {
+        // A create the caches do not show yet is not sent again.
+        let (expectations, now) = (self.expectations, self.now.0);
+        self.actions.retain(|a| !expectations.covers(a, now));
         let still_wanted = self
             .refusal
             .as_ref()

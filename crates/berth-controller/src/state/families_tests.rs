@@ -40,6 +40,7 @@ struct Case {
     pod: Option<Pod>,
     warnings: Vec<Event>,
     agent: Option<AgentCheck>,
+    expectations: Expectations,
 }
 
 fn case(name: &'static str, workspace: Workspace, pod: Option<Pod>) -> Case {
@@ -49,12 +50,19 @@ fn case(name: &'static str, workspace: Workspace, pod: Option<Pod>) -> Case {
         pod,
         warnings: vec![],
         agent: None,
+        expectations: Expectations::default(),
     }
 }
 
 impl Case {
     fn agent(mut self, check: AgentCheck) -> Self {
         self.agent = Some(check);
+        self
+    }
+
+    /// The pod's create was accepted `seconds_ago`, and the pod cache does not show it yet.
+    fn pod_created(mut self, seconds_ago: i64) -> Self {
+        self.expectations.pod = Some(Timestamp::from_second(NOW - seconds_ago).unwrap());
         self
     }
 
@@ -75,6 +83,7 @@ impl Case {
                 agent: self.agent.as_ref(),
                 refusal: None,
                 activity: None,
+                expectations: self.expectations,
             },
             &Policy::default(),
             now(),
@@ -353,6 +362,7 @@ fn waiting_pod(ws: &Workspace, reason: &str) -> Pod {
 #[test]
 fn starting() {
     let fresh = workspace(json!({"image": "x:1"}), Value::Null);
+    let created = workspace(json!({"image": "x:1"}), started(2));
     let starting = workspace(json!({"image": "x:1"}), started(3));
     let unschedulable = pod_of(
         &starting,
@@ -374,6 +384,24 @@ fn starting() {
     table(vec![
         (
             case("no pod: create it", fresh, None),
+            seen(
+                Phase::Pending,
+                Some("ContainerCreating"),
+                vec![Action::CreatePod],
+                &[],
+            ),
+        ),
+        (
+            case(
+                "created 5 s ago, not in the cache yet: not again",
+                created.clone(),
+                None,
+            )
+            .pod_created(5),
+            seen(Phase::Pending, Some("ContainerCreating"), vec![], &[]),
+        ),
+        (
+            case("created 61 s ago and never seen: again", created, None).pod_created(61),
             seen(
                 Phase::Pending,
                 Some("ContainerCreating"),
