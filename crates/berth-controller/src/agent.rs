@@ -15,6 +15,7 @@ use std::{
 use berth_agent::client::{CallError, ClientTls, get_activity, token_rejected, who_am_i};
 use berth_api::{Workspace, condition::reasons};
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use jiff::Timestamp;
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
     core::v1::{Pod, ServiceAccount},
@@ -76,7 +77,7 @@ enum Attempt {
     Done {
         check: AgentCheck,
         failures: u32,
-        next_at: Instant,
+        next_at: Timestamp,
         /// Handed to a reconcile already (its event was published then).
         delivered: bool,
     },
@@ -143,7 +144,12 @@ impl AgentChecker {
     /// now when none was made for this pod or the backoff ran out; the last failure again while
     /// the backoff runs; None while a call is still running (the workspace is woken when it
     /// ends) or when nothing needs checking.
-    pub async fn check(&self, workspace: &Workspace, pod: Option<&Pod>) -> Option<AgentCheck> {
+    pub async fn check(
+        &self,
+        workspace: &Workspace,
+        pod: Option<&Pod>,
+        now: Timestamp,
+    ) -> Option<AgentCheck> {
         let shared = &self.shared;
         let key = (
             workspace.namespace().unwrap_or_default(),
@@ -154,7 +160,7 @@ impl AgentChecker {
             return None;
         };
         let pod_uid = pod.and_then(|p| p.uid()).unwrap_or_default();
-        let mut done = match shared.result(&key, &pod_uid) {
+        let mut done = match shared.result(&key, &pod_uid, now) {
             Lookup::Result(check) => return Some(check),
             Lookup::Running(done, _) => done,
             Lookup::Due { failures, previous } => {
@@ -164,7 +170,7 @@ impl AgentChecker {
             }
         };
         let _ = tokio::time::timeout(INLINE_WAIT, done.wait_for(|d| *d)).await;
-        match shared.result(&key, &pod_uid) {
+        match shared.result(&key, &pod_uid, Timestamp::now()) {
             Lookup::Result(check) => Some(check),
             // A retry still running: the last failure stands (the status does not flap).
             Lookup::Running(_, previous) => previous,
@@ -180,6 +186,7 @@ impl AgentChecker {
         &self,
         workspace: &Workspace,
         pod: Option<&Pod>,
+        now: Timestamp,
     ) -> Option<ActivityCheck> {
         let shared = &self.shared;
         let key = (
@@ -221,7 +228,6 @@ impl AgentChecker {
         };
         let status = workspace.status.clone().unwrap_or_default();
         let since = idle::idle_since(&status, last.as_ref())?;
-        let now = jiff::Timestamp::now();
         if !idle::next_ask(timeout, since, last.as_ref(), now).is_zero() {
             return last;
         }
@@ -392,8 +398,8 @@ impl Shared {
         }
     }
 
-    /// The stored state of the check of `pod_uid`'s agent.
-    fn result(&self, key: &Key, pod_uid: &str) -> Lookup {
+    /// The stored state of the check of `pod_uid`'s agent, read at `now`.
+    fn result(&self, key: &Key, pod_uid: &str, now: Timestamp) -> Lookup {
         let mut attempts = self.attempts();
         match attempts.get_mut(key) {
             Some(Attempt::InFlight {
@@ -415,21 +421,15 @@ impl Shared {
                 next_at,
                 delivered,
             }) if check.pod_uid == pod_uid => {
-                let now = Instant::now();
-                let verified = matches!(check.outcome, AgentOutcome::Verified { .. });
-                if verified || !*delivered || now < *next_at {
-                    let fresh = !*delivered;
-                    *delivered = true;
-                    Lookup::Result(AgentCheck {
-                        fresh,
-                        retry_in: next_at.saturating_duration_since(now),
-                        ..check.clone()
-                    })
-                } else {
-                    Lookup::Due {
+                match state::agent_reading(check, *next_at, *delivered, now) {
+                    Some(reading) => {
+                        *delivered = true;
+                        Lookup::Result(reading)
+                    }
+                    None => Lookup::Due {
                         failures: *failures,
                         previous: Some(check.clone()),
-                    }
+                    },
                 }
             }
             _ => Lookup::Due {
@@ -515,7 +515,9 @@ impl Shared {
                         retry_in,
                     },
                     failures,
-                    next_at: Instant::now() + retry_in,
+                    next_at: Timestamp::now()
+                        .checked_add(retry_in)
+                        .unwrap_or(Timestamp::MAX),
                     delivered: false,
                 },
             );

@@ -577,8 +577,10 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         None => vec![],
     };
     let warnings: Vec<&Event> = events.iter().map(|e| e.as_ref()).collect();
-    let agent = ctx.agents.check(&workspace, pod.as_deref()).await;
-    let activity = ctx.agents.activity(&workspace, pod.as_deref()).await;
+    // One clock reading per observation: every decision on it is taken at the same time.
+    let now = Timestamp::now();
+    let agent = ctx.agents.check(&workspace, pod.as_deref(), now).await;
+    let activity = ctx.agents.activity(&workspace, pod.as_deref(), now).await;
     // What the caches show no longer needs an expectation.
     if pod.is_some() {
         ctx.forget("pod", &namespace, &name);
@@ -610,8 +612,6 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         activity: activity.as_ref(),
         expectations,
     };
-    // One clock reading per observation: every decision on it is taken at the same time.
-    let now = Timestamp::now();
     let decision = state::derive(&observed, &ctx.config.policy, now);
     let old = workspace.status.clone().unwrap_or_default();
 

@@ -110,6 +110,27 @@ pub enum AgentOutcome {
     Failed { reason: String, message: String },
 }
 
+/// Rule C15, what a reconcile at `now` makes of the last finished WhoAmI to the pod's agent:
+/// the check to decide with, or `None` when the agent is to be called again. A verification
+/// stands (once per pod). A failure stands until its backoff ends at `next_at` and is
+/// `fresh` (its Warning published) only the first time a reconcile reads it (`delivered`
+/// says one did); then a call is due. A failure never read is read once even past its
+/// backoff, so every failure is said.
+pub fn agent_reading(
+    last: &AgentCheck,
+    next_at: Timestamp,
+    delivered: bool,
+    now: Timestamp,
+) -> Option<AgentCheck> {
+    let verified = matches!(last.outcome, AgentOutcome::Verified { .. });
+    let backing_off = now < next_at;
+    (verified || !delivered || backing_off).then(|| AgentCheck {
+        fresh: !delivered,
+        retry_in: Duration::try_from(next_at.duration_since(now)).unwrap_or_default(),
+        ..last.clone()
+    })
+}
+
 /// The address of the agent to check, when the workspace's pod is ready and its agent has not
 /// been verified for this pod UID yet (rule C14: once per pod).
 pub fn agent_to_check(workspace: &Workspace, pod: Option<&Pod>, port: u16) -> Option<String> {

@@ -475,6 +475,68 @@ fn an_agent_auth_failure_keeps_the_pod_and_says_what_to_fix() {
 }
 
 #[test]
+fn an_agent_failure_stands_through_its_backoff_and_is_said_once() {
+    let at = |seconds: i64| Timestamp::from_second(NOW + seconds).unwrap();
+    let failure = check(
+        AgentOutcome::Failed {
+            reason: "Unauthenticated".into(),
+            message: "no".into(),
+        },
+        true,
+    );
+    let verified = verified();
+    // (last check, backoff ends at, read before, now) -> (fresh, retry in) or due.
+    type Row<'a> = (&'a str, &'a AgentCheck, i64, bool, i64, Option<(bool, u64)>);
+    let rows: Vec<Row> = vec![
+        (
+            "a failure read for the first time",
+            &failure,
+            5,
+            false,
+            0,
+            Some((true, 5)),
+        ),
+        (
+            "the same failure read again",
+            &failure,
+            5,
+            true,
+            2,
+            Some((false, 3)),
+        ),
+        (
+            "its backoff ran out: call again",
+            &failure,
+            5,
+            true,
+            5,
+            None,
+        ),
+        (
+            "a failure never read is said even late",
+            &failure,
+            5,
+            false,
+            9,
+            Some((true, 0)),
+        ),
+        (
+            "a verification stands",
+            &verified,
+            0,
+            true,
+            60,
+            Some((false, 0)),
+        ),
+    ];
+    for (case, last, next_at, delivered, now, want) in rows {
+        let got = agent_reading(last, at(next_at), delivered, at(now))
+            .map(|c| (c.fresh, c.retry_in.as_secs()));
+        assert_eq!(got, want, "{case}");
+    }
+}
+
+#[test]
 fn an_unreachable_agent_is_said_so() {
     let ws = workspace(json!({"image": "x:1"}), started(10));
     let pod = ready_pod(&ws);
