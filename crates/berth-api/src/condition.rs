@@ -77,94 +77,181 @@ pub mod pod_conditions {
     pub const CONTAINERS_READY: &str = "ContainersReady";
 }
 
-/// Condition reasons: CamelCase and stable, since programs and alerts match on them.
-pub mod reasons {
+/// Why a condition is as it is. Berth's own reasons are named here, once; CamelCase and
+/// stable, since programs and alerts match on them. Words Berth passes on as they were said
+/// (a kubelet's container reason, the scheduler's, an agent's gRPC code, the API server's
+/// refusal) are [`Reason::Other`] unless they are one of these. Serialized as the text it
+/// always was: `Reason::parse(r.as_str()) == r`.
+macro_rules! reasons {
+    ($($(#[$doc:meta])* $variant:ident,)*) => {
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        pub enum Reason {
+            $($(#[$doc])* $variant,)*
+            /// Someone else's words, passed on as they were said.
+            Other(String),
+        }
+
+        impl Reason {
+            /// The name of one of Berth's own reasons; None for [`Reason::Other`].
+            pub fn name(&self) -> Option<&'static str> {
+                match self {
+                    $(Reason::$variant => Some(stringify!($variant)),)*
+                    Reason::Other(_) => None,
+                }
+            }
+
+            /// The reason a condition's text names.
+            pub fn parse(text: &str) -> Reason {
+                match text {
+                    $(stringify!($variant) => Reason::$variant,)*
+                    other => Reason::Other(other.to_owned()),
+                }
+            }
+        }
+    };
+}
+
+reasons! {
     // PodScheduled
     /// The scheduler found no node that fits.
-    pub const UNSCHEDULABLE: &str = "Unschedulable";
+    Unschedulable,
     /// The pod is waiting for the scheduler.
-    pub const WAITING_FOR_SCHEDULER: &str = "WaitingForScheduler";
+    WaitingForScheduler,
     /// The pod is bound to a node.
-    pub const SCHEDULED: &str = "Scheduled";
-
+    Scheduled,
     // PodReady (the kubelet's own container reasons)
     /// Containers are being created.
-    pub const CONTAINER_CREATING: &str = "ContainerCreating";
+    ContainerCreating,
     /// A volume could not be mounted.
-    pub const FAILED_MOUNT: &str = "FailedMount";
+    FailedMount,
     /// The image cannot be pulled; the kubelet is backing off.
-    pub const IMAGE_PULL_BACK_OFF: &str = "ImagePullBackOff";
+    ImagePullBackOff,
     /// Pulling the image failed.
-    pub const ERR_IMAGE_PULL: &str = "ErrImagePull";
+    ErrImagePull,
     /// A container keeps crashing.
-    pub const CRASH_LOOP_BACK_OFF: &str = "CrashLoopBackOff";
+    CrashLoopBackOff,
     /// A container's configuration (e.g. a referenced secret key) is invalid.
-    pub const CREATE_CONTAINER_CONFIG_ERROR: &str = "CreateContainerConfigError";
+    CreateContainerConfigError,
     /// The pod's init containers are running.
-    pub const POD_INITIALIZING: &str = "PodInitializing";
+    PodInitializing,
     /// The pod failed, and its containers did not say why.
-    pub const POD_FAILED: &str = "PodFailed";
+    PodFailed,
     /// The pod's containers all exited with success (the kubelet's word).
-    pub const POD_COMPLETED: &str = "PodCompleted";
+    PodCompleted,
     /// The pod's containers are ready.
-    pub const CONTAINERS_READY: &str = "ContainersReady";
+    ContainersReady,
     /// The pod's containers run but are not ready yet.
-    pub const CONTAINERS_NOT_READY: &str = "ContainersNotReady";
-
+    ContainersNotReady,
     // AgentReady
     /// The agent accepted the operator's identity.
-    pub const AGENT_VERIFIED: &str = "AgentVerified";
+    AgentVerified,
     /// The agent could not authenticate the operator.
-    pub const UNAUTHENTICATED: &str = "Unauthenticated";
+    Unauthenticated,
     /// The agent authenticated the operator but refused it.
-    pub const PERMISSION_DENIED: &str = "PermissionDenied";
+    PermissionDenied,
     /// The agent authenticated the operator as someone else than its service account (an
     /// agent with authentication off says `system:anonymous`).
-    pub const IDENTITY_MISMATCH: &str = "IdentityMismatch";
+    IdentityMismatch,
     /// The agent answered, but the API it checks callers with (TokenReview,
     /// SubjectAccessReview) did not, within the call's deadline.
-    pub const UNAVAILABLE: &str = "Unavailable";
+    Unavailable,
     /// The agent is checking too many other callers' tokens to check this one in time.
-    pub const RESOURCE_EXHAUSTED: &str = "ResourceExhausted";
+    ResourceExhausted,
     /// The agent could not be reached.
-    pub const AGENT_UNREACHABLE: &str = "AgentUnreachable";
+    AgentUnreachable,
     /// The agent's state is not known yet (e.g. the operator cannot get its token).
-    pub const UNKNOWN: &str = "Unknown";
+    Unknown,
     /// The agent is checked once the pod is ready.
-    pub const WAITING_FOR_POD: &str = "WaitingForPod";
-
+    WaitingForPod,
     // PodRejected and Stalled
     /// A new pod replaced the one that was rejected or lost (PodRejected turns False).
-    pub const POD_RECREATED: &str = "PodRecreated";
+    PodRecreated,
     /// A pod of the workspace's name exists and is not the workspace's own.
-    pub const POD_NOT_OWNED: &str = "PodNotOwned";
+    PodNotOwned,
     /// A pod's node was lost; the pod is replaced.
-    pub const NODE_LOST: &str = "NodeLost";
+    NodeLost,
     /// Too many pods were rejected; Berth gave up.
-    pub const RECREATION_LIMIT_REACHED: &str = "RecreationLimitReached";
+    RecreationLimitReached,
     /// A start made no progress for `startTimeout`.
-    pub const START_TIMEOUT: &str = "StartTimeout";
+    StartTimeout,
     /// The spec can never work; Berth waits for it to change.
-    pub const INVALID_SPEC: &str = "InvalidSpec";
+    InvalidSpec,
     /// The spec asks for what the operator's policy does not allow a workspace (tolerations,
     /// node selection, reserved labels and annotations); Berth waits for it to change.
-    pub const FORBIDDEN: &str = "Forbidden";
-
+    Forbidden,
     // Ready
     /// The workspace is usable.
-    pub const WORKSPACE_READY: &str = "WorkspaceReady";
+    WorkspaceReady,
     /// The workspace is paused.
-    pub const PAUSED: &str = "Paused";
+    Paused,
     /// Berth stopped the workspace: nobody used it for `lifecycle.idleTimeout`.
-    pub const IDLE: &str = "Idle";
+    Idle,
+}
+
+impl Reason {
+    /// As the condition's `reason` says it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Reason::Other(text) => text,
+            known => known.name().unwrap_or_default(),
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&str> for Reason {
+    fn from(text: &str) -> Self {
+        Reason::parse(text)
+    }
+}
+
+impl From<String> for Reason {
+    fn from(text: String) -> Self {
+        Reason::parse(&text)
+    }
+}
+
+/// An event's reason from a condition's: Berth's own without an allocation.
+impl From<Reason> for std::borrow::Cow<'static, str> {
+    fn from(reason: Reason) -> Self {
+        match reason {
+            Reason::Other(text) => text.into(),
+            known => known.name().unwrap_or_default().into(),
+        }
+    }
+}
+
+/// A condition whose reason is read typed, never compared as text.
+pub trait HasReason {
+    /// The reason as written.
+    fn reason_text(&self) -> &str;
+
+    /// The reason, typed.
+    fn reason(&self) -> Reason {
+        Reason::parse(self.reason_text())
+    }
+
+    /// Whether the reason is `reason`.
+    fn has_reason(&self, reason: &Reason) -> bool {
+        self.reason_text() == reason.as_str()
+    }
+}
+
+impl HasReason for Condition {
+    fn reason_text(&self) -> &str {
+        &self.reason
+    }
 }
 
 /// The reasons of the events Berth publishes about a workspace (rule C17): CamelCase and
 /// stable, as alerts match on them. Where an event reports what a condition says, it has the
 /// condition's reason.
 pub mod event_reasons {
-    use super::reasons;
-
     /// The workspace's pod was created.
     pub const CREATED: &str = "Created";
     /// A container of the pod runs.
@@ -181,12 +268,6 @@ pub mod event_reasons {
     pub const RECREATING: &str = "Recreating";
     /// The kubelet rejected the pod.
     pub const POD_REJECTED: &str = "PodRejected";
-    /// The pod's node was lost, or the pod disappeared.
-    pub const NODE_LOST: &str = reasons::NODE_LOST;
-    /// Too many pods were rejected; Berth gave up.
-    pub const RECREATION_LIMIT_REACHED: &str = reasons::RECREATION_LIMIT_REACHED;
-    /// A start made no progress for `startTimeout`.
-    pub const START_TIMEOUT: &str = reasons::START_TIMEOUT;
     /// The agent did not authenticate the operator.
     pub const AGENT_AUTH_FAILED: &str = "AgentAuthFailed";
     /// The workspace's pod did not stop within the deletion grace period: it was deleted at
@@ -194,6 +275,13 @@ pub mod event_reasons {
     pub const DELETION_GRACE_EXPIRED: &str = "DeletionGraceExpired";
     /// The agent could not say when the workspace was last used; it is not culled meanwhile.
     pub const ACTIVITY_UNKNOWN: &str = "ActivityUnknown";
+    /// The API server refused to create an object the workspace needs (as Kubernetes' own
+    /// controllers name it).
+    pub const FAILED_CREATE: &str = "FailedCreate";
+    /// The API server refused to update an object the workspace owns.
+    pub const FAILED_UPDATE: &str = "FailedUpdate";
+    /// The API server refused to delete an object the workspace owns.
+    pub const FAILED_DELETE: &str = "FailedDelete";
 }
 
 /// The status of a condition, as Kubernetes spells it.
@@ -277,7 +365,7 @@ pub fn set_condition(
     conditions: &mut Vec<Condition>,
     type_: ConditionType,
     status: ConditionStatus,
-    reason: &str,
+    reason: &Reason,
     message: &str,
     observed_generation: Option<i64>,
     now: &Time,
@@ -285,7 +373,7 @@ pub fn set_condition(
     let desired = |last_transition_time: Time| Condition {
         type_: type_.as_str().to_owned(),
         status: status.as_str().to_owned(),
-        reason: reason.to_owned(),
+        reason: reason.as_str().to_owned(),
         message: message.to_owned(),
         observed_generation,
         last_transition_time,
@@ -327,13 +415,30 @@ mod tests {
     }
 
     #[test]
+    fn a_reason_reads_back_as_it_was_written() {
+        for text in ["NodeLost", "StartTimeout", "OutOfcpu", "Internal", ""] {
+            let reason = Reason::parse(text);
+            assert_eq!(reason.as_str(), text);
+            assert_eq!(Reason::parse(reason.as_str()), reason);
+        }
+        assert_eq!(Reason::parse("NodeLost"), Reason::NodeLost);
+        assert_eq!(
+            Reason::parse("OutOfcpu"),
+            Reason::Other("OutOfcpu".into()),
+            "a kubelet's own word is passed on"
+        );
+        let event: std::borrow::Cow<'static, str> = Reason::StartTimeout.into();
+        assert!(matches!(event, std::borrow::Cow::Borrowed("StartTimeout")));
+    }
+
+    #[test]
     fn a_new_condition_gets_now_as_transition_time() {
         let mut conditions = vec![];
         let changed = set_condition(
             &mut conditions,
             types::READY,
             ConditionStatus::False,
-            reasons::CONTAINER_CREATING,
+            &Reason::ContainerCreating,
             "Pod is starting",
             Some(1),
             &at(100),
@@ -352,7 +457,7 @@ mod tests {
             &mut conditions,
             types::READY,
             ConditionStatus::False,
-            reasons::CONTAINER_CREATING,
+            &Reason::ContainerCreating,
             "starting",
             Some(1),
             &at(100),
@@ -361,14 +466,14 @@ mod tests {
             &mut conditions,
             types::READY,
             ConditionStatus::False,
-            reasons::FAILED_MOUNT,
+            &Reason::FailedMount,
             "secret missing",
             Some(2),
             &at(200),
         );
         assert!(changed);
         assert_eq!(conditions[0].last_transition_time, at(100));
-        assert_eq!(conditions[0].reason, reasons::FAILED_MOUNT);
+        assert_eq!(conditions[0].reason(), Reason::FailedMount);
         assert_eq!(conditions[0].message, "secret missing");
         assert_eq!(conditions[0].observed_generation, Some(2));
     }
@@ -380,7 +485,7 @@ mod tests {
             &mut conditions,
             types::READY,
             ConditionStatus::False,
-            reasons::CONTAINER_CREATING,
+            &Reason::ContainerCreating,
             "starting",
             Some(1),
             &at(100),
@@ -389,7 +494,7 @@ mod tests {
             &mut conditions,
             types::READY,
             ConditionStatus::True,
-            reasons::WORKSPACE_READY,
+            &Reason::WorkspaceReady,
             "ready",
             Some(1),
             &at(300),
@@ -405,7 +510,7 @@ mod tests {
             &mut conditions,
             types::READY,
             ConditionStatus::True,
-            reasons::WORKSPACE_READY,
+            &Reason::WorkspaceReady,
             "ready",
             Some(1),
             &at(100),
@@ -415,7 +520,7 @@ mod tests {
             &mut conditions,
             types::READY,
             ConditionStatus::True,
-            reasons::WORKSPACE_READY,
+            &Reason::WorkspaceReady,
             "ready",
             Some(1),
             &at(999),
@@ -431,7 +536,7 @@ mod tests {
             &mut conditions,
             types::POD_READY,
             ConditionStatus::True,
-            reasons::CONTAINERS_READY,
+            &Reason::ContainersReady,
             "",
             Some(1),
             &at(100),
@@ -440,7 +545,7 @@ mod tests {
             &mut conditions,
             types::AGENT_READY,
             ConditionStatus::False,
-            reasons::UNAUTHENTICATED,
+            &Reason::Unauthenticated,
             "no",
             Some(1),
             &at(200),
@@ -452,7 +557,7 @@ mod tests {
             find_condition(&conditions, types::AGENT_READY)
                 .unwrap()
                 .reason,
-            reasons::UNAUTHENTICATED
+            Reason::Unauthenticated.as_str()
         );
         assert!(find_condition(&conditions, types::STALLED).is_none());
     }

@@ -13,7 +13,7 @@ use std::{
 };
 
 use berth_agent::client::{CallError, ClientTls, get_activity, token_rejected, who_am_i};
-use berth_api::{Workspace, condition::reasons};
+use berth_api::{Workspace, condition::Reason};
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use jiff::Timestamp;
 use k8s_openapi::api::{
@@ -34,13 +34,13 @@ use crate::{
 /// The condition reason of an agent's refusal: the gRPC code's name, as `AgentReady` says it
 /// (`Unauthenticated`, `PermissionDenied`, `Unavailable`, `ResourceExhausted`, or the name
 /// of a code an agent does not send, such as `Internal`).
-pub fn refusal_reason(code: tonic::Code) -> String {
+pub fn refusal_reason(code: tonic::Code) -> Reason {
     match code {
-        tonic::Code::Unauthenticated => reasons::UNAUTHENTICATED.to_owned(),
-        tonic::Code::PermissionDenied => reasons::PERMISSION_DENIED.to_owned(),
-        tonic::Code::Unavailable => reasons::UNAVAILABLE.to_owned(),
-        tonic::Code::ResourceExhausted => reasons::RESOURCE_EXHAUSTED.to_owned(),
-        other => format!("{other:?}"),
+        tonic::Code::Unauthenticated => Reason::Unauthenticated,
+        tonic::Code::PermissionDenied => Reason::PermissionDenied,
+        tonic::Code::Unavailable => Reason::Unavailable,
+        tonic::Code::ResourceExhausted => Reason::ResourceExhausted,
+        other => Reason::Other(format!("{other:?}")),
     }
 }
 
@@ -315,7 +315,7 @@ impl Shared {
                     ActivityOutcome::Failed { reason, message } => {
                         let (namespace, name) = &key;
                         warn!(%namespace, workspace = %name, %address, %reason, detail = %message, "cannot ask the agent for activity; the workspace is not culled meanwhile");
-                        (reason.clone(), failures + 1)
+                        (reason.to_string(), failures + 1)
                     }
                 };
                 shared
@@ -360,10 +360,7 @@ impl Shared {
     /// One `GetActivity`, with the operator's token for the namespace (renewed once if the
     /// agent rejected it).
     async fn call_activity(&self, address: &str, tls: bool, namespace: &str) -> ActivityOutcome {
-        let failed = |reason: &str, message: String| ActivityOutcome::Failed {
-            reason: reason.to_owned(),
-            message,
-        };
+        let failed = |reason: Reason, message: String| ActivityOutcome::Failed { reason, message };
         let timeout = self.config.timeout;
         let answer = match self
             .with_token(namespace, tls, |token, client_tls| async move {
@@ -372,7 +369,7 @@ impl Shared {
             .await
         {
             Ok(answer) => answer,
-            Err(message) => return failed(reasons::UNKNOWN, message),
+            Err(message) => return failed(Reason::Unknown, message),
         };
         match answer {
             Ok(answer) => match answer.last_activity.parse::<jiff::Timestamp>() {
@@ -382,7 +379,7 @@ impl Shared {
                     detail: answer.detail,
                 },
                 Err(e) => failed(
-                    reasons::UNKNOWN,
+                    Reason::Unknown,
                     format!(
                         "the agent at {address} answered an unreadable time {:?}: {e}",
                         answer.last_activity
@@ -390,10 +387,10 @@ impl Shared {
                 ),
             },
             Err(e @ CallError::Unreachable { .. }) => {
-                failed(reasons::AGENT_UNREACHABLE, e.to_string())
+                failed(Reason::AgentUnreachable, e.to_string())
             }
             Err(CallError::Refused(status)) => {
-                failed(&refusal_reason(status.code()), status.message().to_owned())
+                failed(refusal_reason(status.code()), status.message().to_owned())
             }
         }
     }
@@ -482,7 +479,7 @@ impl Shared {
     ) {
         let result = match &outcome {
             AgentOutcome::Verified { .. } => "ok".to_owned(),
-            AgentOutcome::Failed { reason, .. } => reason.clone(),
+            AgentOutcome::Failed { reason, .. } => reason.to_string(),
         };
         self.metrics
             .agent_checks
@@ -532,7 +529,7 @@ impl Shared {
     /// IP reused by another workspace's pod must not vouch for this one.
     async fn call(&self, address: &str, tls: bool, workspace: &(String, String)) -> AgentOutcome {
         let unknown = |message: String| AgentOutcome::Failed {
-            reason: reasons::UNKNOWN.to_owned(),
+            reason: Reason::Unknown,
             message,
         };
         let timeout = self.config.timeout;
@@ -563,7 +560,7 @@ impl Shared {
             // Whoever the agent says called must be the operator's own service account: an
             // agent that lets everyone in (or is not ours) says someone else.
             Ok(answer) if answer.caller_username != operator => AgentOutcome::Failed {
-                reason: reasons::IDENTITY_MISMATCH.to_owned(),
+                reason: Reason::IdentityMismatch,
                 message: format!(
                     "the agent at {address} authenticated the operator as {:?}, not as its service account {operator}",
                     answer.caller_username
@@ -573,7 +570,7 @@ impl Shared {
                 identity: answer.caller_username,
             },
             Err(e @ CallError::Unreachable { .. }) => AgentOutcome::Failed {
-                reason: reasons::AGENT_UNREACHABLE.to_owned(),
+                reason: Reason::AgentUnreachable,
                 message: e.to_string(),
             },
             Err(CallError::Refused(status)) => AgentOutcome::Failed {

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use berth_api::{Workspace, WorkspaceStatus};
+use berth_api::{Workspace, WorkspaceStatus, condition::Reason};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
@@ -31,7 +31,7 @@ pub enum ActivityOutcome {
         detail: String,
     },
     /// The agent could not be asked: the same reasons as a WhoAmI's failure.
-    Failed { reason: String, message: String },
+    Failed { reason: Reason, message: String },
 }
 
 /// The step below which the next ask is made at the deadline itself, as a share of the
@@ -154,7 +154,7 @@ mod tests {
     fn failed(asked: i64, retry: u64) -> ActivityCheck {
         ActivityCheck {
             outcome: ActivityOutcome::Failed {
-                reason: "AgentUnreachable".into(),
+                reason: Reason::AgentUnreachable,
                 message: "connection refused".into(),
             },
             retry_in: Duration::from_secs(retry),

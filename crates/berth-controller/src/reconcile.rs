@@ -683,7 +683,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     let decision = decisions.last().expect("one decision at least").clone();
     if let Some(recreation) = &decision.recreation {
         let labels = crate::metrics::RecreationLabels {
-            reason: recreation.reason.clone(),
+            reason: recreation.reason.to_string(),
             attempt: recreation.attempt.to_string(),
         };
         ctx.metrics.pod_recreations.get_or_create(&labels).inc();

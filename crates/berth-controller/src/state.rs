@@ -7,7 +7,7 @@ use std::time::Duration;
 use berth_api::{
     ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace, WorkspaceStatus,
     condition::{
-        ConditionType, HasStatus, event_reasons, find_condition, pod_conditions, reasons,
+        ConditionType, HasReason, HasStatus, Reason, event_reasons, find_condition, pod_conditions,
         set_condition, types,
     },
 };
@@ -107,7 +107,7 @@ pub enum AgentOutcome {
     Verified { identity: String },
     /// The call failed: `reason` is the gRPC code's name (`Unauthenticated`,
     /// `PermissionDenied`), `AgentUnreachable`, or `Unknown`; `message` is the agent's.
-    Failed { reason: String, message: String },
+    Failed { reason: Reason, message: String },
 }
 
 /// Rule C15, what a reconcile at `now` makes of the last finished WhoAmI to the pod's agent:
@@ -234,10 +234,14 @@ impl Action {
     /// Kubernetes' own controllers name it.
     pub fn refused_reason(&self) -> &'static str {
         match self {
-            Action::CreateClaim | Action::CreateService | Action::CreatePod => "FailedCreate",
-            Action::UpdateService | Action::ResizeClaim | Action::Cull => "FailedUpdate",
+            Action::CreateClaim | Action::CreateService | Action::CreatePod => {
+                event_reasons::FAILED_CREATE
+            }
+            Action::UpdateService | Action::ResizeClaim | Action::Cull => {
+                event_reasons::FAILED_UPDATE
+            }
             Action::DeleteService | Action::DeletePod { .. } | Action::ForceDeletePod { .. } => {
-                "FailedDelete"
+                event_reasons::FAILED_DELETE
             }
         }
     }
@@ -247,7 +251,7 @@ impl Action {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recreation {
     /// The kubelet's reason, or `NodeLost`.
-    pub reason: String,
+    pub reason: Reason,
     /// 1 for the first replacement of this start.
     pub attempt: u32,
 }
@@ -295,7 +299,7 @@ pub struct Decision {
 /// The most relevant thing wrong (or happening) with a pod that is not ready (rule C6).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Signal {
-    reason: String,
+    reason: Reason,
     message: String,
     error: bool,
 }
@@ -342,11 +346,12 @@ fn signal(pod: &Pod, warnings: &[&Event], policy: &Policy) -> Option<Signal> {
     let scheduled = status
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| c.iter().find(|c| c.type_ == pod_conditions::POD_SCHEDULED));
-    if let Some(condition) = scheduled
-        .filter(|c| c.is(ConditionStatus::False) && c.reason.as_deref() == Some("Unschedulable"))
-    {
+    if let Some(condition) = scheduled.filter(|c| {
+        c.is(ConditionStatus::False)
+            && c.reason.as_deref().map(Reason::parse) == Some(Reason::Unschedulable)
+    }) {
         return Some(Signal {
-            reason: reasons::UNSCHEDULABLE.to_owned(),
+            reason: Reason::Unschedulable,
             message: condition.message.clone().unwrap_or_default(),
             error: policy.warnings.classify("FailedScheduling", 1) == WarningClass::Error,
         });
@@ -364,7 +369,7 @@ fn signal(pod: &Pod, warnings: &[&Event], policy: &Policy) -> Option<Signal> {
             format!("{reason}: {message}")
         };
         return Some(Signal {
-            reason,
+            reason: Reason::parse(&reason),
             message,
             error: true,
         });
@@ -389,7 +394,7 @@ fn signal(pod: &Pod, warnings: &[&Event], policy: &Policy) -> Option<Signal> {
         .max_by(|a, b| a.0.cmp(&b.0));
     newest.map(|(_, reason, message, class)| Signal {
         message: format!("{reason}: {message}"),
-        reason,
+        reason: Reason::parse(&reason),
         error: class == WarningClass::Error,
     })
 }
@@ -427,7 +432,7 @@ fn clear_condition(status: &mut WorkspaceStatus, type_: ConditionType) {
 
 /// The Stalled reasons that are verdicts on the spec (derived again on every reconcile), not
 /// a start that gave up.
-const SPEC_VERDICTS: [&str; 2] = [reasons::INVALID_SPEC, reasons::FORBIDDEN];
+const SPEC_VERDICTS: [Reason; 2] = [Reason::InvalidSpec, Reason::Forbidden];
 
 struct Builder<'a> {
     status: WorkspaceStatus,
@@ -452,16 +457,21 @@ impl Builder<'_> {
     /// A verdict on the spec itself: `Stalled=True` and `Ready=False` with `reason`, in
     /// `phase`, until the spec changes; it is re-derived each time, so it is never the
     /// "gave up" stall below (the reason is one of [`SPEC_VERDICTS`]).
-    fn spec_verdict(&mut self, phase: Phase, reason: &str, message: String) {
+    fn spec_verdict(&mut self, phase: Phase, reason: Reason, message: String) {
         debug_assert!(SPEC_VERDICTS.contains(&reason));
-        self.condition(types::STALLED, ConditionStatus::True, reason, &message);
+        self.condition(
+            types::STALLED,
+            ConditionStatus::True,
+            reason.clone(),
+            &message,
+        );
         self.condition(types::READY, ConditionStatus::False, reason, &message);
         self.phase(phase, message);
     }
 
     /// A spec that can never work: Failed, Stalled=InvalidSpec, no retry storm (rule C19).
     fn invalid_spec(mut self, message: String, requeue: Duration) -> Decision {
-        self.spec_verdict(Phase::Failed, reasons::INVALID_SPEC, message);
+        self.spec_verdict(Phase::Failed, Reason::InvalidSpec, message);
         self.finish(requeue)
     }
 
@@ -470,7 +480,7 @@ impl Builder<'_> {
     /// a verdict on the spec never destroys running work.
     fn forbidden(mut self, message: String, requeue: Duration) -> Decision {
         self.status.ready_at = None;
-        self.spec_verdict(Phase::Error, reasons::FORBIDDEN, message);
+        self.spec_verdict(Phase::Error, Reason::Forbidden, message);
         self.finish(requeue)
     }
 
@@ -482,19 +492,19 @@ impl Builder<'_> {
         self.condition(
             types::POD_SCHEDULED,
             ConditionStatus::False,
-            reasons::WAITING_FOR_SCHEDULER,
+            Reason::WaitingForScheduler,
             &message,
         );
         self.condition(
             types::POD_READY,
             ConditionStatus::False,
-            reasons::CONTAINER_CREATING,
+            Reason::ContainerCreating,
             &message,
         );
         self.condition(
             types::READY,
             ConditionStatus::False,
-            reasons::CONTAINER_CREATING,
+            Reason::ContainerCreating,
             &message,
         );
     }
@@ -504,7 +514,7 @@ impl Builder<'_> {
         self.condition(
             types::AGENT_READY,
             ConditionStatus::Unknown,
-            reasons::WAITING_FOR_POD,
+            Reason::WaitingForPod,
             &format!("The agent is checked once pod {pod_name} is ready"),
         );
     }
@@ -513,14 +523,14 @@ impl Builder<'_> {
         &mut self,
         type_: ConditionType,
         status: ConditionStatus,
-        reason: &str,
+        reason: impl Into<Reason>,
         message: &str,
     ) {
         set_condition(
             &mut self.status.conditions,
             type_,
             status,
-            reason,
+            &reason.into(),
             message,
             self.generation,
             &self.now,
@@ -534,13 +544,13 @@ impl Builder<'_> {
 }
 
 /// Ready reasons that only say a start is moving on, as opposed to what is wrong with it.
-const PROGRESS: [&str; 6] = [
-    reasons::WAITING_FOR_SCHEDULER,
-    reasons::CONTAINER_CREATING,
-    reasons::POD_INITIALIZING,
-    reasons::CONTAINERS_NOT_READY,
-    reasons::UNKNOWN,
-    reasons::WAITING_FOR_POD,
+const PROGRESS: [Reason; 6] = [
+    Reason::WaitingForScheduler,
+    Reason::ContainerCreating,
+    Reason::PodInitializing,
+    Reason::ContainersNotReady,
+    Reason::Unknown,
+    Reason::WaitingForPod,
 ];
 
 /// Rule C16, coalesced: progress within a start is written at most once per `interval`, so a
@@ -561,7 +571,7 @@ pub fn hold_back(
 ) -> Option<Duration> {
     let new = &decision.status;
     let progress = find_condition(&new.conditions, types::READY)
-        .is_some_and(|c| c.is(ConditionStatus::False) && PROGRESS.contains(&c.reason.as_str()));
+        .is_some_and(|c| c.is(ConditionStatus::False) && PROGRESS.contains(&c.reason()));
     let same_start = old.phase == new.phase
         && matches!(new.phase, Some(Phase::Pending | Phase::Starting))
         && old.observed_generation == new.observed_generation
@@ -749,7 +759,7 @@ impl Builder<'_> {
         self.condition(
             types::READY,
             ConditionStatus::False,
-            reasons::POD_NOT_OWNED,
+            Reason::PodNotOwned,
             &message,
         );
         self.phase(Phase::Error, message);
@@ -797,7 +807,7 @@ impl Builder<'_> {
                 .old
                 .conditions
                 .iter()
-                .any(|c| c.reason == reasons::PAUSED || c.reason == reasons::IDLE)
+                .any(|c| c.has_reason(&Reason::Paused) || c.has_reason(&Reason::Idle))
         {
             self.notices.push(Notice::normal(
                 event_reasons::RESUMED,
@@ -812,7 +822,7 @@ impl Builder<'_> {
         let stalled = find_condition(&self.old.conditions, types::STALLED)
             .filter(|c| c.is(ConditionStatus::True))?;
         if stalled.observed_generation == self.generation
-            && !SPEC_VERDICTS.contains(&stalled.reason.as_str())
+            && !SPEC_VERDICTS.contains(&stalled.reason())
         {
             return Some(stalled.message.clone());
         }
@@ -869,7 +879,7 @@ impl Builder<'_> {
         }
         let was_running = !new_pod
             && find_condition(&self.old.conditions, types::POD_READY).is_some_and(|c| {
-                c.is(ConditionStatus::True) || c.reason == reasons::CONTAINERS_NOT_READY
+                c.is(ConditionStatus::True) || c.has_reason(&Reason::ContainersNotReady)
             });
         if containers_running(pod) && !was_running {
             self.notices.push(Notice::normal(
@@ -922,7 +932,12 @@ impl Builder<'_> {
                 refused.action.describe(&workspace),
                 refused.message
             );
-            self.condition(types::READY, ConditionStatus::False, &refused.reason, &text);
+            self.condition(
+                types::READY,
+                ConditionStatus::False,
+                refused.reason.as_str(),
+                &text,
+            );
             if refused.fresh {
                 self.notices.push(Notice::warning(
                     refused.action.refused_reason(),
@@ -964,13 +979,12 @@ impl Builder<'_> {
         let Some(ready) = find_condition(&self.status.conditions, types::READY) else {
             return;
         };
-        let before = find_condition(&self.old.conditions, types::READY).map(|c| c.reason.as_str());
-        if self.old.phase == Some(Phase::Error) && before == Some(ready.reason.as_str()) {
+        let before = find_condition(&self.old.conditions, types::READY).map(HasReason::reason);
+        if self.old.phase == Some(Phase::Error) && before == Some(ready.reason()) {
             return;
         }
         let note = self.status.message.clone().unwrap_or_default();
-        self.notices
-            .push(Notice::warning(ready.reason.clone(), note));
+        self.notices.push(Notice::warning(ready.reason(), note));
     }
 }
 

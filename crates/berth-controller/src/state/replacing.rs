@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use berth_api::{
     ConditionStatus, Phase, PodRecreationPolicy,
-    condition::{event_reasons, reasons, types},
+    condition::{HasReason, Reason, event_reasons, types},
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -23,7 +23,7 @@ pub(super) fn replacing(
     now: Timestamp,
 ) -> Decision {
     // The rejected (or lost) pod is gone: replace it once the delay has passed.
-    let node_lost = condition.reason == reasons::NODE_LOST;
+    let node_lost = condition.has_reason(&Reason::NodeLost);
     // Condition times have whole seconds: count the delay from the end of that second, so
     // it is never shortened.
     let wait = if node_lost {
@@ -52,7 +52,7 @@ pub(super) fn replacing(
         )
     };
     b.recreation = Some(Recreation {
-        reason: condition.reason.clone(),
+        reason: condition.reason(),
         attempt: attempt.max(1),
     });
     b.notices
@@ -60,7 +60,7 @@ pub(super) fn replacing(
     b.condition(
         types::POD_REJECTED,
         ConditionStatus::False,
-        reasons::POD_RECREATED,
+        Reason::PodRecreated,
         &format!(
             "A new pod replaced the one that was {}",
             if node_lost {
@@ -91,11 +91,11 @@ pub(super) fn replacing(
 /// it is started again, counted with the lost nodes.
 pub(super) fn vanished(b: &mut Builder<'_>, pod_name: &str) {
     b.recreation = Some(Recreation {
-        reason: reasons::NODE_LOST.to_owned(),
+        reason: Reason::NodeLost,
         attempt: 1,
     });
     b.notices.push(Notice::warning(
-        event_reasons::NODE_LOST,
+        Reason::NodeLost,
         format!(
             "Pod {pod_name} disappeared (its node was deleted or it was evicted); creating it again"
         ),
@@ -154,23 +154,23 @@ pub(super) fn rejected(
         b.condition(
             types::POD_REJECTED,
             ConditionStatus::True,
-            reasons::RECREATION_LIMIT_REACHED,
+            Reason::RecreationLimitReached,
             &text,
         );
         b.condition(
             types::STALLED,
             ConditionStatus::True,
-            reasons::RECREATION_LIMIT_REACHED,
+            Reason::RecreationLimitReached,
             &text,
         );
         b.condition(
             types::READY,
             ConditionStatus::False,
-            reasons::RECREATION_LIMIT_REACHED,
+            Reason::RecreationLimitReached,
             &text,
         );
         b.notices.push(Notice::warning(
-            event_reasons::RECREATION_LIMIT_REACHED,
+            Reason::RecreationLimitReached,
             text.clone(),
         ));
         b.phase(Phase::Failed, text);
@@ -179,13 +179,13 @@ pub(super) fn rejected(
     b.condition(
         types::POD_REJECTED,
         ConditionStatus::True,
-        &rejected.reason,
+        rejected.reason.as_str(),
         &rejected.message,
     );
     b.condition(
         types::READY,
         ConditionStatus::False,
-        &rejected.reason,
+        rejected.reason.as_str(),
         &rejected.message,
     );
     b.notices.push(Notice::warning(
@@ -225,17 +225,17 @@ pub(super) fn node_lost(mut b: Builder<'_>, current: &Current<'_>) -> Decision {
     b.condition(
         types::POD_REJECTED,
         ConditionStatus::True,
-        reasons::NODE_LOST,
+        Reason::NodeLost,
         &text,
     );
     b.condition(
         types::READY,
         ConditionStatus::False,
-        reasons::NODE_LOST,
+        Reason::NodeLost,
         &text,
     );
     b.notices.push(Notice::warning(
-        event_reasons::NODE_LOST,
+        Reason::NodeLost,
         format!("{text}; replacing pod {pod_name}"),
     ));
     b.phase(Phase::Unknown, format!("{text}; replacing the pod"));

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use berth_api::{
     AgentStatus, ConditionStatus, Phase,
-    condition::{HasStatus, event_reasons, find_condition, reasons, types},
+    condition::{HasStatus, Reason, event_reasons, find_condition, types},
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -33,7 +33,7 @@ pub(super) fn running(
     b.condition(
         types::POD_READY,
         ConditionStatus::True,
-        reasons::CONTAINERS_READY,
+        Reason::ContainersReady,
         "All containers are ready",
     );
     if !current.agent_verified {
@@ -50,7 +50,7 @@ pub(super) fn running(
                 b.condition(
                     types::AGENT_READY,
                     ConditionStatus::True,
-                    reasons::AGENT_VERIFIED,
+                    Reason::AgentVerified,
                     &format!(
                         "The agent at {} authenticated the operator as {identity}",
                         c.address
@@ -62,12 +62,22 @@ pub(super) fn running(
                     address: Some(c.address.clone()),
                     ..Default::default()
                 });
-                b.condition(types::AGENT_READY, ConditionStatus::False, reason, message);
-                b.condition(types::READY, ConditionStatus::False, reason, message);
-                let what = match reason.as_str() {
-                    reasons::AGENT_UNREACHABLE => "cannot be reached",
-                    reasons::UNAUTHENTICATED | reasons::PERMISSION_DENIED => "refused the operator",
-                    reasons::IDENTITY_MISMATCH => "is not to be trusted",
+                b.condition(
+                    types::AGENT_READY,
+                    ConditionStatus::False,
+                    reason.clone(),
+                    message,
+                );
+                b.condition(
+                    types::READY,
+                    ConditionStatus::False,
+                    reason.clone(),
+                    message,
+                );
+                let what = match reason {
+                    Reason::AgentUnreachable => "cannot be reached",
+                    Reason::Unauthenticated | Reason::PermissionDenied => "refused the operator",
+                    Reason::IdentityMismatch => "is not to be trusted",
                     _ => "could not be checked",
                 };
                 let text = format!(
@@ -89,13 +99,13 @@ pub(super) fn running(
                 b.condition(
                     types::AGENT_READY,
                     ConditionStatus::Unknown,
-                    reasons::UNKNOWN,
+                    Reason::Unknown,
                     &message,
                 );
                 b.condition(
                     types::READY,
                     ConditionStatus::False,
-                    reasons::UNKNOWN,
+                    Reason::Unknown,
                     &message,
                 );
                 b.phase(Phase::Starting, message);
@@ -107,7 +117,7 @@ pub(super) fn running(
     b.condition(
         types::READY,
         ConditionStatus::True,
-        reasons::WORKSPACE_READY,
+        Reason::WorkspaceReady,
         "Workspace is running",
     );
     if find_condition(&b.old.conditions, types::READY).is_none_or(|c| !c.is(ConditionStatus::True))
@@ -170,7 +180,7 @@ impl Builder<'_> {
                 human(idle)
             );
             self.actions.push(Action::Cull);
-            self.condition(types::READY, ConditionStatus::False, reasons::IDLE, &text);
+            self.condition(types::READY, ConditionStatus::False, Reason::Idle, &text);
             self.status.ready_at = None;
             self.notices.push(Notice::normal(
                 event_reasons::CULLED,

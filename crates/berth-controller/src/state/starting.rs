@@ -7,7 +7,7 @@ use std::time::Duration;
 use berth_api::{
     ConditionStatus, Phase,
     condition::{
-        ConditionType, HasStatus, event_reasons, find_condition, pod_conditions, reasons, types,
+        ConditionType, HasReason, HasStatus, Reason, find_condition, pod_conditions, types,
     },
 };
 use jiff::Timestamp;
@@ -95,14 +95,14 @@ pub(super) fn starting(
                     .as_ref()
                     .and_then(|s| s.container_statuses.as_ref()),
             )
-            .map(|w| w.0);
+            .map(|w| Reason::parse(&w.0));
             match waiting {
                 None if containers_running(pod) => (
-                    reasons::CONTAINERS_NOT_READY.to_owned(),
+                    Reason::ContainersNotReady,
                     format!("Pod {pod_name} is running; waiting for its containers to be ready"),
                 ),
                 waiting => {
-                    let reason = waiting.unwrap_or_else(|| reasons::CONTAINER_CREATING.to_owned());
+                    let reason = waiting.unwrap_or(Reason::ContainerCreating);
                     (
                         reason.clone(),
                         format!("Pod {pod_name} is starting ({reason})"),
@@ -111,7 +111,7 @@ pub(super) fn starting(
             }
         }
     };
-    b.condition(types::POD_READY, ConditionStatus::False, &reason, &message);
+    b.condition(types::POD_READY, ConditionStatus::False, reason, &message);
     if !agent_verified {
         b.agent_waits_for(pod_name);
     }
@@ -120,7 +120,7 @@ pub(super) fn starting(
         .or_else(|| find_condition(&b.status.conditions, types::POD_READY))
         .cloned();
     if let Some(c) = first_false {
-        b.condition(types::READY, ConditionStatus::False, &c.reason, &c.message);
+        b.condition(types::READY, ConditionStatus::False, c.reason(), &c.message);
     }
 
     match pod_phase.as_str() {
@@ -181,7 +181,7 @@ pub(super) fn starting(
 /// A pod that ran to its end (phase Failed or Succeeded): the Ready reason and what to say,
 /// in the container's own words first (its terminated reason, `Error`, `OOMKilled` or
 /// `Completed`), then the pod's.
-fn ended(pod: &Pod, pod_name: &str) -> (String, String) {
+fn ended(pod: &Pod, pod_name: &str) -> (Reason, String) {
     let status = pod.status.as_ref();
     let failed = status.and_then(|s| s.phase.as_deref()) == Some("Failed");
     let terminated = status
@@ -196,13 +196,11 @@ fn ended(pod: &Pod, pod_name: &str) -> (String, String) {
         .as_ref()
         .and_then(|t| t.reason.clone())
         .or(pod_reason)
-        .unwrap_or_else(|| {
-            if failed {
-                reasons::POD_FAILED
-            } else {
-                reasons::POD_COMPLETED
-            }
-            .to_owned()
+        .map(Reason::from)
+        .unwrap_or(if failed {
+            Reason::PodFailed
+        } else {
+            Reason::PodCompleted
         });
     let text = terminated
         .map(|t| {
@@ -237,26 +235,26 @@ impl Builder<'_> {
                 b.condition(
                     types::POD_SCHEDULED,
                     ConditionStatus::True,
-                    reasons::SCHEDULED,
+                    Reason::Scheduled,
                     &message,
                 )
             }
             Some(c) => {
                 let reason = c
                     .reason
-                    .clone()
-                    .unwrap_or_else(|| reasons::UNSCHEDULABLE.to_owned());
+                    .as_deref()
+                    .map_or(Reason::Unschedulable, Reason::parse);
                 b.condition(
                     types::POD_SCHEDULED,
                     ConditionStatus::False,
-                    &reason,
+                    reason,
                     c.message.as_deref().unwrap_or(""),
                 );
             }
             None => b.condition(
                 types::POD_SCHEDULED,
                 ConditionStatus::False,
-                reasons::WAITING_FOR_SCHEDULER,
+                Reason::WaitingForScheduler,
                 &format!("Pod {pod_name} waits for the scheduler"),
             ),
         }
@@ -267,17 +265,17 @@ impl Builder<'_> {
         self.condition(
             types::STALLED,
             ConditionStatus::True,
-            reasons::START_TIMEOUT,
+            Reason::StartTimeout,
             &text,
         );
         self.condition(
             types::READY,
             ConditionStatus::False,
-            reasons::START_TIMEOUT,
+            Reason::StartTimeout,
             &text,
         );
         self.notices
-            .push(Notice::warning(event_reasons::START_TIMEOUT, text.clone()));
+            .push(Notice::warning(Reason::StartTimeout, text.clone()));
         self.phase(Phase::Failed, text);
         self.finish(requeue)
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use berth_api::{
     ConditionStatus, Phase,
-    condition::{event_reasons, find_condition, reasons, types},
+    condition::{HasReason, Reason, event_reasons, find_condition, types},
 };
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
 use kube::ResourceExt;
@@ -69,7 +69,7 @@ pub(super) fn paused(
     b.status.pod_recreations = None;
     // Paused by Berth because nobody used it: it says so until it is resumed.
     let culled = find_condition(&b.old.conditions, types::READY)
-        .filter(|c| c.reason == reasons::IDLE)
+        .filter(|c| c.has_reason(&Reason::Idle))
         .map(|c| c.message.clone());
     if !matches!(b.old.phase, Some(Phase::Stopping | Phase::Stopped)) && culled.is_none() {
         b.notices.push(Notice::normal(
@@ -78,11 +78,11 @@ pub(super) fn paused(
         ));
     }
     match &culled {
-        Some(why) => b.condition(types::READY, ConditionStatus::False, reasons::IDLE, why),
+        Some(why) => b.condition(types::READY, ConditionStatus::False, Reason::Idle, why),
         None => b.condition(
             types::READY,
             ConditionStatus::False,
-            reasons::PAUSED,
+            Reason::Paused,
             "Workspace is paused",
         ),
     }
