@@ -282,6 +282,9 @@ pub mod event_reasons {
     pub const FAILED_UPDATE: &str = "FailedUpdate";
     /// The API server refused to delete an object the workspace owns.
     pub const FAILED_DELETE: &str = "FailedDelete";
+    /// A reconcile of the workspace failed (its status may be what cannot be written); it is
+    /// retried with backoff.
+    pub const RECONCILE_FAILED: &str = "ReconcileFailed";
 }
 
 /// The status of a condition, as Kubernetes spells it.

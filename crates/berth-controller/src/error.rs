@@ -28,24 +28,33 @@ impl From<kube::Error> for Error {
 }
 
 impl Error {
-    /// A stable, CamelCase reason.
+    /// A stable, CamelCase reason: for a request the API server refused or failed (also while
+    /// adding or removing the finalizer), what its answer means.
     pub fn reason(&self) -> &'static str {
+        use kube::runtime::finalizer::Error as FinalizerError;
         match self {
-            Error::Kube(e) => match &**e {
-                kube::Error::Api(status) if status.code == 409 => "Conflict",
-                kube::Error::Api(status) if status.code == 403 => "Forbidden",
-                kube::Error::Api(status) if status.code == 422 => "Invalid",
-                kube::Error::Api(status) if status.code >= 500 || status.code == 429 => {
-                    "ApiUnavailable"
+            Error::Kube(e) => kube_reason(e),
+            Error::Finalizer(e) => match &**e {
+                FinalizerError::AddFinalizer(e) | FinalizerError::RemoveFinalizer(e) => {
+                    kube_reason(e)
                 }
-                kube::Error::Api(_) => "ApiError",
-                _ => "ApiUnreachable",
+                _ => "Finalizer",
             },
-            Error::Finalizer(_) => "Finalizer",
             Error::LeaderElection(_) => "LeaderElection",
             Error::Serve(_) => "Serve",
             Error::Serialization(_) => "Serialization",
         }
+    }
+}
+
+fn kube_reason(error: &kube::Error) -> &'static str {
+    match error {
+        kube::Error::Api(status) if status.code == 409 => "Conflict",
+        kube::Error::Api(status) if status.code == 403 => "Forbidden",
+        kube::Error::Api(status) if status.code == 422 => "Invalid",
+        kube::Error::Api(status) if status.code >= 500 || status.code == 429 => "ApiUnavailable",
+        kube::Error::Api(_) => "ApiError",
+        _ => "ApiUnreachable",
     }
 }
 

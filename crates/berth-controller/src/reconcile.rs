@@ -5,7 +5,7 @@
 
 use std::{collections::HashMap, sync::Arc, time::Instant};
 
-use berth_api::{Workspace, WorkspaceStatus, labels};
+use berth_api::{Workspace, WorkspaceStatus, condition::event_reasons, labels};
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Service};
@@ -522,10 +522,31 @@ fn error_policy(workspace: Arc<Workspace>, error: &Error, ctx: Arc<Context>) -> 
         .entry(ObjectRef::from_obj(&*workspace))
         .or_default();
     *attempt += 1;
-    let delay = std::time::Duration::from_millis(250)
-        .saturating_mul(1 << (*attempt).min(8))
-        .min(ctx.config.policy.max_requeue);
+    let attempt = *attempt;
+    drop(failures);
+    let delay = state::retry_after_error(attempt, ctx.config.policy.max_requeue);
     warn!(workspace = %workspace.name_any(), reason = error.reason(), %error, ?delay, "reconcile failed; retrying");
+    // Never only a log line: the workspace says it too, at the 1st, 2nd, 4th, 8th ... failure
+    // in a row (its status may be what cannot be written).
+    if attempt.is_power_of_two() {
+        let note = format!(
+            "Cannot reconcile the workspace ({}): {error}. Retrying in {}.",
+            error.reason(),
+            state::human(delay)
+        );
+        tokio::spawn(async move {
+            let reference = kube::Resource::object_ref(&*workspace, &());
+            let report = Report {
+                type_: EventType::Warning,
+                reason: event_reasons::RECONCILE_FAILED,
+                action: event_reasons::RECONCILE_FAILED,
+                note: &note,
+            };
+            if let Err(error) = ctx.recorder.publish(&report, &reference).await {
+                warn!(%error, "cannot publish event");
+            }
+        });
+    }
     Requeue::requeue(delay)
 }
 

@@ -900,9 +900,20 @@ impl Builder<'_> {
     }
 }
 
+/// The wait before reconciling again after the `attempt`th failed reconcile in a row (rule
+/// C19): 500 ms, 1 s, 2 s ... up to `cap`.
+pub fn retry_after_error(attempt: u32, cap: Duration) -> Duration {
+    Duration::from_millis(250)
+        .saturating_mul(1 << attempt.min(8))
+        .min(cap)
+}
+
 /// `10m`, `90s`, `1h30m`.
 pub fn human(d: Duration) -> String {
     let s = d.as_secs();
+    if s == 0 && !d.is_zero() {
+        return format!("{}ms", d.as_millis());
+    }
     match (s / 3600, (s % 3600) / 60, s % 60) {
         (0, 0, sec) => format!("{sec}s"),
         (0, m, 0) => format!("{m}m"),

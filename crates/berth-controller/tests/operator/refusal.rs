@@ -16,6 +16,8 @@ use kube::{
 };
 use serde_json::json;
 
+use berth_sim::{ApiFault, Frequency, RequestMatch};
+
 use crate::support::{Harness, OPERATOR, condition, events_about, message_of};
 
 fn pod_creates(h: &Harness) -> u64 {
@@ -272,4 +274,33 @@ async fn a_spec_asking_for_what_the_operator_does_not_allow_gets_no_pod() {
         .await
         .unwrap();
     assert_eq!(pod.labels().get("team").map(String::as_str), Some("a"));
+}
+
+/// What a user sees when a reconcile itself fails (here the API server fails the operator's
+/// writes to the workspace, so its status cannot say it): a Warning `ReconcileFailed` on the
+/// workspace with the API server's words and the retry delay; the workspace runs once the
+/// writes are taken again.
+#[tokio::test]
+async fn a_failed_reconcile_is_said_by_a_warning_and_retried() {
+    let h = Harness::start().await;
+    h.sim.faults().api_error(ApiFault {
+        matching: RequestMatch::new("patch", "workspaces"),
+        code: 500,
+        frequency: Frequency::Next(3),
+    });
+    let rita = h.create("rita", json!({"image": "devbox:1"})).await;
+    h.until_phase("rita", Phase::Running).await;
+    let events = events_about(&h, rita.metadata.uid.as_deref().unwrap()).await;
+    let failed: Vec<&String> = events
+        .iter()
+        .filter(|(reason, _)| reason == "ReconcileFailed")
+        .map(|(_, note)| note)
+        .collect();
+    assert!(
+        failed.iter().any(|note| note
+            .starts_with("Cannot reconcile the workspace (ApiUnavailable): ")
+            && note.contains("injected fault (patch workspaces)")
+            && note.ends_with("Retrying in 500ms.")),
+        "{events:?}"
+    );
 }
