@@ -368,13 +368,15 @@ fn starting() {
         &starting,
         json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available", "lastTransitionTime": at(2)}]}),
     );
-    // Nothing changed for 100 s, against a start timeout of 60 s.
+    // Nothing changed for 100 s, against a start timeout of 60 s; a condition Berth does not
+    // write (another controller's) changed a second ago, which is no progress of the start.
     let timed_out = workspace(
         json!({"image": "x:1", "lifecycle": {"startTimeout": "60s"}}),
         json!({"phase": "Starting", "startedAt": at(120), "conditions": [
             {"type": "PodScheduled", "status": "True", "reason": "Scheduled", "message": "", "lastTransitionTime": at(100)},
             {"type": "PodReady", "status": "False", "reason": "ContainerCreating", "message": "", "lastTransitionTime": at(100)},
-            {"type": "Ready", "status": "False", "reason": "ContainerCreating", "message": "", "lastTransitionTime": at(100)}]}),
+            {"type": "Ready", "status": "False", "reason": "ContainerCreating", "message": "", "lastTransitionTime": at(100)},
+            {"type": "example.com/Audited", "status": "True", "reason": "Seen", "message": "", "lastTransitionTime": at(1)}]}),
     );
     let crashed = pod_of(
         &starting,

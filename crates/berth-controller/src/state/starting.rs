@@ -59,6 +59,17 @@ pub(super) fn creating(
     b.finish(start_timeout - stuck_for)
 }
 
+/// The conditions whose transitions are a start's progress (rule C9): the pod bound, its
+/// containers ready (or not any more), a rejected pod replaced. Nothing else resets the start
+/// timeout: not AgentReady (waiting for the pod before its agent is checked is no progress),
+/// and not a condition Berth does not know (another controller's).
+const START_STEPS: [ConditionType; 4] = [
+    ConditionType::PodScheduled,
+    ConditionType::PodReady,
+    ConditionType::PodRejected,
+    ConditionType::Ready,
+];
+
 /// A pod that is not ready (rules C5-C9): the first thing wrong (or happening) is the Ready
 /// reason, in the kubelet's or the scheduler's words; a start with no progress for
 /// `startTimeout` gives up and frees its node.
@@ -145,8 +156,7 @@ pub(super) fn starting(
         .status
         .conditions
         .iter()
-        // Waiting for the pod before the agent is checked is not progress.
-        .filter(|c| ConditionType::parse(&c.type_) != Some(types::AGENT_READY))
+        .filter(|c| ConditionType::parse(&c.type_).is_some_and(|t| START_STEPS.contains(&t)))
         .map(|c| c.last_transition_time.0)
         .chain(b.status.started_at.as_ref().map(|t| t.0))
         .max()
