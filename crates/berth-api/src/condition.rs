@@ -33,10 +33,34 @@ impl ConditionType {
         }
     }
 
+    /// What the condition is about, which says when it goes (a match without a default, so a
+    /// new type cannot be added without deciding).
+    pub fn scope(self) -> Scope {
+        match self {
+            ConditionType::PodScheduled | ConditionType::PodReady | ConditionType::AgentReady => {
+                Scope::Pod
+            }
+            ConditionType::PodRejected | ConditionType::Stalled => Scope::Start,
+            ConditionType::Ready => Scope::Workspace,
+        }
+    }
+
     /// The type a condition's `type` names; None for one Berth does not write.
     pub fn parse(text: &str) -> Option<Self> {
         types::ALL.into_iter().find(|t| t.as_str() == text)
     }
+}
+
+/// What a condition is about, and so when it goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// The current pod: gone with the pod.
+    Pod,
+    /// One start of the workspace (its rejections, a start Berth gave up on): forgotten when a
+    /// new start begins (a new generation) or the workspace is paused.
+    Start,
+    /// The workspace itself: always there.
+    Workspace,
 }
 
 /// The condition types by the names the code has always used for them.

@@ -7,8 +7,8 @@ use std::time::Duration;
 use berth_api::{
     ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace, WorkspaceStatus,
     condition::{
-        ConditionType, HasReason, HasStatus, Reason, event_reasons, find_condition, pod_conditions,
-        set_condition, types,
+        ConditionType, HasReason, HasStatus, Reason, Scope, event_reasons, find_condition,
+        pod_conditions, set_condition, types,
     },
 };
 use jiff::Timestamp;
@@ -425,11 +425,6 @@ fn elapsed(since: Option<&Time>, now: Timestamp) -> Duration {
         .unwrap_or_default()
 }
 
-/// Removes a condition entirely (Stalled is present only while true).
-fn clear_condition(status: &mut WorkspaceStatus, type_: ConditionType) {
-    status.conditions.retain(|c| c.type_ != type_.as_str());
-}
-
 /// The Stalled reasons that are verdicts on the spec (derived again on every reconcile), not
 /// a start that gave up.
 const SPEC_VERDICTS: [Reason; 2] = [Reason::InvalidSpec, Reason::Forbidden];
@@ -535,6 +530,13 @@ impl Builder<'_> {
             self.generation,
             &self.now,
         );
+    }
+
+    /// Removes Berth's conditions about `scope` (a condition it does not write stays).
+    fn forget(&mut self, scope: Scope) {
+        self.status
+            .conditions
+            .retain(|c| ConditionType::parse(&c.type_).is_none_or(|t| t.scope() != scope));
     }
 
     fn phase(&mut self, phase: Phase, message: impl Into<String>) {
@@ -826,8 +828,7 @@ impl Builder<'_> {
         {
             return Some(stalled.message.clone());
         }
-        clear_condition(&mut self.status, types::STALLED);
-        clear_condition(&mut self.status, types::POD_REJECTED);
+        self.forget(Scope::Start);
         self.status.started_at = None;
         self.status.pod_recreations = None;
         None

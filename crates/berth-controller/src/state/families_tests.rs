@@ -571,3 +571,29 @@ fn running() {
         ),
     ]);
 }
+
+/// What goes when: a stopped workspace keeps only its Ready condition of Berth's (its pod's
+/// conditions went with the pod, its start's with the pause), and another controller's
+/// condition stays untouched.
+#[test]
+fn a_stopped_workspace_forgets_its_pod_and_its_start_but_not_others_conditions() {
+    let ws = workspace(
+        json!({"image": "x:1", "paused": true}),
+        json!({"phase": "Stopping", "observedGeneration": 1, "conditions": [
+            {"type": "PodScheduled", "status": "True", "reason": "Scheduled", "message": "", "lastTransitionTime": at(50)},
+            {"type": "PodReady", "status": "True", "reason": "ContainersReady", "message": "", "lastTransitionTime": at(50)},
+            {"type": "AgentReady", "status": "True", "reason": "AgentVerified", "message": "", "lastTransitionTime": at(50)},
+            {"type": "PodRejected", "status": "False", "reason": "PodRecreated", "message": "", "lastTransitionTime": at(50)},
+            {"type": "Ready", "status": "False", "reason": "Paused", "message": "", "lastTransitionTime": at(5)},
+            {"type": "example.com/Audited", "status": "True", "reason": "Seen", "message": "", "lastTransitionTime": at(50)}]}),
+    );
+    let d = decide(&ws, None, &[]);
+    assert_eq!(d.status.phase, Some(Phase::Stopped));
+    let types: Vec<&str> = d
+        .status
+        .conditions
+        .iter()
+        .map(|c| c.type_.as_str())
+        .collect();
+    assert_eq!(types, ["Ready", "example.com/Audited"]);
+}

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use berth_api::{
     ConditionStatus, Phase, PodRecreationPolicy,
-    condition::{HasReason, Reason, event_reasons, types},
+    condition::{HasReason, Reason, Scope, event_reasons, types},
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use super::{Action, Builder, Current, Decision, Notice, Recreation, clear_condition, time};
+use super::{Action, Builder, Current, Decision, Notice, Recreation, time};
 use crate::rejection::Rejection;
 
 /// A pod rejected by its kubelet or lost with its node, and gone (rule C12, C13): a new one
@@ -114,7 +114,7 @@ pub(super) fn spec_changed(
     b.status.ready_at = None;
     // A spec change is a new start: the recreation count starts over.
     b.status.pod_recreations = None;
-    clear_condition(&mut b.status, types::POD_REJECTED);
+    b.forget(Scope::Start);
     b.phase(
         Phase::Stopping,
         format!("Replacing pod {pod_name}: the workspace spec changed"),

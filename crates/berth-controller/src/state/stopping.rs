@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use berth_api::{
     ConditionStatus, Phase,
-    condition::{HasReason, Reason, event_reasons, find_condition, types},
+    condition::{HasReason, Reason, Scope, event_reasons, find_condition, types},
 };
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
 use kube::ResourceExt;
 
-use super::{Action, Builder, Decision, Notice, clear_condition, elapsed, human};
+use super::{Action, Builder, Decision, Notice, elapsed, human};
 
 /// A workspace being deleted (rule C18): the pod stops first; the finalizer goes once it is
 /// gone. A pod still there when the deletion grace has run out is deleted at once (its node
@@ -63,8 +63,7 @@ pub(super) fn paused(
     pod_name: &str,
     slow: Duration,
 ) -> Decision {
-    clear_condition(&mut b.status, types::STALLED);
-    clear_condition(&mut b.status, types::POD_REJECTED);
+    b.forget(Scope::Start);
     b.status.started_at = None;
     b.status.pod_recreations = None;
     // Paused by Berth because nobody used it: it says so until it is resumed.
@@ -105,9 +104,7 @@ pub(super) fn paused(
         None => {
             b.status.pod = None;
             b.status.agent = None;
-            for t in [types::POD_SCHEDULED, types::POD_READY, types::AGENT_READY] {
-                clear_condition(&mut b.status, t);
-            }
+            b.forget(Scope::Pod);
             b.phase(
                 Phase::Stopped,
                 culled.unwrap_or_else(|| "Workspace is paused; its storage is kept".to_owned()),
