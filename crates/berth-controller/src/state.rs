@@ -532,6 +532,13 @@ impl Builder<'_> {
         );
     }
 
+    /// Whether the last status already said `type_` is True for `reason` (and its event was
+    /// published then).
+    fn already_said(&self, type_: ConditionType, reason: &Reason) -> bool {
+        find_condition(&self.old.conditions, type_)
+            .is_some_and(|c| c.is(ConditionStatus::True) && c.has_reason(reason))
+    }
+
     /// Removes Berth's conditions about `scope` (a condition it does not write stays).
     fn forget(&mut self, scope: Scope) {
         self.status

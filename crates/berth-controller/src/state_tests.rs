@@ -887,9 +887,16 @@ fn a_rejected_pod_is_replaced_after_the_delay_and_counted() {
             .any(|n| n.warning && n.reason == "PodRejected")
     );
     assert_eq!(
-        d.status.pod, None,
-        "the old pod's runtime fields are cleared"
+        d.status.pod.as_ref().and_then(|p| p.uid.as_deref()),
+        Some("pod-1"),
+        "the rejected pod is named until it is gone"
     );
+    // Read again before the pod is gone: the same status, and the rejection is not told twice.
+    let mut again = ws.clone();
+    again.status = Some(d.status.clone());
+    let twice = decide(&again, Some(&rejected_pod(&ws, "OutOfcpu")), &[]);
+    assert_eq!(twice.status, d.status);
+    assert!(twice.notices.is_empty(), "{:?}", twice.notices);
 
     // Gone, but the delay has not passed: wait exactly the rest of it.
     let mut waiting = ws.clone();
@@ -1208,6 +1215,32 @@ proptest::proptest! {
         proptest::prop_assert_eq!(&second.status, &first.status);
         proptest::prop_assert!(second.notices.is_empty(), "published again: {:?}", second.notices);
         proptest::prop_assert!(second.actions.is_empty(), "{:?}", second.actions);
+    }
+}
+
+proptest::proptest! {
+    /// Events tell what changed, once (rule C17), even while an action is still to take
+    /// effect: with any decision's status written back and the world as it was (the action
+    /// not done yet, or refused), the next decision keeps that status and publishes nothing
+    /// again; it may ask for the same action.
+    #[test]
+    fn an_action_not_done_yet_is_not_told_twice(
+        status in arbitrary_pod_status(),
+        counts in proptest::collection::vec((0i32..5, 0i64..100, proptest::sample::select(vec!["FailedMount", "BackOff", "Unhealthy", "Odd"])), 0..4),
+        started in 0i64..2000,
+        paused in proptest::bool::ANY,
+        with_pod in proptest::bool::ANY,
+    ) {
+        let ws = workspace(json!({"image": "x:1", "paused": paused}), json!({"startedAt": at(started)}));
+        let pod = pod_of(&ws, status);
+        let pod = with_pod.then_some(&pod);
+        let events: Vec<Event> = counts.iter().map(|(c, ago, reason)| warning("pod-1", reason, "m", *c, *ago)).collect();
+        let first = decide(&ws, pod, &events);
+        let mut written = ws.clone();
+        written.status = Some(first.status.clone());
+        let second = decide(&written, pod, &events);
+        proptest::prop_assert_eq!(&second.status, &first.status);
+        proptest::prop_assert!(second.notices.is_empty(), "published again: {:?} (first {:?})", second.notices, first.notices);
     }
 }
 

@@ -140,7 +140,8 @@ pub(super) fn rejected(
     b.actions.push(Action::DeletePod {
         uid: current.uid.clone(),
     });
-    b.status.pod = None;
+    // The pod is named until it is gone; a rejection is told once.
+    let told = b.already_said(types::POD_REJECTED, &Reason::parse(&rejected.reason));
     b.status.ready_at = None;
     if replaced >= recreation.max {
         let text = format!(
@@ -188,13 +189,15 @@ pub(super) fn rejected(
         rejected.reason.as_str(),
         &rejected.message,
     );
-    b.notices.push(Notice::warning(
-        event_reasons::POD_REJECTED,
-        format!(
-            "Pod {pod_name} was rejected by {node}: {}",
-            rejected.message
-        ),
-    ));
+    if !told {
+        b.notices.push(Notice::warning(
+            event_reasons::POD_REJECTED,
+            format!(
+                "Pod {pod_name} was rejected by {node}: {}",
+                rejected.message
+            ),
+        ));
+    }
     b.phase(
         Phase::Starting,
         format!(
@@ -220,7 +223,8 @@ pub(super) fn node_lost(mut b: Builder<'_>, current: &Current<'_>) -> Decision {
     b.actions.push(Action::ForceDeletePod {
         uid: current.uid.clone(),
     });
-    b.status.pod = None;
+    // The pod is named until it is gone; its lost node is told once.
+    let told = b.already_said(types::POD_REJECTED, &Reason::NodeLost);
     b.status.ready_at = None;
     b.condition(
         types::POD_REJECTED,
@@ -234,10 +238,12 @@ pub(super) fn node_lost(mut b: Builder<'_>, current: &Current<'_>) -> Decision {
         Reason::NodeLost,
         &text,
     );
-    b.notices.push(Notice::warning(
-        Reason::NodeLost,
-        format!("{text}; replacing pod {pod_name}"),
-    ));
+    if !told {
+        b.notices.push(Notice::warning(
+            Reason::NodeLost,
+            format!("{text}; replacing pod {pod_name}"),
+        ));
+    }
     b.phase(Phase::Unknown, format!("{text}; replacing the pod"));
     b.finish(Duration::from_secs(1))
 }
