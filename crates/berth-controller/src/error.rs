@@ -47,6 +47,14 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The API server refused a write made on a stale copy (409): the watch brings the newer
+    /// object at once, so this is no failure to back off from.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(e) if matches!(&**e, kube::Error::Api(s) if s.code == 409))
+    }
+}
+
 fn kube_reason(error: &kube::Error) -> &'static str {
     match error {
         kube::Error::Api(status) if status.code == 409 => "Conflict",

@@ -513,7 +513,7 @@ fn error_policy(workspace: Arc<Workspace>, error: &Error, ctx: Arc<Context>) -> 
             reason: error.reason().to_owned(),
         })
         .inc();
-    if error.reason() == "Conflict" {
+    if error.is_conflict() {
         // The cache was behind; the watch brings the newer object at once.
         return Requeue::requeue(std::time::Duration::from_millis(100));
     }
