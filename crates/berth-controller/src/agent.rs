@@ -44,12 +44,6 @@ pub fn refusal_reason(code: tonic::Code) -> Reason {
     }
 }
 
-/// The wait after `failures` consecutive failed checks: base, 2 x base, 4 x base ... capped.
-pub fn backoff(failures: u32, base: Duration, max: Duration) -> Duration {
-    base.saturating_mul(1u32 << failures.saturating_sub(1).min(20))
-        .min(max)
-}
-
 struct CachedToken {
     token: String,
     renew_at: Instant,
@@ -325,7 +319,7 @@ impl Shared {
                     .inc();
                 let retry_in = match failures {
                     0 => Duration::ZERO,
-                    n => backoff(n, shared.config.backoff_base, shared.config.backoff_max),
+                    n => state::agent_backoff(n, shared.config.backoff_base, shared.config.backoff_max),
                 };
                 let mut asks = shared.activity();
                 let still_wanted = matches!(asks.get(&key), Some(ActivityAsk::InFlight { pod_uid: uid, .. }) if *uid == pod_uid);
@@ -493,7 +487,11 @@ impl Shared {
             }
             AgentOutcome::Failed { reason, message } => {
                 let failures = failures + 1;
-                let retry_in = backoff(failures, self.config.backoff_base, self.config.backoff_max);
+                let retry_in = state::agent_backoff(
+                    failures,
+                    self.config.backoff_base,
+                    self.config.backoff_max,
+                );
                 warn!(%namespace, workspace = %name, %address, %reason, detail = %message, retry_in_seconds = retry_in.as_secs_f64(), "the agent check failed; the pod is kept");
                 (failures, retry_in)
             }
@@ -669,18 +667,5 @@ impl Shared {
         );
         info!(service_account = %account, %audience, lifetime_seconds = lifetime.as_secs(), "requested a token for agents");
         Ok((status.token, true))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_from_the_base_to_the_cap() {
-        let (base, max) = (Duration::from_secs(5), Duration::from_secs(300));
-        let schedule: Vec<u64> = (1..=9).map(|n| backoff(n, base, max).as_secs()).collect();
-        assert_eq!(schedule, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
-        assert_eq!(backoff(1000, base, max), max, "no overflow");
     }
 }

@@ -110,6 +110,13 @@ pub enum AgentOutcome {
     Failed { reason: Reason, message: String },
 }
 
+/// Rule C15, the wait after `failures` failed calls in a row to an agent: base, 2 x base,
+/// 4 x base ... capped at `max`.
+pub fn agent_backoff(failures: u32, base: Duration, max: Duration) -> Duration {
+    base.saturating_mul(1u32 << failures.saturating_sub(1).min(20))
+        .min(max)
+}
+
 /// Rule C15, what a reconcile at `now` makes of the last finished WhoAmI to the pod's agent:
 /// the check to decide with, or `None` when the agent is to be called again. A verification
 /// stands (once per pod). A failure stands until its backoff ends at `next_at` and is

@@ -475,6 +475,16 @@ fn an_agent_auth_failure_keeps_the_pod_and_says_what_to_fix() {
 }
 
 #[test]
+fn the_agent_backoff_doubles_from_the_base_to_the_cap() {
+    let (base, max) = (Duration::from_secs(5), Duration::from_secs(300));
+    let schedule: Vec<u64> = (1..=9)
+        .map(|n| agent_backoff(n, base, max).as_secs())
+        .collect();
+    assert_eq!(schedule, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+    assert_eq!(agent_backoff(1000, base, max), max, "no overflow");
+}
+
+#[test]
 fn an_agent_failure_stands_through_its_backoff_and_is_said_once() {
     let at = |seconds: i64| Timestamp::from_second(NOW + seconds).unwrap();
     let failure = check(
