@@ -3,8 +3,9 @@
 //! `berth-agent/<namespace>`), each cached until 80% of its lifetime, and WhoAmI calls to
 //! agents, at most one per backoff step per pod, each in its own task so a silent agent never
 //! holds a reconcile; and, for workspaces with an idle timeout, `GetActivity` calls to
-//! verified agents when `idle.rs` says the next ask is due, the same way. The decision of
-//! what a result means is the pure core's (`state.rs`, `idle.rs`).
+//! verified agents when `idle.rs` says the next ask is due, the same way. Every decision
+//! (what a result means, whether it stands or a call is due, how long to back off) is the
+//! pure core's (`state.rs`, `idle.rs`); this module makes the calls and keeps their results.
 
 use std::{
     collections::HashMap,
