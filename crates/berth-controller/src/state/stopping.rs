@@ -50,8 +50,8 @@ pub(super) fn deleting(
         Phase::Terminating,
         format!("Stopping pod {pod_name} before the workspace is deleted"),
     );
-    // Looked at again when the pod is gone (its watch wakes the workspace), or at the end of
-    // the grace period.
+    // Looked at again within a second, and at once when the pod is gone (its watch wakes the
+    // workspace); never past the end of the grace period.
     b.finish(Duration::from_secs(1).min(grace - deleting_for))
 }
 
