@@ -31,27 +31,35 @@ impl Error {
     /// A stable, CamelCase reason: for a request the API server refused or failed (also while
     /// adding or removing the finalizer), what its answer means.
     pub fn reason(&self) -> &'static str {
-        use kube::runtime::finalizer::Error as FinalizerError;
+        if let Some(e) = self.request() {
+            return kube_reason(e);
+        }
         match self {
             Error::Kube(e) => kube_reason(e),
-            Error::Finalizer(e) => match &**e {
-                FinalizerError::AddFinalizer(e) | FinalizerError::RemoveFinalizer(e) => {
-                    kube_reason(e)
-                }
-                _ => "Finalizer",
-            },
+            Error::Finalizer(_) => "Finalizer",
             Error::LeaderElection(_) => "LeaderElection",
             Error::Serve(_) => "Serve",
             Error::Serialization(_) => "Serialization",
         }
     }
-}
 
-impl Error {
     /// The API server refused a write made on a stale copy (409): the watch brings the newer
     /// object at once, so this is no failure to back off from.
     pub fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube(e) if matches!(&**e, kube::Error::Api(s) if s.code == 409))
+        matches!(self.request(), Some(kube::Error::Api(s)) if s.code == 409)
+    }
+
+    /// The failed request to the API server, also one that added or removed the finalizer.
+    fn request(&self) -> Option<&kube::Error> {
+        use kube::runtime::finalizer::Error as FinalizerError;
+        match self {
+            Error::Kube(e) => Some(e),
+            Error::Finalizer(e) => match &**e {
+                FinalizerError::AddFinalizer(e) | FinalizerError::RemoveFinalizer(e) => Some(e),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 }
 
@@ -68,3 +76,29 @@ fn kube_reason(error: &kube::Error) -> &'static str {
 
 /// `Result` with the operator's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::finalizer::Error as FinalizerError;
+
+    fn refused(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("refused", "")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn a_refused_finalizer_write_has_the_api_servers_reason() {
+        let conflict = Error::Finalizer(Box::new(FinalizerError::AddFinalizer(refused(409))));
+        assert_eq!(conflict.reason(), "Conflict");
+        assert!(conflict.is_conflict(), "a stale copy is no failure");
+        let forbidden = Error::Finalizer(Box::new(FinalizerError::RemoveFinalizer(refused(403))));
+        assert_eq!(forbidden.reason(), "Forbidden");
+        assert!(!forbidden.is_conflict());
+        assert_eq!(Error::from(refused(503)).reason(), "ApiUnavailable");
+        assert!(Error::from(refused(409)).is_conflict());
+    }
+}
