@@ -936,6 +936,9 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         .unwrap_or_else(|p| p.into_inner())
         .remove(&ObjectRef::from_obj(workspace));
     let namespace = workspace.namespace().unwrap_or_default();
+    for kind in ["pod", "claim", "service"] {
+        ctx.forget(kind, &namespace, &workspace.name_any());
+    }
     let pod_name = pod::pod_name(&workspace.name_any());
     let current = ctx.pods.get(&ObjectRef::new(&pod_name).within(&namespace));
     let observed = Observed {
