@@ -597,3 +597,34 @@ fn a_stopped_workspace_forgets_its_pod_and_its_start_but_not_others_conditions()
         .collect();
     assert_eq!(types, ["Ready", "example.com/Audited"]);
 }
+
+/// What a user reads while the pod waits: the first thing it waits on, in words. A pod the
+/// scheduler has not looked at yet waits for the scheduler (not "ContainerCreating", which
+/// it is not doing).
+#[test]
+fn a_start_says_what_it_waits_on_first() {
+    let ws = workspace(json!({"image": "x:1"}), started(1));
+    let unscheduled = pod_of(&ws, json!({"phase": "Pending"}));
+    let d = decide(&ws, Some(&unscheduled), &[]);
+    assert_eq!(
+        (
+            d.status.phase,
+            d.status.message.as_deref(),
+            condition_of(&d, "Ready").reason.as_str()
+        ),
+        (
+            Some(Phase::Starting),
+            Some("Pod w-ws waits for the scheduler"),
+            "WaitingForScheduler"
+        )
+    );
+    let scheduled = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [scheduled()]}),
+    );
+    let d = decide(&ws, Some(&scheduled), &[]);
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some("Pod w-ws is starting (ContainerCreating)")
+    );
+}

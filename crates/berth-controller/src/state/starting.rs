@@ -130,9 +130,14 @@ pub(super) fn starting(
         .filter(|c| !c.is(ConditionStatus::True))
         .or_else(|| find_condition(&b.status.conditions, types::POD_READY))
         .cloned();
-    if let Some(c) = first_false {
-        b.condition(types::READY, ConditionStatus::False, c.reason(), &c.message);
-    }
+    // What the start waits on first: the scheduler, then the containers.
+    let waits_on = match first_false {
+        Some(c) => {
+            b.condition(types::READY, ConditionStatus::False, c.reason(), &c.message);
+            c.message
+        }
+        None => message.clone(),
+    };
 
     match pod_phase.as_str() {
         "Unknown" => {
@@ -147,7 +152,7 @@ pub(super) fn starting(
         _ => match &signal {
             Some(s) if s.error => b.phase(Phase::Error, s.message.clone()),
             Some(s) => b.phase(Phase::Starting, s.message.clone()),
-            None => b.phase(Phase::Starting, message.clone()),
+            None => b.phase(Phase::Starting, waits_on),
         },
     }
 
