@@ -488,7 +488,13 @@ async fn reconcile_in_span(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Resu
         // would not stop), and the same reconcile goes on with the workspace as the API server
         // returned it: its first status comes one reconcile sooner (kube's helper stops after
         // the patch and waits for its watch event).
-        Ok(None) if new => start(workspace, ctx.clone(), &api).await,
+        Ok(None) if new => match add_finalizer(&api, &workspace, &ctx.config.manager).await {
+            Ok(updated) => {
+                ctx.wrote_over(&workspace, workspace.resource_version());
+                apply(Arc::new(updated), ctx.clone()).await
+            }
+            Err(error) => Err(error),
+        },
         // The finalizer helper removes the finalizer once cleanup is done.
         Ok(None) => finalizer(&api, labels::FINALIZER, workspace, |event| async {
             match event {
@@ -587,27 +593,6 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     if ctx.behind_own_write(&workspace) {
         return Ok(Requeue::requeue(std::time::Duration::from_secs(1)));
     }
-    decide_and_act(workspace, ctx).await
-}
-
-/// [`apply`] for a new workspace: adds the finalizer, then goes on with the workspace as the
-/// API server returned it (not a cached copy, so it is never behind our own write).
-async fn start(
-    workspace: Arc<Workspace>,
-    ctx: Arc<Context>,
-    api: &Api<Workspace>,
-) -> Result<Requeue> {
-    caches_ready(&ctx).await;
-    if ctx.behind_own_write(&workspace) {
-        return Ok(Requeue::requeue(std::time::Duration::from_secs(1)));
-    }
-    let updated = add_finalizer(api, &workspace, &ctx.config.manager).await?;
-    ctx.wrote_over(&workspace, workspace.resource_version());
-    decide_and_act(Arc::new(updated), ctx).await
-}
-
-/// Observe, derive, act, report, on a workspace known to be as new as our own writes.
-async fn decide_and_act(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
     let namespace = workspace.namespace().unwrap_or_default();
     let name = workspace.name_any();
     let pod_name = pod::pod_name(&name);
