@@ -476,26 +476,10 @@ async fn reconcile_in_span(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Resu
         true => cleanup(&workspace, &ctx).await,
         false => Ok(None),
     };
-    let new = !workspace
-        .finalizers()
-        .iter()
-        .any(|f| f == labels::FINALIZER)
-        && workspace.metadata.deletion_timestamp.is_none();
     let result = match waiting {
         Ok(Some(requeue)) => Ok(requeue),
         Err(error) => Err(error),
-        // A new workspace gets the finalizer first (nothing is created that its deletion
-        // would not stop), and the same reconcile goes on with the workspace as the API server
-        // returned it: its first status comes one reconcile sooner (kube's helper stops after
-        // the patch and waits for its watch event).
-        Ok(None) if new => match add_finalizer(&api, &workspace, &ctx.config.manager).await {
-            Ok(updated) => {
-                ctx.wrote_over(&workspace, workspace.resource_version());
-                apply(Arc::new(updated), ctx.clone()).await
-            }
-            Err(error) => Err(error),
-        },
-        // The finalizer helper removes the finalizer once cleanup is done.
+        // The finalizer helper adds the finalizer, and removes it once cleanup is done.
         Ok(None) => finalizer(&api, labels::FINALIZER, workspace, |event| async {
             match event {
                 Finalizer::Apply(ws) => apply(ws, ctx.clone()).await,
@@ -733,35 +717,6 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     }
     publish(&workspace, &decisions, &ctx).await;
     Ok(Requeue::requeue(decision.requeue))
-}
-
-/// Adds Berth's finalizer (rule C18) by a merge patch conditional on the cached
-/// resourceVersion, so a stale copy conflicts (and is retried at once) instead of writing over
-/// someone else's finalizers; returns the workspace as the API server now has it.
-async fn add_finalizer(
-    api: &Api<Workspace>,
-    workspace: &Workspace,
-    manager: &str,
-) -> Result<Workspace> {
-    let mut finalizers = workspace.finalizers().to_vec();
-    finalizers.push(labels::FINALIZER.to_owned());
-    let body = json!({
-        "metadata": {
-            "finalizers": finalizers,
-            "resourceVersion": workspace.resource_version(),
-        }
-    });
-    let updated = api
-        .patch(
-            &workspace.name_any(),
-            &PatchParams {
-                field_manager: Some(manager.to_owned()),
-                ..Default::default()
-            },
-            &Patch::Merge(&body),
-        )
-        .await?;
-    Ok(updated)
 }
 
 /// Publishes the decisions' events on the workspace (rule C17); an event the API server
