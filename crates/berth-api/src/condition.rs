@@ -91,12 +91,6 @@ pub mod pod_conditions {
     pub const POD_SCHEDULED: &str = "PodScheduled";
     /// The pod's containers are ready and its readiness gates pass.
     pub const READY: &str = "Ready";
-    /// The pod's init containers are running.
-    pub const POD_INITIALIZING: &str = "PodInitializing";
-    /// The pod failed, and its containers did not say why.
-    pub const POD_FAILED: &str = "PodFailed";
-    /// The pod's containers all exited with success (the kubelet's word).
-    pub const POD_COMPLETED: &str = "PodCompleted";
     /// The pod's containers are ready.
     pub const CONTAINERS_READY: &str = "ContainersReady";
 }

@@ -165,7 +165,7 @@ impl AgentChecker {
             }
         };
         let _ = tokio::time::timeout(INLINE_WAIT, done.wait_for(|d| *d)).await;
-        match shared.result(&key, &pod_uid, Timestamp::now()) {
+        match shared.result(&key, &pod_uid, now) {
             Lookup::Result(check) => Some(check),
             // A retry still running: the last failure stands (the status does not flap).
             Lookup::Running(_, previous) => previous,

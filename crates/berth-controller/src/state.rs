@@ -699,19 +699,19 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         .cloned();
     let Some(pod) = owned_pod else {
         if let Some(condition) = &rejected {
-            return replacing::replacing(b, condition, &lifecycle.recreation, &pod_name, now);
+            return replacing::replacing(b, condition, &lifecycle.recreation, &pod_name);
         }
         if b.lost_its_pod() {
             replacing::vanished(&mut b, &pod_name);
         }
-        return starting::creating(b, &pod_name, lifecycle.start_timeout, now, slow);
+        return starting::creating(b, &pod_name, lifecycle.start_timeout, slow);
     };
     let current = b.saw_pod(pod, &pod_name);
     if pod.metadata.deletion_timestamp.is_some() {
         return stopping::pod_stopping(b, &pod_name);
     }
     if !pod::built_from(pod, &workspace.spec) {
-        return replacing::spec_changed(b, current.uid, &pod_name, now);
+        return replacing::spec_changed(b, current.uid, &pod_name);
     }
     // A pod its kubelet rejected is replaced, a bounded number of times (rules C10-C12).
     if let Some(rejection) = crate::rejection::detect(pod, &policy.rejections) {

@@ -7,10 +7,9 @@ use berth_api::{
     ConditionStatus, Phase, PodRecreationPolicy,
     condition::{HasReason, Reason, Scope, event_reasons, types},
 };
-use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use super::{Action, Builder, Current, Decision, Notice, Recreation, time};
+use super::{Action, Builder, Current, Decision, Notice, Recreation};
 use crate::rejection::Rejection;
 
 /// A pod rejected by its kubelet or lost with its node, and gone (rule C12, C13): a new one
@@ -20,8 +19,8 @@ pub(super) fn replacing(
     condition: &Condition,
     recreation: &PodRecreationPolicy,
     pod_name: &str,
-    now: Timestamp,
 ) -> Decision {
+    let now = b.now.0;
     // The rejected (or lost) pod is gone: replace it once the delay has passed.
     let node_lost = condition.has_reason(&Reason::NodeLost);
     // Condition times have whole seconds: count the delay from the end of that second, so
@@ -103,14 +102,9 @@ pub(super) fn vanished(b: &mut Builder<'_>, pod_name: &str) {
 }
 
 /// The pod was built from an older spec: it goes, and the new spec starts afresh.
-pub(super) fn spec_changed(
-    mut b: Builder<'_>,
-    uid: String,
-    pod_name: &str,
-    now: Timestamp,
-) -> Decision {
+pub(super) fn spec_changed(mut b: Builder<'_>, uid: String, pod_name: &str) -> Decision {
     b.actions.push(Action::DeletePod { uid });
-    b.status.started_at = Some(time(now));
+    b.status.started_at = Some(b.now.clone());
     b.status.ready_at = None;
     // A spec change is a new start: the recreation count starts over.
     b.status.pod_recreations = None;

@@ -10,12 +10,11 @@ use berth_api::{
         ConditionType, HasReason, HasStatus, Reason, find_condition, pod_conditions, types,
     },
 };
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, Pod};
 
 use super::{
     Action, Builder, Current, Decision, Notice, containers_running, elapsed, human,
-    requeue_interval, signal, time, waiting,
+    requeue_interval, signal, waiting,
 };
 use crate::config::Policy;
 
@@ -25,12 +24,12 @@ pub(super) fn creating(
     mut b: Builder<'_>,
     pod_name: &str,
     start_timeout: Duration,
-    now: Timestamp,
     slow: Duration,
 ) -> Decision {
+    let now = b.now.0;
     b.actions.push(Action::CreatePod);
     if b.status.started_at.is_none() {
-        b.status.started_at = Some(time(now));
+        b.status.started_at = Some(b.now.clone());
     }
     b.status.pod = None;
     b.status.ready_at = None;
