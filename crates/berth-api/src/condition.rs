@@ -184,8 +184,9 @@ reasons! {
     // PodRejected and Stalled
     /// A new pod replaced the one that was rejected or lost (PodRejected turns False).
     PodRecreated,
-    /// A pod of the workspace's name exists and is not the workspace's own.
-    PodNotOwned,
+    /// An object of a name Berth derives for the workspace (its pod, home claim or service)
+    /// exists and is not the workspace's own.
+    NameTaken,
     /// A pod's node was lost; the pod is replaced.
     NodeLost,
     /// Too many pods were rejected; Berth gave up.

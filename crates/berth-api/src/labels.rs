@@ -15,23 +15,41 @@ pub const SPEC_HASH: &str = "berth.dev/spec-hash";
 /// The finalizer that lets the operator stop the pod before the workspace goes (rule C18).
 pub const FINALIZER: &str = "berth.dev/cleanup";
 
-/// `name` followed by `suffix`, shortened to at most `limit` characters when too long: the
-/// start of the name, a hash of the whole name (so two long names never collide), the suffix.
+/// The fewest hex digits of the hash a shortened or mapped name carries (40 bits).
+pub const MIN_HASH_DIGITS: usize = 10;
+
+/// `name` followed by `suffix` when that is shorter than `limit`; otherwise exactly `limit`
+/// characters: the start of the name, a hash of the whole name, the suffix (see [`hashed`]).
 /// What Berth derives from a workspace name (object names, label values) thereby stays within
-/// the limits of its kind, however long the workspace name.
+/// the limits of its kind, however long the workspace name, and two names never derive the
+/// same result: a name used as it is is always shorter than one that carries a hash.
 pub fn bounded(name: &str, suffix: &str, limit: usize) -> String {
-    use sha2::{Digest, Sha256};
-    let full = format!("{name}{suffix}");
-    if full.len() <= limit {
-        return full;
+    if name.len() + suffix.len() < limit {
+        return format!("{name}{suffix}");
     }
+    hashed(name, name, suffix, limit)
+}
+
+/// Exactly `limit` characters: `readable` (a form of `name` valid for the kind), cut to fit,
+/// then `-`, a hash of `name` filling the rest (at least [`MIN_HASH_DIGITS`] hex digits), then
+/// `suffix`. Every derived name that is not the plain name takes this form, so it can never
+/// equal a plain one (those are shorter than `limit`), and two of them differ by the hash of
+/// the names they came from.
+pub fn hashed(readable: &str, name: &str, suffix: &str, limit: usize) -> String {
+    use sha2::{Digest, Sha256};
     let digest = Sha256::digest(name.as_bytes());
-    let hash: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
-    let keep = limit - suffix.len() - hash.len() - 1;
-    format!(
-        "{}-{hash}{suffix}",
-        name[..keep].trim_end_matches(['-', '.'])
-    )
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let room = limit - suffix.len() - 1;
+    let keep = readable.len().min(room - MIN_HASH_DIGITS);
+    let mut head = readable[..keep].to_owned();
+    // A cut may end the head with '.', which cannot stand before '-' in a DNS name; the
+    // character before it is alphanumeric (a valid name has no ".-" or "..").
+    if head.ends_with('.') {
+        head.pop();
+        head.push('-');
+    }
+    let hash: String = hex.chars().cycle().take(room - keep).collect();
+    format!("{head}-{hash}{suffix}")
 }
 
 /// The value of the [`WORKSPACE`] label for a workspace: its name, or (past the 63 characters
@@ -75,8 +93,28 @@ mod tests {
         assert!(value.starts_with("aaaa"));
         assert_ne!(value, workspace_label_value(&format!("{long}x")));
         assert_eq!(workspace_label_value("short"), "short");
-        // Cut at a dash or dot: the start is trimmed so the value stays well formed.
-        let dotted = format!("{}.{}", "a".repeat(53), "b".repeat(20));
+        // Cut at a dot: the start is mended so the value stays well formed.
+        let dotted = format!("{}.{}", "a".repeat(52), "b".repeat(20));
         assert!(!workspace_label_value(&dotted).contains(".-"));
+    }
+
+    #[test]
+    fn a_name_that_spells_another_names_hash_derives_something_else() {
+        // 63 characters is one too many for a plain label value: it is hashed too, so a
+        // workspace named like another's shortened label value never shares its label.
+        let long = "c".repeat(80);
+        let victim = workspace_label_value(&long);
+        assert_eq!(victim.len(), 63);
+        assert_ne!(workspace_label_value(&victim), victim);
+        assert_eq!(workspace_label_value(&"d".repeat(62)), "d".repeat(62));
+        assert_eq!(workspace_label_value(&"d".repeat(63)).len(), 63);
+    }
+
+    #[test]
+    fn a_short_readable_form_is_filled_with_the_hash() {
+        let name = hashed("ws-2a-b", "2a.b", "", 63);
+        assert_eq!(name.len(), 63);
+        assert!(name.starts_with("ws-2a-b-"), "{name}");
+        assert!(name[8..].chars().all(|c| c.is_ascii_hexdigit()), "{name}");
     }
 }

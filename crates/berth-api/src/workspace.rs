@@ -10,12 +10,33 @@ use k8s_openapi::{
 use kube::{CustomResource, KubeSchema};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 use crate::{DurationString, Result, WorkspaceStatus};
 
 /// DNS-1123 subdomain: lowercase alphanumerics, `-` and `.`, starting and ending alphanumeric.
 pub const DNS1123_SUBDOMAIN_PATTERN: &str =
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+/// The port the Berth agent serves on in every workspace pod (`berth controller
+/// --agent-port`'s default); a workspace cannot declare it.
+pub const AGENT_PORT: u16 = 50051;
+
+/// Directories of the workspace container that are not the workspace's to mount over: the
+/// service-account token Kubernetes mounts (`/var/run` is `/run` in most images), the Berth
+/// agent's binary and its TLS files. Each with what it is, for the API's message.
+pub const RESERVED_DIRS: [(&str, &str); 4] = [
+    (
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+        "the service-account token Kubernetes mounts",
+    ),
+    (
+        "/run/secrets/kubernetes.io/serviceaccount",
+        "the service-account token Kubernetes mounts",
+    ),
+    ("/opt/berth", "the Berth agent's binary"),
+    ("/etc/berth", "the Berth agent's TLS files"),
+];
+
 /// DNS-1123 label: lowercase alphanumerics and `-`, starting and ending alphanumeric.
 pub const DNS1123_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 
@@ -56,14 +77,19 @@ pub struct WorkspaceSpec {
     #[schemars(schema_with = "env_schema")]
     pub env: Vec<EnvVar>,
 
-    /// CPU and memory requests and limits of the workspace container.
+    /// CPU and memory requests and limits of the workspace container (core/v1
+    /// ResourceRequirements). Each value is a quantity (`500m`, `2Gi`), never negative; a limit
+    /// is at least its request; an extended resource (`example.com/gpu`) or huge pages need a
+    /// limit equal to the request, in whole units.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resources_schema")]
     pub resources: Option<ResourceRequirements>,
 
     /// Ports the workspace serves; when set, Berth exposes them through a ClusterIP Service.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     #[x_kube(
+        validation = Rule::new("self.all(p, p.port != 50051)").message("ports: 50051 is the Berth agent's port in every workspace pod; pick another port"),
         validation = Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message("each port name must be unique"),
         validation = Rule::new("self.all(p, self.exists_one(q, q.port == p.port))").message("each port number must be unique"),
         validation = Rule::new("self.all(p, p.name.matches('[a-z]'))").message("each port name must contain at least one letter (a-z), as Kubernetes requires of container port names")
@@ -115,11 +141,100 @@ fn env_schema(generator: &mut SchemaGenerator) -> Schema {
             }]),
         );
     }
+    // As the real API server: a variable's valueFrom may not be set beside a non-empty value.
+    items.insert(
+        "x-kubernetes-validations".into(),
+        serde_json::json!([{
+            "rule": "!has(self.valueFrom) || !has(self.value) || self.value == ''",
+            "message": "env: a variable has a value or a valueFrom, not both"
+        }]),
+    );
     json_schema!({
         "type": "array",
         "maxItems": MAX_ENV,
         "items": items
     })
+}
+
+/// The most entries of `resources.requests` and `resources.limits` (a bound for the CRD's rule
+/// costs; a pod has a handful of resources).
+pub const MAX_RESOURCES: u64 = 32;
+
+/// The schema of `spec.resources`: core/v1 ResourceRequirements, with the rules the real
+/// API server applies to a container's resources, so a workspace whose pod would be refused
+/// is refused itself, naming the field. Every rule checks `isQuantity` before `quantity`, so
+/// a bad value is a message, never an evaluation error.
+fn resources_schema(generator: &mut SchemaGenerator) -> Schema {
+    let mut schema = generator.subschema_for::<ResourceRequirements>();
+    if let Some(properties) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+        for map in ["requests", "limits"] {
+            if let Some(map) = properties.get_mut(map).and_then(|m| m.as_object_mut()) {
+                map.insert("maxProperties".into(), MAX_RESOURCES.into());
+            }
+        }
+    }
+    let q = |map: &str, k: &str| format!("string(self.{map}[{k}])");
+    let is_q = |map: &str, k: &str| format!("isQuantity({})", q(map, k));
+    let qty = |map: &str, k: &str| format!("quantity({})", q(map, k));
+    // The first key of `map` for which `bad` holds, in a message.
+    let first = |map: &str, bad: &str| format!("self.{map}.filter(k, {bad})[0]");
+    // Extended resources and huge pages cannot be overcommitted (the real API server's
+    // IsOvercommitAllowed: native resources other than huge pages can).
+    let fixed =
+        "((k.contains('/') && !k.contains('kubernetes.io/')) || k.startsWith('hugepages-'))";
+    let extended = "(k.contains('/') && !k.contains('kubernetes.io/'))";
+    let mut rules = vec![];
+    for map in ["requests", "limits"] {
+        let not_quantity = format!("!{}", is_q(map, "k"));
+        rules.push(json!({
+            "rule": format!("!has(self.{map}) || self.{map}.all(k, {})", is_q(map, "k")),
+            "message": format!("resources.{map}: each value must be a quantity such as 500m or 2Gi"),
+            "messageExpression": format!("'resources.{map}[' + {} + '] must be a quantity such as 500m or 2Gi'", first(map, &not_quantity)),
+        }));
+        let negative = format!("{} && {}.sign() < 0", is_q(map, "k"), qty(map, "k"));
+        rules.push(json!({
+            "rule": format!("!has(self.{map}) || !self.{map}.exists(k, {negative})"),
+            "message": format!("resources.{map}: no value may be negative"),
+            "messageExpression": format!("'resources.{map}[' + {} + '] must not be negative'", first(map, &negative)),
+        }));
+        let fraction = format!(
+            "{extended} && {} && !{}.isInteger()",
+            is_q(map, "k"),
+            qty(map, "k")
+        );
+        rules.push(json!({
+            "rule": format!("!has(self.{map}) || !self.{map}.exists(k, {fraction})"),
+            "message": format!("resources.{map}: an extended resource is counted in whole units"),
+            "messageExpression": format!("'resources.{map}[' + {} + '] must be a whole number: an extended resource is counted in whole units'", first(map, &fraction)),
+        }));
+    }
+    let below = format!(
+        "has(self.limits) && k in self.limits && {} && {} && {}.compareTo({}) < 0",
+        is_q("requests", "k"),
+        is_q("limits", "k"),
+        qty("limits", "k"),
+        qty("requests", "k")
+    );
+    rules.push(json!({
+        "rule": format!("!has(self.requests) || !self.requests.exists(k, {below})"),
+        "message": "resources.limits: each limit must be at least its request",
+        "messageExpression": format!("'resources.limits[' + {0} + '] must be at least resources.requests[' + {0} + ']'", first("requests", &below)),
+    }));
+    let unequal = format!(
+        "{fixed} && !(has(self.limits) && k in self.limits && {} && {} && {}.compareTo({}) == 0)",
+        is_q("requests", "k"),
+        is_q("limits", "k"),
+        qty("limits", "k"),
+        qty("requests", "k")
+    );
+    rules.push(json!({
+        "rule": format!("!has(self.requests) || !self.requests.exists(k, {unequal})"),
+        "message": "resources.limits: an extended resource or huge pages need a limit equal to the request",
+        "messageExpression": format!("'resources.limits[' + {0} + '] must be set and equal to resources.requests[' + {0} + ']: it cannot be overcommitted'", first("requests", &unequal)),
+    }));
+    schema.insert("x-kubernetes-validations".into(), rules.into());
+    schema.insert("nullable".into(), true.into());
+    schema
 }
 
 /// A port the workspace serves.
@@ -196,7 +311,8 @@ pub struct WorkspaceVolumes {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0").message("home.size cannot shrink: a claim can only grow (set it back to at least its current size)"),
+    validation = Rule::new("isQuantity(string(self.size)) && quantity(string(self.size)).sign() > 0").message("home.size must be a quantity greater than zero, such as 10Gi"),
+    validation = Rule::new("!isQuantity(string(self.size)) || !isQuantity(string(oldSelf.size)) || quantity(string(self.size)).compareTo(quantity(string(oldSelf.size))) >= 0").message("home.size cannot shrink: a claim can only grow (set it back to at least its current size)"),
     validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("home.storageClassName cannot change: the claim keeps the class it was created with")
 )]
 pub struct HomeVolume {
@@ -280,20 +396,37 @@ impl JsonSchema for MountPath {
     }
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let mut rules = vec![
+            json!({
+                "rule": "self.startsWith('/')",
+                "message": "mountPath must be an absolute path (start with '/')"
+            }),
+            json!({
+                "rule": "!self.matches('(^|/)[.][.](/|$)')",
+                "message": "mountPath must not contain a '..' segment"
+            }),
+            json!({
+                "rule": "!self.matches('(^|/)[.](/|$)')",
+                "message": "mountPath must not contain a '.' segment"
+            }),
+            json!({
+                "rule": "!self.matches('^/+$')",
+                "message": "mountPath must not be / (the container's whole filesystem)"
+            }),
+        ];
+        for (dir, what) in RESERVED_DIRS {
+            // `/+` between segments: `//opt/berth` is the same directory.
+            let pattern = dir.replace('.', "[.]").replace('/', "/+");
+            rules.push(json!({
+                "rule": format!("!self.matches('^{pattern}(/|$)')"),
+                "message": format!("mountPath must not be {dir} or below it ({what})")
+            }));
+        }
         json_schema!({
             "type": "string",
             "minLength": 1,
             "maxLength": 1024,
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self.startsWith('/')",
-                    "message": "mountPath must be an absolute path (start with '/')"
-                },
-                {
-                    "rule": "!self.matches('(^|/)[.][.](/|$)')",
-                    "message": "mountPath must not contain a '..' segment"
-                }
-            ]
+            "x-kubernetes-validations": rules
         })
     }
 }

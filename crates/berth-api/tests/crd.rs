@@ -226,9 +226,10 @@ fn cel_rules_are_in_the_schema_with_messages() {
         "spec.podTemplate.volumes.secrets[].mountPath",
     ] {
         let found = rules(&at(&s, path));
+        assert_eq!(found.len(), 8, "{path}: {found:?}");
         assert_eq!(
-            found,
-            vec![
+            found[..2],
+            [
                 (
                     "self.startsWith('/')".to_owned(),
                     "mountPath must be an absolute path (start with '/')".to_owned()
@@ -254,6 +255,7 @@ fn cel_rules_are_in_the_schema_with_messages() {
     assert_eq!(
         messages,
         [
+            "ports: 50051 is the Berth agent's port in every workspace pod; pick another port",
             "each port name must be unique",
             "each port number must be unique",
             "each port name must contain at least one letter (a-z), as Kubernetes requires of container port names"
@@ -434,5 +436,189 @@ mod cel_semantics {
         }
         let pattern = at(&schema(), "spec.lifecycle.idleTimeout")["pattern"].clone();
         assert_eq!(pattern, json!(berth_api::duration::DURATION_PATTERN));
+    }
+
+    /// No rule of the schema fails to evaluate on a bad value: each one is a message that
+    /// names the field, never an evaluation error (which a real API server also refuses, in
+    /// words nobody can act on).
+    fn refused_with(spec: Value, expected: &str) {
+        let errs = errors(spec.clone());
+        assert!(
+            errs.iter().any(|e| e.contains(expected)),
+            "{spec}: {errs:?} lacks {expected:?}"
+        );
+        assert!(
+            errs.iter().all(|e| !e.contains("evaluation error")),
+            "{spec}: {errs:?}"
+        );
+    }
+
+    fn resources(resources: Value) -> Value {
+        json!({"image": "devbox:1", "resources": resources})
+    }
+
+    #[test]
+    fn resources_are_quantities_with_limits_at_least_their_requests() {
+        let good = resources(json!({
+            "requests": {"cpu": "500m", "memory": "1Gi", "example.com/gpu": 1},
+            "limits": {"cpu": 2, "memory": "2Gi", "example.com/gpu": "1"}
+        }));
+        assert_eq!(errors(good), Vec::<String>::new());
+        assert_eq!(
+            errors(resources(json!({"limits": {"memory": "0"}}))),
+            Vec::<String>::new()
+        );
+        let rows = [
+            (
+                json!({"requests": {"cpu": "abc"}}),
+                "resources.requests[cpu] must be a quantity such as 500m or 2Gi",
+            ),
+            (
+                json!({"limits": {"memory": "lots"}}),
+                "resources.limits[memory] must be a quantity",
+            ),
+            (
+                json!({"requests": {"cpu": "-1"}}),
+                "resources.requests[cpu] must not be negative",
+            ),
+            (
+                json!({"limits": {"memory": "-1Gi"}}),
+                "resources.limits[memory] must not be negative",
+            ),
+            (
+                json!({"requests": {"cpu": "200m"}, "limits": {"cpu": "100m"}}),
+                "resources.limits[cpu] must be at least resources.requests[cpu]",
+            ),
+            (
+                json!({"requests": {"memory": "2Gi"}, "limits": {"memory": "1024Mi"}}),
+                "resources.limits[memory] must be at least resources.requests[memory]",
+            ),
+            (
+                json!({"requests": {"example.com/gpu": "1"}}),
+                "resources.limits[example.com/gpu] must be set and equal to resources.requests[example.com/gpu]",
+            ),
+            (
+                json!({"requests": {"example.com/gpu": "1"}, "limits": {"example.com/gpu": "2"}}),
+                "resources.limits[example.com/gpu] must be set and equal",
+            ),
+            (
+                json!({"requests": {"hugepages-2Mi": "2Mi"}}),
+                "resources.limits[hugepages-2Mi] must be set and equal",
+            ),
+            (
+                json!({"requests": {"example.com/gpu": "500m"}, "limits": {"example.com/gpu": "500m"}}),
+                "resources.requests[example.com/gpu] must be a whole number",
+            ),
+        ];
+        for (bad, message) in rows {
+            refused_with(resources(bad), message);
+        }
+    }
+
+    #[test]
+    fn the_home_size_is_a_quantity_greater_than_zero() {
+        let home =
+            |size: Value| with_volumes(json!({"home": {"size": size, "mountPath": "/home/dev"}}));
+        for bad in [json!("abc"), json!("0"), json!("-1Gi"), json!(0), json!("")] {
+            refused_with(
+                home(bad),
+                "home.size must be a quantity greater than zero, such as 10Gi",
+            );
+        }
+        assert_eq!(errors(home(json!(1073741824))), Vec::<String>::new());
+        // Growing from a size that was never a quantity is a message too, not an error.
+        let errs = errors_after(home(json!("abc")), home(json!("1Gi")));
+        assert_eq!(errs, Vec::<String>::new());
+        let errs = errors_after(home(json!("1Gi")), home(json!("abc")));
+        assert!(
+            errs.iter().all(|e| !e.contains("evaluation error")),
+            "{errs:?}"
+        );
+        assert_eq!(errs.len(), 1, "{errs:?}");
+    }
+
+    #[test]
+    fn the_agents_port_is_refused() {
+        let ports = json!({"image": "x", "ports": [{"name": "grpc", "port": berth_api::workspace::AGENT_PORT}]});
+        refused_with(
+            ports,
+            "ports: 50051 is the Berth agent's port in every workspace pod",
+        );
+    }
+
+    #[test]
+    fn a_mount_path_over_the_token_the_agent_or_the_root_is_refused() {
+        let secret_at = |path: &str| {
+            with_volumes(json!({"secrets": [{"secretName": "git", "mountPath": path}]}))
+        };
+        let rows = [
+            (
+                "/",
+                "mountPath must not be / (the container's whole filesystem)",
+            ),
+            ("//", "mountPath must not be /"),
+            (
+                "/var/run/secrets/kubernetes.io/serviceaccount",
+                "mountPath must not be /var/run/secrets/kubernetes.io/serviceaccount or below it (the service-account token Kubernetes mounts)",
+            ),
+            (
+                "/var/run/secrets/kubernetes.io/serviceaccount/",
+                "or below it",
+            ),
+            (
+                "/var/run/secrets/kubernetes.io/serviceaccount/token",
+                "or below it",
+            ),
+            (
+                "/run/secrets/kubernetes.io/serviceaccount",
+                "/run/secrets/kubernetes.io/serviceaccount or below it",
+            ),
+            (
+                "/opt/berth",
+                "mountPath must not be /opt/berth or below it (the Berth agent's binary)",
+            ),
+            ("//opt//berth/bin", "/opt/berth or below it"),
+            (
+                "/etc/berth/agent-tls",
+                "mountPath must not be /etc/berth or below it (the Berth agent's TLS files)",
+            ),
+            ("/opt/./berth", "mountPath must not contain a '.' segment"),
+        ];
+        for (path, message) in rows {
+            refused_with(secret_at(path), message);
+        }
+        for fine in [
+            "/opt",
+            "/var/run",
+            "/opt/berthold",
+            "/etc",
+            "/home/dev/.config",
+            "/srv/a.b",
+        ] {
+            assert_eq!(errors(secret_at(fine)), Vec::<String>::new(), "{fine}");
+        }
+        for (dir, _) in berth_api::workspace::RESERVED_DIRS {
+            refused_with(
+                with_volumes(json!({"home": {"size": "1Gi", "mountPath": dir}})),
+                "or below it",
+            );
+        }
+    }
+
+    #[test]
+    fn an_env_var_has_a_value_or_a_value_from_not_both() {
+        let var = |var: Value| json!({"image": "x", "env": [var]});
+        refused_with(
+            var(
+                json!({"name": "A", "value": "1", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}),
+            ),
+            "env: a variable has a value or a valueFrom, not both",
+        );
+        assert_eq!(
+            errors(var(
+                json!({"name": "A", "value": "", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}})
+            )),
+            Vec::<String>::new()
+        );
     }
 }

@@ -10,6 +10,7 @@ pub mod event_index;
 pub mod idle;
 pub mod leader;
 pub mod metrics;
+pub mod ownership;
 pub mod pod;
 pub mod pod_policy;
 pub mod rbac;

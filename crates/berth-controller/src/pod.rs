@@ -119,15 +119,21 @@ pub fn storage_less(have: Option<&Quantity>, want: Option<&Quantity>) -> bool {
     }
 }
 
-/// The workspace's service: a DNS-1035 label derived from the workspace name.
+/// The workspace's service: a DNS-1035 label (at most 63 characters, starting with a letter,
+/// no dots). A workspace name that is one is used as it is; any other (a leading digit, a
+/// dot, 63 characters or more) becomes `ws-<name with dots as dashes>` cut to fit and filled
+/// to 63 characters with a hash of the name, so no two workspace names share a service.
 pub fn service_name(workspace: &str) -> String {
     let starts_with_letter = workspace.starts_with(|c: char| c.is_ascii_lowercase());
-    let base = if starts_with_letter && !workspace.contains('.') {
+    if starts_with_letter && !workspace.contains('.') && workspace.len() < 63 {
+        return workspace.to_owned();
+    }
+    let readable = if starts_with_letter && !workspace.contains('.') {
         workspace.to_owned()
     } else {
         format!("ws-{}", workspace.replace('.', "-"))
     };
-    bounded(&base, "", 63)
+    labels::hashed(&readable, workspace, "", 63)
 }
 
 /// The ownerReference that makes the workspace the controller of what Berth creates.
@@ -633,12 +639,79 @@ pub(crate) mod tests {
         assert_eq!(pod_name("alice-dev"), "alice-dev-ws");
         assert_eq!(claim_name("alice-dev"), "alice-dev-home");
         assert_eq!(service_name("alice-dev"), "alice-dev");
-        assert_eq!(service_name("1.dev"), "ws-1-dev");
+        assert!(service_name("1.dev").starts_with("ws-1-dev-"));
+        assert_eq!(service_name("1.dev").len(), 63);
         let long = "a".repeat(250);
         assert!(pod_name(&long).len() <= 253);
         assert_eq!(pod_name(&long), pod_name(&long));
         assert_ne!(pod_name(&long), pod_name(&format!("{}b", "a".repeat(249))));
         assert!(service_name(&"b".repeat(100)).len() <= 63);
+    }
+
+    /// Each name Berth derives from a workspace name, per kind.
+    fn derived_names(workspace: &str) -> [(&'static str, String); 4] {
+        [
+            ("pod", pod_name(workspace)),
+            ("claim", claim_name(workspace)),
+            ("service", service_name(workspace)),
+            ("label", labels::workspace_label_value(workspace)),
+        ]
+    }
+
+    /// A workspace name as the API server accepts one (a DNS-1123 subdomain of at most 253
+    /// characters), reaching the lengths where derived names are cut.
+    fn workspace_names() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let label = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?";
+        (
+            proptest::collection::vec(label, 1..6),
+            proptest::sample::select(vec![
+                1usize, 60, 61, 62, 63, 64, 200, 247, 248, 249, 250, 251, 253,
+            ]),
+        )
+            .prop_map(|(labels, want)| {
+                let mut name = labels.join(".");
+                // Grow to about `want` characters with letters, keeping the name valid.
+                while name.len() < want {
+                    name.push('x');
+                }
+                name.truncate(253);
+                name.trim_end_matches(['-', '.']).to_owned()
+            })
+            .prop_filter("a valid workspace name", |n| {
+                !n.is_empty() && berth_sim::validation::check_subdomain("name", n).is_none()
+            })
+    }
+
+    #[test]
+    fn names_that_derive_alike_today_derive_apart() {
+        // A leading digit or a dot maps to `ws-...`, which another workspace may be named.
+        assert_ne!(service_name("2a.b"), service_name("ws-2a-b"));
+        // A name of exactly the limit's length and a longer name cut to it.
+        let long = "a".repeat(300);
+        let cut = pod_name(&long[..253]);
+        let spelled = cut.strip_suffix("-ws").unwrap();
+        assert_ne!(pod_name(spelled), cut);
+    }
+
+    proptest::proptest! {
+        /// Two workspace names of a namespace never derive the same name of any kind: a name
+        /// used as it is is shorter than the kind's limit, a cut or mapped one is exactly that
+        /// long and carries a hash of the full name. The second name is also the hardest one
+        /// an attacker could pick: the first's derived name spelled as a workspace name.
+        #[test]
+        fn derived_names_never_collide(a in workspace_names(), b in workspace_names()) {
+            let attacks: Vec<String> = derived_names(&a)
+                .into_iter()
+                .map(|(_, n)| n.trim_end_matches("-ws").trim_end_matches("-home").to_owned())
+                .filter(|n| berth_sim::validation::check_subdomain("name", n).is_none())
+                .collect();
+            for other in attacks.iter().chain([&b]).filter(|o| **o != a) {
+                for ((kind, mine), (_, theirs)) in derived_names(&a).into_iter().zip(derived_names(other)) {
+                    proptest::prop_assert_ne!(&mine, &theirs, "{} names of {:?} and {:?}", kind, a, other);
+                }
+            }
+        }
     }
 
     #[test]

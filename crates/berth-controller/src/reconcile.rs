@@ -8,7 +8,10 @@ use std::{collections::HashMap, sync::Arc, time::Instant};
 use berth_api::{Workspace, WorkspaceStatus, condition::event_reasons, labels};
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::{
+    api::core::v1::{Event, PersistentVolumeClaim, Pod, Service},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
@@ -30,6 +33,7 @@ use crate::{
     config::Config,
     event_index::EventIndex,
     metrics::{Metrics, ReasonLabel},
+    ownership::{Derived, Foreign, Met},
     pod,
     recorder::{EventType, Recorder, Report, Reporter},
     refusal::Refusal,
@@ -57,6 +61,9 @@ pub struct Context {
     failures: std::sync::Mutex<HashMap<ObjectRef<Workspace>, u32>>,
     /// The API server's last refusal of an action per workspace, until that action succeeds.
     refusals: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Refusal>>,
+    /// Objects of a derived name that a create met and that are not the workspace's own, per
+    /// workspace, until a create of that name succeeds (the caches do not show them).
+    taken: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Vec<Foreign>>>,
     /// The resourceVersions this operator's own status writes replaced per workspace, until
     /// the cache shows a newer one: a cache that still shows one of them is older than our
     /// last write, and no decision is taken on it.
@@ -106,6 +113,23 @@ impl Context {
             Some(r) => refusals.insert(workspace.clone(), r),
             None => refusals.remove(workspace),
         };
+    }
+
+    /// What creates of the workspace's derived names met that is someone else's.
+    fn taken(&self, workspace: &ObjectRef<Workspace>) -> Vec<Foreign> {
+        let taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        taken.get(workspace).cloned().unwrap_or_default()
+    }
+
+    /// Remembers what a create of `kind` met (`None`: the create succeeded, the name is free).
+    fn set_taken(&self, workspace: &ObjectRef<Workspace>, kind: Derived, met: Option<Foreign>) {
+        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = taken.entry(workspace.clone()).or_default();
+        entry.retain(|f| f.kind != kind);
+        entry.extend(met);
+        if entry.is_empty() {
+            taken.remove(workspace);
+        }
     }
 
     /// Whether the cached workspace is older than this operator's own last status write to
@@ -380,6 +404,7 @@ async fn run_controller(
         metrics: metrics.clone(),
         failures: Default::default(),
         refusals: Default::default(),
+        taken: Default::default(),
         replaced: Default::default(),
         expectations: Default::default(),
         progress_writes: Default::default(),
@@ -617,6 +642,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     }
     let reference = ObjectRef::from_obj(&*workspace);
     let refusal = ctx.refusal(&reference);
+    let taken = ctx.taken(&reference);
     let expectations = state::Expectations {
         pod: ctx.expected("pod", &namespace, &name),
         claim: ctx.expected("claim", &namespace, &name),
@@ -628,6 +654,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         warnings: &warnings,
         claim: claim.as_deref(),
         service: service.as_deref(),
+        taken: &taken,
         agent: agent.as_ref(),
         refusal: refusal.as_ref(),
         activity: activity.as_ref(),
@@ -648,11 +675,17 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         }
         version = write_status(&workspace, &decision.status, version, &ctx).await?;
     }
-    let mut foreign = None;
+    let mut met = None;
     let mut refused = None;
     for action in &decision.actions {
-        match act(&workspace, action, &ctx).await {
-            Ok(Some(pod)) => foreign = Some(pod),
+        match act(&workspace, action, &ctx, &taken).await {
+            Ok(Some(foreign)) => {
+                // Nothing more is done on this decision: the pod it would create could mount a
+                // claim that is not the workspace's.
+                ctx.set_taken(&reference, foreign.kind, Some(foreign.clone()));
+                met = Some(foreign);
+                break;
+            }
             Ok(None) => {
                 if refusal.as_ref().is_some_and(|r| r.action == *action) {
                     ctx.set_refusal(&reference, None);
@@ -682,16 +715,17 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
             Err(other) => return Err(other),
         }
     }
-    // What acting found out (a refusal, a pod that is not ours) is said at once: derive again
-    // from the status just written, as the next reconcile would.
+    // What acting found out (a refusal, a name someone else's object holds) is said at once:
+    // derive again from the status just written, as the next reconcile would.
     let mut decisions = vec![decision];
-    if foreign.is_some() || refused.is_some() {
+    if met.is_some() || refused.is_some() {
         let mut written = (*workspace).clone();
         written.status = Some(decisions[0].status.clone());
         written.metadata.resource_version = version.clone();
+        let taken = ctx.taken(&reference);
         let observed = Observed {
             workspace: &written,
-            pod: foreign.as_ref().or(pod.as_deref()),
+            taken: &taken,
             refusal: refused.as_ref().or(refusal.as_ref()),
             ..observed
         };
@@ -783,9 +817,14 @@ fn ignore_conflicts(result: Result<(), kube::Error>) -> Result<()> {
     }
 }
 
-/// Carries out one action. Returns the pod that blocks a create when that pod is not the
-/// workspace's own.
-async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Option<Pod>> {
+/// Carries out one action. Returns the object a create met when it is not the workspace's own
+/// (`taken`: what earlier creates met, to count the attempts in a row).
+async fn act(
+    workspace: &Workspace,
+    action: &Action,
+    ctx: &Context,
+    taken: &[Foreign],
+) -> Result<Option<Foreign>> {
     let namespace = workspace.namespace().unwrap_or_default();
     let create = PostParams {
         field_manager: Some(ctx.config.manager.clone()),
@@ -795,22 +834,56 @@ async fn act(workspace: &Workspace, action: &Action, ctx: &Context) -> Result<Op
     let kind: &'static str = match action {
         Action::CreatePod | Action::DeletePod { .. } | Action::ForceDeletePod { .. } => "pod",
         Action::CreateClaim | Action::ResizeClaim => "claim",
-        Action::CreateService | Action::UpdateService | Action::DeleteService => "service",
+        Action::CreateService | Action::UpdateService { .. } | Action::DeleteService => "service",
         Action::Cull => "workspace",
     };
     let creates = matches!(
         action,
-        Action::CreatePod | Action::CreateClaim | Action::CreateService | Action::UpdateService
+        Action::CreatePod
+            | Action::CreateClaim
+            | Action::CreateService
+            | Action::UpdateService { .. }
     );
     if !creates {
         ctx.forget(kind, &namespace, &name);
     }
-    let done = perform(workspace, action, ctx, &namespace, create).await;
+    let done = perform(workspace, action, ctx, &namespace, create, taken).await;
     // Only what the API server accepted is expected to show up in the cache.
     if creates && matches!(done, Ok(None)) {
         ctx.expect(kind, &namespace, &name);
+        if let Some(derived) = derived_by(action) {
+            ctx.set_taken(&ObjectRef::from_obj(workspace), derived, None);
+        }
     }
     done
+}
+
+/// The derived object an action creates.
+fn derived_by(action: &Action) -> Option<Derived> {
+    [Derived::Pod, Derived::Claim, Derived::Service]
+        .into_iter()
+        .find(|d| d.create() == *action)
+}
+
+/// After a create answered 409 AlreadyExists: the object of that name, when it is not the
+/// workspace's own (the cache only lagged behind our own create otherwise). Counts the creates
+/// in a row that met it.
+fn met_by_create(
+    kind: Derived,
+    existing: Option<&ObjectMeta>,
+    workspace: &Workspace,
+    taken: &[Foreign],
+) -> Option<Foreign> {
+    let attempts = taken
+        .iter()
+        .find(|f| f.kind == kind)
+        .and_then(|f| f.met)
+        .map_or(1, |m| m.attempts.saturating_add(1));
+    let met = Met {
+        at: Timestamp::now(),
+        attempts,
+    };
+    Foreign::of(kind, existing?, workspace, Some(met))
 }
 
 async fn perform(
@@ -819,7 +892,8 @@ async fn perform(
     ctx: &Context,
     namespace: &str,
     create: PostParams,
-) -> Result<Option<Pod>> {
+    taken: &[Foreign],
+) -> Result<Option<Foreign>> {
     let client = ctx.client.clone();
     match action {
         Action::CreatePod => {
@@ -827,9 +901,9 @@ async fn perform(
             let wanted = pod::build_pod(workspace, &ctx.config.agent);
             match pods.create(&create, &wanted).await {
                 Err(kube::Error::Api(s)) if s.code == 409 => {
-                    let existing = pods.get_opt(&wanted.name_any()).await?;
-                    // Ours (the cache lags) is expected; a foreign one is reported.
-                    Ok(existing.filter(|p| !pod::is_owned_by(&p.metadata, workspace)))
+                    let existing = pods.get_metadata_opt(&wanted.name_any()).await?;
+                    let meta = existing.as_ref().map(|e| &e.metadata);
+                    Ok(met_by_create(Derived::Pod, meta, workspace, taken))
                 }
                 other => other.map(|_| None).map_err(Error::from),
             }
@@ -869,27 +943,56 @@ async fn perform(
         }
         Action::CreateClaim => {
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(client, namespace);
-            match pod::build_claim(workspace) {
-                Some(claim) => ignore_conflicts(claims.create(&create, &claim).await.map(|_| ()))
-                    .map(|()| None),
-                None => Ok(None),
+            let Some(claim) = pod::build_claim(workspace) else {
+                return Ok(None);
+            };
+            match claims.create(&create, &claim).await {
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    let existing = claims.get_metadata_opt(&claim.name_any()).await?;
+                    let meta = existing.as_ref().map(|e| &e.metadata);
+                    Ok(met_by_create(Derived::Claim, meta, workspace, taken))
+                }
+                other => other.map(|_| None).map_err(Error::from),
             }
         }
-        Action::CreateService | Action::UpdateService => {
+        Action::CreateService => {
+            // A create, never an apply: an apply would take over a service of the same name.
             let services: Api<Service> = Api::namespaced(client, namespace);
-            match pod::build_service(workspace) {
-                Some(service) => {
-                    let params = PatchParams::apply(&ctx.config.manager).force();
-                    let mut body = serde_json::to_value(&service)?;
-                    body["apiVersion"] = json!("v1");
-                    body["kind"] = json!("Service");
-                    services
-                        .patch(&service.name_any(), &params, &Patch::Apply(&body))
-                        .await?;
-                    Ok(None)
+            let Some(service) = pod::build_service(workspace) else {
+                return Ok(None);
+            };
+            match services.create(&create, &service).await {
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    let existing = services.get_metadata_opt(&service.name_any()).await?;
+                    let meta = existing.as_ref().map(|e| &e.metadata);
+                    Ok(met_by_create(Derived::Service, meta, workspace, taken))
                 }
-                None => Ok(None),
+                other => other.map(|_| None).map_err(Error::from),
             }
+        }
+        Action::UpdateService { uid } => {
+            // The whole ports and selector, by a JSON patch conditional on the UID: the
+            // workspace's own service only (an apply would leave the ports its create set),
+            // and never one of the same name made since.
+            let services: Api<Service> = Api::namespaced(client, namespace);
+            let Some(service) = pod::build_service(workspace) else {
+                return Ok(None);
+            };
+            let name = service.name_any();
+            let spec = service.spec.unwrap_or_default();
+            let update: json_patch::Patch = serde_json::from_value(json!([
+                {"op": "test", "path": "/metadata/uid", "value": uid},
+                {"op": "replace", "path": "/spec/ports", "value": spec.ports},
+                {"op": "replace", "path": "/spec/selector", "value": spec.selector}
+            ]))?;
+            let params = PatchParams {
+                field_manager: Some(ctx.config.manager.clone()),
+                ..Default::default()
+            };
+            services
+                .patch(&name, &params, &Patch::Json::<()>(update))
+                .await?;
+            Ok(None)
         }
         Action::Cull => {
             // Conditional on the generation decided on: a spec the user just changed is theirs.
@@ -939,6 +1042,10 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
     for kind in ["pod", "claim", "service"] {
         ctx.forget(kind, &namespace, &workspace.name_any());
     }
+    ctx.taken
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&ObjectRef::from_obj(workspace));
     let pod_name = pod::pod_name(&workspace.name_any());
     let current = ctx.pods.get(&ObjectRef::new(&pod_name).within(&namespace));
     let observed = Observed {
@@ -947,6 +1054,7 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         warnings: &[],
         claim: None,
         service: None,
+        taken: &[],
         agent: None,
         refusal: None,
         activity: None,
@@ -958,7 +1066,7 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         .iter()
         .filter(|a| matches!(a, Action::DeletePod { .. } | Action::ForceDeletePod { .. }))
     {
-        act(workspace, action, ctx).await?;
+        act(workspace, action, ctx, &[]).await?;
     }
     publish(workspace, std::slice::from_ref(&decision), ctx).await;
     if decision.release {

@@ -21,6 +21,7 @@ use kube::ResourceExt;
 use crate::{
     config::{Policy, WarningClass},
     idle::ActivityCheck,
+    ownership::{Derived, Foreign},
     pod::{self, is_owned_by},
     refusal::Refusal,
 };
@@ -41,12 +42,18 @@ pub const ERROR_WAITING_REASONS: &[&str] = &[
 #[derive(Clone, Copy, Debug)]
 pub struct Observed<'a> {
     pub workspace: &'a Workspace,
-    /// The pod with the workspace's pod name, whoever owns it.
+    /// The pod with the workspace's pod name, whoever owns it (the caches show objects
+    /// labelled as Berth's; one that is not the workspace's own is someone else's).
     pub pod: Option<&'a Pod>,
     /// Warning events whose `involvedObject.uid` is the current pod's (rule C2).
     pub warnings: &'a [&'a Event],
+    /// The claim with the workspace's home claim name, whoever owns it.
     pub claim: Option<&'a PersistentVolumeClaim>,
+    /// The service with the workspace's service name, whoever owns it.
     pub service: Option<&'a Service>,
+    /// Objects of the names Berth derives for the workspace that its creates met and that are
+    /// not the workspace's own (the caches do not show objects without Berth's labels).
+    pub taken: &'a [Foreign],
     /// The last WhoAmI to the current pod's agent, when one was made (rule C14).
     pub agent: Option<&'a AgentCheck>,
     /// The API server's refusal of the last attempt at an action, until that action succeeds.
@@ -80,7 +87,7 @@ impl Expectations {
         let sent = match action {
             Action::CreatePod => self.pod,
             Action::CreateClaim => self.claim,
-            Action::CreateService | Action::UpdateService => self.service,
+            Action::CreateService | Action::UpdateService { .. } => self.service,
             _ => None,
         };
         sent.is_some_and(|at| elapsed(Some(&Time(at)), now) < EXPECTATION_TTL)
@@ -205,7 +212,11 @@ pub enum Action {
     /// Grow the home claim's storage request to the spec's `home.size`.
     ResizeClaim,
     CreateService,
-    UpdateService,
+    /// Set the ports and selector of the workspace's own service (this UID: a precondition,
+    /// so a service of the same name made since is never changed).
+    UpdateService {
+        uid: String,
+    },
     DeleteService,
     CreatePod,
     /// Delete the pod with this UID (a precondition, so a newer pod is never hit).
@@ -227,7 +238,9 @@ impl Action {
             Action::CreateClaim => format!("create claim {}", pod::claim_name(workspace)),
             Action::ResizeClaim => format!("grow claim {}", pod::claim_name(workspace)),
             Action::CreateService => format!("create service {}", pod::service_name(workspace)),
-            Action::UpdateService => format!("update service {}", pod::service_name(workspace)),
+            Action::UpdateService { .. } => {
+                format!("update service {}", pod::service_name(workspace))
+            }
             Action::DeleteService => format!("delete service {}", pod::service_name(workspace)),
             Action::CreatePod => format!("create pod {}", pod::pod_name(workspace)),
             Action::DeletePod { .. } | Action::ForceDeletePod { .. } => {
@@ -244,7 +257,7 @@ impl Action {
             Action::CreateClaim | Action::CreateService | Action::CreatePod => {
                 event_reasons::FAILED_CREATE
             }
-            Action::UpdateService | Action::ResizeClaim | Action::Cull => {
+            Action::UpdateService { .. } | Action::ResizeClaim | Action::Cull => {
                 event_reasons::FAILED_UPDATE
             }
             Action::DeleteService | Action::DeletePod { .. } | Action::ForceDeletePod { .. } => {
@@ -453,6 +466,8 @@ struct Builder<'a> {
     /// The workspace is being deleted and its finalizer may go.
     release: bool,
     expectations: Expectations,
+    /// Objects of the names this workspace needs that are someone else's.
+    taken: Vec<Foreign>,
 }
 
 impl Builder<'_> {
@@ -461,6 +476,8 @@ impl Builder<'_> {
     /// "gave up" stall below (the reason is one of [`SPEC_VERDICTS`]).
     fn spec_verdict(&mut self, phase: Phase, reason: Reason, message: String) {
         debug_assert!(SPEC_VERDICTS.contains(&reason));
+        // A verdict on the spec comes first: nothing is created for it anyway.
+        self.taken.clear();
         self.condition(
             types::STALLED,
             ConditionStatus::True,
@@ -677,12 +694,6 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         let message = format!("The spec asks for what this operator does not allow: {violation}");
         return b.forbidden(message, slow);
     }
-    if let Some(foreign) = observed
-        .pod
-        .filter(|p| !is_owned_by(&p.metadata, workspace))
-    {
-        return b.foreign_pod(foreign, policy.max_requeue);
-    }
     // Storage and service follow the spec whatever the pod does.
     b.storage_and_service(observed);
     if workspace.spec.paused {
@@ -760,32 +771,12 @@ impl<'a> Builder<'a> {
             growing: None,
             release: false,
             expectations: observed.expectations,
+            taken: taken(observed),
         }
     }
 }
 
 impl Builder<'_> {
-    /// Pod `foreign` has the workspace's pod name and is not its own: Berth never adopts or
-    /// deletes it, and says so.
-    fn foreign_pod(mut self, foreign: &Pod, max_requeue: Duration) -> Decision {
-        let message = format!(
-            "Pod {} exists and is not owned by this workspace; Berth never adopts or deletes it. Delete or rename that pod, or rename the workspace.",
-            foreign.name_any()
-        );
-        self.condition(
-            types::READY,
-            ConditionStatus::False,
-            Reason::PodNotOwned,
-            &message,
-        );
-        self.phase(Phase::Error, message);
-        let wait = requeue_interval(
-            elapsed(self.status.started_at.as_ref(), self.now.0),
-            max_requeue,
-        );
-        self.finish(wait)
-    }
-
     /// The claim and the service follow the spec, whatever the pod does.
     fn storage_and_service(&mut self, observed: &Observed<'_>) {
         let workspace = observed.workspace;
@@ -806,8 +797,13 @@ impl Builder<'_> {
         }
         match (pod::build_service(workspace).is_some(), observed.service) {
             (true, None) => self.actions.push(Action::CreateService),
-            (true, Some(s)) if !pod::service_ports_match(s, workspace) => {
-                self.actions.push(Action::UpdateService)
+            (true, Some(s))
+                if is_owned_by(&s.metadata, workspace)
+                    && !pod::service_ports_match(s, workspace) =>
+            {
+                self.actions.push(Action::UpdateService {
+                    uid: s.uid().unwrap_or_default(),
+                })
             }
             (false, Some(s)) if is_owned_by(&s.metadata, workspace) => {
                 self.actions.push(Action::DeleteService)
@@ -915,6 +911,100 @@ impl Builder<'_> {
     }
 }
 
+/// The objects of the names the workspace needs that are someone else's: those its creates met,
+/// and those the caches show that it does not own. A claim counts while the spec has a home
+/// volume, a service while it has ports, a pod always (whether it is needed is decided with
+/// the create, see [`Builder::name_taken`]).
+fn taken(observed: &Observed<'_>) -> Vec<Foreign> {
+    let workspace = observed.workspace;
+    let cached = [
+        observed
+            .pod
+            .and_then(|p| Foreign::of(Derived::Pod, &p.metadata, workspace, None)),
+        observed
+            .claim
+            .and_then(|c| Foreign::of(Derived::Claim, &c.metadata, workspace, None)),
+        observed
+            .service
+            .and_then(|s| Foreign::of(Derived::Service, &s.metadata, workspace, None)),
+    ];
+    let mut taken: Vec<Foreign> = cached.into_iter().flatten().collect();
+    for met in observed.taken {
+        if !taken.iter().any(|f| f.kind == met.kind) {
+            taken.push(met.clone());
+        }
+    }
+    taken.retain(|f| match f.kind {
+        Derived::Pod => true,
+        Derived::Claim => pod::build_claim(workspace).is_some(),
+        Derived::Service => !workspace.spec.ports.is_empty(),
+    });
+    taken.sort_by_key(|f| f.kind);
+    taken
+}
+
+impl Builder<'_> {
+    /// A name is not ownership: nothing is created over a name someone else's object holds,
+    /// and no pod while its home claim's name is taken (it would mount that claim). The
+    /// workspace is `Error`, reason `NameTaken`, naming the object and its owner (a Warning
+    /// once, through [`Builder::explain_error`]); what it already runs is left alone. A create
+    /// that met the object is tried again after a doubling wait (the caches show only objects
+    /// labelled as Berth's); one the caches show is looked at again with the growing requeue.
+    /// A paused workspace creates nothing over a taken name either, and says so once it
+    /// starts. Returns the requeue.
+    fn name_taken(&mut self, requeue: Duration) -> Duration {
+        if self.taken.is_empty()
+            || matches!(self.status.phase, Some(Phase::Failed | Phase::Terminating))
+        {
+            return requeue;
+        }
+        let (now, cap) = (self.now.0, self.max_requeue);
+        let wants_pod = self.actions.contains(&Action::CreatePod);
+        let due = |f: &Foreign| f.look_again_in(now, cap).is_some_and(|w| w.is_zero());
+        let claim_held = self
+            .taken
+            .iter()
+            .any(|f| f.kind == Derived::Claim && !due(f));
+        let taken = std::mem::take(&mut self.taken);
+        let relevant: Vec<&Foreign> = taken
+            .iter()
+            .filter(|f| f.kind != Derived::Pod || wants_pod)
+            .collect();
+        let mut requeue = requeue;
+        if let Some(first) = relevant.first() {
+            self.actions.retain(|a| {
+                let held = relevant.iter().any(|f| f.kind.create() == *a && !due(f));
+                !(held || (claim_held && *a == Action::CreatePod))
+            });
+            let again = relevant
+                .iter()
+                .filter_map(|f| f.look_again_in(now, cap))
+                .filter(|w| !w.is_zero())
+                .min()
+                .unwrap_or_else(|| {
+                    requeue_interval(elapsed(self.status.started_at.as_ref(), now), cap)
+                });
+            requeue = requeue.min(again);
+            // A stopped workspace stays stopped; it says what is in its way when it starts.
+            if matches!(self.status.phase, Some(Phase::Stopped | Phase::Stopping)) {
+                self.taken = taken;
+                return requeue;
+            }
+            let message = first.message();
+            self.condition(
+                types::READY,
+                ConditionStatus::False,
+                Reason::NameTaken,
+                &message,
+            );
+            self.status.ready_at = None;
+            self.phase(Phase::Error, message);
+        }
+        self.taken = taken;
+        requeue
+    }
+}
+
 /// The wait before reconciling again after the `attempt`th failed reconcile in a row (rule
 /// C19): 500 ms, 1 s, 2 s ... up to `cap`.
 pub fn retry_after_error(attempt: u32, cap: Duration) -> Duration {
@@ -946,6 +1036,7 @@ impl Builder<'_> {
         // A create the caches do not show yet is not sent again.
         let (expectations, now) = (self.expectations, self.now.0);
         self.actions.retain(|a| !expectations.covers(a, now));
+        requeue = self.name_taken(requeue);
         let still_wanted = self
             .refusal
             .as_ref()
@@ -958,12 +1049,16 @@ impl Builder<'_> {
                 refused.action.describe(&workspace),
                 refused.message
             );
-            self.condition(
-                types::READY,
-                ConditionStatus::False,
-                refused.reason.as_str(),
-                &text,
-            );
+            // A stopped workspace keeps saying why it is stopped (Paused, Idle) in its Ready
+            // condition, which is what tells it was said already.
+            if !matches!(self.status.phase, Some(Phase::Stopped | Phase::Stopping)) {
+                self.condition(
+                    types::READY,
+                    ConditionStatus::False,
+                    refused.reason.as_str(),
+                    &text,
+                );
+            }
             if refused.fresh {
                 self.notices.push(Notice::warning(
                     refused.action.refused_reason(),

@@ -4,10 +4,14 @@ use std::time::Duration;
 
 use berth_api::{Phase, Workspace};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
+use k8s_openapi::{
+    api::core::v1::{Event, PersistentVolumeClaim, Pod, Service},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use serde_json::{Value, json};
 
 use super::*;
+use crate::ownership::{Derived, Foreign};
 use crate::refusal::Refusal;
 use crate::state::Recreation;
 use crate::{config::Policy, pod};
@@ -79,6 +83,7 @@ fn decide(ws: &Workspace, pod: Option<&Pod>, warnings: &[Event]) -> Decision {
             warnings: &refs,
             claim: None,
             service: None,
+            taken: &[],
             agent: None,
             refusal: None,
             activity: None,
@@ -98,6 +103,7 @@ fn decide_checked(ws: &Workspace, pod: &Pod, check: &AgentCheck) -> Decision {
             warnings: &[],
             claim: None,
             service: None,
+            taken: &[],
             agent: Some(check),
             refusal: None,
             activity: None,
@@ -230,6 +236,7 @@ fn decide_refused(ws: &Workspace, pod: Option<&Pod>, refusal: &Refusal) -> Decis
             warnings: &[],
             claim: None,
             service: None,
+            taken: &[],
             agent: None,
             refusal: Some(refusal),
             activity: None,
@@ -926,6 +933,7 @@ fn a_rejected_pod_is_replaced_after_the_delay_and_counted() {
             warnings: &[],
             claim: None,
             service: None,
+            taken: &[],
             agent: None,
             refusal: None,
             activity: None,
@@ -1139,6 +1147,7 @@ fn an_unchanged_observation_derives_an_unchanged_status() {
             warnings: &[],
             claim: None,
             service: None,
+            taken: &[],
             agent: None,
             refusal: None,
             activity: None,
@@ -1231,6 +1240,83 @@ proptest::proptest! {
     }
 }
 
+proptest::proptest! {
+    /// Rule C16 for every state that waits on something outside Berth: a name someone else's
+    /// object holds (met by a create, or shown by the caches), a write the API server refused,
+    /// a pod in any state. With the world unchanged, the status written back derives the same
+    /// status and no event: no write loop, one Warning per cause.
+    #[test]
+    fn every_wait_on_the_world_is_a_fixpoint(
+        status in arbitrary_pod_status(),
+        with_pod in proptest::bool::ANY,
+        foreign_pod in proptest::bool::ANY,
+        paused in proptest::bool::ANY,
+        home in proptest::bool::ANY,
+        ports in proptest::bool::ANY,
+        met in proptest::option::of((proptest::sample::select(vec![Derived::Pod, Derived::Claim, Derived::Service]), 0i64..70, 1u32..8)),
+        cached_claim in proptest::bool::ANY,
+        cached_service in proptest::bool::ANY,
+        refusal in proptest::option::of((proptest::sample::select(vec![Action::CreatePod, Action::CreateClaim, Action::CreateService]), 1u32..6, 0i64..70)),
+    ) {
+        let mut spec = json!({"image": "x:1", "paused": paused});
+        if home {
+            spec["podTemplate"] = json!({"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}});
+        }
+        if ports {
+            spec["ports"] = json!([{"name": "http", "port": 8080}]);
+        }
+        let ws = workspace(spec, json!({"startedAt": at(40)}));
+        let mut pod = pod_of(&ws, status);
+        if foreign_pod {
+            pod.metadata.owner_references = None;
+        }
+        let theirs = |name: &str| -> ObjectMeta {
+            serde_json::from_value(json!({"name": name, "uid": "theirs"})).unwrap()
+        };
+        let claim = PersistentVolumeClaim { metadata: theirs("w-home"), ..Default::default() };
+        let service = Service { metadata: theirs("w"), ..Default::default() };
+        let taken: Vec<Foreign> = met.iter().map(|(kind, ago, attempts)| Foreign {
+            kind: *kind,
+            name: "taken".into(),
+            owner: Some("Workspace other".into()),
+            met: Some(crate::ownership::Met { at: Timestamp::from_second(NOW - ago).unwrap(), attempts: *attempts }),
+        }).collect();
+        let refusal = |fresh| refusal.clone().map(|(action, attempts, ago)| refused(action, attempts, ago, fresh));
+        let (fresh, stale) = (refusal(true), refusal(false));
+        let decide = |ws: &Workspace, refusal: Option<&Refusal>| derive(
+            &Observed {
+                workspace: ws,
+                pod: with_pod.then_some(&pod),
+                warnings: &[],
+                claim: cached_claim.then_some(&claim),
+                service: cached_service.then_some(&service),
+                taken: &taken,
+                agent: None,
+                refusal,
+                activity: None,
+                expectations: Default::default(),
+            },
+            &Policy::default(),
+            now(),
+        );
+        let first = decide(&ws, fresh.as_ref());
+        let mut written = ws.clone();
+        written.status = Some(first.status.clone());
+        let second = decide(&written, stale.as_ref());
+        proptest::prop_assert_eq!(&second.status, &first.status);
+        proptest::prop_assert!(second.notices.is_empty(), "published again: {:?} (first {:?})", second.notices, first.notices);
+        proptest::prop_assert_eq!(&second.actions, &first.actions);
+        // Nothing is ever created over a name that is someone else's.
+        let shown = |kind| (kind == Derived::Claim && cached_claim) || (kind == Derived::Service && cached_service) || (kind == Derived::Pod && with_pod && foreign_pod);
+        for kind in [Derived::Pod, Derived::Claim, Derived::Service] {
+            proptest::prop_assert!(!(shown(kind) && first.actions.contains(&kind.create())), "{:?} over a name in use: {:?}", kind, first.actions);
+        }
+        if home && cached_claim {
+            proptest::prop_assert!(!first.actions.contains(&Action::CreatePod), "a pod that would mount their claim");
+        }
+    }
+}
+
 /// Makes `claim` request `size` of storage.
 fn requesting(claim: &mut PersistentVolumeClaim, size: &str) {
     let resources = claim.spec.as_mut().unwrap().resources.as_mut().unwrap();
@@ -1260,6 +1346,7 @@ fn a_grown_home_size_grows_the_claim_and_says_so_until_it_has_grown() {
                 warnings: &[],
                 claim: Some(claim),
                 service: None,
+                taken: &[],
                 agent: None,
                 refusal: None,
                 activity: None,
@@ -1336,6 +1423,7 @@ mod culling {
                 warnings: &[],
                 claim: None,
                 service: None,
+                taken: &[],
                 agent: None,
                 refusal: None,
                 activity: Some(activity),

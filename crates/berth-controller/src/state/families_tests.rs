@@ -41,6 +41,9 @@ struct Case {
     warnings: Vec<Event>,
     agent: Option<AgentCheck>,
     expectations: Expectations,
+    claim: Option<PersistentVolumeClaim>,
+    service: Option<Service>,
+    taken: Vec<Foreign>,
 }
 
 fn case(name: &'static str, workspace: Workspace, pod: Option<Pod>) -> Case {
@@ -51,6 +54,9 @@ fn case(name: &'static str, workspace: Workspace, pod: Option<Pod>) -> Case {
         warnings: vec![],
         agent: None,
         expectations: Expectations::default(),
+        claim: None,
+        service: None,
+        taken: vec![],
     }
 }
 
@@ -66,6 +72,33 @@ impl Case {
         self
     }
 
+    /// The caches show `claim` under the home claim's name.
+    fn claim(mut self, claim: PersistentVolumeClaim) -> Self {
+        self.claim = Some(claim);
+        self
+    }
+
+    /// The caches show `service` under the service's name.
+    fn service(mut self, service: Service) -> Self {
+        self.service = Some(service);
+        self
+    }
+
+    /// A create of `kind`'s name met someone else's object `seconds_ago`, `attempts` times in
+    /// a row.
+    fn met(mut self, kind: Derived, seconds_ago: i64, attempts: u32) -> Self {
+        self.taken.push(Foreign {
+            kind,
+            name: "taken".into(),
+            owner: None,
+            met: Some(crate::ownership::Met {
+                at: Timestamp::from_second(NOW - seconds_ago).unwrap(),
+                attempts,
+            }),
+        });
+        self
+    }
+
     fn warning(mut self, event: Event) -> Self {
         self.warnings.push(event);
         self
@@ -78,8 +111,9 @@ impl Case {
                 workspace: &self.workspace,
                 pod: self.pod.as_ref(),
                 warnings: &warnings,
-                claim: None,
-                service: None,
+                claim: self.claim.as_ref(),
+                service: self.service.as_ref(),
+                taken: &self.taken,
                 agent: self.agent.as_ref(),
                 refusal: None,
                 activity: None,
@@ -627,4 +661,122 @@ fn a_start_says_what_it_waits_on_first() {
         d.status.message.as_deref(),
         Some("Pod w-ws is starting (ContainerCreating)")
     );
+}
+
+/// An object of the workspace's name that is not its own: unlabelled (a create met it) or
+/// labelled like Berth's (the caches show it), owned by nobody.
+fn foreign<K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned>(name: &str) -> K {
+    serde_json::from_value(json!({
+        "apiVersion": K::api_version(&()), "kind": K::kind(&()),
+        "metadata": {"name": name, "namespace": "team-a", "uid": "theirs",
+            "labels": {"app.kubernetes.io/managed-by": "berth"}}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn name_taken() {
+    let home = json!({"image": "x:1", "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}}});
+    let ws = workspace(home.clone(), json!({}));
+    let ported = workspace(
+        json!({"image": "x:1", "ports": [{"name": "http", "port": 8080}]}),
+        json!({}),
+    );
+    let said = workspace(
+        home.clone(),
+        json!({"phase": "Error", "observedGeneration": 1, "startedAt": at(30), "podRecreations": 0, "conditions": [
+            {"type": "Ready", "status": "False", "reason": "NameTaken", "message": "", "lastTransitionTime": at(30)}]}),
+    );
+    let paused = workspace(json!({"image": "x:1", "paused": true}), json!({}));
+    let mut theirs: Pod = foreign("w-ws");
+    theirs.spec = Some(Default::default());
+    table(vec![
+        (
+            case(
+                "the home claim's name is someone else's: no pod",
+                ws.clone(),
+                None,
+            )
+            .claim(foreign("w-home")),
+            seen(Phase::Error, Some("NameTaken"), vec![], &["!NameTaken"]),
+        ),
+        (
+            case(
+                "a create met a claim of its name: no pod while it waits",
+                ws.clone(),
+                None,
+            )
+            .met(Derived::Claim, 0, 1),
+            seen(Phase::Error, Some("NameTaken"), vec![], &["!NameTaken"]),
+        ),
+        (
+            case("said already: no second Warning", said.clone(), None).met(Derived::Claim, 0, 1),
+            seen(Phase::Error, Some("NameTaken"), vec![], &[]),
+        ),
+        (
+            case(
+                "its wait ran out: the claim is tried again, then the pod",
+                said.clone(),
+                None,
+            )
+            .met(Derived::Claim, 2, 1),
+            seen(
+                Phase::Error,
+                Some("NameTaken"),
+                vec![Action::CreateClaim, Action::CreatePod],
+                &[],
+            ),
+        ),
+        (
+            case("the third meeting waits 4 s", said.clone(), None).met(Derived::Claim, 3, 3),
+            seen(Phase::Error, Some("NameTaken"), vec![], &[]),
+        ),
+        (
+            case(
+                "a create met a pod of its name: not sent again yet",
+                workspace(json!({"image": "x:1"}), json!({})),
+                None,
+            )
+            .met(Derived::Pod, 0, 1),
+            seen(Phase::Error, Some("NameTaken"), vec![], &["!NameTaken"]),
+        ),
+        (
+            case(
+                "the caches show a pod of its name that is not its own",
+                workspace(json!({"image": "x:1"}), json!({})),
+                Some(theirs.clone()),
+            ),
+            seen(Phase::Error, Some("NameTaken"), vec![], &["!NameTaken"]),
+        ),
+        (
+            case(
+                "the service's name is someone else's: never applied over, the pod starts",
+                ported.clone(),
+                None,
+            )
+            .service(foreign("w")),
+            seen(
+                Phase::Error,
+                Some("NameTaken"),
+                vec![Action::CreatePod],
+                &["!NameTaken"],
+            ),
+        ),
+        (
+            case(
+                "paused: a pod of its name is none of its business",
+                paused,
+                Some(theirs.clone()),
+            ),
+            seen(Phase::Stopped, Some("Paused"), vec![], &["Paused"]),
+        ),
+        (
+            case(
+                "deleted: what is not its own is never deleted",
+                being_deleted(workspace(json!({"image": "x:1"}), json!({})), 1),
+                Some(theirs),
+            ),
+            released(seen(Phase::Terminating, None, vec![], &[])),
+        ),
+    ]);
 }

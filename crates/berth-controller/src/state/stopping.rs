@@ -70,7 +70,12 @@ pub(super) fn paused(
     let culled = find_condition(&b.old.conditions, types::READY)
         .filter(|c| c.has_reason(&Reason::Idle))
         .map(|c| c.message.clone());
-    if !matches!(b.old.phase, Some(Phase::Stopping | Phase::Stopped)) && culled.is_none() {
+    // Said once: a refused action may have made the last status Error, and its Ready
+    // condition still says Paused.
+    let said = matches!(b.old.phase, Some(Phase::Stopping | Phase::Stopped))
+        || find_condition(&b.old.conditions, types::READY)
+            .is_some_and(|c| c.has_reason(&Reason::Paused));
+    if !said && culled.is_none() {
         b.notices.push(Notice::normal(
             event_reasons::PAUSED,
             "Workspace paused: its pod is deleted, its storage kept".into(),

@@ -457,25 +457,6 @@ async fn deleting_a_workspace_removes_what_it_owns_even_when_its_pod_is_stuck() 
 }
 
 #[tokio::test]
-async fn a_foreign_pod_is_never_adopted_or_deleted() {
-    let h = Harness::start().await;
-    let foreign = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ivy-ws"}, "spec": {"containers": [{"name": "c", "image": "x:1"}]}});
-    let pod = pods(&h)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(foreign).unwrap(),
-        )
-        .await
-        .unwrap();
-    h.create("ivy", json!({"image": "devbox:1"})).await;
-    let ws = h.until_phase("ivy", Phase::Error).await;
-    assert!(message_of(&ws).starts_with("Pod ivy-ws exists and is not owned by this workspace; Berth never adopts or deletes it."), "{}", message_of(&ws));
-    let still = pods(&h).get("ivy-ws").await.unwrap();
-    assert_eq!(still.uid(), pod.uid());
-    assert!(still.owner_references().is_empty());
-}
-
-#[tokio::test]
 async fn restarting_the_operator_over_running_workspaces_writes_nothing() {
     let mut h = Harness::start().await;
     for name in ["w1", "w2", "w3"] {

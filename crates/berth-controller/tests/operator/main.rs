@@ -8,6 +8,7 @@ mod culling;
 mod leader;
 mod lifecycle;
 mod observability;
+mod ownership;
 mod rbac;
 mod refusal;
 mod rejection;

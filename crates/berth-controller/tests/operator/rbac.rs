@@ -135,6 +135,41 @@ async fn every_rule_granted_to_the_operator_is_used_and_nothing_is_refused() {
     .unwrap();
     h.create("squatted", json!({"image": "devbox:1"})).await;
     h.until_phase("squatted", Phase::Error).await;
+    // So are a claim and a service of the names it derives.
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "grabbed-home"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "grabbed"},
+                "spec": {"ports": [{"port": 80}]}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    h.create(
+        "grabbed",
+        json!({"image": "devbox:1", "ports": [{"name": "http", "port": 8080}],
+            "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}}}),
+    )
+    .await;
+    h.until_not_ready("grabbed", "NameTaken").await;
+    eventually(WAIT, "both names looked at", || async {
+        let looked = |resource: &str| {
+            h.sim.count_requests(|k| {
+                k.user == crate::support::OPERATOR && k.verb == "get" && k.resource == resource
+            }) > 0
+        };
+        (looked("persistentvolumeclaims") && looked("services")).then_some(())
+    })
+    .await;
 
     // Pause, resume, then a restart of the operator (it releases and takes the Lease again).
     h.patch_spec("full", json!({"paused": true})).await;
@@ -145,7 +180,7 @@ async fn every_rule_granted_to_the_operator_is_used_and_nothing_is_refused() {
     h.start_operator();
 
     // Deletion: the finalizer comes off once what the workspace owns is gone.
-    for name in ["full", "rejected", "squatted"] {
+    for name in ["full", "rejected", "squatted", "grabbed"] {
         h.workspaces()
             .delete(name, &Default::default())
             .await
