@@ -267,11 +267,14 @@ pub fn canonical_quantities(rt: &ResourceType, object: &mut Value) {
 
 pub fn bad_quantity(object: &Value) -> Option<String> {
     let lists = ["initContainers", "containers"];
+    let claim = [object["spec"]["resources"].clone()];
     let quantities = lists
         .iter()
         .filter_map(|l| object["spec"][l].as_array())
         .flatten()
-        .flat_map(|c| ["requests", "limits"].map(|k| c["resources"][k].clone()))
+        .map(|c| c["resources"].clone())
+        .chain(claim)
+        .flat_map(|r| ["requests", "limits"].map(|k| r[k].clone()))
         .filter_map(|m| m.as_object().cloned())
         .flat_map(|m| m.into_iter().map(|(_, v)| v));
     for value in quantities {
@@ -370,6 +373,16 @@ fn default_container(container: &mut Value) {
             }
         }
     }
+    // SetDefaults_ObjectFieldSelector.
+    for var in container["env"].as_array_mut().into_iter().flatten() {
+        let selector = var
+            .get_mut("valueFrom")
+            .and_then(|from| from.get_mut("fieldRef"))
+            .and_then(Value::as_object_mut);
+        if let Some(selector) = selector {
+            selector.entry("apiVersion").or_insert_with(|| json!("v1"));
+        }
+    }
 }
 
 /// Next free ClusterIP, from a counter the caller keeps.
@@ -430,6 +443,7 @@ pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl Fn
         "pods" => {
             let spec = &mut object["spec"];
             default_pod_spec(spec);
+            crate::containers::default_requests(spec);
             // The Priority admission plugin.
             for (key, value) in [
                 ("priority", json!(0)),
@@ -794,8 +808,13 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
                         }
                     }
                 }
+                crate::containers::check_container(c, &base, &mut causes);
             }
         }
+        crate::containers::check_volumes(spec, &mut causes);
+    }
+    if rt.resource == "persistentvolumeclaims" {
+        causes.extend(crate::containers::check_claim(object));
     }
     if rt.resource == "secrets" && object["type"] == "kubernetes.io/tls" {
         for key in ["tls.crt", "tls.key"] {

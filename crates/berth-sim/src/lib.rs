@@ -7,6 +7,7 @@ mod auth;
 mod builtin;
 mod cluster;
 mod config;
+mod containers;
 mod crd;
 mod discovery;
 mod error;

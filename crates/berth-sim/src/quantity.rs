@@ -5,6 +5,16 @@
 /// 1073741824000). `None` when it is not a quantity.
 pub fn parse_milli(text: &str) -> Option<i128> {
     let text = text.trim();
+    // The sign applies to the whole number, fraction included (`-1.5` is -1500).
+    if let Some(magnitude) = text.strip_prefix('-') {
+        return parse_milli(
+            magnitude
+                .strip_prefix(['+', '-'])
+                .map_or(magnitude, |_| "x"),
+        )
+        .map(|v| -v);
+    }
+    let text = text.strip_prefix('+').unwrap_or(text);
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
         .unwrap_or(text.len());
@@ -84,5 +94,10 @@ mod tests {
             assert_eq!(units(text), Some(want), "{text}");
         }
         assert_eq!(units("lots"), None);
+        assert_eq!(parse_milli("-1.5"), Some(-1500));
+        assert_eq!(parse_milli("-0.5"), Some(-500));
+        assert_eq!(parse_milli("-1Gi"), Some(-(1000i128 << 30)));
+        assert_eq!(parse_milli("+2"), Some(2000));
+        assert_eq!(parse_milli("--2"), None);
     }
 }

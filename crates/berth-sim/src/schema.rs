@@ -74,15 +74,60 @@ impl CrdSchema {
                 for error in errors.iter() {
                     let field = error.field_path.clone();
                     let value_type = type_name_at(object, &field);
+                    let detail = match error.kind {
+                        kube_cel::ErrorKind::EvaluationError => {
+                            self.evaluation_error(&error.rule, &error.message)
+                        }
+                        _ => error.message.clone(),
+                    };
                     causes.push(Cause {
                         reason: "FieldValueInvalid".to_owned(),
-                        message: format!("Invalid value: \"{value_type}\": {}", error.message),
+                        message: format!("Invalid value: \"{value_type}\": {detail}"),
                         field,
                     });
                 }
             }
         }
         causes
+    }
+}
+
+impl CrdSchema {
+    /// A rule that failed to evaluate refuses the request, in the words of the real API
+    /// server's CEL validator (`schema/cel/validation.go`): the error, then the rule's message
+    /// (or the rule, without one).
+    fn evaluation_error(&self, rule: &str, message: &str) -> String {
+        let error = message
+            .strip_prefix("rule evaluation error: ")
+            .unwrap_or(message);
+        let said = rule_message(&self.root, rule).unwrap_or_else(|| rule.to_owned());
+        if error.to_ascii_lowercase().starts_with("no such overload") {
+            format!(
+                "'{error}': call arguments did not match a supported operator, function or macro signature for rule: {said}"
+            )
+        } else {
+            format!("{error} evaluating rule: {said}")
+        }
+    }
+}
+
+/// The `message` of the rule `rule` anywhere in `schema`.
+fn rule_message(schema: &Value, rule: &str) -> Option<String> {
+    match schema {
+        Value::Object(map) => {
+            let here = map
+                .get("x-kubernetes-validations")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .find(|r| r["rule"] == rule)
+                .and_then(|r| r["message"].as_str())
+                .filter(|m| !m.is_empty())
+                .map(str::to_owned);
+            here.or_else(|| map.values().find_map(|v| rule_message(v, rule)))
+        }
+        Value::Array(items) => items.iter().find_map(|v| rule_message(v, rule)),
+        _ => None,
     }
 }
 
@@ -619,6 +664,41 @@ mod tests {
                 .collect();
             assert_eq!(found, vec![expected.to_string()], "{object}");
         }
+    }
+
+    #[test]
+    fn a_rule_that_fails_to_evaluate_refuses_in_the_real_servers_words() {
+        let s = CrdSchema::new(json!({
+            "type": "object",
+            "properties": {"spec": {
+                "type": "object",
+                "properties": {"size": {"x-kubernetes-int-or-string": true}},
+                "x-kubernetes-validations": [
+                    {"rule": "quantity(string(self.size)).sign() > 0", "message": "size must be positive"},
+                    {"rule": "self.missing == 1"}
+                ]
+            }}
+        }));
+        let found: Vec<String> = s
+            .validate(&json!({"spec": {"size": "abc"}}), None)
+            .into_iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[0].starts_with("spec: Invalid value: \"object\": ")
+                && found[0].ends_with(" evaluating rule: size must be positive"),
+            "{found:?}"
+        );
+        assert!(found[0].contains("quantit"), "{found:?}");
+        assert!(
+            found[1].ends_with(" evaluating rule: self.missing == 1"),
+            "{found:?}"
+        );
+        assert!(
+            found.iter().all(|m| !m.contains("rule evaluation error")),
+            "{found:?}"
+        );
     }
 
     #[test]

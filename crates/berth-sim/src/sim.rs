@@ -575,7 +575,7 @@ impl Sim {
                 rt.version
             )));
         }
-        if !(rt.group.is_empty() && rt.resource == "pods") {
+        if !(rt.group.is_empty() && matches!(&*rt.resource, "pods" | "persistentvolumeclaims")) {
             return Ok(());
         }
         match builtin::bad_quantity(object) {

@@ -103,6 +103,26 @@ async fn invalid_workspaces_are_refused_with_the_field_named() {
             "spec.ports: Invalid value: \"array\": each port name must be unique",
         ),
         (json!({}), "spec.image: Required value"),
+        (
+            json!({"image": "x", "podTemplate": {"volumes": {"home": {"size": "abc", "mountPath": "/home/dev"}}}}),
+            "spec.podTemplate.volumes.home: Invalid value: \"object\": home.size must be a quantity greater than zero, such as 10Gi",
+        ),
+        (
+            json!({"image": "x", "resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}),
+            "spec.resources: Invalid value: \"object\": resources.limits[cpu] must be at least resources.requests[cpu]",
+        ),
+        (
+            json!({"image": "x", "resources": {"requests": {"memory": "-1Gi"}}}),
+            "spec.resources: Invalid value: \"object\": resources.requests[memory] must not be negative",
+        ),
+        (
+            json!({"image": "x", "ports": [{"name": "grpc", "port": 50051}]}),
+            "spec.ports: Invalid value: \"array\": ports: 50051 is the Berth agent's port in every workspace pod; pick another port",
+        ),
+        (
+            json!({"image": "x", "podTemplate": {"volumes": {"secrets": [{"secretName": "s", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]}}}),
+            "spec.podTemplate.volumes.secrets[0].mountPath: Invalid value: \"string\": mountPath must not be /var/run/secrets/kubernetes.io/serviceaccount or below it (the service-account token Kubernetes mounts)",
+        ),
     ];
     for (spec, cause) in rows {
         let (code, reason, message) =
@@ -466,4 +486,41 @@ async fn the_scale_subresource_reads_and_writes_the_paths_the_crd_names() {
         assert!(out.contains("pool.example.com/p scaled"), "{out}");
         assert_eq!(get(client.clone()).await["spec"]["replicas"], 3);
     }
+}
+
+/// A rule that fails to evaluate refuses the request (a real API server answers 422 with the
+/// error and the rule's message), never stores the object.
+#[tokio::test]
+async fn a_rule_that_fails_to_evaluate_refuses_the_object() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "boxes.example.com"},
+        "spec": {"group": "example.com", "scope": "Namespaced",
+            "names": {"plural": "boxes", "singular": "box", "kind": "Box"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {"spec": {"type": "object",
+                    "properties": {"size": {"type": "string"}},
+                    "x-kubernetes-validations": [{"rule": "quantity(self.size).sign() > 0", "message": "size must be a positive quantity"}]}}
+            }}}]}
+    });
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd).unwrap(),
+    )
+    .await
+    .unwrap();
+    let body = json!({"apiVersion": "example.com/v1", "kind": "Box", "metadata": {"name": "b"}, "spec": {"size": "abc"}});
+    let path = "/apis/example.com/v1/namespaces/default/boxes";
+    let answer = crate::support::post_json(&client, path, &body).await;
+    let (code, reason, message) = api_error(answer);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"), "{message}");
+    assert!(
+        message.starts_with("Box.example.com \"b\" is invalid: spec: Invalid value: \"object\": ")
+            && message.ends_with(" evaluating rule: size must be a positive quantity"),
+        "{message}"
+    );
 }

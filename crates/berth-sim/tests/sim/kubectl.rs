@@ -76,7 +76,7 @@ impl Kubectl {
         String::from_utf8_lossy(&output.stderr).into_owned()
     }
 
-    async fn apply_stdin(&self, args: &[&str], input: &str) -> String {
+    async fn run_with_input(&self, args: &[&str], input: &str) -> Output {
         use tokio::io::AsyncWriteExt;
         let mut child = self
             .command(args)
@@ -92,10 +92,14 @@ impl Kubectl {
             .write_all(input.as_bytes())
             .await
             .unwrap();
-        let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
             .await
             .unwrap()
-            .unwrap();
+            .unwrap()
+    }
+
+    async fn apply_stdin(&self, args: &[&str], input: &str) -> String {
+        let output = self.run_with_input(args, input).await;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         assert!(
             output.status.success(),
@@ -103,6 +107,13 @@ impl Kubectl {
             String::from_utf8_lossy(&output.stderr)
         );
         stdout
+    }
+
+    /// Runs kubectl with `input` on its standard input; it must fail. Its standard error.
+    pub async fn fails_with_input(&self, args: &[&str], input: &str) -> String {
+        let output = self.run_with_input(args, input).await;
+        assert!(!output.status.success(), "kubectl {args:?} should fail");
+        String::from_utf8_lossy(&output.stderr).into_owned()
     }
 }
 

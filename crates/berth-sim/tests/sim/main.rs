@@ -15,4 +15,5 @@ mod kubectl;
 mod nodes;
 mod openapi;
 mod scale;
+mod validation;
 mod watch;
