@@ -156,82 +156,93 @@ fn env_schema(generator: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// The most entries of `resources.requests` and `resources.limits` (a bound for the CRD's rule
-/// costs; a pod has a handful of resources).
-pub const MAX_RESOURCES: u64 = 32;
+/// The most entries of `resources.requests` and of `resources.limits`: cpu, memory,
+/// ephemeral storage, two huge page sizes and a few extended resources. It bounds what the
+/// API server estimates the CRD's rules cost.
+pub const MAX_RESOURCES: u64 = 8;
+
+/// The native resources whose limit may exceed the request; the rule comparing them names
+/// each one (a rule over every key could not pay for its comparisons).
+const OVERCOMMITTED: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
 
 /// The schema of `spec.resources`: core/v1 ResourceRequirements, with the rules the real
 /// API server applies to a container's resources, so a workspace whose pod would be refused
-/// is refused itself, naming the field. Every rule checks `isQuantity` before `quantity`, so
-/// a bad value is a message, never an evaluation error.
+/// is refused itself, naming the field.
+///
+/// Every rule checks `isQuantity` before `quantity`, so a bad value is a message, never an
+/// evaluation error, and every rule fits the API server's cost budget on Kubernetes 1.30+
+/// (10 000 000 per rule, 100 000 000 per CRD, estimated when the CRD is created). Up to 1.33
+/// that estimate takes an int-or-string value to be 3 MiB long whatever its `maxLength`, so a
+/// `quantity(string(v))` is about 630 000, and the rules spend it sparingly: each value is
+/// checked on its own (bounded by [`MAX_RESOURCES`]), the comparison of a limit with its request
+/// names the resources it compares, and the rules over every key compare text.
 fn resources_schema(generator: &mut SchemaGenerator) -> Schema {
     let mut schema = generator.subschema_for::<ResourceRequirements>();
+    let value_rules = json!([
+        {
+            "rule": "isQuantity(string(self))",
+            "message": "must be a quantity, such as 500m, 2 or 2Gi"
+        },
+        {
+            "rule": "!string(self).startsWith('-')",
+            "message": "must not be negative"
+        }
+    ]);
     if let Some(properties) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
         for map in ["requests", "limits"] {
             if let Some(map) = properties.get_mut(map).and_then(|m| m.as_object_mut()) {
                 map.insert("maxProperties".into(), MAX_RESOURCES.into());
+                if let Some(value) = map
+                    .get_mut("additionalProperties")
+                    .and_then(|v| v.as_object_mut())
+                {
+                    value.insert("x-kubernetes-validations".into(), value_rules.clone());
+                }
             }
         }
     }
-    let q = |map: &str, k: &str| format!("string(self.{map}[{k}])");
-    let is_q = |map: &str, k: &str| format!("isQuantity({})", q(map, k));
-    let qty = |map: &str, k: &str| format!("quantity({})", q(map, k));
-    // The first key of `map` for which `bad` holds, in a message.
-    let first = |map: &str, bad: &str| format!("self.{map}.filter(k, {bad})[0]");
-    // Extended resources and huge pages cannot be overcommitted (the real API server's
-    // IsOvercommitAllowed: native resources other than huge pages can).
+    // Extended resources (`example.com/gpu`) and huge pages cannot be overcommitted: their
+    // limit is their request (the real API server's IsOvercommitAllowed).
     let fixed =
         "((k.contains('/') && !k.contains('kubernetes.io/')) || k.startsWith('hugepages-'))";
     let extended = "(k.contains('/') && !k.contains('kubernetes.io/'))";
     let mut rules = vec![];
-    for map in ["requests", "limits"] {
-        let not_quantity = format!("!{}", is_q(map, "k"));
-        rules.push(json!({
-            "rule": format!("!has(self.{map}) || self.{map}.all(k, {})", is_q(map, "k")),
-            "message": format!("resources.{map}: each value must be a quantity such as 500m or 2Gi"),
-            "messageExpression": format!("'resources.{map}[' + {} + '] must be a quantity such as 500m or 2Gi'", first(map, &not_quantity)),
-        }));
-        let negative = format!("{} && {}.sign() < 0", is_q(map, "k"), qty(map, "k"));
-        rules.push(json!({
-            "rule": format!("!has(self.{map}) || !self.{map}.exists(k, {negative})"),
-            "message": format!("resources.{map}: no value may be negative"),
-            "messageExpression": format!("'resources.{map}[' + {} + '] must not be negative'", first(map, &negative)),
-        }));
-        let fraction = format!(
-            "{extended} && {} && !{}.isInteger()",
-            is_q(map, "k"),
-            qty(map, "k")
+    for resource in OVERCOMMITTED {
+        let (request, limit) = (
+            format!("self.requests['{resource}']"),
+            format!("self.limits['{resource}']"),
         );
         rules.push(json!({
-            "rule": format!("!has(self.{map}) || !self.{map}.exists(k, {fraction})"),
-            "message": format!("resources.{map}: an extended resource is counted in whole units"),
-            "messageExpression": format!("'resources.{map}[' + {} + '] must be a whole number: an extended resource is counted in whole units'", first(map, &fraction)),
+            "rule": format!(
+                "!has(self.requests) || !has(self.limits) || !('{resource}' in self.requests) || !('{resource}' in self.limits) \
+                 || !isQuantity(string({request})) || !isQuantity(string({limit})) \
+                 || quantity(string({limit})).compareTo(quantity(string({request}))) >= 0"
+            ),
+            "message": format!("resources.limits[{resource}] must be at least resources.requests[{resource}]"),
         }));
     }
-    let below = format!(
-        "has(self.limits) && k in self.limits && {} && {} && {}.compareTo({}) < 0",
-        is_q("requests", "k"),
-        is_q("limits", "k"),
-        qty("limits", "k"),
-        qty("requests", "k")
-    );
+    let unlimited = format!("{fixed} && !(has(self.limits) && k in self.limits)");
     rules.push(json!({
-        "rule": format!("!has(self.requests) || !self.requests.exists(k, {below})"),
-        "message": "resources.limits: each limit must be at least its request",
-        "messageExpression": format!("'resources.limits[' + {0} + '] must be at least resources.requests[' + {0} + ']'", first("requests", &below)),
+        "rule": format!("!has(self.requests) || !self.requests.exists(k, {unlimited})"),
+        "message": "resources.limits: an extended resource or huge pages need a limit equal to the request",
+        "messageExpression": format!("'resources.limits[' + self.requests.filter(k, {unlimited})[0] + '] must be set, equal to its request: it cannot be overcommitted'"),
     }));
     let unequal = format!(
-        "{fixed} && !(has(self.limits) && k in self.limits && {} && {} && {}.compareTo({}) == 0)",
-        is_q("requests", "k"),
-        is_q("limits", "k"),
-        qty("limits", "k"),
-        qty("requests", "k")
+        "{fixed} && k in self.limits && string(self.requests[k]) != string(self.limits[k])"
     );
     rules.push(json!({
-        "rule": format!("!has(self.requests) || !self.requests.exists(k, {unequal})"),
+        "rule": format!("!has(self.requests) || !has(self.limits) || !self.requests.exists(k, {unequal})"),
         "message": "resources.limits: an extended resource or huge pages need a limit equal to the request",
-        "messageExpression": format!("'resources.limits[' + {0} + '] must be set and equal to resources.requests[' + {0} + ']: it cannot be overcommitted'", first("requests", &unequal)),
+        "messageExpression": format!("'resources.limits[' + self.requests.filter(k, {unequal})[0] + '] must be equal to resources.requests[' + self.requests.filter(k, {unequal})[0] + ']: it cannot be overcommitted'"),
     }));
+    for map in ["requests", "limits"] {
+        let fraction = format!("{extended} && !string(self.{map}[k]).matches('^[0-9]+$')");
+        rules.push(json!({
+            "rule": format!("!has(self.{map}) || !self.{map}.exists(k, {fraction})"),
+            "message": format!("resources.{map}: an extended resource is counted in whole units, such as 1"),
+            "messageExpression": format!("'resources.{map}[' + self.{map}.filter(k, {fraction})[0] + '] must be a whole number, such as 1: an extended resource is counted in whole units'"),
+        }));
+    }
     schema.insert("x-kubernetes-validations".into(), rules.into());
     schema.insert("nullable".into(), true.into());
     schema

@@ -471,19 +471,23 @@ mod cel_semantics {
         let rows = [
             (
                 json!({"requests": {"cpu": "abc"}}),
-                "resources.requests[cpu] must be a quantity such as 500m or 2Gi",
+                "resources.requests.cpu: must be a quantity, such as 500m, 2 or 2Gi",
             ),
             (
                 json!({"limits": {"memory": "lots"}}),
-                "resources.limits[memory] must be a quantity",
+                "resources.limits.memory: must be a quantity",
             ),
             (
                 json!({"requests": {"cpu": "-1"}}),
-                "resources.requests[cpu] must not be negative",
+                "resources.requests.cpu: must not be negative",
             ),
             (
                 json!({"limits": {"memory": "-1Gi"}}),
-                "resources.limits[memory] must not be negative",
+                "resources.limits.memory: must not be negative",
+            ),
+            (
+                json!({"limits": {"cpu": -2}}),
+                "resources.limits.cpu: must not be negative",
             ),
             (
                 json!({"requests": {"cpu": "200m"}, "limits": {"cpu": "100m"}}),
@@ -494,20 +498,24 @@ mod cel_semantics {
                 "resources.limits[memory] must be at least resources.requests[memory]",
             ),
             (
+                json!({"requests": {"ephemeral-storage": "2Gi"}, "limits": {"ephemeral-storage": "1Gi"}}),
+                "resources.limits[ephemeral-storage] must be at least",
+            ),
+            (
                 json!({"requests": {"example.com/gpu": "1"}}),
-                "resources.limits[example.com/gpu] must be set and equal to resources.requests[example.com/gpu]",
+                "resources.limits[example.com/gpu] must be set, equal to its request: it cannot be overcommitted",
             ),
             (
                 json!({"requests": {"example.com/gpu": "1"}, "limits": {"example.com/gpu": "2"}}),
-                "resources.limits[example.com/gpu] must be set and equal",
+                "resources.limits[example.com/gpu] must be equal to resources.requests[example.com/gpu]",
             ),
             (
                 json!({"requests": {"hugepages-2Mi": "2Mi"}}),
-                "resources.limits[hugepages-2Mi] must be set and equal",
+                "resources.limits[hugepages-2Mi] must be set",
             ),
             (
                 json!({"requests": {"example.com/gpu": "500m"}, "limits": {"example.com/gpu": "500m"}}),
-                "resources.requests[example.com/gpu] must be a whole number",
+                "resources.requests[example.com/gpu] must be a whole number, such as 1",
             ),
         ];
         for (bad, message) in rows {

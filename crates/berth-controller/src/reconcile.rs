@@ -833,8 +833,10 @@ async fn act(
     let name = workspace.name_any();
     let kind: &'static str = match action {
         Action::CreatePod | Action::DeletePod { .. } | Action::ForceDeletePod { .. } => "pod",
-        Action::CreateClaim | Action::ResizeClaim => "claim",
-        Action::CreateService | Action::UpdateService { .. } | Action::DeleteService => "service",
+        Action::CreateClaim | Action::ResizeClaim { .. } => "claim",
+        Action::CreateService | Action::UpdateService { .. } | Action::DeleteService { .. } => {
+            "service"
+        }
         Action::Cull => "workspace",
     };
     let creates = matches!(
@@ -926,16 +928,20 @@ async fn perform(
             )
             .map(|()| None)
         }
-        Action::ResizeClaim => {
+        Action::ResizeClaim { uid } => {
+            // Conditional on the UID: only the workspace's own claim grows.
             let claims: Api<PersistentVolumeClaim> = Api::namespaced(client, namespace);
             let size = pod::build_claim(workspace).and_then(|c| pod::claim_request(&c));
             if let Some(size) = size {
-                let grow = json!({"spec": {"resources": {"requests": {"storage": size}}}});
+                let grow: json_patch::Patch = serde_json::from_value(json!([
+                    {"op": "test", "path": "/metadata/uid", "value": uid},
+                    {"op": "add", "path": "/spec/resources/requests/storage", "value": size}
+                ]))?;
                 claims
                     .patch(
                         &pod::claim_name(&workspace.name_any()),
                         &PatchParams::default(),
-                        &Patch::Merge(&grow),
+                        &Patch::Json::<()>(grow),
                     )
                     .await?;
             }
@@ -1010,14 +1016,18 @@ async fn perform(
                 .await?;
             Ok(None)
         }
-        Action::DeleteService => {
+        Action::DeleteService { uid } => {
             let services: Api<Service> = Api::namespaced(client, namespace);
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
             ignore_conflicts(
                 services
-                    .delete(
-                        &pod::service_name(&workspace.name_any()),
-                        &DeleteParams::default(),
-                    )
+                    .delete(&pod::service_name(&workspace.name_any()), &params)
                     .await
                     .map(|_| ()),
             )

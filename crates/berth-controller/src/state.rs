@@ -209,15 +209,21 @@ fn pod_is_ready(pod: &Pod) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     CreateClaim,
-    /// Grow the home claim's storage request to the spec's `home.size`.
-    ResizeClaim,
+    /// Grow the home claim's storage request to the spec's `home.size` (the claim with this
+    /// UID: a precondition, so a claim of the same name made since is never changed).
+    ResizeClaim {
+        uid: String,
+    },
     CreateService,
     /// Set the ports and selector of the workspace's own service (this UID: a precondition,
     /// so a service of the same name made since is never changed).
     UpdateService {
         uid: String,
     },
-    DeleteService,
+    /// Delete the workspace's own service (this UID: a precondition).
+    DeleteService {
+        uid: String,
+    },
     CreatePod,
     /// Delete the pod with this UID (a precondition, so a newer pod is never hit).
     DeletePod {
@@ -236,12 +242,14 @@ impl Action {
     pub fn describe(&self, workspace: &str) -> String {
         match self {
             Action::CreateClaim => format!("create claim {}", pod::claim_name(workspace)),
-            Action::ResizeClaim => format!("grow claim {}", pod::claim_name(workspace)),
+            Action::ResizeClaim { .. } => format!("grow claim {}", pod::claim_name(workspace)),
             Action::CreateService => format!("create service {}", pod::service_name(workspace)),
             Action::UpdateService { .. } => {
                 format!("update service {}", pod::service_name(workspace))
             }
-            Action::DeleteService => format!("delete service {}", pod::service_name(workspace)),
+            Action::DeleteService { .. } => {
+                format!("delete service {}", pod::service_name(workspace))
+            }
             Action::CreatePod => format!("create pod {}", pod::pod_name(workspace)),
             Action::DeletePod { .. } | Action::ForceDeletePod { .. } => {
                 format!("delete pod {}", pod::pod_name(workspace))
@@ -257,12 +265,12 @@ impl Action {
             Action::CreateClaim | Action::CreateService | Action::CreatePod => {
                 event_reasons::FAILED_CREATE
             }
-            Action::UpdateService { .. } | Action::ResizeClaim | Action::Cull => {
+            Action::UpdateService { .. } | Action::ResizeClaim { .. } | Action::Cull => {
                 event_reasons::FAILED_UPDATE
             }
-            Action::DeleteService | Action::DeletePod { .. } | Action::ForceDeletePod { .. } => {
-                event_reasons::FAILED_DELETE
-            }
+            Action::DeleteService { .. }
+            | Action::DeletePod { .. }
+            | Action::ForceDeletePod { .. } => event_reasons::FAILED_DELETE,
         }
     }
 }
@@ -787,7 +795,9 @@ impl Builder<'_> {
                 let (requested, capacity) = (pod::claim_request(claim), pod::claim_capacity(claim));
                 let size = pod::claim_request(&wanted);
                 if pod::storage_less(requested.as_ref(), size.as_ref()) {
-                    self.actions.push(Action::ResizeClaim);
+                    self.actions.push(Action::ResizeClaim {
+                        uid: claim.uid().unwrap_or_default(),
+                    });
                 }
                 if pod::storage_less(capacity.as_ref(), size.as_ref()) {
                     self.growing = Some(growing(claim, size.as_ref()));
@@ -806,7 +816,9 @@ impl Builder<'_> {
                 })
             }
             (false, Some(s)) if is_owned_by(&s.metadata, workspace) => {
-                self.actions.push(Action::DeleteService)
+                self.actions.push(Action::DeleteService {
+                    uid: s.uid().unwrap_or_default(),
+                })
             }
             _ => {}
         }

@@ -72,8 +72,10 @@ impl CrdSchema {
             // CEL runs unless a value has the wrong type, as in the API server.
             if let Err(errors) = kube_cel::validate_compiled(&self.compiled, object, old) {
                 for error in errors.iter() {
-                    let field = error.field_path.clone();
-                    let value_type = type_name_at(object, &field);
+                    // The real validator names the schema's type at the field (`object`,
+                    // `string`; nothing for an int-or-string).
+                    let (field, schema) = key_path(&self.root, &error.field_path);
+                    let value_type = schema["type"].as_str().unwrap_or_default();
                     let detail = match error.kind {
                         kube_cel::ErrorKind::EvaluationError => {
                             self.evaluation_error(&error.rule, &error.message)
@@ -109,6 +111,44 @@ impl CrdSchema {
             format!("{error} evaluating rule: {said}")
         }
     }
+}
+
+/// A field path as the real API server writes it: a map's key in brackets
+/// (`spec.resources.requests[example.com/gpu]`), where kube-cel joins it with a dot. The
+/// schema tells a map (`additionalProperties`) from an object's properties; the key of a map
+/// of scalars is the rest of the path, dots and all.
+fn key_path<'s>(root: &'s Value, path: &str) -> (String, &'s Value) {
+    let mut node = root;
+    let mut out = String::new();
+    let mut rest = path;
+    while !rest.is_empty() {
+        let is_map = node["properties"].as_object().is_none_or(|p| p.is_empty())
+            && node["additionalProperties"].is_object();
+        if is_map {
+            let value = &node["additionalProperties"];
+            let scalar = value["properties"].is_null() && value["additionalProperties"].is_null();
+            let (key, tail) = match (scalar, rest.split_once('.')) {
+                (false, Some((key, tail))) => (key, tail),
+                _ => (rest, ""),
+            };
+            out.push_str(&format!("[{key}]"));
+            node = value;
+            rest = tail;
+            continue;
+        }
+        let (segment, tail) = rest.split_once('.').unwrap_or((rest, ""));
+        if !out.is_empty() {
+            out.push('.');
+        }
+        out.push_str(segment);
+        let name = segment.split('[').next().unwrap_or(segment);
+        node = &node["properties"][name];
+        for _ in segment.matches('[') {
+            node = &node["items"];
+        }
+        rest = tail;
+    }
+    (out, node)
 }
 
 /// The `message` of the rule `rule` anywhere in `schema`.
@@ -280,24 +320,6 @@ fn json_type(value: &Value) -> &'static str {
         Value::Array(_) => "array",
         Value::Object(_) => "object",
     }
-}
-
-fn type_name_at(object: &Value, path: &str) -> &'static str {
-    let mut node = object;
-    for part in path.split('.').filter(|p| !p.is_empty()) {
-        let (name, indexes) = match part.find('[') {
-            Some(i) => (&part[..i], &part[i..]),
-            None => (part, ""),
-        };
-        node = &node[name];
-        for index in indexes.split(['[', ']']).filter(|s| !s.is_empty()) {
-            node = match index.parse::<usize>() {
-                Ok(i) => &node[i],
-                Err(_) => &node[index.trim_matches('"')],
-            };
-        }
-    }
-    json_type(node)
 }
 
 fn quote(value: &Value) -> String {
@@ -699,6 +721,26 @@ mod tests {
             found.iter().all(|m| !m.contains("rule evaluation error")),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn a_map_key_is_written_in_brackets() {
+        let root = json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+            "resources": {"type": "object", "properties": {"requests": {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": true}}}},
+            "ports": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}}}}
+        }}}});
+        let path = |p: &str| key_path(&root, p).0;
+        assert_eq!(
+            path("spec.resources.requests.example.com/gpu"),
+            "spec.resources.requests[example.com/gpu]"
+        );
+        assert_eq!(
+            path("spec.resources.requests.cpu"),
+            "spec.resources.requests[cpu]"
+        );
+        assert_eq!(path("spec.ports[1].name"), "spec.ports[1].name");
+        assert_eq!(path("spec.resources"), "spec.resources");
+        assert_eq!(key_path(&root, "spec.ports[1].name").1["type"], "string");
     }
 
     #[test]

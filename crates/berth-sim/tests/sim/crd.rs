@@ -113,7 +113,19 @@ async fn invalid_workspaces_are_refused_with_the_field_named() {
         ),
         (
             json!({"image": "x", "resources": {"requests": {"memory": "-1Gi"}}}),
-            "spec.resources: Invalid value: \"object\": resources.requests[memory] must not be negative",
+            "spec.resources.requests[memory]: Invalid value: \"\": must not be negative",
+        ),
+        (
+            json!({"image": "x", "resources": {"limits": {"example.com/gpu": "1", "cpu": "lots"}}}),
+            "spec.resources.limits[cpu]: Invalid value: \"\": must be a quantity, such as 500m, 2 or 2Gi",
+        ),
+        (
+            json!({"image": "x", "resources": {"requests": {"example.com/gpu": "1"}, "limits": {"example.com/gpu": "2"}}}),
+            "spec.resources: Invalid value: \"object\": resources.limits[example.com/gpu] must be equal to resources.requests[example.com/gpu]: it cannot be overcommitted",
+        ),
+        (
+            json!({"image": "x", "resources": {"requests": {"a": "1", "b": "1", "c": "1", "d": "1", "e": "1", "f": "1", "g": "1", "h": "1", "i": "1"}}}),
+            "spec.resources.requests: Too many: 9: must have at most 8 items",
         ),
         (
             json!({"image": "x", "ports": [{"name": "grpc", "port": 50051}]}),
