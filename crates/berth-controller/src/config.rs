@@ -139,6 +139,10 @@ pub struct AgentConfig {
     pub backoff_max: Duration,
     /// Agents serve TLS with a certificate from this secret, verified against this CA.
     pub tls: Option<AgentTls>,
+    /// Workspace containers may run as root (`--allow-root-images`): the admin's choice for
+    /// images that need it, never a workspace author's. Their pods then meet Pod Security
+    /// "baseline", not "restricted"; Berth's own containers never run as root.
+    pub root_images: bool,
 }
 
 /// TLS between the operator and agents (agent.md, Transport).
@@ -215,6 +219,7 @@ impl Default for AgentConfig {
             backoff_base: Duration::from_secs(5),
             backoff_max: Duration::from_secs(300),
             tls: None,
+            root_images: false,
         }
     }
 }

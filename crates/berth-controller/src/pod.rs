@@ -10,10 +10,11 @@ use berth_api::{
 };
 use k8s_openapi::{
     api::core::v1::{
-        Container, ContainerPort, EnvVar, EnvVarSource, GRPCAction, ObjectFieldSelector,
-        PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Pod,
-        PodSpec, Probe, ResourceRequirements, SecretVolumeSource, Service, ServicePort,
-        ServiceSpec, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
+        Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, GRPCAction,
+        ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+        PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
+        ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
+        ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
     },
     apimachinery::pkg::{
         api::resource::Quantity,
@@ -357,6 +358,22 @@ fn agent_tls_mount(agent: &AgentConfig, volumes: &mut Vec<Volume>) -> Option<Vol
     })
 }
 
+/// What every container Berth puts in a workspace pod runs with, as Pod Security
+/// "restricted" asks: no privilege escalation, no capabilities, and (for Berth's own
+/// containers always, for the workspace's unless the operator allows root images) not as
+/// root. The seccomp profile `RuntimeDefault` is the pod's.
+fn restricted(non_root: bool) -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        run_as_non_root: non_root.then_some(true),
+        ..Default::default()
+    }
+}
+
 /// The workspace's pod, with the agent injected (rule C4): with a command, an init container
 /// copies `berth` into an `emptyDir` and the workspace container runs `berth agent -- <command>`,
 /// so the agent supervises it; without one, the image's own entrypoint runs untouched and the
@@ -451,6 +468,7 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
                     format!("{AGENT_DIR}/berth"),
                 ]),
                 volume_mounts: Some(vec![mount(false)]),
+                security_context: Some(restricted(true)),
                 ..Default::default()
             });
             // The agent's variables come last: they win over the spec's.
@@ -468,6 +486,7 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
                 env: Some(agent_env(workspace, agent)),
                 volume_mounts: tls_mount.map(|m| vec![m]),
                 readiness_probe: Some(agent_probe(agent)),
+                security_context: Some(restricted(true)),
                 resources: Some(ResourceRequirements {
                     requests: Some(
                         [
@@ -502,6 +521,7 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
                 .collect()
         }),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        security_context: Some(restricted(!agent.root_images)),
         ..Default::default()
     };
     Pod {
@@ -521,6 +541,13 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
             tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
             affinity: template.affinity.clone(),
             restart_policy: Some("Always".into()),
+            security_context: Some(PodSecurityContext {
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         status: None,
@@ -764,7 +791,8 @@ pub(crate) mod tests {
                 "name": "berth-install",
                 "image": DEFAULT_AGENT_IMAGE,
                 "command": ["/usr/local/bin/berth", "install", "/opt/berth/berth"],
-                "volumeMounts": [{"name": "berth-agent", "mountPath": "/opt/berth"}]
+                "volumeMounts": [{"name": "berth-agent", "mountPath": "/opt/berth"}],
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": true}
             }])
         );
         assert_eq!(
@@ -810,6 +838,59 @@ pub(crate) mod tests {
             json!({"berth.dev/workspace": "alice"})
         );
         assert_eq!(service["spec"]["ports"][0]["targetPort"], 8080);
+    }
+
+    /// What Pod Security "restricted" asks of every container of a pod and of the pod.
+    fn restricted_violations(pod: &Pod) -> Vec<String> {
+        let spec = pod.spec.as_ref().unwrap();
+        let pod_context = spec.security_context.clone().unwrap_or_default();
+        let mut found = vec![];
+        if pod_context
+            .seccomp_profile
+            .as_ref()
+            .map(|p| p.type_.as_str())
+            != Some("RuntimeDefault")
+        {
+            found.push("the pod's seccomp profile".to_owned());
+        }
+        let containers = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers);
+        for c in containers {
+            let context = c.security_context.clone().unwrap_or_default();
+            if context.allow_privilege_escalation != Some(false) {
+                found.push(format!("{}: allowPrivilegeEscalation", c.name));
+            }
+            if context.capabilities.and_then(|c| c.drop) != Some(vec!["ALL".to_owned()]) {
+                found.push(format!("{}: capabilities", c.name));
+            }
+            let non_root = context.run_as_non_root.or(pod_context.run_as_non_root);
+            if non_root != Some(true) {
+                found.push(format!("{}: runAsNonRoot", c.name));
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn every_container_runs_restricted_unless_the_admin_allows_root_images() {
+        let with_command = workspace("a", json!({"image": "x:1", "command": ["sleep", "1"]}));
+        let sidecar = workspace("b", json!({"image": "x:1"}));
+        for ws in [&with_command, &sidecar] {
+            let pod = build_pod(ws, &AgentConfig::default());
+            assert_eq!(restricted_violations(&pod), Vec::<String>::new());
+        }
+        // Root is the admin's choice, for the workspace container only.
+        let root = AgentConfig {
+            root_images: true,
+            ..AgentConfig::default()
+        };
+        for ws in [&with_command, &sidecar] {
+            let pod = build_pod(ws, &root);
+            assert_eq!(restricted_violations(&pod), ["workspace: runAsNonRoot"]);
+        }
     }
 
     #[test]

@@ -96,6 +96,12 @@ pub struct ControllerArgs {
     /// The CA bundle (PEM file) agents' certificates are verified against.
     #[arg(long, env = "BERTH_AGENT_TLS_CA", requires = "agent_tls_secret")]
     pub agent_tls_ca: Option<std::path::PathBuf>,
+    /// Let workspace containers run as root, for images that need it. Off, every container
+    /// of a workspace pod runs as non-root with no capabilities, no privilege escalation and
+    /// the runtime's seccomp profile (Pod Security "restricted"); on, the workspace container
+    /// may run as root (Pod Security "baseline"); Berth's own containers never do.
+    #[arg(long, env = "BERTH_ALLOW_ROOT_IMAGES")]
+    pub allow_root_images: bool,
 }
 
 /// Where a pod's service-account token is mounted.
@@ -166,6 +172,7 @@ impl ControllerArgs {
                 backoff_base: self.agent_backoff_base,
                 backoff_max: self.agent_backoff_max.max(self.agent_backoff_base),
                 tls: self.agent_tls()?,
+                root_images: self.allow_root_images,
                 ..AgentConfig::default()
             },
             ..Config::default()
