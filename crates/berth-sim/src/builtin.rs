@@ -688,6 +688,9 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
     if rt.group == "apps" {
         causes.extend(crate::apps::validate(object));
     }
+    if rt.group == "networking.k8s.io" && rt.resource == "networkpolicies" {
+        causes.extend(crate::network_policies::validate(object));
+    }
     if rt.is_custom || !rt.group.is_empty() {
         return causes;
     }

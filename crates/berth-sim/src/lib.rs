@@ -18,6 +18,7 @@ mod json;
 mod kubelet;
 pub mod manifests;
 mod meta;
+mod network_policies;
 mod node_ports;
 mod nodes;
 mod openapi;

@@ -400,6 +400,17 @@ fn builtin_types() -> Vec<ResourceType> {
             behaviour: Stored,
         },
         Spec {
+            group: "networking.k8s.io",
+            version: "v1",
+            resource: "networkpolicies",
+            kind: "NetworkPolicy",
+            namespaced: true,
+            short: &["netpol"],
+            subresources: &[],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
             group: "admissionregistration.k8s.io",
             version: "v1",
             resource: "validatingwebhookconfigurations",
@@ -582,6 +593,7 @@ fn builtin_types() -> Vec<ResourceType> {
                         | "deployments"
                         | "replicasets"
                         | "poddisruptionbudgets"
+                        | "networkpolicies"
                 ),
                 schema: None,
                 printer_columns: vec![],

@@ -32,7 +32,7 @@ macro_rules! builtin {
 
 use k8s_openapi::api::{
     admissionregistration::v1 as admission, apps::v1 as apps, coordination::v1 as coordination,
-    core::v1 as core, policy::v1 as policy, rbac::v1 as rbac,
+    core::v1 as core, networking::v1 as networking, policy::v1 as policy, rbac::v1 as rbac,
 };
 
 const BUILTINS: &[Builtin] = &[
@@ -53,6 +53,11 @@ const BUILTINS: &[Builtin] = &[
         "policy",
         "poddisruptionbudgets",
         policy::PodDisruptionBudget
+    ),
+    builtin!(
+        "networking.k8s.io",
+        "networkpolicies",
+        networking::NetworkPolicy
     ),
     builtin!("rbac.authorization.k8s.io", "roles", rbac::Role),
     builtin!(

@@ -750,3 +750,37 @@ async fn kubectl_get_shows_the_real_columns_of_workloads_and_an_external_name() 
         ["docs", "ExternalName", "<none>", "docs.example.com"]
     );
 }
+
+/// NetworkPolicies are served and validated (not enforced): the per-namespace policy of
+/// `deploy/workspace-namespace/` applies with `kubectl apply -k`, and a bad one is refused in
+/// the real server's words.
+#[tokio::test]
+async fn kubectl_applies_the_workspace_namespace_network_policy() {
+    let sim = cluster().await;
+    let Some(kubectl) = Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/workspace-namespace"
+    );
+    kubectl.ok(&["create", "namespace", "team-a"]).await;
+    kubectl.ok(&["apply", "-n", "team-a", "-k", dir]).await;
+    let ports = jsonpath(
+        &kubectl,
+        &["-n", "team-a", "get", "networkpolicy", "berth-agent"],
+        "{.spec.ingress[0].ports[0].port}",
+    )
+    .await;
+    assert_eq!(ports, "50051");
+    let stderr = kubectl
+        .fails_with_input(
+            &["-n", "team-a", "create", "-f", "-"],
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: bad}\nspec:\n  podSelector: {}\n  ingress: [{ports: [{port: 80, endPort: 10}]}]\n",
+        )
+        .await;
+    assert!(
+        stderr.contains("spec.ingress[0].ports[0].endPort: Invalid value: 10: must be greater than or equal to `port`"),
+        "{stderr}"
+    );
+}
