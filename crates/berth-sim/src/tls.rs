@@ -92,3 +92,173 @@ impl Authority {
         Ok(Arc::new(config))
     }
 }
+
+/// A client configuration that trusts the certificates of `bundle` (PEM) as Go's TLS client
+/// does, which is how kube-apiserver calls webhooks: a chain to one of them, or a serving
+/// certificate that is itself one of them (a self-signed certificate made with `openssl req
+/// -x509` is its own CA, which webpki alone refuses as `CaUsedAsEndEntity`). The name and the
+/// validity period are checked either way.
+pub fn go_client_config(bundle: &[u8]) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    let mut trusted = vec![];
+    for cert in CertificateDer::pem_slice_iter(bundle).flatten() {
+        roots.add(cert.clone()).map_err(|e| e.to_string())?;
+        trusted.push(cert);
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| e.to_string())?;
+    let verifier = Arc::new(GoVerifier { inner, trusted });
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth())
+}
+
+#[derive(Debug)]
+struct GoVerifier {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    trusted: Vec<CertificateDer<'static>>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for GoVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &rustls::pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let refused = match self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Ok(verified) => return Ok(verified),
+            Err(refused) => refused,
+        };
+        // Go accepts a leaf that is itself in the trusted pool (a chain of one).
+        if !self
+            .trusted
+            .iter()
+            .any(|t| t.as_ref() == end_entity.as_ref())
+        {
+            return Err(refused);
+        }
+        let cert = webpki::EndEntityCert::try_from(end_entity)
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        cert.verify_is_valid_for_subject_name(server_name)
+            .map_err(|_| {
+                rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)
+            })?;
+        let (_, parsed) = x509_parser::parse_x509_certificate(end_entity.as_ref())
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        let seconds = now.as_secs() as i64;
+        let validity = parsed.validity();
+        if seconds < validity.not_before.timestamp() {
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidYet,
+            ));
+        }
+        if seconds > validity.not_after.timestamp() {
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Expired,
+            ));
+        }
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A self-signed certificate for `names` that is its own CA, as `openssl req -x509` makes.
+    fn self_signed_ca(names: &[&str]) -> (CertificateDer<'static>, PrivateKeyDer<'static>, String) {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        (cert.der().clone(), der, cert.pem())
+    }
+
+    /// Serves one TLS handshake with `cert` and returns whether a client trusting `bundle`
+    /// and asking for `name` completed it.
+    async fn handshake(
+        cert: &CertificateDer<'static>,
+        key: &PrivateKeyDer<'static>,
+        bundle: &str,
+        name: &str,
+    ) -> bool {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key.clone_key())
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let serving = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let _ = acceptor.accept(stream).await;
+        });
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(
+            go_client_config(bundle.as_bytes()).unwrap(),
+        ));
+        let stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+        let done = connector.connect(name, stream).await.is_ok();
+        serving.abort();
+        done
+    }
+
+    #[tokio::test]
+    async fn a_self_signed_serving_certificate_that_is_its_own_ca_is_trusted_as_go_trusts_it() {
+        let (cert, key, pem) = self_signed_ca(&["hook.default.svc"]);
+        assert!(handshake(&cert, &key, &pem, "hook.default.svc").await);
+        // The name is still checked, and only the bundle is trusted.
+        assert!(!handshake(&cert, &key, &pem, "other.default.svc").await);
+        let (_, _, stranger) = self_signed_ca(&["hook.default.svc"]);
+        assert!(!handshake(&cert, &key, &stranger, "hook.default.svc").await);
+        // A certificate the bundle's CA signed is trusted as before.
+        let authority = Authority::generate().unwrap();
+        let (chain, key, _, _) = authority.issue(&["hook.default.svc"]).unwrap();
+        assert!(handshake(&chain[0], &key, authority.ca_pem(), "hook.default.svc").await);
+    }
+}

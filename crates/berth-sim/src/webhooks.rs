@@ -303,21 +303,11 @@ async fn post(
     if !url.starts_with("https://") {
         return Err(format!("webhook URL {url:?} must use https"));
     }
-    let mut roots = rustls::RootCertStore::empty();
     let bundle = webhook["clientConfig"]["caBundle"]
         .as_str()
         .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
         .unwrap_or_default();
-    use rustls::pki_types::pem::PemObject;
-    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&bundle).flatten() {
-        roots.add(cert).map_err(|e| e.to_string())?;
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let tls = crate::tls::go_client_config(&bundle)?;
     let server_name = rustls::pki_types::ServerName::try_from(server_name.to_owned())
         .map_err(|e| e.to_string())?;
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
