@@ -24,6 +24,7 @@ mod nodes;
 mod openapi;
 mod openapi_proto;
 mod patch;
+mod pod_security;
 mod pods;
 mod protobuf;
 mod quantity;

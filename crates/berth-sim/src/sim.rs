@@ -697,7 +697,7 @@ impl Sim {
         builtin::default_on_create(rt, &mut object, || {
             builtin::cluster_ip(self.next_cluster_ip.fetch_add(1, Ordering::Relaxed))
         });
-        let warnings = self.admit_fields(rt, &mut object, None, ctx.field_validation, &name)?;
+        let mut warnings = self.admit_fields(rt, &mut object, None, ctx.field_validation, &name)?;
         if &*rt.storage == "/events" {
             events::normalize_times(&mut object).map_err(|message| {
                 ApiError::bad_request(format!(
@@ -708,12 +708,24 @@ impl Sim {
         }
         Self::check_decodable(rt, &object)?;
         let mut causes = builtin::validate(rt, &object);
+        if rt.group.is_empty() && rt.resource == "namespaces" {
+            causes.extend(crate::pod_security::check_namespace(&object, None));
+        }
         if causes.is_empty() && rt.group.is_empty() && rt.resource == "services" {
             causes = crate::node_ports::allocate(&self.store, &mut object, None);
         }
         if !causes.is_empty() {
             return Err(Self::invalid(rt, &name, causes));
         }
+        warnings.extend(crate::pod_security::admit(
+            &self.store,
+            &rt.group,
+            &rt.resource,
+            "",
+            namespace,
+            &object,
+            None,
+        )?);
         if rt.group == "apiextensions.k8s.io" {
             crate::crd::prepare(&mut object).map_err(|causes| Self::invalid(rt, &name, causes))?;
             // The apiextensions server's own finalizer: instances go before the definition.
@@ -927,7 +939,7 @@ impl Sim {
                 crate::apps::default_on_create(&rt.resource, &mut new);
             }
         }
-        let warnings =
+        let mut warnings =
             self.admit_fields(rt, &mut new, Some(current), ctx.field_validation, &name)?;
         if &*rt.storage == "/events" {
             events::normalize_times(&mut new).map_err(|message| {
@@ -949,6 +961,9 @@ impl Sim {
         if subresource.is_empty() {
             causes.extend(builtin::immutable_update_forbidden(rt, current, &new));
         }
+        if rt.group.is_empty() && rt.resource == "namespaces" && subresource.is_empty() {
+            causes.extend(crate::pod_security::check_namespace(&new, Some(current)));
+        }
         if causes.is_empty()
             && rt.group.is_empty()
             && rt.resource == "services"
@@ -959,6 +974,18 @@ impl Sim {
         if !causes.is_empty() {
             return Err(Self::invalid(rt, &name, causes));
         }
+        let namespace = meta_str(current, "namespace")
+            .unwrap_or_default()
+            .to_owned();
+        warnings.extend(crate::pod_security::admit(
+            &self.store,
+            &rt.group,
+            &rt.resource,
+            subresource,
+            &namespace,
+            &new,
+            Some(current),
+        )?);
         if rt.group == "apiextensions.k8s.io" && subresource.is_empty() {
             crate::crd::prepare(&mut new).map_err(|causes| Self::invalid(rt, &name, causes))?;
         }

@@ -76,7 +76,7 @@ impl Kubectl {
         String::from_utf8_lossy(&output.stderr).into_owned()
     }
 
-    async fn run_with_input(&self, args: &[&str], input: &str) -> Output {
+    pub async fn run_with_input(&self, args: &[&str], input: &str) -> Output {
         use tokio::io::AsyncWriteExt;
         let mut child = self
             .command(args)

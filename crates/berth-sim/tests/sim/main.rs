@@ -14,6 +14,7 @@ mod in_cluster;
 mod kubectl;
 mod nodes;
 mod openapi;
+mod pod_security;
 mod scale;
 mod validation;
 mod watch;
