@@ -35,9 +35,85 @@ async fn manager(
         .map_err(|e| Error::LeaderElection(e.to_string()))
 }
 
-/// Starts competing for the Lease.
-pub async fn hold(client: Client, election: &LeaderElection) -> Result<Held> {
-    let mut manager = manager(&client, election).await?;
+/// Whether a failed startup request is worth trying again: anything but an answer that says
+/// the request itself cannot work (a missing permission, a bad request), which will not change
+/// by waiting.
+pub fn transient(error: &kube_lease_manager::LeaseManagerError) -> bool {
+    use kube_lease_manager::LeaseManagerError as E;
+    match error {
+        E::KubeError(kube::Error::Api(answer)) => {
+            !matches!(answer.code, 400 | 401 | 403 | 405 | 415 | 422)
+        }
+        _ => true,
+    }
+}
+
+/// The wait before the `attempt`th retry of a startup request: 500 ms doubling to 30 s, each
+/// with up to a quarter more at random (so replicas that failed together do not retry
+/// together).
+pub fn startup_backoff(attempt: u32) -> Duration {
+    let base = Duration::from_millis(500)
+        .saturating_mul(1 << attempt.min(6))
+        .min(Duration::from_secs(30));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    base + base.mul_f64(f64::from(nanos % 1000) / 4000.0)
+}
+
+/// The Lease manager, its first read of the Lease retried with backoff while it fails for a
+/// reason that may pass (a 5xx, a 429, a connection refused); `waiting` is told why meanwhile.
+/// A refusal that will not pass (a missing permission) ends it, in the API server's words.
+async fn first_manager(
+    client: &Client,
+    election: &LeaderElection,
+    waiting: &(dyn Fn(Option<String>) + Send + Sync),
+) -> Result<kube_lease_manager::LeaseManager> {
+    let mut attempt = 0;
+    loop {
+        let built = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &election.lease)
+            .with_namespace(&election.namespace)
+            .with_identity(&election.identity)
+            .with_duration(election.duration_seconds)
+            .with_grace(election.grace_seconds)
+            .build()
+            .await;
+        match built {
+            Ok(manager) => {
+                waiting(None);
+                return Ok(manager);
+            }
+            Err(error) if transient(&error) => {
+                let wait = startup_backoff(attempt);
+                attempt += 1;
+                let why = format!(
+                    "reading the Lease {}/{} failed ({error}); retrying in {}",
+                    election.namespace,
+                    election.lease,
+                    crate::state::human(wait)
+                );
+                warn!(lease = %election.lease, %error, attempt, "cannot read the lease; retrying");
+                waiting(Some(why));
+                tokio::time::sleep(wait).await;
+            }
+            Err(error) => {
+                return Err(Error::LeaderElection(format!(
+                    "cannot read the Lease {}/{}: {error}",
+                    election.namespace, election.lease
+                )));
+            }
+        }
+    }
+}
+
+/// Starts competing for the Lease; `waiting` is told why it is not competing yet.
+pub async fn hold(
+    client: Client,
+    election: &LeaderElection,
+    waiting: &(dyn Fn(Option<String>) + Send + Sync),
+) -> Result<Held> {
+    let mut manager = first_manager(&client, election, waiting).await?;
     // A standby would otherwise sleep until the Lease expires (the manager only reads it again
     // then); watching it lets a released Lease be taken at once.
     let leases: Api<Lease> = Api::namespaced(client.clone(), &election.namespace);

@@ -106,6 +106,9 @@ pub struct Metrics {
     pub culled: Counter,
     /// Caches synced and the CRD served: `/readyz` answers 200.
     pub ready: AtomicBool,
+    /// Why the operator is not ready yet, when it knows better than "caches not synced" (a
+    /// startup request it keeps retrying): `/readyz` says it.
+    pub waiting_for: Mutex<Option<String>>,
     /// Counts workspaces by phase from the running operator's cache, at each scrape: a
     /// reconcile never scans every workspace (that made each one cost O(n)).
     phases: Mutex<Option<PhaseCounter>>,
@@ -194,6 +197,7 @@ impl Default for Metrics {
             activity_checks,
             culled,
             ready: AtomicBool::new(false),
+            waiting_for: Mutex::new(None),
             phases: Mutex::new(None),
         }
     }
@@ -249,10 +253,15 @@ async fn healthz() -> impl IntoResponse {
 
 async fn readyz(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
     if metrics.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+        return (StatusCode::OK, "ok".to_owned());
     }
+    let why = metrics
+        .waiting_for
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_else(|| "caches not synced".to_owned());
+    (StatusCode::SERVICE_UNAVAILABLE, why)
 }
 
 /// Binds `/metrics` on one address and the health endpoints on another (or the same), and

@@ -281,7 +281,14 @@ pub async fn run_until(
     let Some(election) = config.leader_election.clone() else {
         return run_controller(client, config, metrics, stop).await;
     };
-    let mut held = crate::leader::hold(client.clone(), &election).await?;
+    let waiting_metrics = metrics.clone();
+    let waiting = move |why: Option<String>| {
+        *waiting_metrics
+            .waiting_for
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = why;
+    };
+    let mut held = crate::leader::hold(client.clone(), &election, &waiting).await?;
     // Standby replicas are ready too (they serve health and wait).
     metrics
         .ready

@@ -1545,7 +1545,8 @@ mod installed {
         );
 
         // A workspace runs: its agent authenticated the operator, whose token came from the
-        // operator pod's own service account.
+        // operator pod's own service account; its namespace got the per-namespace install and
+        // enforces Pod Security "restricted", as platforms commonly do.
         kubectl(
             k,
             &[
@@ -1555,6 +1556,27 @@ mod installed {
             ],
         )
         .unwrap();
+        kubectl(
+            k,
+            &[
+                "apply",
+                "-n",
+                "default",
+                "-k",
+                &format!("{DEPLOY}/workspace-namespace"),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        kubectl(
+            k,
+            &[
+                "label",
+                "namespace",
+                "default",
+                "pod-security.kubernetes.io/enforce=restricted",
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         apply(k, &workspace("before"));
         until(
             Duration::from_secs(60),

@@ -9,7 +9,7 @@ use k8s_openapi::api::{core::v1::ServiceAccount, rbac::v1::ClusterRoleBinding};
 use kube::{Api, api::PostParams};
 use serde_json::json;
 
-use crate::support::{Harness, test_config};
+use crate::support::{Harness, WAIT, test_config};
 
 async fn replica_client(h: &Harness, name: &str) -> kube::Client {
     let accounts: Api<ServiceAccount> = Api::namespaced(h.client.clone(), "kube-system");
@@ -95,4 +95,60 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over() {
         "the standby took over once the lease expired"
     );
     second.abort();
+}
+
+/// A replica whose first read of the Lease fails (a 500 that lasts) does not exit: it says
+/// why it is not ready on `/readyz` and retries with backoff, and leads once the API server
+/// answers again.
+#[tokio::test]
+async fn a_failing_first_lease_read_is_retried_until_it_answers() {
+    use berth_sim::{ApiFault, Frequency, RequestMatch};
+    let config = berth_controller::Config {
+        leader_election: Some(LeaderElection {
+            lease: "berth-controller".into(),
+            namespace: "berth-system".into(),
+            identity: "berth-controller-0".into(),
+            duration_seconds: 2,
+            grace_seconds: 1,
+        }),
+        ..test_config()
+    };
+    let mut h = Harness::start_with(crate::support::sim_config(), config).await;
+    h.stop_operator().await;
+    h.sim.faults().api_error(ApiFault {
+        matching: RequestMatch::new("get", "leases"),
+        code: 500,
+        frequency: Frequency::Next(u32::MAX),
+    });
+    h.start_operator();
+    let why =
+        crate::support::eventually(WAIT, "the replica to say why it is not ready", || async {
+            h.metrics
+                .waiting_for
+                .lock()
+                .unwrap()
+                .clone()
+                .filter(|why| why.contains("500"))
+        })
+        .await;
+    assert!(
+        why.starts_with("reading the Lease berth-system/berth-controller failed"),
+        "{why}"
+    );
+    assert!(!h.metrics.ready.load(std::sync::atomic::Ordering::Relaxed));
+    let failed = h
+        .sim
+        .count_requests(|k| k.resource == "leases" && k.code == 500);
+    h.sim.faults().clear_api_faults();
+    crate::support::eventually(WAIT, "the replica to be ready and lead", || async {
+        h.metrics
+            .ready
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(())
+    })
+    .await;
+    assert!(failed >= 1);
+    assert_eq!(*h.metrics.waiting_for.lock().unwrap(), None);
+    h.create("after", json!({"image": "devbox:1"})).await;
+    h.until_phase("after", Phase::Running).await;
 }

@@ -9,6 +9,7 @@ mod leader;
 mod lifecycle;
 mod observability;
 mod ownership;
+mod pod_security;
 mod rbac;
 mod refusal;
 mod rejection;
