@@ -258,6 +258,8 @@ pub struct Config {
     /// Only the holder of this Lease reconciles; None: always reconcile (one replica).
     pub leader_election: Option<LeaderElection>,
     pub agent: AgentConfig,
+    /// How an event the API server failed to take is tried again before it is dropped.
+    pub event_retry: crate::recorder::Retry,
 }
 
 /// Leader election on a `coordination.k8s.io/v1` Lease.
@@ -283,6 +285,7 @@ impl Default for Config {
             manager: "berth-controller".to_owned(),
             leader_election: None,
             agent: AgentConfig::default(),
+            event_retry: crate::recorder::Retry::default(),
         }
     }
 }

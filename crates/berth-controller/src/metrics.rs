@@ -104,6 +104,8 @@ pub struct Metrics {
     pub activity_checks: Family<ResultLabel, Counter>,
     /// Workspaces paused because nobody used them for their idle timeout.
     pub culled: Counter,
+    /// Events given up on after every attempt to publish them failed, by the event's reason.
+    pub events_dropped: Family<ReasonLabel, Counter>,
     /// Caches synced and the CRD served: `/readyz` answers 200.
     pub ready: AtomicBool,
     /// Why the operator is not ready yet, when it knows better than "caches not synced" (a
@@ -180,6 +182,12 @@ impl Default for Metrics {
             "GetActivity calls to workspace agents, by result (ok, or the failure's reason)",
             activity_checks.clone(),
         );
+        let events_dropped = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "events_dropped",
+            "Events given up on after every attempt to publish them failed, by the event's reason",
+            events_dropped.clone(),
+        );
         registry.register(
             "workspaces_culled",
             "Workspaces paused because nobody used them for their idle timeout",
@@ -196,6 +204,7 @@ impl Default for Metrics {
             agent_checks,
             activity_checks,
             culled,
+            events_dropped,
             ready: AtomicBool::new(false),
             waiting_for: Mutex::new(None),
             phases: Mutex::new(None),

@@ -53,7 +53,7 @@ pub struct Context {
     /// The events in `events` by the UID of their pod.
     pub event_index: Arc<EventIndex>,
     pub workspaces: Store<Workspace>,
-    pub recorder: Recorder,
+    pub recorder: Arc<Recorder>,
     pub metrics: Arc<Metrics>,
     /// WhoAmI calls to the agents of ready pods (rules C14, C15).
     pub agents: AgentChecker,
@@ -398,7 +398,7 @@ async fn run_controller(
     metrics.count_phases_with(phase_counter(workspace_store.clone()));
     let context = Arc::new(Context {
         client: client.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
+        recorder: Arc::new(Recorder::new(client.clone(), reporter)),
         agents,
         config,
         pods: pods.clone(),
@@ -574,8 +574,13 @@ fn error_policy(workspace: Arc<Workspace>, error: &Error, ctx: Arc<Context>) -> 
                 action: event_reasons::RECONCILE_FAILED,
                 note: &note,
             };
-            if let Err(error) = ctx.recorder.publish(&report, &reference).await {
-                warn!(%error, "cannot publish event");
+            let retry = ctx.config.event_retry;
+            if let Err(error) = ctx
+                .recorder
+                .publish_retried(&report, &reference, retry)
+                .await
+            {
+                dropped(&ctx.metrics, event_reasons::RECONCILE_FAILED, &error);
             }
         });
     }
@@ -760,25 +765,65 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     Ok(Requeue::requeue(decision.requeue))
 }
 
-/// Publishes the decisions' events on the workspace (rule C17); an event the API server
-/// refuses is logged and dropped (the status says the same).
+/// Publishes the decisions' events on the workspace (rule C17). The status says an event was
+/// told, so nobody would tell it again: a failure that may pass is tried again in the
+/// background (`Config::event_retry`), and an event given up on is counted
+/// (`berth_events_dropped_total{reason}`) and logged.
 async fn publish(workspace: &Workspace, decisions: &[Decision], ctx: &Context) {
     let reference = kube::Resource::object_ref(workspace, &());
     for notice in decisions.iter().flat_map(|d| &d.notices) {
-        let event = Report {
-            type_: if notice.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: &notice.reason,
-            action: &notice.reason,
-            note: &notice.note,
+        let Err(error) = ctx.recorder.publish(&report_of(notice), &reference).await else {
+            continue;
         };
-        if let Err(error) = ctx.recorder.publish(&event, &reference).await {
-            warn!(%error, reason = %notice.reason, "cannot publish event");
+        let retry = ctx.config.event_retry;
+        if !crate::recorder::transient(&error) || retry.attempts <= 1 {
+            dropped(&ctx.metrics, &notice.reason, &error);
+            continue;
         }
+        warn!(%error, reason = %notice.reason, "cannot publish event; retrying");
+        let (recorder, metrics, reference, notice) = (
+            ctx.recorder.clone(),
+            ctx.metrics.clone(),
+            reference.clone(),
+            notice.clone(),
+        );
+        tokio::spawn(async move {
+            tokio::time::sleep(retry.wait(1)).await;
+            let rest = crate::recorder::Retry {
+                attempts: retry.attempts - 1,
+                ..retry
+            };
+            let report = report_of(&notice);
+            if let Err(error) = recorder.publish_retried(&report, &reference, rest).await {
+                dropped(&metrics, &notice.reason, &error);
+            }
+        });
     }
+}
+
+/// The event that tells `notice`.
+fn report_of(notice: &state::Notice) -> Report<'_> {
+    Report {
+        type_: if notice.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: &notice.reason,
+        action: &notice.reason,
+        note: &notice.note,
+    }
+}
+
+/// An event given up on: counted and logged.
+fn dropped(metrics: &Metrics, reason: &str, error: &kube::Error) {
+    warn!(%error, reason, "cannot publish event; dropped it");
+    metrics
+        .events_dropped
+        .get_or_create(&ReasonLabel {
+            reason: reason.to_owned(),
+        })
+        .inc();
 }
 
 async fn write_status(

@@ -157,6 +157,43 @@ pub fn key(reporter: &Reporter, regarding: &ObjectReference, report: &Report) ->
     hasher.finish()
 }
 
+/// How a failed event write is tried again, as client-go's recorder does (it tries 12 times,
+/// about 10 s apart): only a failure that may pass (a 429, a 5xx, no answer) is retried, with
+/// a doubling wait; the event is dropped after `attempts` in all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retry {
+    pub attempts: u32,
+    pub first: std::time::Duration,
+    pub max: std::time::Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry {
+            attempts: 12,
+            first: std::time::Duration::from_secs(1),
+            max: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+impl Retry {
+    /// The wait before attempt `attempt + 1` (after `attempt` failures).
+    pub fn wait(&self, attempt: u32) -> std::time::Duration {
+        self.first
+            .saturating_mul(1 << attempt.saturating_sub(1).min(16))
+            .min(self.max)
+    }
+}
+
+/// Whether a failed write may succeed when tried again: a 429 or a 5xx, or no answer at all.
+pub fn transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(answer) => answer.code == 429 || answer.code >= 500,
+        _ => true,
+    }
+}
+
 /// Publishes events, repeating them as series.
 pub struct Recorder {
     client: Client,
@@ -214,9 +251,38 @@ impl Recorder {
         let event = self.event(report, regarding, &namespace, now);
         let name = event.metadata.name.clone().unwrap_or_default();
         let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-        events.create(&PostParams::default(), &event).await?;
+        match events.create(&PostParams::default(), &event).await {
+            // Its name is its own (object and time): a 409 is this very event, created by an
+            // attempt whose answer was lost.
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e),
+        }
         self.series().published(key, &namespace, &name, 1, now);
         Ok(())
+    }
+
+    /// Publishes `report`, trying again after a failure that may pass, as `retry` says.
+    /// Returns the last failure when it gave up.
+    pub async fn publish_retried(
+        &self,
+        report: &Report<'_>,
+        regarding: &ObjectReference,
+        retry: Retry,
+    ) -> Result<(), kube::Error> {
+        let mut failures = 0;
+        loop {
+            match self.publish(report, regarding).await {
+                Ok(()) => return Ok(()),
+                Err(error) => {
+                    failures += 1;
+                    if !transient(&error) || failures >= retry.attempts {
+                        return Err(error);
+                    }
+                    tokio::time::sleep(retry.wait(failures)).await;
+                }
+            }
+        }
     }
 
     fn event(
@@ -269,6 +335,25 @@ mod tests {
 
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+    }
+
+    #[test]
+    fn a_failed_event_is_retried_after_a_doubling_wait_only_when_it_may_pass() {
+        let retry = Retry {
+            attempts: 5,
+            first: std::time::Duration::from_millis(100),
+            max: std::time::Duration::from_millis(300),
+        };
+        let waits: Vec<u128> = (1..5).map(|a| retry.wait(a).as_millis()).collect();
+        assert_eq!(waits, [100, 200, 300, 300]);
+        let answer = |code: u16| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                ..Default::default()
+            }))
+        };
+        assert!(transient(&answer(500)) && transient(&answer(503)) && transient(&answer(429)));
+        assert!(!transient(&answer(403)) && !transient(&answer(422)) && !transient(&answer(404)));
     }
 
     #[test]

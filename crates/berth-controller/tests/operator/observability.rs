@@ -249,3 +249,66 @@ async fn kubectl_describe_shows_the_workspace_story() {
     );
     assert!(described.contains("Workspace is ready"), "{described}");
 }
+
+/// The events of the workspace with `uid`, by reason.
+async fn event_reasons(h: &Harness, uid: &str) -> Vec<String> {
+    let mut reasons: Vec<String> = crate::support::events_about(h, uid)
+        .await
+        .into_iter()
+        .map(|(reason, _)| reason)
+        .collect();
+    reasons.sort();
+    reasons
+}
+
+/// An event the API server fails to take (a 500) is tried again, not lost: the status says it
+/// was told, so nothing else would tell it. One whose every attempt fails is counted.
+#[tokio::test]
+async fn events_are_retried_before_they_are_dropped_and_a_dropped_one_is_counted() {
+    use berth_sim::{ApiFault, Frequency, RequestMatch};
+    let h = Harness::start().await;
+    h.sim.faults().api_error(ApiFault {
+        matching: RequestMatch::new("create", "events"),
+        code: 500,
+        frequency: Frequency::Next(3),
+    });
+    let ws = h.create("told", json!({"image": "devbox:1"})).await;
+    h.until_phase("told", Phase::Running).await;
+    let uid = ws.metadata.uid.clone().unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "every event of the start",
+        || async {
+            let reasons = event_reasons(&h, &uid).await;
+            (reasons == ["Created", "Ready", "Started"]).then_some(())
+        },
+    )
+    .await;
+    let failed = h
+        .sim
+        .count_requests(|k| k.resource == "events" && k.verb == "create" && k.code == 500);
+    assert_eq!(failed, 3, "the faults fired");
+    assert!(!h.metrics.render().contains("berth_events_dropped_total{"));
+
+    // Every attempt fails: the event is dropped, and counted by its reason. (A 500: kube's
+    // client itself already retries a 429, 503 or 504, for longer than a test waits.)
+    h.sim.faults().api_error(ApiFault {
+        matching: RequestMatch::new("create", "events"),
+        code: 500,
+        frequency: Frequency::Next(u32::MAX),
+    });
+    h.create("untold", json!({"image": "devbox:1"})).await;
+    let counted = tokio::time::timeout(Duration::from_secs(30), async {
+        while h.metric("berth_events_dropped_total{reason=\"Created\"}") < 1 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        counted.is_ok(),
+        "no dropped Created event counted:\n{}\n{:?}\n{}",
+        h.metrics.render(),
+        h.sim.requests(),
+        h.logs.text()
+    );
+}

@@ -54,6 +54,11 @@ pub fn test_config() -> Config {
             backoff_max: Duration::from_secs(2),
             ..AgentConfig::default()
         },
+        event_retry: berth_controller::recorder::Retry {
+            attempts: 6,
+            first: Duration::from_millis(100),
+            max: Duration::from_millis(800),
+        },
         ..Config::default()
     }
 }
