@@ -63,6 +63,8 @@ pub struct ApiFault {
 #[derive(Default)]
 struct Layer {
     api_errors: Vec<ApiFault>,
+    /// Faults that let the write happen and lose its answer.
+    lost_replies: Vec<ApiFault>,
     latency: Vec<(RequestMatch, Duration)>,
     reject_fraction: Option<(f64, String)>,
     token_review_unavailable: bool,
@@ -147,6 +149,13 @@ impl Faults {
         self.lock().rust.api_errors.push(fault);
     }
 
+    /// Loses the answers of matching requests: the request is carried out (a write is
+    /// stored), and the client gets the fault's error instead of the result, as when a
+    /// timeout or a proxy's 5xx comes after the API server committed.
+    pub fn lost_reply(&self, fault: ApiFault) {
+        self.lock().rust.lost_replies.push(fault);
+    }
+
     /// Delays matching requests.
     pub fn latency(&self, matching: RequestMatch, delay: Duration) {
         self.lock().rust.latency.push((matching, delay));
@@ -156,6 +165,7 @@ impl Faults {
     pub fn clear_api_faults(&self) {
         let mut state = self.lock();
         state.rust.api_errors.clear();
+        state.rust.lost_replies.clear();
         state.rust.latency.clear();
     }
 
@@ -211,8 +221,22 @@ impl Faults {
         None
     }
 
-    /// The injected error for a request, if one fires.
+    /// The injected error for a request, if one fires (before the request is carried out).
     pub fn request_error(&self, verb: &str, resource: &str) -> Option<ApiError> {
+        self.fire(verb, resource, |layer| &mut layer.api_errors)
+    }
+
+    /// The error that replaces a request's answer after it was carried out, if one fires.
+    pub fn lost_reply_error(&self, verb: &str, resource: &str) -> Option<ApiError> {
+        self.fire(verb, resource, |layer| &mut layer.lost_replies)
+    }
+
+    fn fire(
+        &self,
+        verb: &str,
+        resource: &str,
+        faults: impl Fn(&mut Layer) -> &mut Vec<ApiFault>,
+    ) -> Option<ApiError> {
         let mut state = self.lock();
         let State {
             rust,
@@ -221,8 +245,8 @@ impl Faults {
             ..
         } = &mut *state;
         for layer in [rust, config_map] {
-            for fault in layer
-                .api_errors
+            let list = faults(layer);
+            for fault in list
                 .iter_mut()
                 .filter(|f| f.matching.matches(verb, resource))
             {
@@ -238,9 +262,7 @@ impl Faults {
                     return Some(injected(fault.code, verb, resource));
                 }
             }
-            layer
-                .api_errors
-                .retain(|f| f.frequency != Frequency::Next(0));
+            list.retain(|f| f.frequency != Frequency::Next(0));
         }
         None
     }
@@ -357,6 +379,17 @@ impl Faults {
             match parse_api_error(line) {
                 Some(fault) => layer.api_errors.push(fault),
                 None => problems.push(format!("api-errors: cannot read {line:?}; write \"VERB RESOURCE CODE next=N\" or \"... fraction=F\"")),
+            }
+        }
+        for line in text("lost-replies")
+            .unwrap_or_default()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+        {
+            match parse_api_error(line) {
+                Some(fault) => layer.lost_replies.push(fault),
+                None => problems.push(format!("lost-replies: cannot read {line:?}; write \"VERB RESOURCE CODE next=N\" or \"... fraction=F\"")),
             }
         }
         for line in text("latency")

@@ -34,6 +34,8 @@ struct LogInfo {
     group: String,
     resource: String,
     subresource: String,
+    /// The error that replaces the answer of a request carried out (an injected lost reply).
+    lost_reply: Option<ApiError>,
 }
 
 /// The one handler: every request comes here.
@@ -62,6 +64,11 @@ pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
     )
     .await
     .unwrap_or_else(IntoResponse::into_response);
+    // The request was carried out; its answer is lost.
+    let response = match info.lost_reply.take() {
+        Some(error) if response.status().is_success() => error.into_response(),
+        _ => response,
+    };
     sim.requests.record(RequestKey {
         user: info.user,
         verb: info.verb,
@@ -390,6 +397,7 @@ async fn route(
     if let Some(error) = sim.faults.request_error(verb, &rt.resource) {
         return Err(error);
     }
+    info.lost_reply = sim.faults.lost_reply_error(verb, &rt.resource);
     let ctx = WriteContext {
         manager: field_manager(&query, headers),
         dry_run: query.get("dryRun").is_some_and(|d| d == "All"),

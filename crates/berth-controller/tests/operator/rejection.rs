@@ -406,6 +406,19 @@ async fn chaos(seed: u64) {
     h.sim
         .faults()
         .close_watches_every(Some(Duration::from_millis(700)));
+    // Writes that land while their answer is lost (a timeout after the API server committed):
+    // the operator must neither create a second pod nor count a recreation twice.
+    for (verb, resource) in [
+        ("create", "pods"),
+        ("delete", "pods"),
+        ("patch", "workspaces"),
+    ] {
+        h.sim.faults().lost_reply(berth_sim::ApiFault {
+            matching: berth_sim::RequestMatch::new(verb, resource),
+            code: 500,
+            frequency: berth_sim::Frequency::Fraction(0.1),
+        });
+    }
     for i in 0..COUNT {
         h.create(&format!("c{i:02}"), json!({"image": "devbox:1"}))
             .await;
@@ -435,6 +448,20 @@ async fn chaos(seed: u64) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     h.sim.faults().close_watches_every(None);
+    let lost = h.sim.count_requests(|k| {
+        k.code == 500
+            && matches!(
+                (k.verb.as_str(), &*k.resource),
+                ("create" | "delete", "pods") | ("patch", "workspaces")
+            )
+    });
+    assert!(lost > 0, "seed {seed}: replies were lost");
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(h.client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(pods.len(), COUNT, "seed {seed}: one pod per workspace");
     let mut rejected: HashMap<String, u32> = HashMap::new();
     for event in Api::<Event>::namespaced(h.client.clone(), "default")
         .list(&ListParams::default().fields("reason=OutOfcpu"))

@@ -1004,3 +1004,57 @@ async fn following_logs_stays_open_until_the_container_stops() {
         "ends once the container stopped: {ended:?}"
     );
 }
+
+/// A lost reply: the write is carried out and stored, and the client hears an error, from
+/// Rust and from the faults ConfigMap.
+#[tokio::test]
+async fn a_lost_reply_is_a_write_that_landed_with_an_error_for_an_answer() {
+    let sim = cluster_with(SimConfig::api_only()).await;
+    let client = sim.client().await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm = |name: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    sim.faults().lost_reply(ApiFault {
+        matching: RequestMatch::new("create", "configmaps"),
+        code: 500,
+        frequency: Frequency::Next(1),
+    });
+    let (code, _, message) = api_error(cms.create(&PostParams::default(), &cm("landed")).await);
+    assert_eq!(code, 500);
+    assert_eq!(
+        message,
+        "Internal error occurred: injected fault (create configmaps)"
+    );
+    assert!(
+        cms.get_opt("landed").await.unwrap().is_some(),
+        "the write landed"
+    );
+    // A retry meets what the lost write made, as against a real server.
+    let (code, reason, _) = api_error(cms.create(&PostParams::default(), &cm("landed")).await);
+    assert_eq!((code, reason.as_str()), (409, "AlreadyExists"));
+
+    let faults: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    faults
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "berth-sim-faults"},
+                "data": {"lost-replies": "delete configmaps 500 next=1"}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the ConfigMap's lost reply",
+        || async {
+            let answer = cms.delete("landed", &DeleteParams::default()).await;
+            matches!(answer, Err(kube::Error::Api(ref s)) if s.code == 500).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        cms.get_opt("landed").await.unwrap().is_none(),
+        "the delete landed"
+    );
+}
