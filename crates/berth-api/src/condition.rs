@@ -205,6 +205,9 @@ reasons! {
     Paused,
     /// Berth stopped the workspace: nobody used it for `lifecycle.idleTimeout`.
     Idle,
+    /// The workspace's pod is on its way out (to be replaced, or the workspace is deleted):
+    /// it is not usable, whatever the pod still says.
+    PodStopping,
 }
 
 impl Reason {

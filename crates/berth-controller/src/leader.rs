@@ -10,7 +10,7 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use tokio::{sync::watch, task::JoinHandle};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{Error, Result, config::LeaderElection};
 
@@ -128,6 +128,7 @@ pub async fn hold(
     let election = election.clone();
     let task = tokio::spawn(async move {
         let identity = election.identity.clone();
+        let mut holder_seen: Option<String> = None;
         loop {
             tokio::select! {
                 biased;
@@ -148,7 +149,16 @@ pub async fn hold(
                     }
                 },
                 Some(lease) = changes.next() => {
-                    let free = lease.spec.as_ref().is_none_or(|s| s.holder_identity.is_none());
+                    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+                    // A standby says that it stands by, and for whom, once per holder: its log
+                    // is otherwise empty, and a person reading it would not know.
+                    if let Some(holder) = holder.as_ref().filter(|h| **h != identity)
+                        && holder_seen.as_ref() != Some(holder)
+                    {
+                        info!(%identity, %holder, lease = %election.lease, "standing by: {holder} holds the lease; this replica takes over when it is released or expires");
+                        holder_seen = Some(holder.clone());
+                    }
+                    let free = holder.is_none();
                     if free && !*sender.borrow() {
                         // Released: a fresh manager reads the Lease now and takes it.
                         debug!(%identity, "the lease was released; trying to take it");

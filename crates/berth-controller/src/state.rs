@@ -1090,6 +1090,7 @@ impl Builder<'_> {
         {
             self.status.message = Some(growing);
         }
+        self.not_ready_unless_running();
         self.explain_error();
         // Counted from 0, so `kubectl get ws` shows RECREATIONS 0 rather than nothing.
         self.status.pod_recreations.get_or_insert(0);
@@ -1100,6 +1101,22 @@ impl Builder<'_> {
             requeue,
             recreation: self.recreation,
             release: self.release,
+        }
+    }
+
+    /// READY is True only while the workspace is `Running`: a pod on its way out (replaced,
+    /// stopping, the workspace deleted) may still be ready, and the workspace says it is not.
+    fn not_ready_unless_running(&mut self) {
+        let ready = find_condition(&self.status.conditions, types::READY)
+            .is_some_and(|c| c.is(ConditionStatus::True));
+        if ready && self.status.phase != Some(Phase::Running) {
+            let message = self.status.message.clone().unwrap_or_default();
+            self.condition(
+                types::READY,
+                ConditionStatus::False,
+                Reason::PodStopping,
+                &message,
+            );
         }
     }
 

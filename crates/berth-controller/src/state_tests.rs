@@ -1317,6 +1317,40 @@ proptest::proptest! {
     }
 }
 
+proptest::proptest! {
+    /// A workspace's phase and READY never contradict each other: READY is True only in
+    /// `Running`, whatever happens to a workspace that was running (its pod stopping or
+    /// replaced, its spec changed, paused, deleted, its pod in any state).
+    #[test]
+    fn ready_is_true_only_while_running(
+        status in arbitrary_pod_status(),
+        with_pod in proptest::bool::ANY,
+        going in proptest::bool::ANY,
+        paused in proptest::bool::ANY,
+        deleted in proptest::bool::ANY,
+        image in proptest::sample::select(vec!["x:1", "x:2"]),
+    ) {
+        let running = json!({"phase": "Running", "observedGeneration": 1, "startedAt": at(100), "pod": {"name": "w-ws", "uid": "pod-1"},
+            "agent": {"verifiedPodUID": "pod-1"},
+            "conditions": [
+                {"type": "PodReady", "status": "True", "reason": "ContainersReady", "message": "", "lastTransitionTime": at(90)},
+                {"type": "Ready", "status": "True", "reason": "WorkspaceReady", "message": "", "lastTransitionTime": at(90)}
+            ]});
+        let built = workspace(json!({"image": "x:1"}), running.clone());
+        let mut pod = pod_of(&built, status);
+        if going {
+            pod.metadata.deletion_timestamp = Some(Time(now()));
+        }
+        let mut ws = workspace(json!({"image": image, "paused": paused}), running);
+        if deleted {
+            ws.metadata.deletion_timestamp = Some(Time(now()));
+        }
+        let d = decide(&ws, with_pod.then_some(&pod), &[]);
+        let ready = find_condition(&d.status.conditions, types::READY).is_some_and(|c| c.is(ConditionStatus::True));
+        proptest::prop_assert!(!ready || d.status.phase == Some(Phase::Running), "READY True in {:?}: {:?}", d.status.phase, d.status.message);
+    }
+}
+
 /// Makes `claim` request `size` of storage.
 fn requesting(claim: &mut PersistentVolumeClaim, size: &str) {
     let resources = claim.spec.as_mut().unwrap().resources.as_mut().unwrap();

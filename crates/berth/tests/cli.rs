@@ -1544,6 +1544,27 @@ mod installed {
             },
         );
 
+        // Both replicas' logs, as README says to read them: the standby says it stands by,
+        // and for whom.
+        let both = [
+            "logs",
+            "-n",
+            "berth-system",
+            "-l",
+            "app.kubernetes.io/name=berth-controller",
+            "--prefix",
+        ];
+        until(
+            Duration::from_secs(30),
+            "the standby saying it stands by",
+            || kubectl(k, &both).unwrap_or_else(|e| e),
+            || {
+                kubectl(k, &both)
+                    .ok()
+                    .filter(|logs| logs.contains("standing by: ") && logs.contains(&leader))
+            },
+        );
+
         // A workspace runs: its agent authenticated the operator, whose token came from the
         // operator pod's own service account; its namespace got the per-namespace install and
         // enforces Pod Security "restricted", as platforms commonly do.

@@ -197,7 +197,7 @@ fn stopping() {
             ),
             seen(
                 Phase::Terminating,
-                Some("WorkspaceReady"),
+                Some("PodStopping"),
                 vec![delete_pod()],
                 &[],
             ),
@@ -208,7 +208,7 @@ fn stopping() {
                 being_deleted(ws.clone(), 1),
                 Some(going.clone()),
             ),
-            seen(Phase::Terminating, Some("WorkspaceReady"), vec![], &[]),
+            seen(Phase::Terminating, Some("PodStopping"), vec![], &[]),
         ),
         (
             case(
@@ -216,12 +216,7 @@ fn stopping() {
                 being_deleted(ws.clone(), 1),
                 None,
             ),
-            released(seen(
-                Phase::Terminating,
-                Some("WorkspaceReady"),
-                vec![],
-                &[],
-            )),
+            released(seen(Phase::Terminating, Some("PodStopping"), vec![], &[])),
         ),
         (
             case(
@@ -231,7 +226,7 @@ fn stopping() {
             ),
             released(seen(
                 Phase::Terminating,
-                Some("WorkspaceReady"),
+                Some("PodStopping"),
                 vec![Action::ForceDeletePod {
                     uid: "pod-1".into(),
                 }],
@@ -257,7 +252,7 @@ fn stopping() {
                 ws.clone(),
                 Some(going),
             ),
-            seen(Phase::Stopping, Some("WorkspaceReady"), vec![], &[]),
+            seen(Phase::Stopping, Some("PodStopping"), vec![], &[]),
         ),
         (
             case(
@@ -377,7 +372,7 @@ fn replacing() {
             ),
             seen(
                 Phase::Stopping,
-                Some("WorkspaceReady"),
+                Some("PodStopping"),
                 vec![delete_pod()],
                 &[],
             ),

@@ -86,6 +86,14 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over() {
     h.until_phase("led", Phase::Running).await;
     assert!(writes_by(&h, "replica-a") > 0, "the leader reconciled");
     assert_eq!(writes_by(&h, "replica-b"), 0, "the standby did not");
+    // The standby's log says that it stands by, and for whom.
+    crate::support::eventually(WAIT, "the standby saying it stands by", || async {
+        h.logs
+            .text()
+            .contains("standing by: replica-a holds the lease; this replica takes over when it is released or expires")
+            .then_some(())
+    })
+    .await;
 
     first.abort();
     h.create("after", json!({"image": "devbox:1"})).await;
