@@ -899,6 +899,10 @@ impl Builder<'_> {
                 event_reasons::CREATED,
                 format!("Created pod {pod_name}"),
             ));
+            // The last activity is the current pod's: a new pod (resumed, replaced) has not
+            // been used yet, whatever the one before it was.
+            self.status.last_activity = None;
+            self.status.last_activity_signal = None;
         }
         let was_running = !new_pod
             && find_condition(&self.old.conditions, types::POD_READY).is_some_and(|c| {

@@ -1351,6 +1351,26 @@ proptest::proptest! {
     }
 }
 
+#[test]
+fn the_last_activity_belongs_to_the_current_pod() {
+    // Used at 85 s ago in the pod before; the pod now is a new one (a resume).
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        json!({"phase": "Pending", "observedGeneration": 1, "startedAt": at(10),
+            "lastActivity": at(85), "lastActivitySignal": "connection",
+            "pod": {"name": "w-ws", "uid": "pod-0"}}),
+    );
+    let pod = pod_of(&ws, json!({"phase": "Pending"}));
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(d.status.last_activity, None);
+    assert_eq!(d.status.last_activity_signal, None);
+    // The same pod keeps what its agent said.
+    let mut same = ws.clone();
+    same.status.as_mut().unwrap().pod.as_mut().unwrap().uid = Some("pod-1".into());
+    let d = decide(&same, Some(&pod), &[]);
+    assert!(d.status.last_activity.is_some());
+}
+
 /// Makes `claim` request `size` of storage.
 fn requesting(claim: &mut PersistentVolumeClaim, size: &str) {
     let resources = claim.spec.as_mut().unwrap().resources.as_mut().unwrap();
