@@ -45,20 +45,21 @@ pub struct AgentArgs {
     #[arg(long, env = "BERTH_AGENT_SERVICE_ACCOUNT", default_value = "")]
     pub service_account: String,
     /// Serve TLS with this certificate (PEM; it must name `berth-agent`), with --tls-key.
+    /// Default: none, plaintext gRPC.
     #[arg(long, env = berth_agent::TLS_CERT_ENV, requires = "tls_key")]
     pub tls_cert: Option<std::path::PathBuf>,
-    /// The TLS certificate's private key (PEM).
+    /// The TLS certificate's private key (PEM). Default: none.
     #[arg(long, env = berth_agent::TLS_KEY_ENV, requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
     /// The workspace's declared ports, comma-separated: an established connection to one of
-    /// them is activity (set by the operator).
+    /// them is activity (set by the operator). Default: none.
     #[arg(long, env = berth_agent::ACTIVITY_PORTS_ENV, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..))]
     pub activity_ports: Vec<u16>,
     /// CPU of the supervised command's processes, in cores, that counts as activity.
-    #[arg(long, default_value_t = berth_agent::activity::DEFAULT_CPU_THRESHOLD)]
+    #[arg(long, env = "BERTH_AGENT_ACTIVITY_CPU", default_value_t = berth_agent::activity::DEFAULT_CPU_THRESHOLD)]
     pub activity_cpu: f64,
     /// How often connections and CPU are sampled (e.g. `5s`).
-    #[arg(long, default_value = "5s", value_parser = parse_interval)]
+    #[arg(long, env = "BERTH_AGENT_ACTIVITY_INTERVAL", default_value = "5s", value_parser = parse_interval)]
     pub activity_interval: std::time::Duration,
     /// The workspace's command, run and supervised by the agent.
     #[arg(last = true)]

@@ -55,7 +55,8 @@ pub struct ControllerArgs {
     /// Where /healthz and /readyz are served ("off" to disable).
     #[arg(long, env = "BERTH_HEALTH_ADDRESS", default_value = "0.0.0.0:8081")]
     pub health_address: String,
-    /// Reconcile only while holding the leader Lease (for several replicas).
+    /// Reconcile only while holding the leader Lease (for several replicas). Default: off,
+    /// this replica reconciles alone.
     #[arg(long, env = "BERTH_LEADER_ELECTION", default_value_t = false)]
     pub leader_election: bool,
     /// The leader Lease's name.
@@ -65,12 +66,13 @@ pub struct ControllerArgs {
     #[arg(long, env = "BERTH_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
     /// The service account the operator authenticates to workspace agents as, NAMESPACE/NAME
-    /// (its tokens come from the TokenRequest API). In a pod: the pod's own service account.
+    /// (its tokens come from the TokenRequest API). Default: in a pod, the pod's own service
+    /// account; elsewhere it is required.
     #[arg(long, env = "BERTH_SERVICE_ACCOUNT", value_parser = |s: &str| s.parse::<ServiceAccountRef>())]
     pub service_account: Option<ServiceAccountRef>,
-    /// The image holding the `berth` binary, injected into workspace pods as the agent. In a
-    /// pod: the operator's own image (so an install that retags it needs nothing else);
-    /// elsewhere `ghcr.io/berth-dev/berth:<version>`.
+    /// The image holding the `berth` binary, injected into workspace pods as the agent.
+    /// Default: in a pod, the operator's own image (so an install that retags it needs
+    /// nothing else); elsewhere `ghcr.io/berth-dev/berth:<version>`.
     #[arg(long, env = "BERTH_AGENT_IMAGE")]
     pub agent_image: Option<String>,
     /// Where `berth` is inside that image.
@@ -91,15 +93,16 @@ pub struct ControllerArgs {
     pub agent_backoff_max: Duration,
     /// Agents serve TLS with the certificate of this kubernetes.io/tls secret (in each
     /// workspace's namespace; the certificate must name `berth-agent`). Needs --agent-tls-ca.
+    /// Default: none, agents serve plaintext gRPC.
     #[arg(long, env = "BERTH_AGENT_TLS_SECRET", requires = "agent_tls_ca")]
     pub agent_tls_secret: Option<String>,
-    /// The CA bundle (PEM file) agents' certificates are verified against.
+    /// The CA bundle (PEM file) agents' certificates are verified against. Default: none.
     #[arg(long, env = "BERTH_AGENT_TLS_CA", requires = "agent_tls_secret")]
     pub agent_tls_ca: Option<std::path::PathBuf>,
     /// Let workspace containers run as root, for images that need it. Off, every container
     /// of a workspace pod runs as non-root with no capabilities, no privilege escalation and
     /// the runtime's seccomp profile (Pod Security "restricted"); on, the workspace container
-    /// may run as root (Pod Security "baseline"); Berth's own containers never do.
+    /// may run as root (Pod Security "baseline"); Berth's own containers never do. Default: off.
     #[arg(long, env = "BERTH_ALLOW_ROOT_IMAGES")]
     pub allow_root_images: bool,
 }

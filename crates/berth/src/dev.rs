@@ -22,18 +22,22 @@ use kube::{
 /// Options of `berth dev`.
 #[derive(clap::Args, Debug)]
 pub struct DevArgs {
-    /// Stop after this long (e.g. 30s) instead of waiting for Ctrl-C.
-    #[arg(long = "for", value_parser = |s: &str| berth_api::parse_duration(s).map_err(|e| e.to_string()))]
+    /// Stop after this long (e.g. 30s). Default: run until Ctrl-C.
+    #[arg(long = "for", env = "BERTH_DEV_FOR", value_parser = |s: &str| berth_api::parse_duration(s).map_err(|e| e.to_string()))]
     pub duration: Option<Duration>,
     /// Where the kubeconfig for kubectl is written.
-    #[arg(long, default_value = "berth-dev.kubeconfig")]
+    #[arg(
+        long,
+        env = "BERTH_DEV_KUBECONFIG",
+        default_value = "berth-dev.kubeconfig"
+    )]
     pub kubeconfig: PathBuf,
-    /// A folder of manifests to apply at start instead of the built-in examples (the files of
-    /// the repository's `examples/`).
-    #[arg(long)]
+    /// A folder of manifests to apply at start instead of the built-in examples. Default: the
+    /// built-in examples (the files of the repository's `examples/`).
+    #[arg(long, env = "BERTH_DEV_EXAMPLES")]
     pub examples: Option<PathBuf>,
     /// How many simulated nodes.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, env = "BERTH_DEV_NODES", default_value_t = 3)]
     pub nodes: usize,
 }
 

@@ -24,12 +24,18 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Start a simulated cluster, the operator and the example workspaces, and show a live
-    /// table of workspaces; use kubectl with ./berth-dev.kubeconfig in another terminal.
+    /// table of workspaces; use kubectl with ./berth-dev.kubeconfig in another terminal. Needs
+    /// no cluster; the operator's pods need a mount namespace each (root or unprivileged user
+    /// namespaces), else the operator runs inside `berth dev`.
     #[cfg(feature = "sim")]
     Dev(dev::DevArgs),
-    /// Run the operator against the current kubeconfig or the in-cluster config.
+    /// Run the operator against the current kubeconfig or the in-cluster config. Needs the
+    /// Workspace CRD (`berth crd`, `deploy/crds/`) and the RBAC of `deploy/rbac/`; each
+    /// workspace's service account needs `system:auth-delegator` for its agent.
     Controller(Box<controller::ControllerArgs>),
-    /// Run the in-pod agent (gRPC on :50051), supervising `-- CMD ARGS...` if given.
+    /// Run the in-pod agent (gRPC on :50051), supervising `-- CMD ARGS...` if given. Needs
+    /// its pod's service account to create TokenReviews and SubjectAccessReviews
+    /// (`system:auth-delegator`).
     Agent(Box<agent::AgentArgs>),
     /// Copy this binary to PATH (executable): how the init container puts the agent into a
     /// workspace pod, since the image has no shell or `cp`.
@@ -38,11 +44,16 @@ enum Command {
         path: std::path::PathBuf,
     },
     /// Serve the validating admission webhook that refuses a Workspace naming what its author
-    /// may not use (service account, secrets, config maps, claims), over TLS.
+    /// may not use (service account, secrets, config maps, claims), over TLS. Needs the RBAC
+    /// and ValidatingWebhookConfiguration of `deploy/webhook/` and a serving certificate; its
+    /// `--allowed-*` flags must be the operator's, or it refuses what the operator allows (or
+    /// lets through what the operator then refuses).
     Webhook(WebhookArgs),
     /// Print the Workspace CustomResourceDefinition as YAML (what `deploy/crds/` holds).
     Crd,
-    /// Run only the simulated Kubernetes cluster and write a kubeconfig for it.
+    /// Run only the simulated Kubernetes cluster and write a kubeconfig for it. Needs nothing
+    /// from a cluster: it is one. Containers of Berth's image run as real processes of this
+    /// binary; any other image names nothing on this machine.
     #[cfg(feature = "sim")]
     Sim(SimArgs),
 }
@@ -53,10 +64,11 @@ struct WebhookArgs {
     /// Where to serve `/validate-workspaces` (HTTPS).
     #[arg(long, env = "BERTH_WEBHOOK_ADDRESS", default_value_t = berth_controller::webhook::default_address())]
     address: std::net::SocketAddr,
-    /// The serving certificate (PEM), whose CA the ValidatingWebhookConfiguration's caBundle holds.
+    /// The serving certificate (PEM), whose CA the ValidatingWebhookConfiguration's caBundle
+    /// holds. Required.
     #[arg(long, env = "BERTH_WEBHOOK_TLS_CERT")]
     tls_cert: std::path::PathBuf,
-    /// Its private key (PEM).
+    /// Its private key (PEM). Required.
     #[arg(long, env = "BERTH_WEBHOOK_TLS_KEY")]
     tls_key: std::path::PathBuf,
     #[command(flatten)]
@@ -105,7 +117,7 @@ struct SimArgs {
     #[arg(long, default_value_t = 1, env = "BERTH_SIM_SEED")]
     seed: u64,
     /// Millisecond timings (image pulls, starts, heartbeats), as the tests use, instead of
-    /// ones close to a real cluster's: for benchmarks.
+    /// ones close to a real cluster's: for benchmarks. Default: off.
     #[arg(long, env = "BERTH_SIM_FAST")]
     fast: bool,
     /// How often each node renews its Lease (default: 10s, or 100ms with --fast). A real

@@ -1721,3 +1721,61 @@ mod installed {
         assert_eq!(deployment["status"]["availableReplicas"], 2, "{deployment}");
     }
 }
+
+/// Every flag of every subcommand says, in `--help`, its environment variable and its default
+/// (or that it is required, or that there is none), and each subcommand says what it needs
+/// from the cluster: what a person reads before running it.
+#[test]
+fn every_flag_has_its_default_and_environment_variable_in_help() {
+    let mut missing = vec![];
+    for sub in ["controller", "dev", "sim", "agent", "webhook"] {
+        let output = std::process::Command::new(BERTH)
+            .args([sub, "--help"])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{sub} --help");
+        let help = String::from_utf8(output.stdout).unwrap();
+        let about = help.split("Usage:").next().unwrap_or_default();
+        if !about.to_lowercase().contains("needs") {
+            missing.push(format!("{sub}: the description does not say what it needs"));
+        }
+        let options = help.split("Options:").nth(1).unwrap_or_default();
+        // One block per flag: its line and the indented lines under it.
+        let mut blocks: Vec<String> = vec![];
+        for line in options.lines() {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("--")
+                || trimmed.starts_with("-h,")
+                || (trimmed.starts_with('-')
+                    && trimmed.len() > 1
+                    && trimmed.as_bytes()[1] != b'-'
+                    && trimmed.as_bytes()[2] == b',')
+            {
+                blocks.push(String::new());
+            }
+            if let Some(block) = blocks.last_mut() {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+        for block in blocks
+            .iter()
+            .filter(|b| !b.trim_start().starts_with("-h, --help"))
+        {
+            let flag = block
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            let text = block.to_lowercase();
+            // Only `berth agent --auth` is never read from the environment, on purpose.
+            if !block.contains("[env: ") && !text.contains("never the environment") {
+                missing.push(format!("{sub} {flag}: no environment variable"));
+            }
+            if !(text.contains("default") || text.contains("required")) {
+                missing.push(format!("{sub} {flag}: no default"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{missing:#?}");
+}
