@@ -84,7 +84,8 @@ pub fn selector_string(selector: &Value) -> String {
     parts.join(",")
 }
 
-fn selects(selector: &Value, labels: &Value) -> bool {
+/// Whether a label selector object selects `labels` (a JSON map); `{}` selects everything.
+pub(crate) fn selects(selector: &Value, labels: &Value) -> bool {
     let labels = labels
         .as_object()
         .into_iter()

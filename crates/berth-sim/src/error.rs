@@ -91,6 +91,22 @@ pub enum ApiError {
     /// An admission webhook's denial, with the code it gave (400 at least).
     #[error("{message}")]
     Denied { code: u16, message: String },
+    /// A ValidatingAdmissionPolicy's denial.
+    #[error("{}", .0.message)]
+    Policy(Box<PolicyDenial>),
+}
+
+/// A ValidatingAdmissionPolicy's denial: the validation's reason and its code, and the denial
+/// (without the object's name) as the one cause.
+#[derive(Clone, Debug)]
+pub struct PolicyDenial {
+    pub message: String,
+    pub reason: String,
+    pub code: u16,
+    pub kind: String,
+    pub group: String,
+    pub name: String,
+    pub cause: String,
 }
 
 /// `Result` with [`ApiError`].
@@ -220,11 +236,12 @@ impl ApiError {
             ApiError::ServiceUnavailable { .. } => 503,
             ApiError::Timeout { .. } | ApiError::TooLargeResourceVersion { .. } => 504,
             ApiError::Denied { code, .. } => *code,
+            ApiError::Policy(denial) => denial.code,
         }
     }
 
     /// The `reason` field of the Status.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> &str {
         match self {
             ApiError::BadRequest { .. } => "BadRequest",
             ApiError::Unauthorized => "Unauthorized",
@@ -241,6 +258,7 @@ impl ApiError {
             ApiError::Internal { .. } => "InternalError",
             ApiError::ServiceUnavailable { .. } => "ServiceUnavailable",
             ApiError::Timeout { .. } | ApiError::TooLargeResourceVersion { .. } => "Timeout",
+            ApiError::Policy(denial) => denial.reason.as_str(),
             ApiError::Denied { code, .. } => match code {
                 401 => "Unauthorized",
                 403 => "Forbidden",
@@ -320,6 +338,14 @@ impl ApiError {
                         )
                         .collect();
                 }
+                Some(d)
+            }
+            ApiError::Policy(denial) => {
+                let mut d = json!({"name": denial.name, "kind": denial.kind});
+                if !denial.group.is_empty() {
+                    d["group"] = json!(denial.group);
+                }
+                d["causes"] = json!([{"message": denial.cause}]);
                 Some(d)
             }
             ApiError::TooManyRequests {

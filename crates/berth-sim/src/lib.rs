@@ -1,6 +1,7 @@
 //! berth-sim: a Kubernetes API server in one process, with real HTTP(S), real watch semantics,
 //! CRDs, RBAC and the controllers that make deletion work, for tests and the no-cluster demo.
 
+mod admission_policies;
 mod apply;
 mod apps;
 mod auth;

@@ -413,6 +413,28 @@ fn builtin_types() -> Vec<ResourceType> {
         Spec {
             group: "admissionregistration.k8s.io",
             version: "v1",
+            resource: "validatingadmissionpolicies",
+            kind: "ValidatingAdmissionPolicy",
+            namespaced: false,
+            short: &[],
+            subresources: &["status"],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "admissionregistration.k8s.io",
+            version: "v1",
+            resource: "validatingadmissionpolicybindings",
+            kind: "ValidatingAdmissionPolicyBinding",
+            namespaced: false,
+            short: &[],
+            subresources: &[],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "admissionregistration.k8s.io",
+            version: "v1",
             resource: "validatingwebhookconfigurations",
             kind: "ValidatingWebhookConfiguration",
             namespaced: false,
@@ -594,6 +616,8 @@ fn builtin_types() -> Vec<ResourceType> {
                         | "replicasets"
                         | "poddisruptionbudgets"
                         | "networkpolicies"
+                        | "validatingadmissionpolicies"
+                        | "validatingadmissionpolicybindings"
                 ),
                 schema: None,
                 printer_columns: vec![],

@@ -13,6 +13,7 @@ use axum::{
 use serde_json::{Value, json};
 
 use crate::{
+    admission_policies,
     auth::{self, API_AUDIENCE, Attributes, Identity},
     discovery,
     error::{ApiError, ApiResult, Cause},
@@ -576,11 +577,14 @@ async fn route(
             let body = decode_body(headers, &bytes)?;
             match (rt.resource.as_str(), subresource) {
                 (_, "") => {
-                    if webhooks::watched(sim, &rt, &["CREATE"]) {
+                    let mut warnings = vec![];
+                    if admitted(sim, &rt, &["CREATE"]) {
                         let preview = sim.create(&rt, namespace, body.clone(), &ctx.preview())?;
-                        admit(sim, &rt, namespace, None, &preview, &identity, &ctx).await?;
+                        warnings =
+                            admit(sim, &rt, namespace, None, &preview, &identity, &ctx).await?;
                     }
-                    let written = sim.create(&rt, namespace, body, &ctx)?;
+                    let mut written = sim.create(&rt, namespace, body, &ctx)?;
+                    written.warnings.extend(warnings);
                     Ok(written_response(&rt, written, render))
                 }
                 ("pods", "binding") => bind(sim, namespace, name, &body),
@@ -609,11 +613,12 @@ async fn route(
             } else {
                 subresource
             };
-            if sub.is_empty() && webhooks::watched(sim, &rt, &["CREATE", "UPDATE"]) {
+            let mut warnings = vec![];
+            if sub.is_empty() && admitted(sim, &rt, &["CREATE", "UPDATE"]) {
                 let old = sim.store.get(&rt.storage, namespace, name);
                 let preview =
                     sim.update(&rt, namespace, name, sub, body.clone(), &ctx.preview())?;
-                admit(
+                warnings = admit(
                     sim,
                     &rt,
                     namespace,
@@ -624,7 +629,8 @@ async fn route(
                 )
                 .await?;
             }
-            let written = sim.update(&rt, namespace, name, sub, body, &ctx)?;
+            let mut written = sim.update(&rt, namespace, name, sub, body, &ctx)?;
+            written.warnings.extend(warnings);
             Ok(written_response(&rt, written, render))
         }
         "patch" => {
@@ -650,7 +656,8 @@ async fn route(
                     }
                 }
             }
-            if subresource.is_empty() && webhooks::watched(sim, &rt, &["CREATE", "UPDATE"]) {
+            let mut warnings = vec![];
+            if subresource.is_empty() && admitted(sim, &rt, &["CREATE", "UPDATE"]) {
                 let old = sim.store.get(&rt.storage, namespace, name);
                 let preview = sim.patch(
                     &rt,
@@ -662,7 +669,7 @@ async fn route(
                     &ctx.preview(),
                     force,
                 )?;
-                admit(
+                warnings = admit(
                     sim,
                     &rt,
                     namespace,
@@ -673,7 +680,7 @@ async fn route(
                 )
                 .await?;
             }
-            let written = sim.patch(
+            let mut written = sim.patch(
                 &rt,
                 namespace,
                 name,
@@ -683,6 +690,7 @@ async fn route(
                 &ctx,
                 force,
             )?;
+            written.warnings.extend(warnings);
             Ok(written_response(&rt, written, render))
         }
         "delete" => {
@@ -748,19 +756,33 @@ fn written_response(rt: &ResourceType, written: Written, render: Render) -> Resp
 /// Asks the validating webhooks about a write that `preview` (its dry run) shows the result
 /// of; `old` is the object before it, if there was one.
 async fn admit(
-    sim: &Sim,
+    sim: &Arc<Sim>,
     rt: &ResourceType,
     namespace: &str,
     old: Option<&Value>,
     preview: &Written,
     user: &Identity,
     ctx: &WriteContext,
-) -> ApiResult<()> {
+) -> ApiResult<Vec<String>> {
+    let operation = if preview.created { "CREATE" } else { "UPDATE" };
+    // Policies first, then webhooks, as the real server's validating admission runs them.
+    let warnings = admission_policies::validate(
+        sim,
+        &admission_policies::Request {
+            rt,
+            operation,
+            namespace,
+            object: &preview.object,
+            old,
+            user,
+            dry_run: ctx.dry_run,
+        },
+    )?;
     webhooks::validate(
         sim,
         webhooks::Admission {
             rt,
-            operation: if preview.created { "CREATE" } else { "UPDATE" },
+            operation,
             namespace,
             object: &preview.object,
             old,
@@ -768,7 +790,13 @@ async fn admit(
             dry_run: ctx.dry_run,
         },
     )
-    .await
+    .await?;
+    Ok(warnings)
+}
+
+/// Whether a write on `rt` is previewed for admission: a webhook or a bound policy takes it.
+fn admitted(sim: &Sim, rt: &ResourceType, operations: &[&str]) -> bool {
+    webhooks::watched(sim, rt, operations) || admission_policies::watched(sim, rt, operations)
 }
 
 /// The container a log request is for must be one of the pod's and have started, or the real

@@ -239,6 +239,19 @@ impl Sim {
         self.registry().get(group, version, resource)
     }
 
+    /// The served type of a kind (`ConfigMap` in `v1`).
+    pub fn resource_type_of_kind(
+        &self,
+        group: &str,
+        version: &str,
+        kind: &str,
+    ) -> Option<Arc<ResourceType>> {
+        self.registry()
+            .all()
+            .find(|rt| rt.group == group && rt.version == version && rt.kind == kind)
+            .cloned()
+    }
+
     /// Creates the objects every cluster starts with.
     pub fn bootstrap(&self) {
         let ctx = WriteContext::system("kube-apiserver");

@@ -80,6 +80,16 @@ const BUILTINS: &[Builtin] = &[
         "validatingwebhookconfigurations",
         admission::ValidatingWebhookConfiguration
     ),
+    builtin!(
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicies",
+        admission::ValidatingAdmissionPolicy
+    ),
+    builtin!(
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicybindings",
+        admission::ValidatingAdmissionPolicyBinding
+    ),
 ];
 
 /// The schema of built-in type `group`/`resource`, if the sim knows its fields.

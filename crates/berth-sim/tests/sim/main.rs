@@ -4,6 +4,7 @@
 mod support;
 
 mod admission;
+mod admission_policies;
 mod api;
 mod apps;
 mod auth;
