@@ -1,4 +1,5 @@
-//! The RBAC of `deploy/rbac/` and the webhook of `deploy/webhook/`, embedded: `berth dev` and
+//! The RBAC of `deploy/rbac/`, the admission policy of `deploy/admission/` and the webhook of
+//! `deploy/webhook/`, embedded: `berth dev` and
 //! the operator's tests create exactly what the README documents and run the operator with it.
 
 /// The operator's namespace, service account, ClusterRole, Role and bindings.
@@ -6,5 +7,8 @@ pub const OPERATOR: &str = include_str!("../../../deploy/rbac/berth-controller.y
 /// `system:auth-delegator` for the `default` service account of `default`.
 pub const WORKSPACE_SERVICE_ACCOUNT: &str =
     include_str!("../../../deploy/rbac/workspace-service-account.yaml");
+/// The admission policy (ValidatingAdmissionPolicy, its binding, and the allow-lists it
+/// reads) that checks a Workspace's author may use what its spec names.
+pub const ADMISSION_POLICY: &str = include_str!("../../../deploy/admission/workspaces-policy.yaml");
 /// The admission webhook's service account, RBAC, Service and ValidatingWebhookConfiguration.
 pub const WEBHOOK: &str = include_str!("../../../deploy/webhook/berth-webhook.yaml");

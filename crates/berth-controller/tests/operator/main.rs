@@ -3,6 +3,7 @@
 
 mod support;
 
+mod admission;
 mod agent;
 mod culling;
 mod leader;

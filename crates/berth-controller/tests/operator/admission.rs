@@ -1,0 +1,178 @@
+//! The admission policy of `deploy/admission/` end to end: a user who may create workspaces
+//! but not read a secret, run as a service account or mount a claim cannot get them through a
+//! Workspace, and what the platform's allow-lists do not allow is refused at the API; the
+//! API server (the sim) evaluates the policy itself, with the CEL `authorizer`.
+
+use std::time::Duration;
+
+use berth_api::{Phase, Workspace};
+use k8s_openapi::api::{
+    core::v1::ServiceAccount,
+    rbac::v1::{Role, RoleBinding},
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+
+use crate::support::Harness;
+
+const MALLORY: &str = "system:serviceaccount:default:mallory";
+
+async fn create<K>(client: &Client, namespace: &str, body: Value)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Api::<K>::namespaced(client.clone(), namespace)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(body).unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+/// A user who may create, read and change workspaces in `default`, and nothing else.
+async fn mallory(h: &Harness) -> Client {
+    create::<ServiceAccount>(
+        &h.client,
+        "default",
+        json!({"metadata": {"name": "mallory"}}),
+    )
+    .await;
+    create::<Role>(&h.client, "default", json!({"metadata": {"name": "workspace-user"},
+        "rules": [{"apiGroups": ["berth.dev"], "resources": ["workspaces"], "verbs": ["create", "get", "list", "watch", "patch", "delete"]}]})).await;
+    create::<RoleBinding>(&h.client, "default", json!({"metadata": {"name": "mallory"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "workspace-user"},
+        "subjects": [{"kind": "ServiceAccount", "name": "mallory", "namespace": "default"}]}))
+    .await;
+    let token = h
+        .sim
+        .issue_token("default", "mallory", &[], Duration::from_secs(3600))
+        .unwrap();
+    h.sim.client_with_token(&token).await.unwrap()
+}
+
+fn workspace(name: &str, spec: Value) -> Workspace {
+    serde_json::from_value(
+        json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+        "metadata": {"name": name}, "spec": spec}),
+    )
+    .unwrap()
+}
+
+fn refused(result: Result<Workspace, kube::Error>) -> (u16, String) {
+    match result {
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+/// What mallory sees: `kubectl create` fails with 403 and the policy's words naming them, the
+/// verb, the object and the field. A workspace that uses only what they may use runs (the
+/// operator's own writes pass); changing a spec is checked as setting it; once they may read a
+/// secret, a workspace may too.
+#[tokio::test]
+async fn a_workspace_grants_nothing_its_author_does_not_already_have() {
+    let h = Harness::start().await;
+    berth_sim::manifests::create_all(
+        &h.client,
+        berth_controller::rbac::ADMISSION_POLICY,
+        "default",
+    )
+    .await
+    .unwrap();
+    let as_mallory: Api<Workspace> = Api::namespaced(mallory(&h).await, "default");
+    let post = PostParams::default();
+    let denied = |rest: &str| {
+        format!(
+            "workspaces.berth.dev \"grab\" is forbidden: ValidatingAdmissionPolicy 'workspaces.berth.dev' with binding 'workspaces.berth.dev' denied request: User \"{MALLORY}\" cannot {rest}; a workspace may use only what its author may use directly"
+        )
+    };
+    for (spec, rest) in [
+        (
+            json!({"image": "devbox:1", "serviceAccountName": "deployer"}),
+            "create serviceaccounts/token \"deployer\" in the namespace \"default\", which spec.serviceAccountName names",
+        ),
+        (
+            json!({"image": "devbox:1", "env": [{"name": "DB", "valueFrom": {"secretKeyRef": {"name": "payments-db", "key": "password"}}}]}),
+            "get secrets \"payments-db\" in the namespace \"default\", which spec.env[name=DB].valueFrom.secretKeyRef names",
+        ),
+        (
+            json!({"image": "devbox:1", "env": [{"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "mode"}}}]}),
+            "get configmaps \"settings\" in the namespace \"default\", which spec.env[name=MODE].valueFrom.configMapKeyRef names",
+        ),
+        (
+            json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "payments-db", "mountPath": "/s"}]}}}),
+            "get secrets \"payments-db\" in the namespace \"default\", which spec.podTemplate.volumes.secrets[mountPath=/s] names",
+        ),
+        (
+            json!({"image": "devbox:1", "podTemplate": {"volumes": {"data": [{"claimName": "bob-home", "mountPath": "/data"}]}}}),
+            "get persistentvolumeclaims \"bob-home\" in the namespace \"default\", which spec.podTemplate.volumes.data[mountPath=/data] names",
+        ),
+    ] {
+        assert_eq!(
+            refused(as_mallory.create(&post, &workspace("grab", spec)).await),
+            (403, denied(rest))
+        );
+    }
+    assert!(as_mallory.get_opt("grab").await.unwrap().is_none());
+    // What the platform's allow-lists do not allow is refused at the API too.
+    let (code, message) = refused(
+        as_mallory
+            .create(&post, &workspace("grab", json!({"image": "devbox:1", "podTemplate": {"tolerations": [{"operator": "Exists"}]}})))
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.ends_with("denied request: spec.podTemplate.tolerations: a toleration of a taint key the platform does not allow; it allows tolerations of: none (ConfigMap berth-system/berth-admission, allowed-tolerations); ask the platform team to allow it"),
+        "{message}"
+    );
+    let (_, message) = refused(
+        as_mallory
+            .create(&post, &workspace("grab", json!({"image": "devbox:1", "podTemplate": {"metadata": {"labels": {"app": "payments"}}}})))
+            .await,
+    );
+    assert!(
+        message.contains("key \"app\" is reserved or its prefix is not allowed"),
+        "{message}"
+    );
+
+    // What mallory may use runs, and the operator's own writes pass the policy.
+    as_mallory
+        .create(&post, &workspace("honest", json!({"image": "devbox:1"})))
+        .await
+        .unwrap();
+    h.until_phase("honest", Phase::Running).await;
+
+    // Changing the spec is checked as setting it.
+    let grab = json!({"spec": {"podTemplate": {"volumes": {"secrets": [{"secretName": "payments-db", "mountPath": "/s"}]}}}});
+    let (code, message) = refused(
+        as_mallory
+            .patch("honest", &PatchParams::default(), &Patch::Merge(&grab))
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("cannot get secrets \"payments-db\""),
+        "{message}"
+    );
+
+    // Once mallory may read the secret, a workspace may too.
+    create::<Role>(&h.client, "default", json!({"metadata": {"name": "read-payments-db"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["payments-db"], "verbs": ["get"]}]})).await;
+    create::<RoleBinding>(&h.client, "default", json!({"metadata": {"name": "mallory-reads-payments-db"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-payments-db"},
+        "subjects": [{"kind": "ServiceAccount", "name": "mallory", "namespace": "default"}]}))
+    .await;
+    as_mallory
+        .patch("honest", &PatchParams::default(), &Patch::Merge(&grab))
+        .await
+        .unwrap();
+}
