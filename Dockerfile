@@ -1,4 +1,4 @@
-# The Berth image: the operator (`berth controller`, `berth webhook`) and the agent that the
+# The Berth image: the operator (`berth controller`) and the agent that the
 # init container of every workspace pod copies from it (`berth install`). One static binary,
 # built without the simulator, on a distroless base: no shell, no package manager, non-root.
 #

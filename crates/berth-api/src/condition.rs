@@ -205,6 +205,9 @@ reasons! {
     Paused,
     /// Berth stopped the workspace: nobody used it for `lifecycle.idleTimeout`.
     Idle,
+    /// The admission policy that checks a spec's author may use what it names is not
+    /// installed (or not enforcing); a workspace that names other objects gets no pod.
+    AdmissionNotInstalled,
     /// The workspace's pod is on its way out (to be replaced, or the workspace is deleted):
     /// it is not usable, whatever the pod still says.
     PodStopping,

@@ -2,6 +2,7 @@
 //! and actions (`state.rs`), the objects a workspace needs (`pod.rs`), the handshake with
 //! workspace agents (`agent.rs`), configuration and metrics.
 
+pub mod admission;
 pub mod agent;
 pub mod caches;
 pub mod config;
@@ -20,7 +21,6 @@ pub mod refusal;
 pub mod rejection;
 pub mod state;
 pub mod trim;
-pub mod webhook;
 
 pub use config::{Config, Policy, WarningPolicy};
 pub use error::{Error, Result};

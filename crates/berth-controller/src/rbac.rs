@@ -1,5 +1,4 @@
-//! The RBAC of `deploy/rbac/`, the admission policy of `deploy/admission/` and the webhook of
-//! `deploy/webhook/`, embedded: `berth dev` and
+//! The RBAC of `deploy/rbac/` and the admission policy of `deploy/admission/`, embedded: `berth dev` and
 //! the operator's tests create exactly what the README documents and run the operator with it.
 
 /// The operator's namespace, service account, ClusterRole, Role and bindings.
@@ -10,5 +9,3 @@ pub const WORKSPACE_SERVICE_ACCOUNT: &str =
 /// The admission policy (ValidatingAdmissionPolicy, its binding, and the allow-lists it
 /// reads) that checks a Workspace's author may use what its spec names.
 pub const ADMISSION_POLICY: &str = include_str!("../../../deploy/admission/workspaces-policy.yaml");
-/// The admission webhook's service account, RBAC, Service and ValidatingWebhookConfiguration.
-pub const WEBHOOK: &str = include_str!("../../../deploy/webhook/berth-webhook.yaml");

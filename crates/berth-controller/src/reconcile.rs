@@ -9,7 +9,10 @@ use berth_api::{Workspace, WorkspaceStatus, condition::event_reasons, labels};
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::{
-    api::core::v1::{Event, PersistentVolumeClaim, Pod, Service},
+    api::{
+        admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
+        core::v1::{Event, PersistentVolumeClaim, Pod, Service},
+    },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::{
@@ -48,6 +51,9 @@ pub struct Context {
     pub claims: Store<PersistentVolumeClaim>,
     pub services: Store<Service>,
     pub events: Store<Event>,
+    /// The admission policies and their bindings (the one of `deploy/admission/` matters).
+    pub admission_policies: Store<ValidatingAdmissionPolicy>,
+    pub admission_bindings: Store<ValidatingAdmissionPolicyBinding>,
     /// Opens once every cache above has its first list.
     pub caches: CachesReady,
     /// The events in `events` by the UID of their pod.
@@ -366,6 +372,31 @@ async fn run_controller(
     .inspect_ok(move |change| indexed.apply(change))
     .touched_objects();
 
+    // The admission policy: a change (installed, removed) wakes every workspace that names
+    // another object, since whether it may get a pod depends on it.
+    let (admission_policies, policies_writer) = reflector::store::<ValidatingAdmissionPolicy>();
+    let policy_stream = reflector(
+        policies_writer,
+        watcher(
+            Api::<ValidatingAdmissionPolicy>::all(client.clone()),
+            Default::default(),
+        )
+        .default_backoff()
+        .modify(crate::trim::managed_fields),
+    )
+    .touched_objects();
+    let (admission_bindings, bindings_writer) =
+        reflector::store::<ValidatingAdmissionPolicyBinding>();
+    let binding_stream = reflector(
+        bindings_writer,
+        watcher(
+            Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
+            Default::default(),
+        )
+        .default_backoff()
+        .modify(crate::trim::managed_fields),
+    )
+    .touched_objects();
     let (workspace_store, workspaces_writer) = reflector::store::<Workspace>();
     let workspace_stream = reflector(
         workspaces_writer,
@@ -387,12 +418,15 @@ async fn run_controller(
             services.clone(),
             events.clone(),
         );
+        let (policies, bindings) = (admission_policies.clone(), admission_bindings.clone());
         // A store whose writer is gone counts as ready: the controller is stopping.
         CachesReady::spawn(async move {
             let _ = pods.wait_until_ready().await;
             let _ = claims.wait_until_ready().await;
             let _ = services.wait_until_ready().await;
             let _ = events.wait_until_ready().await;
+            let _ = policies.wait_until_ready().await;
+            let _ = bindings.wait_until_ready().await;
         })
     };
     metrics.count_phases_with(phase_counter(workspace_store.clone()));
@@ -405,9 +439,11 @@ async fn run_controller(
         claims,
         services,
         events,
+        admission_policies,
+        admission_bindings,
         caches,
         event_index,
-        workspaces: workspace_store,
+        workspaces: workspace_store.clone(),
         metrics: metrics.clone(),
         failures: Default::default(),
         refusals: Default::default(),
@@ -464,6 +500,8 @@ async fn run_controller(
         .owns_stream(claim_stream)
         .owns_stream(service_stream)
         .watches_stream(event_stream, event_to_workspace)
+        .watches_stream(policy_stream, naming_others(workspace_store.clone()))
+        .watches_stream(binding_stream, naming_others(workspace_store))
         .reconcile_on(agents_done)
         .graceful_shutdown_on(stopped(stop.clone()))
         .run(reconcile, error_policy, context)
@@ -587,6 +625,19 @@ fn error_policy(workspace: Arc<Workspace>, error: &Error, ctx: Arc<Context>) -> 
     Requeue::requeue(delay)
 }
 
+/// Maps any change to the workspaces that name other objects (what the admission policy
+/// decides about).
+fn naming_others<K>(store: Store<Workspace>) -> impl Fn(K) -> Vec<ObjectRef<Workspace>> {
+    move |_| {
+        store
+            .state()
+            .iter()
+            .filter(|w| !w.spec.references().is_empty())
+            .map(|w| ObjectRef::from_obj(&**w))
+            .collect()
+    }
+}
+
 /// Counts the workspaces of `store` by phase, for the gauge at each scrape.
 fn phase_counter(store: Store<Workspace>) -> crate::metrics::PhaseCounter {
     Box::new(move || {
@@ -655,6 +706,10 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     let reference = ObjectRef::from_obj(&*workspace);
     let refusal = ctx.refusal(&reference);
     let taken = ctx.taken(&reference);
+    let admission_missing = crate::admission::missing(
+        ctx.admission_policies.state().iter().map(|p| &**p),
+        ctx.admission_bindings.state().iter().map(|b| &**b),
+    );
     let expectations = state::Expectations {
         pod: ctx.expected("pod", &namespace, &name),
         claim: ctx.expected("claim", &namespace, &name),
@@ -670,6 +725,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         agent: agent.as_ref(),
         refusal: refusal.as_ref(),
         activity: activity.as_ref(),
+        admission: admission_missing.as_deref(),
         expectations,
     };
     let decision = state::derive(&observed, &ctx.config.policy, now);
@@ -1120,6 +1176,7 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         agent: None,
         refusal: None,
         activity: None,
+        admission: None,
         expectations: Default::default(),
     };
     let decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());

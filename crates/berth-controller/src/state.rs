@@ -61,6 +61,9 @@ pub struct Observed<'a> {
     /// The last `GetActivity` to the current pod's agent, when the workspace has an idle
     /// timeout.
     pub activity: Option<&'a ActivityCheck>,
+    /// What is missing of the admission policy that checks a spec's author may use what it
+    /// names (`crate::admission`); `None` when it is installed and enforcing.
+    pub admission: Option<&'a str>,
     /// Creates the API server accepted that the caches do not show yet.
     pub expectations: Expectations,
 }
@@ -476,6 +479,8 @@ struct Builder<'a> {
     expectations: Expectations,
     /// Objects of the names this workspace needs that are someone else's.
     taken: Vec<Foreign>,
+    /// What is missing of the admission policy, when the spec names objects it should check.
+    admission_missing: Option<String>,
 }
 
 impl Builder<'_> {
@@ -780,6 +785,10 @@ impl<'a> Builder<'a> {
             release: false,
             expectations: observed.expectations,
             taken: taken(observed),
+            admission_missing: observed
+                .admission
+                .filter(|_| !workspace.spec.references().is_empty())
+                .map(|missing| admission_message(workspace, missing)),
         }
     }
 }
@@ -927,6 +936,49 @@ impl Builder<'_> {
     }
 }
 
+/// What a workspace that names other objects says while the admission policy is missing.
+fn admission_message(workspace: &Workspace, missing: &str) -> String {
+    let fields: Vec<String> = workspace
+        .spec
+        .references()
+        .into_iter()
+        .map(|r| r.field)
+        .collect();
+    format!(
+        "No pod until the admission policy is installed: nothing checked that this workspace's author may use what {} names ({missing}). Install it with kubectl apply -k deploy/ (Kubernetes 1.30+); the workspace then starts by itself.",
+        fields.join(", ")
+    )
+}
+
+impl Builder<'_> {
+    /// Closed when absent: a workspace that names another object gets no pod while the
+    /// admission policy that checks its author may use it is not installed and enforcing;
+    /// `Error`, reason `AdmissionNotInstalled` (a Warning once). A pod it already has is left
+    /// alone (it was admitted). Looked at again with the growing requeue, and at once when a
+    /// policy or binding changes. Returns the requeue.
+    fn closed_without_admission(&mut self, requeue: Duration) -> Duration {
+        let Some(message) = self.admission_missing.clone() else {
+            return requeue;
+        };
+        if !self.actions.contains(&Action::CreatePod)
+            || matches!(self.status.phase, Some(Phase::Failed | Phase::Terminating))
+        {
+            return requeue;
+        }
+        self.actions.retain(|a| *a != Action::CreatePod);
+        self.condition(
+            types::READY,
+            ConditionStatus::False,
+            Reason::AdmissionNotInstalled,
+            &message,
+        );
+        self.status.ready_at = None;
+        self.phase(Phase::Error, message);
+        let waited = elapsed(self.status.started_at.as_ref(), self.now.0);
+        requeue.min(requeue_interval(waited, self.max_requeue))
+    }
+}
+
 /// The objects of the names the workspace needs that are someone else's: those its creates met,
 /// and those the caches show that it does not own. A claim counts while the spec has a home
 /// volume, a service while it has ports, a pod always (whether it is needed is decided with
@@ -1053,6 +1105,7 @@ impl Builder<'_> {
         let (expectations, now) = (self.expectations, self.now.0);
         self.actions.retain(|a| !expectations.covers(a, now));
         requeue = self.name_taken(requeue);
+        requeue = self.closed_without_admission(requeue);
         let still_wanted = self
             .refusal
             .as_ref()

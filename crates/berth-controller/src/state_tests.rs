@@ -87,6 +87,7 @@ fn decide(ws: &Workspace, pod: Option<&Pod>, warnings: &[Event]) -> Decision {
             agent: None,
             refusal: None,
             activity: None,
+            admission: None,
             expectations: Default::default(),
         },
         &Policy::default(),
@@ -107,6 +108,7 @@ fn decide_checked(ws: &Workspace, pod: &Pod, check: &AgentCheck) -> Decision {
             agent: Some(check),
             refusal: None,
             activity: None,
+            admission: None,
             expectations: Default::default(),
         },
         &Policy::default(),
@@ -240,6 +242,7 @@ fn decide_refused(ws: &Workspace, pod: Option<&Pod>, refusal: &Refusal) -> Decis
             agent: None,
             refusal: Some(refusal),
             activity: None,
+            admission: None,
             expectations: Default::default(),
         },
         &Policy::default(),
@@ -937,6 +940,7 @@ fn a_rejected_pod_is_replaced_after_the_delay_and_counted() {
             agent: None,
             refusal: None,
             activity: None,
+            admission: None,
             expectations: Default::default(),
         },
         &Policy::default(),
@@ -1151,6 +1155,7 @@ fn an_unchanged_observation_derives_an_unchanged_status() {
             agent: None,
             refusal: None,
             activity: None,
+            admission: None,
             expectations: Default::default(),
         },
         &Policy::default(),
@@ -1257,8 +1262,13 @@ proptest::proptest! {
         cached_claim in proptest::bool::ANY,
         cached_service in proptest::bool::ANY,
         refusal in proptest::option::of((proptest::sample::select(vec![Action::CreatePod, Action::CreateClaim, Action::CreateService]), 1u32..6, 0i64..70)),
+        unchecked in proptest::bool::ANY,
+        names_a_secret in proptest::bool::ANY,
     ) {
         let mut spec = json!({"image": "x:1", "paused": paused});
+        if names_a_secret {
+            spec["env"] = json!([{"name": "T", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]);
+        }
         if home {
             spec["podTemplate"] = json!({"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}});
         }
@@ -1294,6 +1304,7 @@ proptest::proptest! {
                 agent: None,
                 refusal,
                 activity: None,
+                admission: unchecked.then_some("the ValidatingAdmissionPolicy workspaces.berth.dev is not installed"),
                 expectations: Default::default(),
             },
             &Policy::default(),
@@ -1313,6 +1324,9 @@ proptest::proptest! {
         }
         if home && cached_claim {
             proptest::prop_assert!(!first.actions.contains(&Action::CreatePod), "a pod that would mount their claim");
+        }
+        if unchecked && names_a_secret {
+            proptest::prop_assert!(!first.actions.contains(&Action::CreatePod), "a pod no admission checked");
         }
     }
 }
@@ -1371,6 +1385,41 @@ fn the_last_activity_belongs_to_the_current_pod() {
     assert!(d.status.last_activity.is_some());
 }
 
+#[test]
+fn without_the_admission_policy_only_a_workspace_that_names_nothing_gets_a_pod() {
+    let decide = |spec: Value| {
+        let ws = workspace(spec, json!({}));
+        derive(
+            &Observed {
+                workspace: &ws,
+                pod: None,
+                warnings: &[],
+                claim: None,
+                service: None,
+                taken: &[],
+                agent: None,
+                refusal: None,
+                activity: None,
+                admission: Some(
+                    "the ValidatingAdmissionPolicy workspaces.berth.dev is not installed",
+                ),
+                expectations: Default::default(),
+            },
+            &Policy::default(),
+            now(),
+        )
+    };
+    let plain = decide(json!({"image": "x:1"}));
+    assert_eq!(plain.actions, [Action::CreatePod]);
+    let named = decide(json!({"image": "x:1", "serviceAccountName": "deployer"}));
+    assert!(named.actions.is_empty(), "{:?}", named.actions);
+    assert_eq!(named.status.phase, Some(Phase::Error));
+    let ready = condition_of(&named, "Ready");
+    assert_eq!(ready.reason, "AdmissionNotInstalled");
+    assert!(ready.message.contains("what spec.serviceAccountName names (the ValidatingAdmissionPolicy workspaces.berth.dev is not installed)"), "{}", ready.message);
+    assert_eq!(notice_reasons(&named), ["AdmissionNotInstalled"]);
+}
+
 /// Makes `claim` request `size` of storage.
 fn requesting(claim: &mut PersistentVolumeClaim, size: &str) {
     let resources = claim.spec.as_mut().unwrap().resources.as_mut().unwrap();
@@ -1404,6 +1453,7 @@ fn a_grown_home_size_grows_the_claim_and_says_so_until_it_has_grown() {
                 agent: None,
                 refusal: None,
                 activity: None,
+                admission: None,
                 expectations: Default::default(),
             },
             &Policy::default(),
@@ -1491,6 +1541,7 @@ mod culling {
                 agent: None,
                 refusal: None,
                 activity: Some(activity),
+                admission: None,
                 expectations: Default::default(),
             },
             &Policy::default(),

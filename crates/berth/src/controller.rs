@@ -306,9 +306,9 @@ mod tests {
     }
 }
 
-/// What a workspace's pod may ask for beyond its containers: the same flags for `berth
-/// controller` (which refuses such a workspace in its status) and `berth webhook` (which
-/// refuses it at the API).
+/// What a workspace's pod may ask for beyond its containers (the operator refuses a workspace
+/// that asks for more in its status; the admission policy's ConfigMap berth-system/berth-admission
+/// should say the same, to refuse it at the API).
 #[derive(clap::Args, Debug, Clone)]
 pub struct PodPolicyArgs {
     /// Toleration keys a workspace may use (comma-separated; `*` allows any, including a

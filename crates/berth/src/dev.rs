@@ -224,6 +224,7 @@ pub const INSTALL: &[(&str, &str)] = &[
         include_str!("../../../deploy/crds/workspaces.berth.dev.yaml"),
     ),
     ("rbac/berth-controller.yaml", rbac::OPERATOR),
+    ("admission/workspaces-policy.yaml", rbac::ADMISSION_POLICY),
     (
         "operator/deployment.yaml",
         include_str!("../../../deploy/operator/deployment.yaml"),
@@ -246,8 +247,12 @@ const KUSTOMIZATION: &str = include_str!("../../../deploy/kustomization.yaml");
 const DEV_FLAGS: &[&str] = &[
     "--agent-backoff-base=2s",
     "--agent-backoff-max=20s",
-    "--allowed-node-labels=kubernetes.io/hostname",
+    concat!("--allowed-node-labels=", "kubernetes.io/hostname"),
 ];
+
+/// The node labels `berth dev` lets a workspace select nodes by (the pinned example), in the
+/// operator's flags and in the admission policy's allow-lists alike.
+const DEV_NODE_LABELS: &str = "kubernetes.io/hostname";
 
 /// The install's manifests as kustomize renders them (its `images:` applied) with the dev
 /// settings added to the operator's container.
@@ -263,6 +268,10 @@ fn install_manifests() -> Result<Vec<(&'static str, String)>, String> {
                 .into_iter()
                 .filter(|d| !d.is_null())
                 .map(|mut d| {
+                    // The admission policy's allow-lists say what the operator's flags say.
+                    if d["kind"] == "ConfigMap" && d["metadata"]["name"] == "berth-admission" {
+                        d["data"]["allowed-node-labels"] = serde_json::json!(DEV_NODE_LABELS);
+                    }
                     if d["kind"] == "Deployment" {
                         set_images(&mut d, &kustomization["images"]);
                         for container in d["spec"]["template"]["spec"]["containers"]
@@ -330,6 +339,15 @@ async fn in_process_operator(
     berth_sim::manifests::create_all(client, rbac::OPERATOR, "default")
         .await
         .map_err(|e| format!("cannot create the RBAC of deploy/rbac: {e}"))?;
+    let manifests = install_manifests()?;
+    let policy = manifests
+        .iter()
+        .find(|(name, _)| *name == "admission/workspaces-policy.yaml")
+        .map(|(_, text)| text.as_str())
+        .unwrap_or_default();
+    berth_sim::manifests::create_all(client, policy, "default")
+        .await
+        .map_err(|e| format!("cannot create the admission policy of deploy/admission: {e}"))?;
     // The same flags as the Deployment's, serving no metrics from inside `berth dev`.
     #[derive(clap::Parser)]
     struct Flags {

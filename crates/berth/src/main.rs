@@ -43,12 +43,6 @@ enum Command {
         /// Where the copy goes, e.g. /opt/berth/berth.
         path: std::path::PathBuf,
     },
-    /// Serve the validating admission webhook that refuses a Workspace naming what its author
-    /// may not use (service account, secrets, config maps, claims), over TLS. Needs the RBAC
-    /// and ValidatingWebhookConfiguration of `deploy/webhook/` and a serving certificate; its
-    /// `--allowed-*` flags must be the operator's, or it refuses what the operator allows (or
-    /// lets through what the operator then refuses).
-    Webhook(WebhookArgs),
     /// Print the Workspace CustomResourceDefinition as YAML (what `deploy/crds/` holds).
     Crd,
     /// Run only the simulated Kubernetes cluster and write a kubeconfig for it. Needs nothing
@@ -56,44 +50,6 @@ enum Command {
     /// binary; any other image names nothing on this machine.
     #[cfg(feature = "sim")]
     Sim(SimArgs),
-}
-
-/// Options of `berth webhook`.
-#[derive(clap::Args, Debug)]
-struct WebhookArgs {
-    /// Where to serve `/validate-workspaces` (HTTPS).
-    #[arg(long, env = "BERTH_WEBHOOK_ADDRESS", default_value_t = berth_controller::webhook::default_address())]
-    address: std::net::SocketAddr,
-    /// The serving certificate (PEM), whose CA the ValidatingWebhookConfiguration's caBundle
-    /// holds. Required.
-    #[arg(long, env = "BERTH_WEBHOOK_TLS_CERT")]
-    tls_cert: std::path::PathBuf,
-    /// Its private key (PEM). Required.
-    #[arg(long, env = "BERTH_WEBHOOK_TLS_KEY")]
-    tls_key: std::path::PathBuf,
-    #[command(flatten)]
-    pod_policy: controller::PodPolicyArgs,
-}
-
-/// `berth webhook`: serve until Ctrl-C or SIGTERM.
-async fn run_webhook(args: WebhookArgs) -> Result<(), String> {
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
-    };
-    let tls = berth_controller::webhook::tls_config(&read(&args.tls_cert)?, &read(&args.tls_key)?)?;
-    let client = kube::Client::try_default()
-        .await
-        .map_err(|e| format!("cannot reach the API server: {e}"))?;
-    let listener = tokio::net::TcpListener::bind(args.address)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", args.address))?;
-    tracing::info!(address = %args.address, path = berth_controller::webhook::PATH, "serving the workspace admission webhook");
-    let checker = berth_controller::webhook::Checker {
-        client,
-        policy: args.pod_policy.policy(),
-    };
-    berth_controller::webhook::serve(listener, checker, tls, wait_for_shutdown_signal()).await;
-    Ok(())
 }
 
 /// Options of `berth sim`.
@@ -133,7 +89,7 @@ struct SimArgs {
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Turns transparent huge pages off for the operator and the webhook. mimalloc marks its
+/// Turns transparent huge pages off for the operator. mimalloc marks its
 /// segments for huge pages (`MADV_HUGEPAGE`), and the kernel then backs each 2 MiB of a segment
 /// whole however little of it is used: measured with the scale benchmark at 1 000 workspaces,
 /// 36 of the operator's 50 MiB were huge pages, and its peak fell from 73 to 39 MiB without
@@ -161,14 +117,14 @@ fn main() -> ExitCode {
         .build();
     let cli = Cli::parse();
     #[cfg(all(target_os = "linux", not(feature = "dhat-heap")))]
-    if matches!(cli.command, Command::Controller(_) | Command::Webhook(_)) {
+    if matches!(cli.command, Command::Controller(_)) {
         no_huge_pages();
     }
     let logs = match cli.command {
         #[cfg(feature = "sim")]
         // The table shows what agent checks find; their warnings would repeat it.
         Command::Dev(_) => Some("warn,berth_agent::auth=error,berth_controller::agent=error"),
-        Command::Controller(_) | Command::Agent(_) | Command::Webhook(_) => Some("info"),
+        Command::Controller(_) | Command::Agent(_) => Some("info"),
         _ => None,
     };
     if let Some(default) = logs
@@ -207,7 +163,6 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Webhook(args) => block_on("webhook", run_webhook(args)),
         #[cfg(feature = "sim")]
         Command::Sim(args) => run_sim(args),
         Command::Install { path } => match install(&path) {

@@ -1,5 +1,5 @@
 //! The container runtime of `berth sim`: a container of Berth's own image that runs the
-//! operator or the webhook (`berth controller ...`, `berth webhook ...`) becomes a real `berth`
+//! operator (`berth controller ...`) becomes a real `berth`
 //! process of this binary, with the container's environment and nothing of ours, and the
 //! files of its volumes mounted below `/var/run` (the service-account token, `ca.crt` and
 //! `namespace` at `/var/run/secrets/kubernetes.io/serviceaccount`) in a mount namespace of
@@ -24,9 +24,9 @@ type OutputPipe = std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>;
 /// clients read the token, `ca.crt` and `namespace`, and any volume mounted below it.
 const RUN_DIR: &str = "/var/run/";
 /// The subcommands that run as processes: the ones the install's Deployments run.
-const PROCESS_SUBCOMMANDS: &[&str] = &["controller", "webhook"];
+const PROCESS_SUBCOMMANDS: &[&str] = &["controller"];
 
-/// Runs Berth's operator and webhook containers as processes of `binary`; the rest in-process.
+/// Runs Berth's operator containers as processes of `binary`; the rest in-process.
 #[derive(Clone, Debug)]
 pub struct PodProcessRuntime {
     binary: PathBuf,
@@ -398,16 +398,16 @@ mod tests {
     }
 
     #[test]
-    fn only_berths_own_image_running_the_operator_or_webhook_is_a_process() {
+    fn only_berths_own_image_running_the_operator_is_a_process() {
         let operator = json!({"image": "ghcr.io/berth-dev/berth:0.1.0", "args": ["controller", "--leader-election"]});
         assert_eq!(
             berth_arguments(&operator),
             Some(vec!["controller".into(), "--leader-election".into()])
         );
-        let with_command = json!({"image": "registry:5000/berth", "command": ["/usr/local/bin/berth", "webhook"], "args": ["--tls-cert", "c"]});
+        let with_command = json!({"image": "registry:5000/berth", "command": ["/usr/local/bin/berth", "controller"], "args": ["--namespace", "a"]});
         assert_eq!(
             berth_arguments(&with_command),
-            Some(vec!["webhook".into(), "--tls-cert".into(), "c".into()])
+            Some(vec!["controller".into(), "--namespace".into(), "a".into()])
         );
         for other in [
             json!({"image": "ghcr.io/berth-dev/berth:0.1.0", "command": ["/opt/berth/berth", "agent", "--", "sleep"]}),

@@ -302,34 +302,12 @@ fn orphaned_grandchildren_are_reaped() {
 fn help_explains_each_subcommand() {
     let output = Command::new(BERTH).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&output.stdout);
-    for subcommand in ["dev", "controller", "webhook", "agent", "crd", "sim"] {
+    for subcommand in ["dev", "controller", "agent", "crd", "sim"] {
         assert!(
             help.lines().any(|l| l.trim_start().starts_with(subcommand)),
             "{subcommand} missing from:\n{help}"
         );
     }
-}
-
-/// `berth webhook` without readable TLS files says which file and exits non-zero, before
-/// trying to reach any cluster.
-#[test]
-fn the_webhook_names_a_missing_certificate() {
-    let output = Command::new(BERTH)
-        .args([
-            "webhook",
-            "--tls-cert",
-            "/nonexistent/tls.crt",
-            "--tls-key",
-            "/nonexistent/tls.key",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("berth webhook: cannot read /nonexistent/tls.crt"),
-        "{stderr}"
-    );
 }
 
 fn kubectl_present() -> bool {
@@ -1395,62 +1373,6 @@ mod installed {
         Some((code, response))
     }
 
-    /// Installs deploy/webhook/ with a certificate for its Service, and waits for its pods.
-    fn install_webhook(k: &Path, explain: &impl Fn() -> String) {
-        let authority = berth_sim::Authority::generate().unwrap();
-        let (_, _, cert, key) = authority
-            .issue(&["berth-webhook.berth-system.svc"])
-            .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
-        std::fs::write(dir.path().join("tls.key"), key).unwrap();
-        let cert_arg = format!("--cert={}", dir.path().join("tls.crt").display());
-        let key_arg = format!("--key={}", dir.path().join("tls.key").display());
-        kubectl(
-            k,
-            &[
-                "create",
-                "secret",
-                "tls",
-                "berth-webhook-tls",
-                "-n",
-                "berth-system",
-                &cert_arg,
-                &key_arg,
-            ],
-        )
-        .unwrap();
-        let rendered = kubectl(k, &["kustomize", &format!("{DEPLOY}/webhook")]).unwrap();
-        let mut objects: Vec<Value> = serde_saphyr::from_multiple(&rendered).unwrap();
-        use base64::Engine;
-        let bundle = base64::engine::general_purpose::STANDARD.encode(authority.ca_pem());
-        for object in objects.iter_mut() {
-            if object["kind"] == "ValidatingWebhookConfiguration" {
-                for webhook in object["webhooks"].as_array_mut().unwrap() {
-                    webhook["clientConfig"]["caBundle"] = serde_json::json!(bundle);
-                }
-            }
-        }
-        let yaml = objects
-            .iter()
-            .map(|o| o.to_string())
-            .collect::<Vec<_>>()
-            .join("\n---\n");
-        apply(k, &yaml);
-        until(
-            Duration::from_secs(60),
-            "two Ready webhook pods",
-            explain,
-            || {
-                let deployment = get(
-                    k,
-                    &["get", "deployment", "-n", "berth-system", "berth-webhook"],
-                )?;
-                (deployment["status"]["readyReplicas"] == 2).then_some(())
-            },
-        );
-    }
-
     fn workspace(name: &str) -> String {
         format!(
             "apiVersion: berth.dev/v1alpha1\nkind: Workspace\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  image: ghcr.io/example/devbox:1.4\n  command: [\"sleep\", \"infinity\"]\n"
@@ -1672,10 +1594,8 @@ mod installed {
                 .any(|p| p["metadata"]["name"] == standby.as_str())
         );
 
-        // The admission webhook, installed as a platform team would: its serving certificate
-        // in berth-webhook-tls, its CA in the caBundle, then `kubectl apply` of
-        // deploy/webhook/. The API server reaches it through its Service.
-        install_webhook(k, &explain);
+        // The admission policy `kubectl apply -k deploy/` installed: a user who may create
+        // workspaces but not read a secret is refused one that names it, in the policy's words.
         let author = "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: workspace-author, namespace: default}\nrules: [{apiGroups: [berth.dev], resources: [workspaces], verbs: [get, create]}]\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: mallory, namespace: default}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: workspace-author}\nsubjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}]\n";
         apply(k, author);
         let grab = format!(
@@ -1693,9 +1613,9 @@ mod installed {
                 file.path().to_str().unwrap(),
             ],
         )
-        .expect_err("the webhook refuses a secret its author may not read");
+        .expect_err("the admission policy refuses a secret its author may not read");
         assert!(
-            denied.contains("admission webhook \"workspaces.berth.dev\" denied the request: User \"mallory\" cannot get secrets \"payments-db\""),
+            denied.contains("workspaces.berth.dev \"grab\" is forbidden: ValidatingAdmissionPolicy 'workspaces.berth.dev' with binding 'workspaces.berth.dev' denied request: User \"mallory\" cannot get secrets \"payments-db\" in the namespace \"default\", which spec.podTemplate.volumes.secrets[mountPath=/s] names"),
             "{denied}"
         );
 
@@ -1728,7 +1648,7 @@ mod installed {
 #[test]
 fn every_flag_has_its_default_and_environment_variable_in_help() {
     let mut missing = vec![];
-    for sub in ["controller", "dev", "sim", "agent", "webhook"] {
+    for sub in ["controller", "dev", "sim", "agent"] {
         let output = std::process::Command::new(BERTH)
             .args([sub, "--help"])
             .output()

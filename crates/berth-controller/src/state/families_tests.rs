@@ -117,6 +117,7 @@ impl Case {
                 agent: self.agent.as_ref(),
                 refusal: None,
                 activity: None,
+                admission: None,
                 expectations: self.expectations,
             },
             &Policy::default(),

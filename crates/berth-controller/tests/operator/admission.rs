@@ -81,13 +81,6 @@ fn refused(result: Result<Workspace, kube::Error>) -> (u16, String) {
 #[tokio::test]
 async fn a_workspace_grants_nothing_its_author_does_not_already_have() {
     let h = Harness::start().await;
-    berth_sim::manifests::create_all(
-        &h.client,
-        berth_controller::rbac::ADMISSION_POLICY,
-        "default",
-    )
-    .await
-    .unwrap();
     let as_mallory: Api<Workspace> = Api::namespaced(mallory(&h).await, "default");
     let post = PostParams::default();
     let denied = |rest: &str| {
@@ -164,6 +157,26 @@ async fn a_workspace_grants_nothing_its_author_does_not_already_have() {
         "{message}"
     );
 
+    // A server-side apply that creates is admitted as a create.
+    let applied = workspace(
+        "applied",
+        json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "payments-db", "mountPath": "/s"}]}}}),
+    );
+    let (code, message) = refused(
+        as_mallory
+            .patch(
+                "applied",
+                &PatchParams::apply("mallory"),
+                &Patch::Apply(&applied),
+            )
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("cannot get secrets \"payments-db\""),
+        "{message}"
+    );
+
     // Once mallory may read the secret, a workspace may too.
     create::<Role>(&h.client, "default", json!({"metadata": {"name": "read-payments-db"},
         "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["payments-db"], "verbs": ["get"]}]})).await;
@@ -175,4 +188,72 @@ async fn a_workspace_grants_nothing_its_author_does_not_already_have() {
         .patch("honest", &PatchParams::default(), &Patch::Merge(&grab))
         .await
         .unwrap();
+}
+
+/// The binding of the policy, as `deploy/admission/` has it.
+fn binding() -> Value {
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "workspaces.berth.dev"},
+        "spec": {"policyName": "workspaces.berth.dev", "validationActions": ["Deny"],
+            "paramRef": {"name": "berth-admission", "namespace": "berth-system", "parameterNotFoundAction": "Deny"}}})
+}
+
+fn bindings(h: &Harness) -> Api<kube::api::DynamicObject> {
+    let resource = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+    ));
+    Api::all_with(h.client.clone(), &resource)
+}
+
+/// Closed when absent: while the policy is not bound to deny, a workspace that names a secret
+/// gets no pod and says why and how to install it; a plain one runs; once the binding is back,
+/// the workspace starts by itself.
+#[tokio::test]
+async fn without_the_admission_policy_a_workspace_naming_a_secret_gets_no_pod() {
+    let h = Harness::start().await;
+    bindings(&h)
+        .delete("workspaces.berth.dev", &Default::default())
+        .await
+        .unwrap();
+    create::<k8s_openapi::api::core::v1::Secret>(
+        &h.client,
+        "default",
+        json!({"metadata": {"name": "git"}, "stringData": {"token": "x"}}),
+    )
+    .await;
+    let ws = h
+        .create(
+            "named",
+            json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "git", "mountPath": "/secrets/git"}]}}}),
+        )
+        .await;
+    h.create("plain", json!({"image": "devbox:1"})).await;
+    // What a user sees: Error, AdmissionNotInstalled, what is missing and how to install it.
+    let seen = h.until_not_ready("named", "AdmissionNotInstalled").await;
+    assert_eq!(crate::support::phase_of(&seen), Some(Phase::Error));
+    assert_eq!(
+        crate::support::message_of(&seen),
+        "No pod until the admission policy is installed: nothing checked that this workspace's author may use what spec.podTemplate.volumes.secrets[0] names (no ValidatingAdmissionPolicyBinding of workspaces.berth.dev has validationActions Deny). Install it with kubectl apply -k deploy/ (Kubernetes 1.30+); the workspace then starts by itself."
+    );
+    h.until_phase("plain", Phase::Running).await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client.clone(), "default");
+    assert!(pods.get_opt("named-ws").await.unwrap().is_none());
+    let events = crate::support::events_about(&h, &ws.metadata.uid.clone().unwrap()).await;
+    assert!(
+        events
+            .iter()
+            .any(|(reason, _)| reason == "AdmissionNotInstalled"),
+        "{events:?}"
+    );
+
+    bindings(&h)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(binding()).unwrap(),
+        )
+        .await
+        .unwrap();
+    h.until_phase("named", Phase::Running).await;
 }

@@ -14,4 +14,3 @@ mod pod_security;
 mod rbac;
 mod refusal;
 mod rejection;
-mod webhook;

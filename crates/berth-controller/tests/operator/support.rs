@@ -80,6 +80,7 @@ impl Harness {
         // The RBAC the README documents: the operator runs with exactly this.
         for manifest in [
             berth_controller::rbac::OPERATOR,
+            berth_controller::rbac::ADMISSION_POLICY,
             berth_controller::rbac::WORKSPACE_SERVICE_ACCOUNT,
         ] {
             berth_sim::manifests::create_all(&client, manifest, "default")
