@@ -70,6 +70,10 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "unschedulable.yaml",
         include_str!("../../../examples/unschedulable.yaml"),
     ),
+    (
+        "workspace-author.yaml",
+        include_str!("../../../examples/workspace-author.yaml"),
+    ),
 ];
 
 /// The manifests of `folder` (`.yaml`, `.yml`), by file name in order; the built-in examples

@@ -213,10 +213,7 @@ fn bindings(h: &Harness) -> Api<kube::api::DynamicObject> {
 #[tokio::test]
 async fn without_the_admission_policy_a_workspace_naming_a_secret_gets_no_pod() {
     let h = Harness::start().await;
-    bindings(&h)
-        .delete("workspaces.berth.dev", &Default::default())
-        .await
-        .unwrap();
+    h.without_admission_policy().await;
     create::<k8s_openapi::api::core::v1::Secret>(
         &h.client,
         "default",

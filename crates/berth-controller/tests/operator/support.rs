@@ -128,6 +128,21 @@ impl Harness {
         }
     }
 
+    /// Unbinds the admission policy of `deploy/admission/`, as a cluster where an admin removed
+    /// it: the API server checks nothing of a workspace's spec, only the operator does.
+    pub async fn without_admission_policy(&self) {
+        let resource = kube::core::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+        ));
+        let bindings: Api<kube::api::DynamicObject> = Api::all_with(self.client.clone(), &resource);
+        bindings
+            .delete("workspaces.berth.dev", &Default::default())
+            .await
+            .unwrap();
+    }
+
     pub fn workspaces(&self) -> Api<Workspace> {
         Api::namespaced(self.client.clone(), "default")
     }
