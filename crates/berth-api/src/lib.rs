@@ -12,7 +12,7 @@ pub mod workspace;
 pub use condition::{ConditionStatus, set_condition};
 pub use duration::{DurationString, parse_duration};
 pub use error::{Error, Result};
-pub use status::{AgentStatus, Phase, PodRef, WorkspaceStatus};
+pub use status::{AgentStatus, Phase, PodRef, WorkspaceStatus, summary};
 pub use workspace::{
     DataVolume, HomeVolume, Lifecycle, MountPath, PodRecreationPolicy, PodRecreationSpec,
     PodTemplate, Reference, SecretVolume, TemplateMetadata, Workspace, WorkspacePort,

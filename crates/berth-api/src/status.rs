@@ -66,6 +66,54 @@ impl fmt::Display for Phase {
     }
 }
 
+/// The most characters of [`WorkspaceStatus::summary`].
+pub const SUMMARY_LIMIT: usize = 100;
+
+/// The lead of a message: up to its first sentence or clause end (`. ` or `; `), at most
+/// [`SUMMARY_LIMIT`] characters (cut with `…`).
+pub fn summary(message: &str) -> String {
+    let lead = [". ", "; "]
+        .iter()
+        .filter_map(|end| message.find(end))
+        .min()
+        .map_or(message, |at| &message[..at]);
+    let lead = lead.trim_end_matches('.').trim();
+    if lead.chars().count() <= SUMMARY_LIMIT {
+        return lead.to_owned();
+    }
+    let cut: String = lead.chars().take(SUMMARY_LIMIT - 1).collect();
+    format!("{}…", cut.trim_end())
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_is_the_lead_of_the_message_within_the_limit() {
+        assert_eq!(summary("Workspace is running"), "Workspace is running");
+        assert_eq!(
+            summary(
+                "Claim victim-home exists and is not owned by this workspace (owned by nobody); rename the workspace or delete the claim"
+            ),
+            "Claim victim-home exists and is not owned by this workspace (owned by nobody)"
+        );
+        assert_eq!(
+            summary("No pod until the admission policy is installed: nothing checked. Install it."),
+            "No pod until the admission policy is installed: nothing checked"
+        );
+        let long = "x".repeat(150);
+        let cut = summary(&long);
+        assert_eq!(cut.chars().count(), SUMMARY_LIMIT);
+        assert!(cut.ends_with('…'));
+        // Dots inside a name are no sentence end.
+        assert_eq!(
+            summary("Pod a.b-ws waits for the scheduler"),
+            "Pod a.b-ws waits for the scheduler"
+        );
+    }
+}
+
 /// Observed state of a workspace.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -77,6 +125,10 @@ pub struct WorkspaceStatus {
     /// One human sentence saying why the workspace is in its phase. Not for programs to parse.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The message's lead, what is wrong (or happening) in at most 100 characters: what
+    /// `kubectl get ws` shows; the message has the detail and the fix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
     /// The `metadata.generation` this status was derived from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -55,10 +55,12 @@ pub const DNS1123_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
     status = "WorkspaceStatus",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Where the workspace is in its lifecycle"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the workspace is usable"}"#,
-    printcolumn = r#"{"name":"Recreations","type":"integer","jsonPath":".status.podRecreations","description":"Pods replaced after kubelet rejection since the last start"}"#,
-    printcolumn = r#"{"name":"Last-Active","type":"date","jsonPath":".status.lastActivity","description":"When the current pod was last used, as its agent saw it (empty until it is)"}"#,
-    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1,"description":"Why the workspace is in its phase"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.summary","description":"What is wrong (or happening), in short; kubectl describe has the detail and the fix"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".status.pod.name","priority":1,"description":"The workspace's current pod"}"#,
+    printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.pod.nodeName","priority":1,"description":"The node of the current pod"}"#,
+    printcolumn = r#"{"name":"Recreations","type":"integer","jsonPath":".status.podRecreations","priority":1,"description":"Pods replaced after kubelet rejection since the last start"}"#,
+    printcolumn = r#"{"name":"Last-Active","type":"date","jsonPath":".status.lastActivity","priority":1,"description":"When the current pod was last used, as its agent saw it (empty until it is)"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceSpec {

@@ -91,7 +91,7 @@ fn committed_crd_parses_as_a_custom_resource_definition() {
 }
 
 #[test]
-fn printer_columns_are_phase_ready_recreations_last_active_message_age() {
+fn printer_columns_are_phase_ready_message_age_and_wide_pod_node_recreations_last_active() {
     let crd = workspace_crd();
     let columns = crd.spec.versions[0]
         .additional_printer_columns
@@ -110,10 +110,12 @@ fn printer_columns_are_phase_ready_recreations_last_active_message_age() {
                 r#".status.conditions[?(@.type=="Ready")].status"#.into(),
                 0
             ),
-            ("Recreations".into(), ".status.podRecreations".into(), 0),
-            ("Last-Active".into(), ".status.lastActivity".into(), 0),
-            ("Message".into(), ".status.message".into(), 1),
+            ("Message".into(), ".status.summary".into(), 0),
             ("Age".into(), ".metadata.creationTimestamp".into(), 0),
+            ("Pod".into(), ".status.pod.name".into(), 1),
+            ("Node".into(), ".status.pod.nodeName".into(), 1),
+            ("Recreations".into(), ".status.podRecreations".into(), 1),
+            ("Last-Active".into(), ".status.lastActivity".into(), 1),
         ]
     );
 }

@@ -1149,6 +1149,7 @@ impl Builder<'_> {
         }
         self.not_ready_unless_running();
         self.explain_error();
+        self.status.summary = self.status.message.as_deref().map(berth_api::summary);
         // Counted from 0, so `kubectl get ws` shows RECREATIONS 0 rather than nothing.
         self.status.pod_recreations.get_or_insert(0);
         Decision {

@@ -312,3 +312,119 @@ async fn events_are_retried_before_they_are_dropped_and_a_dropped_one_is_counted
         h.logs.text()
     );
 }
+
+/// `kubectl get ws` says what is wrong in short, in every phase family, within a line a
+/// terminal holds; `-o wide` adds the pod, node, recreations and last activity, and the full
+/// message stays in the status.
+#[tokio::test]
+async fn kubectl_get_ws_shows_a_short_message_in_every_phase_family() {
+    let h = Harness::start().await;
+    if std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_err()
+    {
+        assert_ne!(
+            std::env::var("BERTH_REQUIRE_KUBECTL").as_deref(),
+            Ok("1"),
+            "kubectl is required"
+        );
+        return;
+    }
+    // Running; Error (a missing secret, in the kubelet's words); Stopped (paused); Error
+    // (a name someone else's object holds, the longest message Berth writes).
+    h.create("up", json!({"image": "devbox:1"})).await;
+    h.create("lacking", json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "nowhere", "mountPath": "/s"}]}}})).await;
+    h.create("resting", json!({"image": "devbox:1", "paused": true}))
+        .await;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(h.client.clone(), "default");
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "squatted-ws"}, "spec": {"containers": [{"name": "c", "image": "x:1"}]}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    h.create("squatted", json!({"image": "devbox:1"})).await;
+    h.until_phase("up", Phase::Running).await;
+    h.until_phase("lacking", Phase::Error).await;
+    h.until_phase("resting", Phase::Stopped).await;
+    let squatted = h.until_phase("squatted", Phase::Error).await;
+    let status = squatted.status.unwrap();
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap()
+            .ends_with("rename the workspace or delete the pod")
+    );
+    assert_eq!(
+        status.summary.as_deref(),
+        Some("Pod squatted-ws exists and is not owned by this workspace (owned by nobody)")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    h.sim.write_kubeconfig(&kubeconfig).unwrap();
+    // Asynchronously: the sim serves on this test's own thread.
+    let get = |wide: bool| {
+        let mut command = tokio::process::Command::new("kubectl");
+        command
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["get", "ws"]);
+        if wide {
+            command.args(["-o", "wide"]);
+        }
+        async move { String::from_utf8(command.output().await.unwrap().stdout).unwrap() }
+    };
+    let table = get(false).await;
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "PHASE", "READY", "MESSAGE", "AGE"],
+        "{table}"
+    );
+    for line in table.lines() {
+        assert!(
+            line.chars().count() <= 140,
+            "a line wider than a terminal: {line:?}\n{table}"
+        );
+    }
+    for (name, said) in [
+        ("up", "Workspace is running"),
+        ("resting", "Workspace is paused"),
+        (
+            "squatted",
+            "Pod squatted-ws exists and is not owned by this workspace (owned by nobody)",
+        ),
+    ] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(name) && l.contains(said)),
+            "{name}: {said}\n{table}"
+        );
+    }
+    let wide = get(true).await;
+    let header: Vec<&str> = wide.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "PHASE",
+            "READY",
+            "MESSAGE",
+            "AGE",
+            "POD",
+            "NODE",
+            "RECREATIONS",
+            "LAST-ACTIVE"
+        ],
+        "{wide}"
+    );
+    assert!(
+        wide.lines()
+            .any(|l| l.starts_with("up") && l.contains("up-ws")),
+        "{wide}"
+    );
+}
