@@ -31,17 +31,8 @@ use crate::{
     sim::Sim,
 };
 
-/// What a policy sees of a request.
-pub struct Request<'a> {
-    pub rt: &'a ResourceType,
-    /// `CREATE` or `UPDATE`.
-    pub operation: &'a str,
-    pub namespace: &'a str,
-    pub object: &'a Value,
-    pub old: Option<&'a Value>,
-    pub user: &'a Identity,
-    pub dry_run: bool,
-}
+/// What a policy sees of a request (what a webhook is sent).
+pub use crate::webhooks::Admission as Request;
 
 /// The policies and bindings the sim stores.
 fn stored(sim: &Sim, resource: &str) -> Vec<Arc<Value>> {

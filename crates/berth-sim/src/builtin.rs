@@ -32,7 +32,7 @@ static QUANTITY: LazyLock<Regex> = LazyLock::new(|| {
 /// The most bytes all of an object's annotations may take, keys and values together.
 pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
 
-fn invalid(field: &str, value: &str, message: &str) -> Cause {
+pub(crate) fn invalid(field: &str, value: &str, message: &str) -> Cause {
     Cause {
         reason: "FieldValueInvalid".to_owned(),
         message: format!("Invalid value: \"{value}\": {message}"),
@@ -41,7 +41,7 @@ fn invalid(field: &str, value: &str, message: &str) -> Cause {
 }
 
 /// `Unsupported value` with the supported values, sorted as the real server lists them.
-fn not_supported(field: &str, value: &str, supported: &[&str]) -> Cause {
+pub(crate) fn not_supported(field: &str, value: &str, supported: &[&str]) -> Cause {
     let list: Vec<String> = supported.iter().map(|s| format!("\"{s}\"")).collect();
     Cause {
         reason: "FieldValueNotSupported".to_owned(),

@@ -4,15 +4,11 @@
 
 use serde_json::Value;
 
-use crate::{error::Cause, quantity::parse_milli};
-
-fn invalid(field: &str, value: &str, message: &str) -> Cause {
-    Cause {
-        reason: "FieldValueInvalid".to_owned(),
-        message: format!("Invalid value: \"{value}\": {message}"),
-        field: field.to_owned(),
-    }
-}
+use crate::{
+    builtin::{invalid, not_supported},
+    error::Cause,
+    quantity::parse_milli,
+};
 
 fn required(field: &str, detail: &str) -> Cause {
     Cause {
@@ -22,18 +18,6 @@ fn required(field: &str, detail: &str) -> Cause {
         } else {
             format!("Required value: {detail}")
         },
-        field: field.to_owned(),
-    }
-}
-
-fn not_supported(field: &str, value: &str, supported: &[&str]) -> Cause {
-    let list: Vec<String> = supported.iter().map(|s| format!("\"{s}\"")).collect();
-    Cause {
-        reason: "FieldValueNotSupported".to_owned(),
-        message: format!(
-            "Unsupported value: \"{value}\": supported values: {}",
-            list.join(", ")
-        ),
         field: field.to_owned(),
     }
 }

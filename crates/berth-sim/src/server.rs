@@ -764,33 +764,18 @@ async fn admit(
     user: &Identity,
     ctx: &WriteContext,
 ) -> ApiResult<Vec<String>> {
-    let operation = if preview.created { "CREATE" } else { "UPDATE" };
+    let request = webhooks::Admission {
+        rt,
+        operation: if preview.created { "CREATE" } else { "UPDATE" },
+        namespace,
+        object: &preview.object,
+        old,
+        user,
+        dry_run: ctx.dry_run,
+    };
     // Policies first, then webhooks, as the real server's validating admission runs them.
-    let warnings = admission_policies::validate(
-        sim,
-        &admission_policies::Request {
-            rt,
-            operation,
-            namespace,
-            object: &preview.object,
-            old,
-            user,
-            dry_run: ctx.dry_run,
-        },
-    )?;
-    webhooks::validate(
-        sim,
-        webhooks::Admission {
-            rt,
-            operation,
-            namespace,
-            object: &preview.object,
-            old,
-            user,
-            dry_run: ctx.dry_run,
-        },
-    )
-    .await?;
+    let warnings = admission_policies::validate(sim, &request)?;
+    webhooks::validate(sim, request).await?;
     Ok(warnings)
 }
 
