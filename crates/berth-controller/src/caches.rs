@@ -6,8 +6,9 @@
 //! were never reconciled again. Here a single task waits on each store, then opens a
 //! `watch` channel that wakes every waiter.
 
-use std::future::Future;
+use std::{collections::HashMap, future::Future, sync::Mutex};
 
+use kube::runtime::reflector::ObjectRef;
 use tokio::sync::watch;
 
 /// Whether the caches are filled; cheap to clone, any number of tasks may wait on it.
@@ -32,6 +33,55 @@ impl CachesReady {
         async move {
             let _ = waiting.wait_for(|ready| *ready).await;
         }
+    }
+}
+
+/// The resourceVersions this operator's own status writes replaced, per object, until the
+/// cache shows another: a cache that still shows one of them is older than our last write, and
+/// no decision is taken on it. resourceVersions are only compared for equality, never ordered
+/// (the API server keeps them opaque); a cache moves only forward, so any other version
+/// includes our write.
+pub struct OwnWrites<K: kube::Resource>(Mutex<HashMap<ObjectRef<K>, Vec<String>>>);
+
+impl<K: kube::Resource> Default for OwnWrites<K> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<K> OwnWrites<K>
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    /// Remembers a write that found `before` and left `after`. A write that changed nothing
+    /// (the API server kept `before`) replaced nothing: the cache showing `before` is current,
+    /// and waiting for it to move would wait forever.
+    pub fn wrote(&self, object: ObjectRef<K>, before: Option<String>, after: Option<&str>) {
+        let Some(before) = before.filter(|b| Some(b.as_str()) != after) else {
+            return;
+        };
+        let mut replaced = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        replaced.entry(object).or_default().push(before);
+    }
+
+    /// Whether the cache, showing `cached` of `object`, is older than our last write to it.
+    pub fn behind(&self, object: &ObjectRef<K>, cached: Option<&str>) -> bool {
+        let mut replaced = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let behind = replaced
+            .get(object)
+            .is_some_and(|versions| versions.iter().any(|v| Some(v.as_str()) == cached));
+        if !behind {
+            replaced.remove(object);
+        }
+        behind
+    }
+
+    /// Forgets the object (it is gone).
+    pub fn forget(&self, object: &ObjectRef<K>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(object);
     }
 }
 
@@ -68,5 +118,29 @@ mod tests {
                 .expect("every waiter goes on")
                 .unwrap();
         }
+    }
+
+    /// A cache showing a version our write replaced is behind until it shows another; a write
+    /// the API server took without a change (same resourceVersion) never holds the object
+    /// back (it did: the workspace was then never decided on again).
+    #[test]
+    fn only_a_version_a_write_replaced_is_behind() {
+        let writes = OwnWrites::<Pod>::default();
+        let pod = ObjectRef::new("p").within("ns");
+        writes.wrote(pod.clone(), Some("5".into()), Some("6"));
+        assert!(writes.behind(&pod, Some("5")));
+        assert!(!writes.behind(&pod, Some("6")));
+        assert!(
+            !writes.behind(&pod, Some("5")),
+            "forgotten once the cache moved on"
+        );
+        writes.wrote(pod.clone(), Some("6".into()), Some("6"));
+        assert!(
+            !writes.behind(&pod, Some("6")),
+            "a write that changed nothing"
+        );
+        writes.wrote(pod.clone(), Some("7".into()), Some("8"));
+        writes.forget(&pod);
+        assert!(!writes.behind(&pod, Some("7")));
     }
 }

@@ -315,3 +315,33 @@ pub async fn serve(
         while servers.join_next().await.is_some() {}
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a person probing `/readyz` reads: the status and the body.
+    async fn probe(metrics: &Arc<Metrics>) -> (StatusCode, String) {
+        let answer = readyz(State(metrics.clone())).await.into_response();
+        let status = answer.status();
+        let body = axum::body::to_bytes(answer.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn readyz_says_why_the_operator_is_not_ready() {
+        let metrics = Arc::new(Metrics::default());
+        let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+        assert_eq!(
+            probe(&metrics).await,
+            (unavailable, "caches not synced".to_owned())
+        );
+        let why = "reading the Lease berth-system/berth-controller failed (500); retrying in 2s";
+        *metrics.waiting_for.lock().unwrap() = Some(why.to_owned());
+        assert_eq!(probe(&metrics).await, (unavailable, why.to_owned()));
+        metrics.ready.store(true, Ordering::Relaxed);
+        assert_eq!(probe(&metrics).await, (StatusCode::OK, "ok".to_owned()));
+    }
+}

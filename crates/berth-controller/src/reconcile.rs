@@ -8,12 +8,9 @@ use std::{collections::HashMap, sync::Arc, time::Instant};
 use berth_api::{Workspace, WorkspaceStatus, condition::event_reasons, labels};
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
-use k8s_openapi::{
-    api::{
-        admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
-        core::v1::{Event, PersistentVolumeClaim, Pod, Service},
-    },
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+use k8s_openapi::api::{
+    admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
+    core::v1::{Event, PersistentVolumeClaim, Pod, Service},
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -70,10 +67,8 @@ pub struct Context {
     /// Objects of a derived name that a create met and that are not the workspace's own, per
     /// workspace, until a create of that name succeeds (the caches do not show them).
     taken: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Vec<Foreign>>>,
-    /// The resourceVersions this operator's own status writes replaced per workspace, until
-    /// the cache shows a newer one: a cache that still shows one of them is older than our
-    /// last write, and no decision is taken on it.
-    replaced: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Vec<String>>>,
+    /// The workspace versions this operator's own status writes replaced.
+    replaced: crate::caches::OwnWrites<Workspace>,
     /// Objects this operator just created or applied, which its caches may not show yet:
     /// (kind, namespace, name) -> when the API server accepted it. The core decides with it
     /// (`state::Expectations`).
@@ -135,35 +130,6 @@ impl Context {
         entry.extend(met);
         if entry.is_empty() {
             taken.remove(workspace);
-        }
-    }
-
-    /// Whether the cached workspace is older than this operator's own last status write to
-    /// it: it still shows a version one of our writes replaced. resourceVersions are only
-    /// compared for equality, never ordered (the API server keeps them opaque); a cache moves
-    /// only forward, so any other version includes our write.
-    fn behind_own_write(&self, workspace: &Workspace) -> bool {
-        let reference = ObjectRef::from_obj(workspace);
-        let mut replaced = self.replaced.lock().unwrap_or_else(|p| p.into_inner());
-        let cached = workspace.resource_version();
-        let behind = replaced
-            .get(&reference)
-            .is_some_and(|versions| versions.iter().any(|v| Some(v) == cached.as_ref()));
-        if !behind {
-            replaced.remove(&reference);
-        }
-        behind
-    }
-
-    /// Remembers that our status write replaced `version` of the workspace.
-    fn wrote_over(&self, workspace: &Workspace, version: Option<String>) {
-        if let Some(version) = version {
-            self.replaced
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(ObjectRef::from_obj(workspace))
-                .or_default()
-                .push(version);
         }
     }
 
@@ -662,7 +628,11 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     // A decision on a workspace older than our own last write could undo it (say, replace a
     // rejected pod at once, uncounted): wait for the watch to bring the write, which wakes
     // this workspace again.
-    if ctx.behind_own_write(&workspace) {
+    let cached = workspace.resource_version();
+    if ctx
+        .replaced
+        .behind(&ObjectRef::from_obj(&*workspace), cached.as_deref())
+    {
         return Ok(Requeue::requeue(std::time::Duration::from_secs(1)));
     }
     let namespace = workspace.namespace().unwrap_or_default();
@@ -761,8 +731,8 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
                 if *action == Action::Cull {
                     ctx.metrics.culled.inc();
                     // Our own write, like a status write: no decision on a cache without it
-                    // (it would cull again).
-                    ctx.wrote_over(&workspace, version.clone());
+                    // (it would cull again). The cull sets `paused`, so it always changes it.
+                    ctx.replaced.wrote(reference.clone(), version.clone(), None);
                 }
             }
             Err(Error::Kube(ref e)) if let kube::Error::Api(answer) = &**e => {
@@ -906,7 +876,12 @@ async fn write_status(
         )
         .await?;
     ctx.metrics.status_writes.inc();
-    ctx.wrote_over(workspace, resource_version);
+    let after = written.resource_version();
+    ctx.replaced.wrote(
+        ObjectRef::from_obj(workspace),
+        resource_version,
+        after.as_deref(),
+    );
     ctx.wrote_status(&ObjectRef::from_obj(workspace), status.phase);
     info!(
         workspace = %workspace.name_any(),
@@ -914,7 +889,7 @@ async fn write_status(
         message = status.message.as_deref().unwrap_or_default(),
         "status"
     );
-    Ok(written.resource_version())
+    Ok(after)
 }
 
 fn ignore_conflicts(result: Result<(), kube::Error>) -> Result<()> {
@@ -975,25 +950,38 @@ fn derived_by(action: &Action) -> Option<Derived> {
         .find(|d| d.create() == *action)
 }
 
-/// After a create answered 409 AlreadyExists: the object of that name, when it is not the
-/// workspace's own (the cache only lagged behind our own create otherwise). Counts the creates
-/// in a row that met it.
-fn met_by_create(
+/// Creates `object`, one of the workspace's derived objects. When the name is taken (409
+/// AlreadyExists), returns the object of that name if it is not the workspace's own (the cache
+/// only lagged behind our own create otherwise), counting the creates in a row that met it.
+async fn create_or_meet<K>(
+    api: &Api<K>,
+    create: &PostParams,
+    object: &K,
     kind: Derived,
-    existing: Option<&ObjectMeta>,
     workspace: &Workspace,
     taken: &[Foreign],
-) -> Option<Foreign> {
-    let attempts = taken
-        .iter()
-        .find(|f| f.kind == kind)
-        .and_then(|f| f.met)
-        .map_or(1, |m| m.attempts.saturating_add(1));
-    let met = Met {
-        at: Timestamp::now(),
-        attempts,
-    };
-    Foreign::of(kind, existing?, workspace, Some(met))
+) -> Result<Option<Foreign>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    match api.create(create, object).await {
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            let Some(existing) = api.get_metadata_opt(&object.name_any()).await? else {
+                return Ok(None);
+            };
+            let attempts = taken
+                .iter()
+                .find(|f| f.kind == kind)
+                .and_then(|f| f.met)
+                .map_or(1, |m| m.attempts.saturating_add(1));
+            let met = Met {
+                at: Timestamp::now(),
+                attempts,
+            };
+            Ok(Foreign::of(kind, &existing.metadata, workspace, Some(met)))
+        }
+        other => other.map(|_| None).map_err(Error::from),
+    }
 }
 
 async fn perform(
@@ -1009,14 +997,7 @@ async fn perform(
         Action::CreatePod => {
             let pods: Api<Pod> = Api::namespaced(client, namespace);
             let wanted = pod::build_pod(workspace, &ctx.config.agent);
-            match pods.create(&create, &wanted).await {
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    let existing = pods.get_metadata_opt(&wanted.name_any()).await?;
-                    let meta = existing.as_ref().map(|e| &e.metadata);
-                    Ok(met_by_create(Derived::Pod, meta, workspace, taken))
-                }
-                other => other.map(|_| None).map_err(Error::from),
-            }
+            create_or_meet(&pods, &create, &wanted, Derived::Pod, workspace, taken).await
         }
         Action::DeletePod { uid } | Action::ForceDeletePod { uid } => {
             let pods: Api<Pod> = Api::namespaced(client, namespace);
@@ -1060,14 +1041,7 @@ async fn perform(
             let Some(claim) = pod::build_claim(workspace) else {
                 return Ok(None);
             };
-            match claims.create(&create, &claim).await {
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    let existing = claims.get_metadata_opt(&claim.name_any()).await?;
-                    let meta = existing.as_ref().map(|e| &e.metadata);
-                    Ok(met_by_create(Derived::Claim, meta, workspace, taken))
-                }
-                other => other.map(|_| None).map_err(Error::from),
-            }
+            create_or_meet(&claims, &create, &claim, Derived::Claim, workspace, taken).await
         }
         Action::CreateService => {
             // A create, never an apply: an apply would take over a service of the same name.
@@ -1075,14 +1049,15 @@ async fn perform(
             let Some(service) = pod::build_service(workspace) else {
                 return Ok(None);
             };
-            match services.create(&create, &service).await {
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    let existing = services.get_metadata_opt(&service.name_any()).await?;
-                    let meta = existing.as_ref().map(|e| &e.metadata);
-                    Ok(met_by_create(Derived::Service, meta, workspace, taken))
-                }
-                other => other.map(|_| None).map_err(Error::from),
-            }
+            create_or_meet(
+                &services,
+                &create,
+                &service,
+                Derived::Service,
+                workspace,
+                taken,
+            )
+            .await
         }
         Action::UpdateService { uid } => {
             // The whole ports and selector, by a JSON patch conditional on the UID: the
@@ -1152,10 +1127,7 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
     ctx.agents.forget(workspace);
     ctx.set_refusal(&ObjectRef::from_obj(workspace), None);
     ctx.wrote_status(&ObjectRef::from_obj(workspace), None);
-    ctx.replaced
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&ObjectRef::from_obj(workspace));
+    ctx.replaced.forget(&ObjectRef::from_obj(workspace));
     let namespace = workspace.namespace().unwrap_or_default();
     for kind in ["pod", "claim", "service"] {
         ctx.forget(kind, &namespace, &workspace.name_any());

@@ -14,7 +14,10 @@ use berth_api::{
 use jiff::Timestamp;
 use k8s_openapi::{
     api::core::v1::{ContainerStatus, Event, PersistentVolumeClaim, Pod, Service},
-    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1::Time},
+    apimachinery::pkg::{
+        api::resource::Quantity,
+        apis::meta::v1::{Condition, Time},
+    },
 };
 use kube::ResourceExt;
 
@@ -567,6 +570,19 @@ impl Builder<'_> {
             self.generation,
             &self.now,
         );
+        // A transition is against the last status, not against what this decision said on
+        // the way (READY set True, then held False by a name taken): a condition that ends
+        // where it was keeps its time, so the status does not change with every look.
+        let before = find_condition(&self.old.conditions, type_).filter(|c| c.is(status));
+        if let Some(before) = before
+            && let Some(now) = self
+                .status
+                .conditions
+                .iter_mut()
+                .find(|c| c.type_ == type_.as_str())
+        {
+            now.last_transition_time = before.last_transition_time.clone();
+        }
     }
 
     /// Whether the last status already said `type_` is True for `reason` (and its event was
@@ -1033,6 +1049,7 @@ impl Builder<'_> {
             .taken
             .iter()
             .any(|f| f.kind == Derived::Claim && !due(f));
+        // Said once per derive: nothing looks at it after this.
         let taken = std::mem::take(&mut self.taken);
         let relevant: Vec<&Foreign> = taken
             .iter()
@@ -1055,7 +1072,6 @@ impl Builder<'_> {
             requeue = requeue.min(again);
             // A stopped workspace stays stopped; it says what is in its way when it starts.
             if matches!(self.status.phase, Some(Phase::Stopped | Phase::Stopping)) {
-                self.taken = taken;
                 return requeue;
             }
             let message = first.message();
@@ -1068,7 +1084,6 @@ impl Builder<'_> {
             self.status.ready_at = None;
             self.phase(Phase::Error, message);
         }
-        self.taken = taken;
         requeue
     }
 }
@@ -1148,6 +1163,7 @@ impl Builder<'_> {
             self.status.message = Some(growing);
         }
         self.not_ready_unless_running();
+        self.became_ready();
         self.explain_error();
         self.status.summary = self.status.message.as_deref().map(berth_api::summary);
         // Counted from 0, so `kubectl get ws` shows RECREATIONS 0 rather than nothing.
@@ -1175,6 +1191,22 @@ impl Builder<'_> {
                 Reason::PodStopping,
                 &message,
             );
+        }
+    }
+
+    /// READY turning True is told once, with `readyAt`: decided last, after whatever holds it
+    /// False (a name taken, a refusal, the pod stopping), so a workspace never says it is
+    /// ready while its status says it is not, nor says it again each time it is looked at.
+    fn became_ready(&mut self) {
+        let ready = |conditions: &[Condition]| {
+            find_condition(conditions, types::READY).is_some_and(|c| c.is(ConditionStatus::True))
+        };
+        if ready(&self.status.conditions) && !ready(&self.old.conditions) {
+            self.status.ready_at = Some(time(self.now.0));
+            self.notices.push(Notice::normal(
+                event_reasons::READY,
+                "Workspace is ready".into(),
+            ));
         }
     }
 

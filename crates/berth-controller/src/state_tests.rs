@@ -1873,3 +1873,77 @@ fn decisions_on_a_trimmed_pod_are_the_decisions_on_the_whole_pod() {
 
 #[path = "state/families_tests.rs"]
 mod families;
+
+/// A user would see: a running workspace whose service name someone else's Service holds is
+/// `Error`, reason NameTaken, with one Warning, and no event saying it is ready while it is
+/// not, however often it is looked at; once the name is free, "Workspace is ready" once.
+#[test]
+fn a_workspace_a_taken_name_holds_never_says_it_is_ready() {
+    let ws = workspace(
+        json!({"image": "x:1", "ports": [{"name": "http", "port": 8080}]}),
+        started(10),
+    );
+    let pod = ready_pod(&ws);
+    let theirs: Service = serde_json::from_value(
+        json!({"metadata": {"name": "w", "namespace": "team-a", "uid": "svc-theirs"}}),
+    )
+    .unwrap();
+    let look_at = |ws: &Workspace, service: Option<&Service>, check: &AgentCheck, when| {
+        derive(
+            &Observed {
+                workspace: ws,
+                pod: Some(&pod),
+                warnings: &[],
+                claim: None,
+                service,
+                taken: &[],
+                agent: Some(check),
+                refusal: None,
+                activity: None,
+                admission: None,
+                expectations: Default::default(),
+            },
+            &Policy::default(),
+            when,
+        )
+    };
+    let look = |ws: &Workspace, service: Option<&Service>, check: &AgentCheck| {
+        look_at(ws, service, check, now())
+    };
+    let reasons = |d: &Decision| {
+        d.notices
+            .iter()
+            .map(|n| n.reason.to_string())
+            .collect::<Vec<_>>()
+    };
+    let first = look(&ws, Some(&theirs), &verified());
+    assert_eq!(first.status.phase, Some(Phase::Error));
+    assert_eq!(condition_of(&first, "Ready").reason, "NameTaken");
+    assert_eq!(first.status.ready_at, None);
+    assert!(reasons(&first).contains(&"NameTaken".to_owned()));
+    assert!(
+        !reasons(&first).contains(&"Ready".to_owned()),
+        "{:?}",
+        reasons(&first)
+    );
+    let mut written = ws.clone();
+    written.status = Some(first.status.clone());
+    let known = check(
+        AgentOutcome::Verified {
+            identity: OPERATOR.into(),
+        },
+        false,
+    );
+    // Looked at again later, the world unchanged: nothing to write, nothing to tell.
+    let later = now() + jiff::SignedDuration::from_secs(5);
+    let again = look_at(&written, Some(&theirs), &known, later);
+    assert_eq!(reasons(&again), Vec::<String>::new());
+    assert_eq!(again.status, first.status);
+    // The Service is deleted: the workspace is ready, and says so once.
+    let freed = look(&written, None, &known);
+    assert_eq!(freed.status.phase, Some(Phase::Running));
+    assert_eq!(reasons(&freed), ["Ready"]);
+    assert_eq!(freed.status.ready_at.as_ref().map(|t| t.0), Some(now()));
+    written.status = Some(freed.status.clone());
+    assert_eq!(reasons(&look(&written, None, &known)), Vec::<String>::new());
+}

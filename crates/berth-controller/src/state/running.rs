@@ -6,14 +6,12 @@ use std::time::Duration;
 
 use berth_api::{
     AgentStatus, ConditionStatus, Phase,
-    condition::{HasStatus, Reason, event_reasons, find_condition, types},
+    condition::{Reason, event_reasons, types},
 };
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{
-    Action, AgentOutcome, Builder, Current, Decision, Lifecycle, Notice, Observed, human, time,
-};
+use super::{Action, AgentOutcome, Builder, Current, Decision, Lifecycle, Notice, Observed, human};
 use crate::config::Policy;
 use crate::idle::{self, ActivityCheck, ActivityOutcome};
 
@@ -27,7 +25,6 @@ pub(super) fn running(
     lifecycle: &Lifecycle,
     policy: &Policy,
 ) -> Decision {
-    let now = b.now.0;
     let (pod_name, uid) = (current.name, &current.uid);
     let (slow, max_requeue) = (policy.resync, policy.max_requeue);
     b.condition(
@@ -120,14 +117,7 @@ pub(super) fn running(
         Reason::WorkspaceReady,
         "Workspace is running",
     );
-    if find_condition(&b.old.conditions, types::READY).is_none_or(|c| !c.is(ConditionStatus::True))
-    {
-        b.status.ready_at = Some(time(now));
-        b.notices.push(Notice::normal(
-            event_reasons::READY,
-            "Workspace is ready".into(),
-        ));
-    }
+    // Said (and `readyAt` set) by `finish`, once nothing holds READY False any more.
     b.phase(Phase::Running, "Workspace is running");
     match lifecycle.idle_timeout {
         Some(timeout) => {

@@ -251,3 +251,34 @@ async fn a_pod_of_the_workspace_name_is_said_once_and_the_workspace_heals_when_i
     let own = api::<Pod>(&h).get("ivy-ws").await.unwrap();
     assert_eq!(own.owner_references()[0].uid, ws.uid().unwrap());
 }
+
+/// A user would see: `Error`, NameTaken, naming the Service; once its owner deletes it, the
+/// workspace creates a Service of its own and is Running, by itself.
+#[tokio::test]
+async fn a_workspace_heals_when_the_service_holding_its_name_goes() {
+    let h = Harness::start().await;
+    create::<Service>(
+        &h,
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "shop"},
+        "spec": {"ports": [{"name": "web", "port": 80}]}}),
+    )
+    .await;
+    let ws = h
+        .create(
+            "shop",
+            json!({"image": "devbox:1", "ports": [{"name": "http", "port": 8080}]}),
+        )
+        .await;
+    h.until_not_ready("shop", "NameTaken").await;
+    api::<Service>(&h)
+        .delete("shop", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(HEAL, "shop to run with a service of its own", || async {
+        let ws = h.workspaces().get("shop").await.unwrap();
+        (phase_of(&ws) == Some(Phase::Running)).then_some(())
+    })
+    .await;
+    let own = api::<Service>(&h).get("shop").await.unwrap();
+    assert_eq!(own.owner_references()[0].uid, ws.uid().unwrap());
+}
