@@ -175,6 +175,14 @@ pub struct PodRef {
     /// The node the pod is bound to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// When Berth first saw one of the pod's containers running; the `Started` event is
+    /// told then, once per pod, whatever its containers do afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When the workspace first became Ready in this pod; the `Ready` event is told then, once
+    /// per pod (`status.readyAt` is when it became Ready this time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_at: Option<Time>,
 }
 
 /// The in-pod agent, as the operator verified it.

@@ -896,8 +896,8 @@ impl Builder<'_> {
     }
 
     /// The pod is the workspace's: the status names it, and the events tell only what
-    /// happened (rule C17): `Created` once the pod exists, `Started` once one of its
-    /// containers runs.
+    /// happened (rule C17), once per pod: `Created` once the pod exists, `Started` once one
+    /// of its containers is first seen running (`status.pod.startedAt` remembers it).
     fn saw_pod<'p>(&mut self, pod: &'p Pod, pod_name: &'p str) -> Current<'p> {
         let uid = pod.uid().unwrap_or_default();
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
@@ -913,11 +913,21 @@ impl Builder<'_> {
             self.status.agent = None;
         }
         let new_pod = self.old.pod.as_ref().and_then(|p| p.uid.as_deref()) != Some(uid.as_str());
+        // `Started` is told once per pod: when one of its containers is first seen running.
+        // Its containers may stop and run again (a crash, a restart); that is no new start.
+        let before = |at: fn(&PodRef) -> &Option<Time>| match new_pod {
+            true => None,
+            false => self.old.pod.as_ref().and_then(|p| at(p).clone()),
+        };
+        let started_before = before(|p| &p.started_at);
+        let starts_now = started_before.is_none() && containers_running(pod);
         self.status.pod = Some(PodRef {
             name: pod_name.to_owned(),
             uid: Some(uid.clone()),
             ip: ip.clone(),
             node_name: node.clone(),
+            started_at: started_before.or_else(|| starts_now.then(|| time(self.now.0))),
+            ready_at: before(|p| &p.ready_at),
         });
         if new_pod {
             self.notices.push(Notice::normal(
@@ -929,11 +939,7 @@ impl Builder<'_> {
             self.status.last_activity = None;
             self.status.last_activity_signal = None;
         }
-        let was_running = !new_pod
-            && find_condition(&self.old.conditions, types::POD_READY).is_some_and(|c| {
-                c.is(ConditionStatus::True) || c.has_reason(&Reason::ContainersNotReady)
-            });
-        if containers_running(pod) && !was_running {
+        if starts_now {
             self.notices.push(Notice::normal(
                 event_reasons::STARTED,
                 format!(
@@ -1194,15 +1200,20 @@ impl Builder<'_> {
         }
     }
 
-    /// READY turning True is told once, with `readyAt`: decided last, after whatever holds it
-    /// False (a name taken, a refusal, the pod stopping), so a workspace never says it is
-    /// ready while its status says it is not, nor says it again each time it is looked at.
+    /// READY turning True sets `readyAt`, and is told once per pod (`status.pod.readyAt`):
+    /// decided last, after whatever holds it False (a name taken, a refusal, the pod
+    /// stopping), so a workspace never says it is ready while its status says it is not, nor
+    /// says it again each time it is looked at or its pod's readiness flaps.
     fn became_ready(&mut self) {
         let ready = |conditions: &[Condition]| {
             find_condition(conditions, types::READY).is_some_and(|c| c.is(ConditionStatus::True))
         };
-        if ready(&self.status.conditions) && !ready(&self.old.conditions) {
-            self.status.ready_at = Some(time(self.now.0));
+        if !ready(&self.status.conditions) || ready(&self.old.conditions) {
+            return;
+        }
+        self.status.ready_at = Some(time(self.now.0));
+        if let Some(pod) = self.status.pod.as_mut().filter(|p| p.ready_at.is_none()) {
+            pod.ready_at = Some(time(self.now.0));
             self.notices.push(Notice::normal(
                 event_reasons::READY,
                 "Workspace is ready".into(),

@@ -1365,6 +1365,79 @@ proptest::proptest! {
     }
 }
 
+/// The states one pod goes through on its way to ready, and back (a crash, a restart).
+fn pod_state(ws: &Workspace, which: usize) -> Pod {
+    let container = |state: Value, ready: bool, restarts: i32| {
+        json!([{"name": "workspace", "image": "x:1", "imageID": "", "ready": ready, "restartCount": restarts, "state": state}])
+    };
+    let not_ready = json!({"type": "Ready", "status": "False", "reason": "ContainersNotReady"});
+    let status = match which {
+        0 => json!({"phase": "Pending", "conditions": [scheduled()], "containerStatuses": container(json!({"waiting": {"reason": "ContainerCreating"}}), false, 0)}),
+        1 => json!({"phase": "Pending", "podIP": "10.0.0.1", "conditions": [scheduled()], "containerStatuses": container(json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}), false, 0)}),
+        2 => json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled(), not_ready], "containerStatuses": container(json!({"running": {}}), false, 0)}),
+        3 => json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled(), not_ready], "containerStatuses": container(json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}}), false, 1)}),
+        _ => json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled(), {"type": "Ready", "status": "True"}], "containerStatuses": container(json!({"running": {}}), true, 1)}),
+    };
+    pod_of(ws, status)
+}
+
+proptest::proptest! {
+    /// Rule C17, counted over a start: whatever a pod goes through (pulling, crashing and
+    /// running again, an agent that fails before it authenticates the operator) and however
+    /// often it is looked at (a status held back or not written is derived again), the events
+    /// tell each thing once per pod: one `Created`, one `Started`, one `Ready` (its readiness
+    /// may flap; the pod became ready once).
+    #[test]
+    fn a_start_tells_created_started_and_ready_once_each(
+        steps in proptest::collection::vec((0usize..5, 0usize..3, proptest::bool::ANY), 1..14),
+    ) {
+        let spec = json!({"image": "x:1"});
+        let mut ws = workspace(spec.clone(), Value::Null);
+        let first = decide(&ws, None, &[]);
+        ws.status = Some(first.status);
+        let failed = check(
+            AgentOutcome::Failed { reason: "AgentUnreachable".into(), message: "connection refused".into() },
+            true,
+        );
+        let mut told: Vec<String> = vec![];
+        let (mut ran, mut was_ready) = (false, false);
+        for (i, (state, agent, written)) in steps.into_iter().enumerate() {
+            let pod = pod_state(&ws, state);
+            let agent = [None, Some(failed.clone()), Some(verified())][agent].clone();
+            let d = derive(
+                &Observed {
+                    workspace: &ws,
+                    pod: Some(&pod),
+                    warnings: &[],
+                    claim: None,
+                    service: None,
+                    taken: &[],
+                    agent: agent.as_ref(),
+                    refusal: None,
+                    activity: None,
+                    admission: None,
+                    expectations: Default::default(),
+                },
+                &Policy::default(),
+                Timestamp::from_second(NOW + i as i64).unwrap(),
+            );
+            if !written {
+                // Held back, or the write conflicted: nothing was said, and the next look
+                // starts from the status as last written.
+                continue;
+            }
+            ran |= containers_running(&pod);
+            was_ready |= find_condition(&d.status.conditions, types::READY).is_some_and(|c| c.is(ConditionStatus::True));
+            told.extend(d.notices.iter().map(|n| if n.warning { "Warning".to_string() } else { n.reason.to_string() }));
+            ws.status = Some(d.status);
+        }
+        let count = |reason: &str| told.iter().filter(|r| *r == reason).count();
+        proptest::prop_assert!(count("Created") <= 1, "{:?}", told);
+        proptest::prop_assert_eq!(count("Started"), usize::from(ran), "{:?}", told);
+        proptest::prop_assert_eq!(count("Ready"), usize::from(was_ready), "{:?}", told);
+    }
+}
+
 #[test]
 fn the_last_activity_belongs_to_the_current_pod() {
     // Used at 85 s ago in the pod before; the pod now is a new one (a resume).
