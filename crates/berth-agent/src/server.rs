@@ -1,11 +1,25 @@
 //! The agent's gRPC server: `berth.agent.v1.Agent` behind the auth layer, and the standard
 //! health service (unauthenticated) for the pod's readiness probe.
 
-use std::sync::Arc;
+use std::{
+    io,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+    time::Duration,
+};
 
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    time::Sleep,
+};
 use tonic::{
     Request, Response, Status,
-    transport::{Identity, Server, ServerTlsConfig},
+    transport::{
+        Identity, Server, ServerTlsConfig,
+        server::{Connected, TcpConnectInfo},
+    },
 };
 
 use crate::{
@@ -117,7 +131,11 @@ pub async fn serve(
     health_reporter
         .set_serving::<AgentServer<AgentService>>()
         .await;
-    let mut builder = Server::builder();
+    // A peer that vanished without closing (its node lost) is found by a ping it does not
+    // answer, and its connection closed.
+    let mut builder = Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(60)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
     if let Some(identity) = tls {
         builder = builder.tls_config(
             ServerTlsConfig::new()
@@ -127,11 +145,189 @@ pub async fn serve(
     builder
         .add_service(health_service)
         .add_service(AgentServer::new(AgentService::new(auth, activity)))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(Incoming::new(listener), shutdown)
         .await
+}
+
+/// How long a connection may stay silent after it is accepted: a peer that connects and never
+/// speaks (a probe cut off, a port scan, a half-open connection) is closed then, so it holds no
+/// descriptor longer than this.
+pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the agent waits before accepting again after the process ran out of descriptors
+/// or memory; accepting at once would fail at once, and spin.
+pub const ACCEPT_PAUSE: Duration = Duration::from_secs(1);
+
+/// The connections a listener accepts, as the server takes them. A connection that failed
+/// before it was accepted (reset, aborted) is skipped; a failure of the process itself (no
+/// descriptor or memory left) pauses accepting for [`ACCEPT_PAUSE`] and is logged once until
+/// an accept succeeds again. (tonic's own accept stream retries such a failure at once, so a
+/// process out of descriptors spins, and the connections waiting to be accepted are never
+/// taken nor closed: the CLOSE-WAIT sockets of a crowded node.)
+pub struct Incoming<L = TcpListener> {
+    listener: L,
+    pause: Option<Pin<Box<Sleep>>>,
+    failing: bool,
+}
+
+/// What accepts connections: a TCP listener, or a stand-in in tests.
+pub trait Accept {
+    type Connection;
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Self::Connection>>;
+}
+
+impl Accept for TcpListener {
+    type Connection = TcpStream;
+
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<TcpStream>> {
+        TcpListener::poll_accept(self, cx).map_ok(|(stream, _)| stream)
+    }
+}
+
+impl<L: Accept> Incoming<L> {
+    pub fn new(listener: L) -> Self {
+        Incoming {
+            listener,
+            pause: None,
+            failing: false,
+        }
+    }
+
+    /// The next connection accepted; failures are skipped or paused on as above.
+    pub async fn accept(&mut self) -> L::Connection {
+        std::future::poll_fn(|cx| self.poll_accept(cx)).await
+    }
+
+    fn poll_accept(&mut self, cx: &mut Context<'_>) -> Poll<L::Connection> {
+        loop {
+            if let Some(pause) = self.pause.as_mut() {
+                ready!(pause.as_mut().poll(cx));
+                self.pause = None;
+            }
+            match ready!(self.listener.poll_accept(cx)) {
+                Ok(connection) => {
+                    self.failing = false;
+                    return Poll::Ready(connection);
+                }
+                Err(error) if one_connection_failed(&error) => continue,
+                Err(error) => {
+                    if !self.failing {
+                        tracing::warn!(%error, pause = ?ACCEPT_PAUSE, "cannot accept connections; pausing");
+                    }
+                    self.failing = true;
+                    self.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_PAUSE)));
+                }
+            }
+        }
+    }
+}
+
+/// Whether an accept failed for that one connection only: the next may succeed at once.
+fn one_connection_failed(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+impl tokio_stream::Stream for Incoming<TcpListener> {
+    type Item = io::Result<Quiet>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let stream = ready!(self.poll_accept(cx));
+        Poll::Ready(Some(Ok(Quiet::new(stream))))
+    }
+}
+
+/// An accepted connection that is closed (reads fail with `TimedOut`) when its peer sends
+/// nothing for [`FIRST_BYTES_TIMEOUT`] after it was accepted; once the peer spoke, no limit
+/// (HTTP/2 keepalive looks after idle peers then).
+pub struct Quiet {
+    stream: TcpStream,
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl Quiet {
+    fn new(stream: TcpStream) -> Self {
+        Quiet {
+            stream,
+            deadline: Some(Box::pin(tokio::time::sleep(FIRST_BYTES_TIMEOUT))),
+        }
+    }
+}
+
+impl Connected for Quiet {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for Quiet {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(result) => {
+                if buf.filled().len() > before {
+                    this.deadline = None;
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                let expired = this
+                    .deadline
+                    .as_mut()
+                    .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+                if !expired {
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the peer sent nothing after connecting",
+                )))
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Quiet {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
 }
 
 /// Aborts a background task when dropped (the sampler ends with the server).
@@ -140,5 +336,68 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener that fails as a process out of descriptors does (`EMFILE`), `failures`
+    /// times, then accepts; it counts how often it was asked.
+    struct OutOfDescriptors {
+        failures: u32,
+        asked: Vec<tokio::time::Instant>,
+    }
+
+    impl Accept for OutOfDescriptors {
+        type Connection = ();
+
+        fn poll_accept(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.asked.push(tokio::time::Instant::now());
+            if self.asked.len() as u32 <= self.failures {
+                return Poll::Ready(Err(io::Error::from_raw_os_error(24)));
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn out_of_descriptors_the_agent_pauses_accepting_instead_of_spinning() {
+        let started = tokio::time::Instant::now();
+        let mut incoming = Incoming::new(OutOfDescriptors {
+            failures: 3,
+            asked: vec![],
+        });
+        incoming.accept().await;
+        let asked = &incoming.listener.asked;
+        assert_eq!(asked.len(), 4, "asked again only after each pause");
+        for (i, at) in asked.iter().enumerate() {
+            assert_eq!(*at - started, ACCEPT_PAUSE * i as u32);
+        }
+    }
+
+    /// A connection reset before it was taken is no reason to wait.
+    struct Resets(u32);
+
+    impl Accept for Resets {
+        type Connection = ();
+
+        fn poll_accept(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            self.0 += 1;
+            match self.0 {
+                1 => Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into())),
+                _ => Poll::Ready(Ok(())),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_aborted_before_it_was_taken_is_skipped_at_once() {
+        let started = tokio::time::Instant::now();
+        let mut incoming = Incoming::new(Resets(0));
+        incoming.accept().await;
+        assert_eq!(incoming.listener.0, 2);
+        assert_eq!(tokio::time::Instant::now(), started);
     }
 }

@@ -100,7 +100,9 @@ fn activity_ports(container: &Value) -> Vec<u16> {
 /// Stands in for the workspace's own server on `port`: accepts and holds connections until
 /// the peer closes them.
 async fn serve_port(listener: tokio::net::TcpListener) {
-    while let Ok((mut connection, _)) = listener.accept().await {
+    let mut incoming = crate::server::Incoming::new(listener);
+    loop {
+        let mut connection = incoming.accept().await;
         tokio::spawn(async move {
             let mut sink = tokio::io::sink();
             let _ = tokio::io::copy(&mut connection, &mut sink).await;

@@ -1367,16 +1367,24 @@ proptest::proptest! {
 
 /// The states one pod goes through on its way to ready, and back (a crash, a restart).
 fn pod_state(ws: &Workspace, which: usize) -> Pod {
-    let container = |state: Value, ready: bool, restarts: i32| {
-        json!([{"name": "workspace", "image": "x:1", "imageID": "", "ready": ready, "restartCount": restarts, "state": state}])
-    };
+    let container = |state: Value, ready: bool, restarts: i32| json!([{"name": "workspace", "image": "x:1", "imageID": "", "ready": ready, "restartCount": restarts, "state": state}]);
     let not_ready = json!({"type": "Ready", "status": "False", "reason": "ContainersNotReady"});
     let status = match which {
-        0 => json!({"phase": "Pending", "conditions": [scheduled()], "containerStatuses": container(json!({"waiting": {"reason": "ContainerCreating"}}), false, 0)}),
-        1 => json!({"phase": "Pending", "podIP": "10.0.0.1", "conditions": [scheduled()], "containerStatuses": container(json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}), false, 0)}),
-        2 => json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled(), not_ready], "containerStatuses": container(json!({"running": {}}), false, 0)}),
-        3 => json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled(), not_ready], "containerStatuses": container(json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}}), false, 1)}),
-        _ => json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled(), {"type": "Ready", "status": "True"}], "containerStatuses": container(json!({"running": {}}), true, 1)}),
+        0 => {
+            json!({"phase": "Pending", "conditions": [scheduled()], "containerStatuses": container(json!({"waiting": {"reason": "ContainerCreating"}}), false, 0)})
+        }
+        1 => {
+            json!({"phase": "Pending", "podIP": "10.0.0.1", "conditions": [scheduled()], "containerStatuses": container(json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}), false, 0)})
+        }
+        2 => {
+            json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled(), not_ready], "containerStatuses": container(json!({"running": {}}), false, 0)})
+        }
+        3 => {
+            json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled(), not_ready], "containerStatuses": container(json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}}), false, 1)})
+        }
+        _ => {
+            json!({"phase": "Running", "podIP": "10.0.0.1", "conditions": [scheduled(), {"type": "Ready", "status": "True"}], "containerStatuses": container(json!({"running": {}}), true, 1)})
+        }
     };
     pod_of(ws, status)
 }

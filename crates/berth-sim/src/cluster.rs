@@ -128,14 +128,32 @@ impl SimCluster {
         let acceptor = tokio_rustls::TlsAcceptor::from(tls);
         tasks.spawn(async move {
             let mut connections = JoinSet::new();
+            let mut failing = false;
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
+                let stream = match listener.accept().await {
+                    Ok((stream, _)) => stream,
+                    Err(error) if crate::server::one_connection_failed(&error) => continue,
+                    // Out of descriptors or memory: accepting again at once fails again, and
+                    // would spin while the connections waiting to be accepted are never taken.
+                    Err(error) => {
+                        if !std::mem::replace(&mut failing, true) {
+                            tracing::warn!(%error, "the API server cannot accept connections; pausing 1 s");
+                        }
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                        continue;
+                    }
                 };
+                failing = false;
                 let acceptor = acceptor.clone();
                 let service = TowerToHyperService::new(router.clone());
                 connections.spawn(async move {
-                    let Ok(tls_stream) = acceptor.accept(stream).await else {
+                    // As the kube-apiserver's ReadHeaderTimeout bounds it: a client that never
+                    // completes its handshake holds no descriptor for long.
+                    let handshake = tokio::time::timeout(
+                        std::time::Duration::from_secs(32),
+                        acceptor.accept(stream),
+                    );
+                    let Ok(Ok(tls_stream)) = handshake.await else {
                         return;
                     };
                     let _ = auto::Builder::new(TokioExecutor::new())

@@ -1223,3 +1223,17 @@ mod tests {
         assert_eq!(tail_lines(log.clone(), None), log);
     }
 }
+
+/// Whether an accept failed for that one connection only (reset or aborted before it was
+/// taken): the next accept may succeed at once.
+pub(crate) fn one_connection_failed(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        error.kind(),
+        ErrorKind::ConnectionAborted
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionRefused
+            | ErrorKind::Interrupted
+            | ErrorKind::WouldBlock
+    )
+}

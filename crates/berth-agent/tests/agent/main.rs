@@ -17,6 +17,8 @@ use kube::{Api, api::PostParams};
 use serde_json::{Value, json};
 use tonic::Code;
 
+mod connections;
+
 /// The audience of the operator's tokens for agents in namespace `default`.
 const AUDIENCE: &str = "berth-agent/default";
 
