@@ -442,6 +442,64 @@ mod tests {
         Time(Timestamp::from_second(seconds).unwrap())
     }
 
+    fn workspace_condition(status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: "Ready".into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: at(0),
+        }
+    }
+
+    #[test]
+    fn every_condition_type_reads_back_from_its_name_and_no_other() {
+        for type_ in types::ALL {
+            assert_eq!(ConditionType::parse(type_.as_str()), Some(type_));
+        }
+        assert_eq!(ConditionType::parse("ContainersReady"), None);
+        assert_eq!(ConditionType::parse("ready"), None);
+    }
+
+    #[test]
+    fn a_reason_is_displayed_as_written_and_compared_by_it() {
+        assert_eq!(Reason::NodeLost.to_string(), "NodeLost");
+        assert_eq!(Reason::Other("OutOfcpu".into()).to_string(), "OutOfcpu");
+        let condition = workspace_condition("False", "NodeLost");
+        assert!(condition.has_reason(&Reason::NodeLost));
+        assert!(!condition.has_reason(&Reason::Paused));
+        assert!(!condition.has_reason(&Reason::Other("nodelost".into())));
+    }
+
+    /// A workspace's, a pod's and a claim's condition are read by their status, which is one
+    /// of the three Kubernetes knows or none.
+    #[test]
+    fn every_kind_of_condition_is_read_by_its_status() {
+        for status in [
+            ConditionStatus::True,
+            ConditionStatus::False,
+            ConditionStatus::Unknown,
+        ] {
+            let text = status.as_str().to_owned();
+            assert_eq!(ConditionStatus::parse(&text), Some(status));
+            let workspace = workspace_condition(&text, "Any");
+            let pod = k8s_openapi::api::core::v1::PodCondition {
+                status: text.clone(),
+                ..Default::default()
+            };
+            let claim = k8s_openapi::api::core::v1::PersistentVolumeClaimCondition {
+                status: text,
+                ..Default::default()
+            };
+            assert!(workspace.is(status) && pod.is(status) && claim.is(status));
+            assert_eq!((pod.status(), claim.status()), (Some(status), Some(status)));
+        }
+        assert_eq!(ConditionStatus::parse("true"), None);
+        assert_eq!(ConditionStatus::from(true), ConditionStatus::True);
+        assert_eq!(ConditionStatus::from(false), ConditionStatus::False);
+    }
+
     #[test]
     fn a_reason_reads_back_as_it_was_written() {
         for text in ["NodeLost", "StartTimeout", "OutOfcpu", "Internal", ""] {

@@ -118,6 +118,26 @@ pub fn parse_duration(input: &str) -> Result<Duration> {
 mod tests {
     use super::*;
 
+    /// The API server refuses a duration the operator could not read: the CRD carries the
+    /// pattern [`parse_duration`] accepts, on every duration field.
+    #[test]
+    fn the_crd_checks_a_duration_by_its_pattern() {
+        let crd = serde_json::to_value(crate::crd::workspace_crd()).unwrap();
+        let lifecycle = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["lifecycle"]["properties"];
+        for field in ["idleTimeout", "startTimeout"] {
+            let schema = &lifecycle[field];
+            assert_eq!(schema["type"], "string", "{field}: {schema}");
+            assert_eq!(schema["pattern"], DURATION_PATTERN, "{field}");
+            assert_eq!(schema["maxLength"], 32, "{field}");
+        }
+    }
+
+    #[test]
+    fn a_duration_is_shown_as_it_was_written() {
+        assert_eq!(DurationString::from("1h30m").to_string(), "1h30m");
+    }
+
     #[test]
     fn valid_durations() {
         let rows: &[(&str, Duration)] = &[

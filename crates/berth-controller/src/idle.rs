@@ -130,6 +130,7 @@ pub fn culled_after(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     const T: Duration = Duration::from_secs(100);
 
@@ -160,6 +161,66 @@ mod tests {
             retry_in: Duration::from_secs(retry),
             ..seen(asked, 0)
         }
+    }
+
+    fn workspace(idle_timeout: Option<&str>, status: serde_json::Value) -> Workspace {
+        let mut lifecycle = serde_json::json!({});
+        if let Some(timeout) = idle_timeout {
+            lifecycle["idleTimeout"] = timeout.into();
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+            "metadata": {"name": "w", "namespace": "team-a", "uid": "ws-1"},
+            "spec": {"image": "x:1", "lifecycle": lifecycle},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_idle_timeout_is_read_when_set_and_not_zero() {
+        let timeout_of = |t: Option<&str>| timeout(&workspace(t, serde_json::json!({})));
+        assert_eq!(timeout_of(Some("10m")), Some(Duration::from_secs(600)));
+        assert_eq!(timeout_of(Some("0s")), None, "zero turns culling off");
+        assert_eq!(timeout_of(None), None);
+        assert_eq!(timeout_of(Some("soon")), None);
+    }
+
+    /// Activity is asked only of a verified agent of the workspace's current pod, while the
+    /// workspace runs with an idle timeout: each condition on its own turns the asking off.
+    #[test]
+    fn activity_is_asked_only_of_a_verified_agent_of_a_running_workspace() {
+        let verified = serde_json::json!({"agent": {"verifiedPodUID": "pod-1"}});
+        let pod: Pod = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "w-ws", "uid": "pod-1"}}),
+        )
+        .unwrap();
+        let ws = workspace(Some("10m"), verified.clone());
+        assert_eq!(wanted(&ws, Some(&pod)), Some(Duration::from_secs(600)));
+        assert_eq!(wanted(&ws, None), None, "no pod");
+        let mut gone = pod.clone();
+        gone.metadata.deletion_timestamp = Some(Time(t(0)));
+        assert_eq!(wanted(&ws, Some(&gone)), None, "the pod is going");
+        let mut deleted = ws.clone();
+        deleted.metadata.deletion_timestamp = Some(Time(t(0)));
+        assert_eq!(
+            wanted(&deleted, Some(&pod)),
+            None,
+            "the workspace is deleted"
+        );
+        let mut paused = ws.clone();
+        paused.spec.paused = true;
+        assert_eq!(wanted(&paused, Some(&pod)), None, "paused");
+        let unverified = workspace(Some("10m"), serde_json::json!({"agent": {}}));
+        assert_eq!(wanted(&unverified, Some(&pod)), None, "agent not verified");
+        let mut other = pod.clone();
+        other.metadata.uid = Some("pod-2".into());
+        assert_eq!(wanted(&ws, Some(&other)), None, "verified for another pod");
+        assert_eq!(
+            wanted(&workspace(None, verified), Some(&pod)),
+            None,
+            "no idle timeout"
+        );
     }
 
     #[test]

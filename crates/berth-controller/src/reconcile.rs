@@ -566,7 +566,7 @@ fn error_policy(workspace: Arc<Workspace>, error: &Error, ctx: Arc<Context>) -> 
     // in a row (its status may be what cannot be written).
     if attempt.is_power_of_two() {
         let note = format!(
-            "Cannot reconcile the workspace ({}): {error}. Retrying in {}.",
+            "Cannot reconcile the workspace ({}); {error}. Retrying in {}.",
             error.reason(),
             state::human(delay)
         );

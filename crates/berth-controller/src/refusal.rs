@@ -152,6 +152,13 @@ mod tests {
                 "ServiceUnavailable",
             ),
             (418, "", "teapot", "ApiError"),
+            // Without the API server's reason (or with one that is not a word), the code says.
+            (400, "", "bad", "BadRequest"),
+            (403, "", "no", "Forbidden"),
+            (404, "", "gone", "NotFound"),
+            (409, "", "exists", "Conflict"),
+            (429, "", "slow down", "TooManyRequests"),
+            (503, "Service Unavailable", "later", "ServiceUnavailable"),
         ];
         for (code, status_reason, message, want) in rows {
             assert_eq!(reason_of(code, status_reason, message), want, "{message}");

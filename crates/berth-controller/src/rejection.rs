@@ -187,6 +187,58 @@ mod tests {
         }
     }
 
+    /// Rule C10 and the lesson of the rejection work elsewhere: a pod that ever ran and then
+    /// failed crashed; only one that never ran was rejected. Each sign of running on its own.
+    #[test]
+    fn a_pod_that_ran_in_any_way_is_a_crash_not_a_rejection() {
+        let policy = RejectionPolicy::default();
+        let container = |ready: bool, started: Option<bool>, restarts: i32, state: Value| json!({"name": "c", "image": "x", "imageID": "", "ready": ready, "started": started, "restartCount": restarts, "state": state});
+        let waiting = json!({"waiting": {"reason": "ContainerCreating"}});
+        let ran = [
+            (
+                "a container that is ready",
+                container(true, None, 0, waiting.clone()),
+            ),
+            (
+                "a container that started, not ready",
+                container(false, Some(true), 0, waiting.clone()),
+            ),
+            (
+                "a container that restarted once",
+                container(false, Some(false), 1, waiting.clone()),
+            ),
+            (
+                "a container running",
+                container(false, None, 0, json!({"running": {}})),
+            ),
+            (
+                "a container that terminated",
+                container(false, None, 0, json!({"terminated": {"exitCode": 0}})),
+            ),
+        ];
+        for (what, status) in &ran {
+            for statuses in ["containerStatuses", "initContainerStatuses"] {
+                let pod = pod(json!({"phase": "Failed", "reason": "OutOfcpu", statuses: [status]}));
+                assert!(ever_ran(&pod), "{what} in {statuses}");
+                assert_eq!(detect(&pod, &policy), None, "{what} in {statuses}");
+            }
+        }
+        // One that never ran, beside another that did, still ran.
+        let never = container(false, Some(false), 0, waiting.clone());
+        let both = pod(
+            json!({"phase": "Failed", "reason": "OutOfcpu", "containerStatuses": [never.clone(), ran[2].1.clone()]}),
+        );
+        assert!(ever_ran(&both));
+        // Never ran: rejected. A Ready condition that is not True, or another condition that
+        // is True, is no sign of running.
+        let rejected = pod(json!({"phase": "Failed", "reason": "OutOfcpu",
+            "containerStatuses": [never],
+            "conditions": [{"type": "Ready", "status": "False"}, {"type": "PodScheduled", "status": "True"}]}));
+        assert!(!ever_ran(&rejected));
+        assert!(detect(&rejected, &policy).is_some());
+        assert!(!ever_ran(&pod(json!(null))));
+    }
+
     #[test]
     fn the_set_is_configurable() {
         let policy: RejectionPolicy = "Evicted,Custom*".parse().unwrap();

@@ -967,7 +967,7 @@ fn admission_message(workspace: &Workspace, missing: &str) -> String {
         .map(|r| r.field)
         .collect();
     format!(
-        "No pod until the admission policy is installed: nothing checked that this workspace's author may use what {} names ({missing}). Install it with kubectl apply -k deploy/ (Kubernetes 1.30+); the workspace then starts by itself.",
+        "No pod until the admission policy is installed; nothing checked that this workspace's author may use what {} names ({missing}). Install it with kubectl apply -k deploy/ (Kubernetes 1.30+); the workspace then starts by itself.",
         fields.join(", ")
     )
 }
@@ -1134,9 +1134,12 @@ impl Builder<'_> {
         if let Some((refused, workspace)) = still_wanted.cloned()
             && !matches!(self.status.phase, Some(Phase::Failed | Phase::Terminating))
         {
+            // What is wrong leads (the column `kubectl get ws` shows), the API server's own
+            // words follow.
             let text = format!(
-                "Cannot {}: {}",
+                "Cannot {} ({}); the API server said: {}",
                 refused.action.describe(&workspace),
+                refused.reason,
                 refused.message
             );
             // A stopped workspace keeps saying why it is stopped (Paused, Idle) in its Ready

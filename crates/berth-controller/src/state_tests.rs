@@ -255,7 +255,7 @@ fn a_refused_create_is_an_error_in_the_api_servers_words_with_a_warning_and_back
     let ws = workspace(json!({"image": "x:1"}), started(1));
     let d = decide_refused(&ws, None, &refused(Action::CreatePod, 1, 0, true));
     assert_eq!(d.status.phase, Some(Phase::Error));
-    let text = "Cannot create pod w-ws: pods \"w-ws\" is forbidden: error looking up service account team-a/nope: serviceaccount \"nope\" not found";
+    let text = "Cannot create pod w-ws (Forbidden); the API server said: pods \"w-ws\" is forbidden: error looking up service account team-a/nope: serviceaccount \"nope\" not found";
     assert_eq!(d.status.message.as_deref(), Some(text));
     let ready = condition_of(&d, "Ready");
     assert_eq!(
@@ -440,7 +440,7 @@ fn an_agent_auth_failure_keeps_the_pod_and_says_what_to_fix() {
     assert_eq!(
         d.status.message.as_deref(),
         Some(
-            format!("The agent of pod w-ws at 127.1.0.1:50051 refused the operator (Unauthenticated): {message}. The pod is kept; Berth keeps retrying.").as_str()
+            format!("The agent of pod w-ws refused the operator (Unauthenticated); it was called at 127.1.0.1:50051: {message}. The pod is kept; Berth keeps retrying.").as_str()
         )
     );
     for type_ in ["AgentReady", "Ready"] {
@@ -482,6 +482,42 @@ fn an_agent_auth_failure_keeps_the_pod_and_says_what_to_fix() {
     assert_eq!(again.status, d.status, "nothing to write (rule C16)");
     assert!(again.notices.is_empty());
     assert!(again.actions.is_empty());
+}
+
+/// Each way an agent check fails says in its lead what it means for the user, and the status
+/// keeps the address it was called at (what `kubectl describe` shows to check it by hand).
+#[test]
+fn each_agent_failure_says_what_it_means_and_where_the_agent_was_called() {
+    let ws = workspace(json!({"image": "x:1"}), started(10));
+    let pod = ready_pod(&ws);
+    for (reason, meaning) in [
+        ("AgentUnreachable", "cannot be reached"),
+        ("Unauthenticated", "refused the operator"),
+        ("PermissionDenied", "refused the operator"),
+        ("IdentityMismatch", "is not to be trusted"),
+        ("AgentError", "could not be checked"),
+    ] {
+        let failed = check(
+            AgentOutcome::Failed {
+                reason: reason.into(),
+                message: "m".into(),
+            },
+            true,
+        );
+        let d = decide_checked(&ws, &pod, &failed);
+        assert_eq!(
+            d.status.message.as_deref(),
+            Some(format!("The agent of pod w-ws {meaning} ({reason}); it was called at 127.1.0.1:50051: m. The pod is kept; Berth keeps retrying.").as_str()),
+        );
+        assert_eq!(
+            d.status.agent,
+            Some(berth_api::AgentStatus {
+                address: Some("127.1.0.1:50051".into()),
+                ..Default::default()
+            }),
+            "{reason}"
+        );
+    }
 }
 
 #[test]
@@ -570,7 +606,7 @@ fn an_unreachable_agent_is_said_so() {
     let d = decide_checked(&ws, &pod, &failed);
     assert_eq!(d.status.phase, Some(Phase::Error));
     assert!(d.status.message.as_deref().unwrap().starts_with(
-        "The agent of pod w-ws at 127.1.0.1:50051 cannot be reached (AgentUnreachable)"
+        "The agent of pod w-ws cannot be reached (AgentUnreachable); it was called at 127.1.0.1:50051"
     ));
     assert_eq!(condition_of(&d, "Ready").reason, "AgentUnreachable");
     assert!(d.actions.is_empty());
@@ -928,6 +964,26 @@ fn a_rejected_pod_is_replaced_after_the_delay_and_counted() {
         Duration::from_secs(11),
         "the delay counts from the end of the rejection's second"
     );
+    // Looked at 4 s into it: the rest is 7 s.
+    let part_way = derive(
+        &Observed {
+            workspace: &waiting,
+            pod: None,
+            warnings: &[],
+            claim: None,
+            service: None,
+            taken: &[],
+            agent: None,
+            refusal: None,
+            activity: None,
+            admission: None,
+            expectations: Default::default(),
+        },
+        &Policy::default(),
+        Timestamp::from_second(NOW + 4).unwrap(),
+    );
+    assert!(part_way.actions.is_empty());
+    assert_eq!(part_way.requeue, Duration::from_secs(7));
     // After the delay: a new pod, the count goes up, PodRejected flips back.
     let later = derive(
         &Observed {
@@ -1686,6 +1742,31 @@ mod culling {
         assert_eq!(d.requeue, Duration::from_secs(25));
     }
 
+    /// `status.lastActivity` only moves forward: an older reading (an answer that arrived
+    /// late, another replica's) never overwrites a newer one, and a reading of the same second
+    /// rewrites nothing, not even the signal.
+    #[test]
+    fn the_last_activity_only_moves_forward() {
+        let (mut ws, pod) = running("600s");
+        let remembered = |ws: &Workspace| {
+            let s = ws.status.as_ref().unwrap();
+            (
+                s.last_activity.as_ref().map(|t| t.0.as_second()),
+                s.last_activity_signal.clone(),
+            )
+        };
+        ws.status.as_mut().unwrap().last_activity =
+            Some(Time(Timestamp::from_second(NOW - 20).unwrap()));
+        ws.status.as_mut().unwrap().last_activity_signal = Some("Cpu".into());
+        let older = decide_with(&ws, &pod, &seen(0, 30, "a connection"));
+        assert_eq!(older.status, *ws.status.as_ref().unwrap(), "older");
+        let same = decide_with(&ws, &pod, &seen(0, 20, "a connection"));
+        assert_eq!(same.status, *ws.status.as_ref().unwrap(), "same second");
+        let newer = decide_with(&ws, &pod, &seen(0, 5, "a connection"));
+        ws.status = Some(newer.status);
+        assert_eq!(remembered(&ws), (Some(NOW - 5), Some("Connection".into())));
+    }
+
     #[test]
     fn an_answer_from_before_the_deadline_never_culls_even_when_read_late() {
         let (ws, pod) = running("60s");
@@ -2027,4 +2108,61 @@ fn a_workspace_a_taken_name_holds_never_says_it_is_ready() {
     assert_eq!(freed.status.ready_at.as_ref().map(|t| t.0), Some(now()));
     written.status = Some(freed.status.clone());
     assert_eq!(reasons(&look(&written, None, &known)), Vec::<String>::new());
+}
+
+/// A create the API server accepted is trusted to show up in the cache for
+/// [`EXPECTATION_TTL`], for the kind it created (and an update of the service like its
+/// create); then it is sent again.
+#[test]
+fn an_accepted_create_is_trusted_for_its_own_kind_until_the_expectation_expires() {
+    let ago = |seconds: i64| Some(Timestamp::from_second(NOW - seconds).unwrap());
+    let ttl = EXPECTATION_TTL.as_secs() as i64;
+    let kinds: [(Expectations, Action); 4] = [
+        (
+            Expectations {
+                pod: ago(1),
+                ..Default::default()
+            },
+            Action::CreatePod,
+        ),
+        (
+            Expectations {
+                claim: ago(1),
+                ..Default::default()
+            },
+            Action::CreateClaim,
+        ),
+        (
+            Expectations {
+                service: ago(1),
+                ..Default::default()
+            },
+            Action::CreateService,
+        ),
+        (
+            Expectations {
+                service: ago(1),
+                ..Default::default()
+            },
+            Action::UpdateService { uid: "s".into() },
+        ),
+    ];
+    for (expected, action) in &kinds {
+        assert!(expected.covers(action, now()), "{action:?}");
+        // Another kind's expectation says nothing of this one.
+        let others = kinds.iter().filter(|(e, _)| e != expected);
+        for (other, _) in others {
+            assert!(!other.covers(action, now()), "{action:?} by {other:?}");
+        }
+    }
+    let pod_sent = |seconds: i64| Expectations {
+        pod: ago(seconds),
+        ..Default::default()
+    };
+    assert!(pod_sent(ttl - 1).covers(&Action::CreatePod, now()));
+    assert!(
+        !pod_sent(ttl).covers(&Action::CreatePod, now()),
+        "expired at the TTL"
+    );
+    assert!(!pod_sent(1).covers(&Action::DeletePod { uid: "p".into() }, now()));
 }

@@ -7,7 +7,9 @@
 //! Run: `cargo bench -p berth --bench scale` (`BERTH_BENCH_WORKSPACES`, default 200;
 //! `BERTH_BENCH_IDLE_SECONDS`, default 30; `BERTH_BENCH_SIM_MAX_MIB`, default 16384: the run
 //! stops, saying how far it got, once the sim's memory passes it). Results go in
-//! `bench/scale.md`. For a heap profile, build `cargo build --profile profiling -p berth
+//! `bench/scale.md`. It first checks the hard limit of open files against what the sim needs
+//! for the count (saying what it needs), prints its progress every 10 s while the workspaces
+//! start, and stops, saying where it stood, after a minute without progress. For a heap profile, build `cargo build --profile profiling -p berth
 //! --features dhat-heap` and name that binary in `BERTH_BENCH_OPERATOR` or `BERTH_BENCH_SIM`;
 //! each writes `$BERTH_DHAT_OUT` when it is stopped. To read what the processes said, name a
 //! folder in `BERTH_BENCH_LOGS`: the sim's log and each operator run's (at `info`) go there.
@@ -112,6 +114,29 @@ impl Process {
         };
         (peak_kib / 1024.0, (ticks(11) + ticks(12)) / 100.0)
     }
+}
+
+/// The open descriptors of process `pid`, from `/proc`.
+fn descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// This process's hard limit of open files (`/proc/self/limits`); the sim raises its soft
+/// limit to it.
+fn open_files_hard_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let hard = line.split_whitespace().nth(4)?;
+    match hard {
+        "unlimited" => Some(u64::MAX),
+        hard => hard.parse().ok(),
+    }
+}
+
+/// The descriptors the sim needs for `n` running workspaces: one listener per pod's agent, and
+/// room for the connections of starts in flight, the API server's clients and the kubelets.
+fn descriptors_needed(n: usize) -> u64 {
+    (n + n / 2 + 2048) as u64
 }
 
 fn free_port() -> u16 {
@@ -273,6 +298,8 @@ struct Seen {
     first_status: Option<Instant>,
     pod_ready: Option<Instant>,
     running: Option<Instant>,
+    /// The phase last seen.
+    phase: Option<Phase>,
 }
 
 type Milestones = std::sync::Arc<std::sync::Mutex<BTreeMap<String, Seen>>>;
@@ -317,6 +344,7 @@ fn watch_milestones(admin: &kube::Client) -> Milestones {
             let phase = workspace.status.as_ref().and_then(|s| s.phase);
             let entry = seen.entry(workspace.name_any()).or_default();
             entry.created.get_or_insert(now);
+            entry.phase = phase;
             if phase.is_some() {
                 entry.first_status.get_or_insert(now);
             }
@@ -390,6 +418,16 @@ async fn run() {
     let n = setting("BERTH_BENCH_WORKSPACES", 200) as usize;
     let idle = Duration::from_secs(setting("BERTH_BENCH_IDLE_SECONDS", 30));
     let sim_limit_mib = setting("BERTH_BENCH_SIM_MAX_MIB", 16 * 1024) as f64;
+    let needed = descriptors_needed(n);
+    match open_files_hard_limit() {
+        Some(hard) if hard < needed => {
+            eprintln!(
+                "{n} workspaces need about {needed} open files in the sim (one per pod's agent, and room for connections); this machine's hard limit is {hard}: raise it (ulimit -Hn, LimitNOFILE) or run fewer (BERTH_BENCH_WORKSPACES)"
+            );
+            std::process::exit(2);
+        }
+        _ => {}
+    }
     let dir = tempfile::tempdir().unwrap();
     // 110 pods a node, as kubelets allow by default.
     let (sim, admin_kubeconfig) = start_sim(dir.path(), n / 100 + 1);
@@ -468,15 +506,45 @@ async fn run() {
         });
         futures::future::join_all(creates).await;
     }
+    // Progress every 10 s; a minute without any is the end of the run, saying where it stood.
+    let (mut said, mut progressed, mut best, mut sim_fds_peak) = (started, started, 0, 0);
+    // Counted from the watch, not by listing: a list of 10 000 workspaces four times a second
+    // would be most of what the sim does.
     loop {
-        let list = workspaces.list(&Default::default()).await.unwrap();
-        let running = list
-            .items
-            .iter()
-            .filter(|w| w.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
-            .count();
+        let phases: Vec<Option<Phase>> = milestones
+            .lock()
+            .unwrap()
+            .values()
+            .map(|s| s.phase)
+            .collect();
+        let phase = |p: Phase| phases.iter().filter(|s| **s == Some(p)).count();
+        let running = phase(Phase::Running);
+        sim_fds_peak = sim_fds_peak.max(descriptors(sim.pid()));
         if running == n {
             break;
+        }
+        // Progress: more workspaces running, or more with a status at all.
+        let moved = running + phases.iter().filter(|s| s.is_some()).count();
+        if moved > best {
+            (best, progressed) = (moved, Instant::now());
+        }
+        let progress = || {
+            let without_status = n - phases.iter().filter(|s| s.is_some()).count();
+            format!(
+                "{:.0} s: {running}/{n} running, {} in Error, {without_status} without a status; the sim holds {} open files (peak {sim_fds_peak}) and {:.0} MiB",
+                started.elapsed().as_secs_f64(),
+                phase(Phase::Error),
+                descriptors(sim.pid()),
+                sim.usage().0
+            )
+        };
+        if said.elapsed() >= Duration::from_secs(10) {
+            eprintln!("{}", progress());
+            said = Instant::now();
+        }
+        if progressed.elapsed() >= Duration::from_secs(60) {
+            eprintln!("no progress for a minute; stopped at {}", progress());
+            std::process::exit(1);
         }
         // The sim holds an agent server per pod: stop before it takes the machine's memory.
         let (sim_rss, _) = sim.usage();
@@ -596,5 +664,9 @@ async fn run() {
     }
     println!(
         "| sim process: peak RSS / CPU (kubelets, in-process agents, API server) | {sim_rss:.0} MiB / {sim_cpu:.0} s |"
+    );
+    println!(
+        "| sim process: open files, peak while starting / all running and idle | {sim_fds_peak} / {} |",
+        descriptors(sim.pid())
     );
 }

@@ -105,8 +105,23 @@ impl Case {
     }
 
     fn decide(&self) -> Seen {
+        let d = self.decision();
+        Seen {
+            phase: d.status.phase.expect("every decision has a phase"),
+            ready: find_condition(&d.status.conditions, types::READY).map(|c| c.reason.clone()),
+            actions: d.actions,
+            events: d
+                .notices
+                .iter()
+                .map(|n| format!("{}{}", if n.warning { "!" } else { "" }, n.reason))
+                .collect(),
+            release: d.release,
+        }
+    }
+
+    fn decision(&self) -> Decision {
         let warnings: Vec<&Event> = self.warnings.iter().collect();
-        let d = derive(
+        derive(
             &Observed {
                 workspace: &self.workspace,
                 pod: self.pod.as_ref(),
@@ -122,19 +137,16 @@ impl Case {
             },
             &Policy::default(),
             now(),
-        );
-        Seen {
-            phase: d.status.phase.expect("every decision has a phase"),
-            ready: find_condition(&d.status.conditions, types::READY).map(|c| c.reason.clone()),
-            actions: d.actions,
-            events: d
-                .notices
-                .iter()
-                .map(|n| format!("{}{}", if n.warning { "!" } else { "" }, n.reason))
-                .collect(),
-            release: d.release,
-        }
+        )
     }
+}
+
+/// What `kubectl get ws` shows in MESSAGE: the message's lead, up to its first `. ` or `; `.
+/// Every message leads with what is wrong (or happening) within the column's 100 characters,
+/// then gives the detail and the fix; `None` when it does.
+fn lead_too_long(message: &str) -> Option<String> {
+    let summary = berth_api::summary(message);
+    summary.ends_with('…').then(|| message.to_owned())
 }
 
 /// Every row that differs, named, in one failure.
@@ -143,6 +155,13 @@ fn table(rows: Vec<(Case, Seen)>) {
         .into_iter()
         .filter_map(|(case, want)| {
             let got = case.decide();
+            let message = case.decision().status.message.unwrap_or_default();
+            if let Some(long) = lead_too_long(&message) {
+                return Some(format!(
+                    "{}: the message's lead is over 100 characters: {long}",
+                    case.name
+                ));
+            }
             (got != want).then(|| format!("{}:\n  want {want:?}\n  got  {got:?}", case.name))
         })
         .collect();

@@ -78,7 +78,7 @@ pub(super) fn running(
                     _ => "could not be checked",
                 };
                 let text = format!(
-                    "The agent of pod {pod_name} at {} {what} ({reason}): {message}. The pod is kept; Berth keeps retrying.",
+                    "The agent of pod {pod_name} {what} ({reason}); it was called at {}: {message}. The pod is kept; Berth keeps retrying.",
                     c.address
                 );
                 if c.fresh {

@@ -232,7 +232,7 @@ async fn without_the_admission_policy_a_workspace_naming_a_secret_gets_no_pod() 
     assert_eq!(crate::support::phase_of(&seen), Some(Phase::Error));
     assert_eq!(
         crate::support::message_of(&seen),
-        "No pod until the admission policy is installed: nothing checked that this workspace's author may use what spec.podTemplate.volumes.secrets[0] names (no ValidatingAdmissionPolicyBinding of workspaces.berth.dev has validationActions Deny). Install it with kubectl apply -k deploy/ (Kubernetes 1.30+); the workspace then starts by itself."
+        "No pod until the admission policy is installed; nothing checked that this workspace's author may use what spec.podTemplate.volumes.secrets[0] names (no ValidatingAdmissionPolicyBinding of workspaces.berth.dev has validationActions Deny). Install it with kubectl apply -k deploy/ (Kubernetes 1.30+); the workspace then starts by itself."
     );
     h.until_phase("plain", Phase::Running).await;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client.clone(), "default");

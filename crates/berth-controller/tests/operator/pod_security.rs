@@ -55,6 +55,6 @@ async fn a_pod_the_namespace_refuses_is_explained_in_its_words() {
     assert_eq!(phase_of(&ws), Some(Phase::Error));
     assert_eq!(
         message_of(&ws),
-        "Cannot create pod rooted-ws: pods \"rooted-ws\" is forbidden: violates PodSecurity \"restricted:latest\": runAsNonRoot != true (pod or container \"workspace\" must set securityContext.runAsNonRoot=true)"
+        "Cannot create pod rooted-ws (AdmissionDenied); the API server said: pods \"rooted-ws\" is forbidden: violates PodSecurity \"restricted:latest\": runAsNonRoot != true (pod or container \"workspace\" must set securityContext.runAsNonRoot=true)"
     );
 }

@@ -3,7 +3,7 @@
 //!
 //! What a user sees for a workspace whose pod the API server refuses:
 //! `kubectl get ws` -> `Error`; `Ready=False` with the API's reason (`Forbidden`,
-//! `QuotaExceeded`); the message `Cannot create pod <name>: <the API server's message>`; a
+//! `QuotaExceeded`); the message `Cannot create pod <name> (<reason>); the API server said: <its message>`; a
 //! Warning `FailedCreate` event with the same words; no `Created` event (nothing was created).
 
 use std::time::Duration;
@@ -39,7 +39,7 @@ async fn a_refused_pod_is_explained_in_the_api_servers_words_backs_off_and_heals
     assert_eq!(failing.status.as_ref().unwrap().phase, Some(Phase::Error));
     assert_eq!(
         message_of(&failing),
-        "Cannot create pod nosa-ws: pods \"nosa-ws\" is forbidden: error looking up service account default/does-not-exist: serviceaccount \"does-not-exist\" not found"
+        "Cannot create pod nosa-ws (Forbidden); the API server said: pods \"nosa-ws\" is forbidden: error looking up service account default/does-not-exist: serviceaccount \"does-not-exist\" not found"
     );
     assert_eq!(
         condition(&failing, "Ready").unwrap().message,
@@ -123,7 +123,7 @@ async fn a_quota_refusal_is_quota_exceeded_and_heals_when_room_is_made() {
     let failing = h.until_not_ready("quota", "QuotaExceeded").await;
     assert_eq!(
         message_of(&failing),
-        "Cannot create pod quota-ws: pods \"quota-ws\" is forbidden: exceeded quota: two-pods, requested: pods=1, used: pods=1, limited: pods=1"
+        "Cannot create pod quota-ws (QuotaExceeded); the API server said: pods \"quota-ws\" is forbidden: exceeded quota: two-pods, requested: pods=1, used: pods=1, limited: pods=1"
     );
     pods.delete(
         "hog",
@@ -301,7 +301,7 @@ async fn a_failed_reconcile_is_said_by_a_warning_and_retried() {
         .collect();
     assert!(
         failed.iter().any(|note| note
-            .starts_with("Cannot reconcile the workspace (ApiUnavailable): ")
+            .starts_with("Cannot reconcile the workspace (ApiUnavailable); ")
             && note.contains("injected fault (patch workspaces)")
             && note.ends_with("Retrying in 500ms.")),
         "{events:?}"
