@@ -2166,3 +2166,399 @@ fn an_accepted_create_is_trusted_for_its_own_kind_until_the_expectation_expires(
     );
     assert!(!pod_sent(1).covers(&Action::DeletePod { uid: "p".into() }, now()));
 }
+
+/// Rule C2: an event's time is its series' last observation, else its last timestamp, else
+/// its event time, else when it was created.
+#[test]
+fn an_events_time_is_the_latest_it_says_of_itself() {
+    let mut event = warning("pod-1", "FailedMount", "m", 1, 30);
+    event.metadata.creation_timestamp = Some(Time(Timestamp::from_second(NOW - 40).unwrap()));
+    event.event_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        Timestamp::from_second(NOW - 35).unwrap(),
+    ));
+    let seconds_ago = |e: &Event| event_time(e).map(|t| NOW - t.as_second());
+    event.series = Some(
+        serde_json::from_value(
+            json!({"count": 3, "lastObservedTime": "2027-01-15T08:00:00.000000Z"}),
+        )
+        .unwrap(),
+    );
+    assert_eq!(
+        event_time(&event).map(|t| t.to_string()),
+        Some("2027-01-15T08:00:00Z".to_owned()),
+        "series"
+    );
+    event.series = None;
+    assert_eq!(seconds_ago(&event), Some(30), "lastTimestamp");
+    event.last_timestamp = None;
+    assert_eq!(seconds_ago(&event), Some(35), "eventTime");
+    event.event_time = None;
+    assert_eq!(seconds_ago(&event), Some(40), "creationTimestamp");
+    event.metadata.creation_timestamp = None;
+    assert_eq!(seconds_ago(&event), None);
+}
+
+/// Unschedulable is read from the pod's PodScheduled condition alone, when it is False for
+/// that reason; an admin who counts it as an error gets `Error`.
+#[test]
+fn unschedulable_is_an_error_only_when_the_scheduler_says_so_and_the_admin_counts_it() {
+    let ws = workspace(json!({"image": "x:1"}), started(20));
+    let strict = Policy {
+        warnings: "FailedScheduling=error".parse().unwrap(),
+        ..Policy::default()
+    };
+    let decide_strict = |pod: &Pod| {
+        derive(
+            &Observed {
+                workspace: &ws,
+                pod: Some(pod),
+                warnings: &[],
+                claim: None,
+                service: None,
+                taken: &[],
+                agent: None,
+                refusal: None,
+                activity: None,
+                admission: None,
+                expectations: Default::default(),
+            },
+            &strict,
+            now(),
+        )
+    };
+    let with = |scheduled: Value| {
+        pod_of(
+            &ws,
+            json!({"phase": "Pending", "conditions": [{"type": "Initialized", "status": "True"}, scheduled]}),
+        )
+    };
+    let unschedulable = with(
+        json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available"}),
+    );
+    assert_eq!(
+        decide_strict(&unschedulable).status.phase,
+        Some(Phase::Error)
+    );
+    for (what, scheduled) in [
+        (
+            "another reason",
+            json!({"type": "PodScheduled", "status": "False", "reason": "SchedulerError", "message": "m"}),
+        ),
+        (
+            "bound",
+            json!({"type": "PodScheduled", "status": "True", "reason": "Unschedulable"}),
+        ),
+    ] {
+        let d = decide_strict(&with(scheduled));
+        assert_ne!(d.status.phase, Some(Phase::Error), "{what}");
+    }
+}
+
+/// A rejection is told once: a PodRejected condition that is False (the last rejection was
+/// dealt with) does not count as told, even with the same reason.
+#[test]
+fn a_rejection_is_told_again_once_the_last_one_was_dealt_with() {
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        json!({"phase": "Starting", "observedGeneration": 1, "startedAt": at(30), "podRecreations": 1,
+            "pod": {"name": "w-ws", "uid": "pod-1"},
+            "conditions": [{"type": "PodRejected", "status": "False", "reason": "OutOfcpu", "message": "", "lastTransitionTime": at(20)}]}),
+    );
+    let d = decide(&ws, Some(&rejected_pod(&ws, "OutOfcpu")), &[]);
+    assert!(
+        d.notices
+            .iter()
+            .any(|n| n.warning && n.reason == "PodRejected"),
+        "{:?}",
+        d.notices
+    );
+}
+
+/// Only progress is held back: a start that waits on something that is not progress (no
+/// node fits) is written at once, though it publishes no Warning.
+#[test]
+fn a_start_waiting_on_a_problem_is_written_at_once() {
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        serde_json::to_value(
+            decide(&workspace(json!({"image": "x:1"}), started(3)), None, &[]).status,
+        )
+        .unwrap(),
+    );
+    let first = decide(&ws, Some(&pod_of(&ws, json!({"phase": "Pending"}))), &[]);
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        serde_json::to_value(&first.status).unwrap(),
+    );
+    let unschedulable = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available"}]}),
+    );
+    let d = decide(&ws, Some(&unschedulable), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Starting));
+    assert!(d.notices.iter().all(|n| !n.warning), "{:?}", d.notices);
+    assert_eq!(
+        hold_back(
+            ws.status.as_ref().unwrap(),
+            &d,
+            Some(Duration::ZERO),
+            Duration::from_secs(1)
+        ),
+        None
+    );
+}
+
+/// Progress is held back only when the decision does nothing else: an action (a write guards
+/// every action) or a Warning is written at once.
+#[test]
+fn progress_with_an_action_or_a_warning_is_written_at_once() {
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        serde_json::to_value(
+            decide(&workspace(json!({"image": "x:1"}), started(3)), None, &[]).status,
+        )
+        .unwrap(),
+    );
+    let first = decide(&ws, Some(&pod_of(&ws, json!({"phase": "Pending"}))), &[]);
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        serde_json::to_value(&first.status).unwrap(),
+    );
+    let creating = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+    );
+    let old = ws.status.clone().unwrap();
+    let second = Duration::from_secs(1);
+    let d = decide(&ws, Some(&creating), &[]);
+    assert_eq!(
+        hold_back(&old, &d, Some(Duration::ZERO), second),
+        Some(second)
+    );
+    let mut acting = d.clone();
+    acting.actions.push(Action::CreateService);
+    assert_eq!(hold_back(&old, &acting, Some(Duration::ZERO), second), None);
+    let mut warning = d.clone();
+    warning
+        .notices
+        .push(Notice::warning("FailedMount", "m".into()));
+    assert_eq!(
+        hold_back(&old, &warning, Some(Duration::ZERO), second),
+        None
+    );
+}
+
+/// The claim and the service follow the spec, and only the workspace's own are ever changed
+/// (#27): a claim or service of the same name that is someone else's is never grown, updated
+/// or deleted.
+#[test]
+fn the_claim_and_service_follow_the_spec_and_only_the_workspaces_own_are_touched() {
+    let with_ports = json!({"image": "x:1", "ports": [{"name": "http", "port": 8080}],
+        "podTemplate": {"volumes": {"home": {"size": "2Gi", "mountPath": "/h"}}}});
+    let ws = workspace(with_ports, started(3));
+    let plain = workspace(json!({"image": "x:1"}), started(3));
+    let own_service = pod::build_service(&ws).unwrap();
+    let mut other_ports = own_service.clone();
+    other_ports.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 9090;
+    let theirs = |mut service: Service| {
+        service.metadata.owner_references = None;
+        service.metadata.uid = Some("theirs".into());
+        service
+    };
+    let mut small_claim = pod::build_claim(&ws).unwrap();
+    requesting(&mut small_claim, "1Gi");
+    small_claim.metadata.uid = Some("claim-1".into());
+    let mut their_claim = small_claim.clone();
+    their_claim.metadata.owner_references = None;
+    let decide_with =
+        |ws: &Workspace, claim: Option<&PersistentVolumeClaim>, service: Option<&Service>| {
+            derive(
+                &Observed {
+                    workspace: ws,
+                    pod: None,
+                    warnings: &[],
+                    claim,
+                    service,
+                    taken: &[],
+                    agent: None,
+                    refusal: None,
+                    activity: None,
+                    admission: None,
+                    expectations: Default::default(),
+                },
+                &Policy::default(),
+                now(),
+            )
+            .actions
+        };
+    let service_actions = |actions: Vec<Action>| -> Vec<Action> {
+        actions
+            .into_iter()
+            .filter(|a| {
+                matches!(
+                    a,
+                    Action::CreateService
+                        | Action::UpdateService { .. }
+                        | Action::DeleteService { .. }
+                )
+            })
+            .collect()
+    };
+    let claim = Some(&small_claim);
+    assert_eq!(
+        service_actions(decide_with(&ws, claim, None)),
+        [Action::CreateService],
+        "ports and no service"
+    );
+    assert_eq!(
+        service_actions(decide_with(&ws, claim, Some(&own_service))),
+        [],
+        "its own, as the spec says"
+    );
+    let uid = own_service.metadata.uid.clone().unwrap_or_default();
+    assert_eq!(
+        service_actions(decide_with(&ws, claim, Some(&other_ports))),
+        [Action::UpdateService { uid: uid.clone() }],
+        "its own, with other ports"
+    );
+    assert_eq!(
+        service_actions(decide_with(&ws, claim, Some(&theirs(other_ports.clone())))),
+        [],
+        "someone else's, with other ports"
+    );
+    assert_eq!(
+        service_actions(decide_with(&plain, None, Some(&own_service))),
+        [Action::DeleteService { uid }],
+        "no ports any more: its own goes"
+    );
+    assert_eq!(
+        service_actions(decide_with(
+            &plain,
+            None,
+            Some(&theirs(own_service.clone()))
+        )),
+        [],
+        "someone else's stays"
+    );
+    let grows = |claim: &PersistentVolumeClaim| {
+        decide_with(&ws, Some(claim), Some(&own_service))
+            .iter()
+            .any(|a| matches!(a, Action::ResizeClaim { .. }))
+    };
+    assert!(grows(&small_claim), "its own claim grows with home.size");
+    assert!(!grows(&their_claim), "someone else's claim is never grown");
+}
+
+/// An idle timeout of zero (the CRD refuses it; an object stored before that rule may hold
+/// it) is a spec that cannot work, said as such, not a workspace culled at once.
+#[test]
+fn an_idle_timeout_of_zero_is_a_spec_that_cannot_work() {
+    let ws = workspace(
+        json!({"image": "x:1", "lifecycle": {"idleTimeout": "0s"}}),
+        started(3),
+    );
+    let d = decide(&ws, None, &[]);
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some("The spec cannot work: lifecycle.idleTimeout must be longer than 0s")
+    );
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+}
+
+/// `Resumed` is told of a workspace that was stopped because it was paused (by its user or
+/// for idleness), and only of such a one.
+#[test]
+fn resumed_is_told_only_of_a_workspace_that_was_paused() {
+    let stopped = |reason: &str| {
+        workspace(
+            json!({"image": "x:1"}),
+            json!({"phase": "Stopped", "observedGeneration": 1,
+                "conditions": [{"type": "Ready", "status": "False", "reason": reason, "message": "", "lastTransitionTime": at(60)}]}),
+        )
+    };
+    let told = |ws: &Workspace| notice_reasons(&decide(ws, None, &[])).contains(&"Resumed");
+    assert!(told(&stopped("Paused")));
+    assert!(told(&stopped("Idle")));
+    assert!(!told(&stopped("Unknown")), "stopped, but not paused");
+    let pending = workspace(
+        json!({"image": "x:1"}),
+        json!({"phase": "Pending", "observedGeneration": 1,
+            "conditions": [{"type": "Stalled", "status": "False", "reason": "Paused", "message": "", "lastTransitionTime": at(60)}]}),
+    );
+    assert!(!told(&pending), "not stopped");
+}
+
+/// The names taken are what the caches show and what creates met, one per kind (what the
+/// caches show first): a met service is named beside a foreign pod the cache shows.
+#[test]
+fn names_taken_are_those_the_caches_show_and_those_creates_met_one_per_kind() {
+    let ws = workspace(
+        json!({"image": "x:1", "ports": [{"name": "http", "port": 8080}]}),
+        started(3),
+    );
+    let mut foreign = pod_of(&ws, json!({"phase": "Running"}));
+    foreign.metadata.owner_references = None;
+    let met = |kind: Derived| Foreign {
+        kind,
+        name: "met".into(),
+        owner: None,
+        met: Some(crate::ownership::Met {
+            at: now(),
+            attempts: 1,
+        }),
+    };
+    let creates_met = [met(Derived::Pod), met(Derived::Service)];
+    let found = taken(&Observed {
+        workspace: &ws,
+        pod: Some(&foreign),
+        warnings: &[],
+        claim: None,
+        service: None,
+        taken: &creates_met,
+        agent: None,
+        refusal: None,
+        activity: None,
+        admission: None,
+        expectations: Default::default(),
+    });
+    let seen: Vec<(Derived, bool)> = found.iter().map(|f| (f.kind, f.met.is_some())).collect();
+    assert_eq!(seen, [(Derived::Pod, false), (Derived::Service, true)]);
+}
+
+/// A workspace Berth gave up on stays as it is (`Failed`, saying why) when a name it would
+/// use is taken: there is nothing to create while it is failed.
+#[test]
+fn a_failed_workspace_stays_failed_when_a_name_is_taken() {
+    let ws = workspace(
+        json!({"image": "x:1", "ports": [{"name": "http", "port": 8080}]}),
+        json!({"phase": "Failed", "observedGeneration": 1, "startedAt": at(900), "message": "gave up",
+            "conditions": [{"type": "Stalled", "status": "True", "reason": "StartTimeout", "message": "gave up", "observedGeneration": 1, "lastTransitionTime": at(300)}]}),
+    );
+    let service = Service {
+        metadata: serde_json::from_value(json!({"name": "w", "uid": "theirs"})).unwrap(),
+        ..Default::default()
+    };
+    let d = derive(
+        &Observed {
+            workspace: &ws,
+            pod: None,
+            warnings: &[],
+            claim: None,
+            service: Some(&service),
+            taken: &[],
+            agent: None,
+            refusal: None,
+            activity: None,
+            admission: None,
+            expectations: Default::default(),
+        },
+        &Policy::default(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Some(Phase::Failed));
+    assert!(
+        find_condition(&d.status.conditions, types::READY).is_none_or(|c| c.reason != "NameTaken"),
+        "{:?}",
+        d.status.conditions
+    );
+}

@@ -1210,20 +1210,6 @@ fn review(
     Ok(answer)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tail_lines_keeps_the_last_lines() {
-        let log = b"a\nb\nc\n".to_vec();
-        assert_eq!(tail_lines(log.clone(), Some(&"2".to_owned())), b"b\nc\n");
-        assert_eq!(tail_lines(log.clone(), Some(&"9".to_owned())), log);
-        assert_eq!(tail_lines(log.clone(), Some(&"0".to_owned())), b"");
-        assert_eq!(tail_lines(log.clone(), None), log);
-    }
-}
-
 /// Whether an accept failed for that one connection only (reset or aborted before it was
 /// taken): the next accept may succeed at once.
 pub(crate) fn one_connection_failed(error: &std::io::Error) -> bool {
@@ -1236,4 +1222,18 @@ pub(crate) fn one_connection_failed(error: &std::io::Error) -> bool {
             | ErrorKind::Interrupted
             | ErrorKind::WouldBlock
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_lines_keeps_the_last_lines() {
+        let log = b"a\nb\nc\n".to_vec();
+        assert_eq!(tail_lines(log.clone(), Some(&"2".to_owned())), b"b\nc\n");
+        assert_eq!(tail_lines(log.clone(), Some(&"9".to_owned())), log);
+        assert_eq!(tail_lines(log.clone(), Some(&"0".to_owned())), b"");
+        assert_eq!(tail_lines(log.clone(), None), log);
+    }
 }

@@ -542,10 +542,12 @@ async fn run() {
             eprintln!("{}", progress());
             said = Instant::now();
         }
-        if progressed.elapsed() >= Duration::from_secs(60) {
-            eprintln!("no progress for a minute; stopped at {}", progress());
-            std::process::exit(1);
-        }
+        // A panic, not an exit: unwinding stops the sim and the operator (`Process`'s drop).
+        assert!(
+            progressed.elapsed() < Duration::from_secs(60),
+            "no progress for a minute; stopped at {}",
+            progress()
+        );
         // The sim holds an agent server per pod: stop before it takes the machine's memory.
         let (sim_rss, _) = sim.usage();
         if sim_rss > sim_limit_mib {

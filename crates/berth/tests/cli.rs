@@ -685,7 +685,8 @@ fn dev_examples(mut command: Command) -> String {
     );
     let unauthenticated = last("no-delegator", "Error").unwrap_or_else(|| panic!("{stdout}"));
     assert!(
-        unauthenticated.contains("(Unauthenticated): TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:default:no-delegator"),
+        unauthenticated.contains("The agent of pod no-delegator-ws refused the operator (Unauthenticated); it was called at ")
+            && unauthenticated.contains(": TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:default:no-delegator"),
         "{unauthenticated}"
     );
     assert!(stdout.trim_end().ends_with("berth dev: stopped"));

@@ -394,7 +394,8 @@ async fn an_operator_that_cannot_get_its_token_says_so() {
     assert_eq!(phase_of(&ws), Some(Phase::Error));
     let message = message_of(&ws);
     assert!(
-        message.contains("could not be checked (Unknown): cannot get a token for the operator's service account berth-system/berth-controller (TokenRequest)"),
+        message.contains("could not be checked (Unknown); it was called at ")
+            && message.contains(": cannot get a token for the operator's service account berth-system/berth-controller (TokenRequest)"),
         "{message}"
     );
     let mut restored = roles.get("berth-controller").await.unwrap();
