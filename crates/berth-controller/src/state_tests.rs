@@ -2562,3 +2562,103 @@ fn a_failed_workspace_stays_failed_when_a_name_is_taken() {
         d.status.conditions
     );
 }
+
+#[test]
+fn a_failed_reconcile_is_retried_after_a_doubling_wait_up_to_the_cap() {
+    let cap = Duration::from_secs(5);
+    let waits: Vec<u128> = (1..=6)
+        .map(|a| retry_after_error(a, cap).as_millis())
+        .collect();
+    assert_eq!(waits, [500, 1000, 2000, 4000, 5000, 5000]);
+}
+
+#[test]
+fn durations_are_said_as_a_person_writes_them() {
+    let said = |ms: u64| human(Duration::from_millis(ms));
+    assert_eq!(said(0), "0s");
+    assert_eq!(said(500), "500ms");
+    assert_eq!(said(90_000), "1m30s");
+    assert_eq!(said(600_000), "10m");
+    assert_eq!(said(3_600_000), "1h");
+    assert_eq!(said(5_400_000), "1h30m");
+}
+
+/// An `Error` whose cause changes is told again, with the new cause, though the phase stays.
+#[test]
+fn an_error_whose_cause_changes_is_told_again() {
+    let ws = workspace(
+        json!({"image": "x:1"}),
+        json!({"phase": "Error", "observedGeneration": 1, "startedAt": at(30), "pod": {"name": "w-ws", "uid": "pod-1"},
+            "conditions": [{"type": "Ready", "status": "False", "reason": "AgentUnreachable", "message": "", "lastTransitionTime": at(20)}]}),
+    );
+    let pod = ready_pod(&ws);
+    let now_refused = check(
+        AgentOutcome::Failed {
+            reason: "Unauthenticated".into(),
+            message: "m".into(),
+        },
+        false,
+    );
+    let d = decide_checked(&ws, &pod, &now_refused);
+    assert_eq!(d.status.phase, Some(Phase::Error));
+    let warnings: Vec<&str> = d
+        .notices
+        .iter()
+        .filter(|n| n.warning)
+        .map(|n| n.reason.as_ref())
+        .collect();
+    assert_eq!(warnings, ["Unauthenticated"]);
+}
+
+/// A start with no progress is looked at again no later than its start timeout's end.
+#[test]
+fn a_stuck_start_is_looked_at_again_when_its_timeout_ends() {
+    let mut ws = workspace(
+        json!({"image": "x:1", "lifecycle": {"startTimeout": "60s"}}),
+        started(58),
+    );
+    ws.status.as_mut().unwrap().conditions = serde_json::from_value(json!([
+        {"type": "PodScheduled", "status": "True", "reason": "Scheduled", "message": "", "lastTransitionTime": at(58)},
+        {"type": "PodReady", "status": "False", "reason": "ContainerCreating", "message": "", "lastTransitionTime": at(58)},
+        {"type": "Ready", "status": "False", "reason": "ContainerCreating", "message": "", "lastTransitionTime": at(58)}
+    ]))
+    .unwrap();
+    let pod = pod_of(
+        &ws,
+        json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": at(58)}], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+    );
+    let d = decide(&ws, Some(&pod), &[]);
+    assert_eq!(d.status.phase, Some(Phase::Starting));
+    assert_eq!(d.requeue, Duration::from_secs(2));
+}
+
+/// Deleting a workspace whose pod is stopping is looked at again within a second, and never
+/// past the end of the deletion grace period.
+#[test]
+fn a_deletion_is_looked_at_again_no_later_than_its_grace_ends() {
+    let requeue_after = |deleting_for: i64| {
+        let mut ws = workspace(json!({"image": "x:1"}), started(100));
+        ws.metadata.deletion_timestamp =
+            Some(Time(Timestamp::from_second(NOW - deleting_for).unwrap()));
+        ws.metadata.finalizers = Some(vec![berth_api::labels::FINALIZER.into()]);
+        let pod = ready_pod(&ws);
+        decide(&ws, Some(&pod), &[]).requeue
+    };
+    let grace = Policy::default().deletion_grace.as_secs() as i64;
+    assert_eq!(requeue_after(1), Duration::from_secs(1));
+    assert_eq!(requeue_after(grace - 1), Duration::from_secs(1));
+    let mut ws = workspace(json!({"image": "x:1"}), started(100));
+    ws.metadata.deletion_timestamp = Some(Time(
+        Timestamp::from_second(NOW - grace)
+            .unwrap()
+            .checked_add(jiff::SignedDuration::from_millis(400))
+            .unwrap(),
+    ));
+    ws.metadata.finalizers = Some(vec![berth_api::labels::FINALIZER.into()]);
+    let d = decide(&ws, Some(&ready_pod(&ws)), &[]);
+    assert_eq!(
+        d.requeue,
+        Duration::from_millis(400),
+        "the rest of the grace period"
+    );
+}

@@ -138,21 +138,12 @@ pub(super) fn starting(
         None => message.clone(),
     };
 
-    match pod_phase.as_str() {
-        "Unknown" => {
-            let text = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.message.clone())
-                .unwrap_or_else(|| format!("The state of pod {pod_name} is unknown"));
-            b.phase(Phase::Unknown, text);
-        }
+    // (A pod in phase Unknown never comes here: its node is lost, `replacing::node_lost`.)
+    match &signal {
         _ if ended.is_some() => b.phase(Phase::Error, message.clone()),
-        _ => match &signal {
-            Some(s) if s.error => b.phase(Phase::Error, s.message.clone()),
-            Some(s) => b.phase(Phase::Starting, s.message.clone()),
-            None => b.phase(Phase::Starting, waits_on),
-        },
+        Some(s) if s.error => b.phase(Phase::Error, s.message.clone()),
+        Some(s) => b.phase(Phase::Starting, s.message.clone()),
+        None => b.phase(Phase::Starting, waits_on),
     }
 
     // No progress for startTimeout: give up and free the node (rule C9).
