@@ -152,6 +152,13 @@ mod tests {
                 "ServiceUnavailable",
             ),
             (418, "", "teapot", "ApiError"),
+            // A webhook that could not be called denied nothing: the API server's reason.
+            (
+                500,
+                "InternalError",
+                "Internal error occurred: failed calling admission webhook \"deny.example.com\": context deadline exceeded",
+                "InternalError",
+            ),
             // Without the API server's reason (or with one that is not a word), the code says.
             (400, "", "bad", "BadRequest"),
             (403, "", "no", "Forbidden"),

@@ -2662,3 +2662,42 @@ fn a_deletion_is_looked_at_again_no_later_than_its_grace_ends() {
         "the rest of the grace period"
     );
 }
+
+/// A create that met someone else's object is tried again after its wait (1 s after the
+/// first); once that wait is over the workspace is not looked at in a loop, but on the
+/// start's growing requeue.
+#[test]
+fn a_taken_name_is_looked_at_again_after_its_wait_and_never_in_a_loop() {
+    let ws = workspace(json!({"image": "x:1"}), started(20));
+    let requeue = |met_ago: i64| {
+        let taken = [Foreign {
+            kind: Derived::Pod,
+            name: "w-ws".into(),
+            owner: Some("Workspace other".into()),
+            met: Some(crate::ownership::Met {
+                at: Timestamp::from_second(NOW - met_ago).unwrap(),
+                attempts: 1,
+            }),
+        }];
+        derive(
+            &Observed {
+                workspace: &ws,
+                pod: None,
+                warnings: &[],
+                claim: None,
+                service: None,
+                taken: &taken,
+                agent: None,
+                refusal: None,
+                activity: None,
+                admission: None,
+                expectations: Default::default(),
+            },
+            &Policy::default(),
+            now(),
+        )
+        .requeue
+    };
+    assert_eq!(requeue(0), Duration::from_secs(1));
+    assert!(requeue(10) > Duration::ZERO);
+}
