@@ -41,6 +41,24 @@ fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decision 
     decision
 }
 
+/// An observation of `ws` alone: no pod, claim, service, agent check, refusal or activity, the
+/// admission policy installed, nothing expected; a test names what it adds.
+fn only(ws: &Workspace) -> Observed<'_> {
+    Observed {
+        workspace: ws,
+        pod: None,
+        warnings: &[],
+        claim: None,
+        service: None,
+        taken: &[],
+        agent: None,
+        refusal: None,
+        activity: None,
+        admission: None,
+        expectations: Default::default(),
+    }
+}
+
 fn now() -> Timestamp {
     Timestamp::from_second(NOW).unwrap()
 }
@@ -99,17 +117,9 @@ fn decide(ws: &Workspace, pod: Option<&Pod>, warnings: &[Event]) -> Decision {
 fn decide_checked(ws: &Workspace, pod: &Pod, check: &AgentCheck) -> Decision {
     derive(
         &Observed {
-            workspace: ws,
             pod: Some(pod),
-            warnings: &[],
-            claim: None,
-            service: None,
-            taken: &[],
             agent: Some(check),
-            refusal: None,
-            activity: None,
-            admission: None,
-            expectations: Default::default(),
+            ..only(ws)
         },
         &Policy::default(),
         now(),
@@ -966,19 +976,7 @@ fn a_rejected_pod_is_replaced_after_the_delay_and_counted() {
     );
     // Looked at 4 s into it: the rest is 7 s.
     let part_way = derive(
-        &Observed {
-            workspace: &waiting,
-            pod: None,
-            warnings: &[],
-            claim: None,
-            service: None,
-            taken: &[],
-            agent: None,
-            refusal: None,
-            activity: None,
-            admission: None,
-            expectations: Default::default(),
-        },
+        &Observed { ..only(&waiting) },
         &Policy::default(),
         Timestamp::from_second(NOW + 4).unwrap(),
     );
@@ -986,19 +984,7 @@ fn a_rejected_pod_is_replaced_after_the_delay_and_counted() {
     assert_eq!(part_way.requeue, Duration::from_secs(7));
     // After the delay: a new pod, the count goes up, PodRejected flips back.
     let later = derive(
-        &Observed {
-            workspace: &waiting,
-            pod: None,
-            warnings: &[],
-            claim: None,
-            service: None,
-            taken: &[],
-            agent: None,
-            refusal: None,
-            activity: None,
-            admission: None,
-            expectations: Default::default(),
-        },
+        &Observed { ..only(&waiting) },
         &Policy::default(),
         Timestamp::from_second(NOW + 11).unwrap(),
     );
@@ -1202,17 +1188,8 @@ fn an_unchanged_observation_derives_an_unchanged_status() {
     settled.status = Some(first.status.clone());
     let second = derive(
         &Observed {
-            workspace: &settled,
             pod: Some(&pod),
-            warnings: &[],
-            claim: None,
-            service: None,
-            taken: &[],
-            agent: None,
-            refusal: None,
-            activity: None,
-            admission: None,
-            expectations: Default::default(),
+            ..only(&settled)
         },
         &Policy::default(),
         Timestamp::from_second(NOW + 30).unwrap(),
@@ -1470,17 +1447,9 @@ proptest::proptest! {
             let agent = [None, Some(failed.clone()), Some(verified())][agent].clone();
             let d = derive(
                 &Observed {
-                    workspace: &ws,
                     pod: Some(&pod),
-                    warnings: &[],
-                    claim: None,
-                    service: None,
-                    taken: &[],
                     agent: agent.as_ref(),
-                    refusal: None,
-                    activity: None,
-                    admission: None,
-                    expectations: Default::default(),
+                    ..only(&ws)
                 },
                 &Policy::default(),
                 Timestamp::from_second(NOW + i as i64).unwrap(),
@@ -1581,17 +1550,8 @@ fn a_grown_home_size_grows_the_claim_and_says_so_until_it_has_grown() {
     let decide_with = |claim: &PersistentVolumeClaim| {
         derive(
             &Observed {
-                workspace: &ws,
-                pod: None,
-                warnings: &[],
                 claim: Some(claim),
-                service: None,
-                taken: &[],
-                agent: None,
-                refusal: None,
-                activity: None,
-                admission: None,
-                expectations: Default::default(),
+                ..only(&ws)
             },
             &Policy::default(),
             now(),
@@ -1669,17 +1629,9 @@ mod culling {
     fn decide_with(ws: &Workspace, pod: &Pod, activity: &ActivityCheck) -> Decision {
         derive(
             &Observed {
-                workspace: ws,
                 pod: Some(pod),
-                warnings: &[],
-                claim: None,
-                service: None,
-                taken: &[],
-                agent: None,
-                refusal: None,
                 activity: Some(activity),
-                admission: None,
-                expectations: Default::default(),
+                ..only(ws)
             },
             &Policy::default(),
             now(),
@@ -2210,17 +2162,8 @@ fn unschedulable_is_an_error_only_when_the_scheduler_says_so_and_the_admin_count
     let decide_strict = |pod: &Pod| {
         derive(
             &Observed {
-                workspace: &ws,
                 pod: Some(pod),
-                warnings: &[],
-                claim: None,
-                service: None,
-                taken: &[],
-                agent: None,
-                refusal: None,
-                activity: None,
-                admission: None,
-                expectations: Default::default(),
+                ..only(&ws)
             },
             &strict,
             now(),
@@ -2274,10 +2217,9 @@ fn a_rejection_is_told_again_once_the_last_one_was_dealt_with() {
     );
 }
 
-/// Only progress is held back: a start that waits on something that is not progress (no
-/// node fits) is written at once, though it publishes no Warning.
-#[test]
-fn a_start_waiting_on_a_problem_is_written_at_once() {
+/// A start whose status was written twice: Pending (the pod created), then Starting (the pod
+/// seen, not scheduled yet).
+fn starting_with_its_pod() -> Workspace {
     let ws = workspace(
         json!({"image": "x:1"}),
         serde_json::to_value(
@@ -2286,10 +2228,17 @@ fn a_start_waiting_on_a_problem_is_written_at_once() {
         .unwrap(),
     );
     let first = decide(&ws, Some(&pod_of(&ws, json!({"phase": "Pending"}))), &[]);
-    let ws = workspace(
+    workspace(
         json!({"image": "x:1"}),
         serde_json::to_value(&first.status).unwrap(),
-    );
+    )
+}
+
+/// Only progress is held back: a start that waits on something that is not progress (no
+/// node fits) is written at once, though it publishes no Warning.
+#[test]
+fn a_start_waiting_on_a_problem_is_written_at_once() {
+    let ws = starting_with_its_pod();
     let unschedulable = pod_of(
         &ws,
         json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available"}]}),
@@ -2312,18 +2261,7 @@ fn a_start_waiting_on_a_problem_is_written_at_once() {
 /// every action) or a Warning is written at once.
 #[test]
 fn progress_with_an_action_or_a_warning_is_written_at_once() {
-    let ws = workspace(
-        json!({"image": "x:1"}),
-        serde_json::to_value(
-            decide(&workspace(json!({"image": "x:1"}), started(3)), None, &[]).status,
-        )
-        .unwrap(),
-    );
-    let first = decide(&ws, Some(&pod_of(&ws, json!({"phase": "Pending"}))), &[]);
-    let ws = workspace(
-        json!({"image": "x:1"}),
-        serde_json::to_value(&first.status).unwrap(),
-    );
+    let ws = starting_with_its_pod();
     let creating = pod_of(
         &ws,
         json!({"phase": "Pending", "conditions": [scheduled()], "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
@@ -2509,17 +2447,9 @@ fn names_taken_are_those_the_caches_show_and_those_creates_met_one_per_kind() {
     };
     let creates_met = [met(Derived::Pod), met(Derived::Service)];
     let found = taken(&Observed {
-        workspace: &ws,
         pod: Some(&foreign),
-        warnings: &[],
-        claim: None,
-        service: None,
         taken: &creates_met,
-        agent: None,
-        refusal: None,
-        activity: None,
-        admission: None,
-        expectations: Default::default(),
+        ..only(&ws)
     });
     let seen: Vec<(Derived, bool)> = found.iter().map(|f| (f.kind, f.met.is_some())).collect();
     assert_eq!(seen, [(Derived::Pod, false), (Derived::Service, true)]);
@@ -2540,17 +2470,8 @@ fn a_failed_workspace_stays_failed_when_a_name_is_taken() {
     };
     let d = derive(
         &Observed {
-            workspace: &ws,
-            pod: None,
-            warnings: &[],
-            claim: None,
             service: Some(&service),
-            taken: &[],
-            agent: None,
-            refusal: None,
-            activity: None,
-            admission: None,
-            expectations: Default::default(),
+            ..only(&ws)
         },
         &Policy::default(),
         now(),
@@ -2681,17 +2602,8 @@ fn a_taken_name_is_looked_at_again_after_its_wait_and_never_in_a_loop() {
         }];
         derive(
             &Observed {
-                workspace: &ws,
-                pod: None,
-                warnings: &[],
-                claim: None,
-                service: None,
                 taken: &taken,
-                agent: None,
-                refusal: None,
-                activity: None,
-                admission: None,
-                expectations: Default::default(),
+                ..only(&ws)
             },
             &Policy::default(),
             now(),
