@@ -366,10 +366,13 @@ async fn run_controller(
     let (workspace_store, workspaces_writer) = reflector::store::<Workspace>();
     let workspace_stream = reflector(
         workspaces_writer,
-        watcher(workspaces, watcher::Config::default()).modify(crate::trim::workspace),
+        watcher(workspaces, watcher::Config::default())
+            .default_backoff()
+            .modify(crate::trim::workspace),
     )
     .applied_objects();
     let controller = Controller::for_stream(workspace_stream, workspace_store.clone())
+        .trigger_backoff(EachWatchBacksOff)
         .with_config(kube::runtime::controller::Config::default().concurrency(16));
     let reporter = Reporter {
         controller: config.manager.clone(),
@@ -445,14 +448,32 @@ async fn run_controller(
         // Ready once the caches have their first lists and Workspaces can be listed (the CRD
         // is served). The Controller's own Workspace store does not signal readiness when its
         // first list failed, so the API is asked directly, once a second until it answers.
+        // Under leader election a replica is ready before it leads (standbys serve health):
+        // its /readyz has nothing to wait for here.
+        let already_ready = ready_metrics
+            .ready
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let waiting = |why: Option<String>| {
+            if already_ready {
+                return;
+            }
+            *ready_metrics
+                .waiting_for
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = why;
+        };
+        waiting(Some(
+            "the first lists of pods, claims, services, events and admission policies".into(),
+        ));
         caches_filled.await;
-        while served
+        while let Err(error) = served
             .list_metadata(&kube::api::ListParams::default().limit(1))
             .await
-            .is_err()
         {
+            waiting(Some(format!("listing Workspaces failed: {error}")));
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         }
+        waiting(None);
         ready_metrics
             .ready
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -489,6 +510,25 @@ async fn run_controller(
         () = overdue => {}
     }
     Ok(())
+}
+
+/// No backoff of the controller's own over its merged trigger streams: each watch backs off
+/// by itself (`default_backoff`: 0.8 s doubling to 30 s, as client-go's reflectors). kube's
+/// default backs off the merged streams too, so every failed list of any watch froze all of
+/// them, up to 30 s per error: a replica whose first lists failed while the API server
+/// restarted stayed unready for minutes, and its workspaces' events waited as long.
+struct EachWatchBacksOff;
+
+impl Iterator for EachWatchBacksOff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(std::time::Duration::ZERO)
+    }
+}
+
+impl kube::runtime::utils::Backoff for EachWatchBacksOff {
+    fn reset(&mut self) {}
 }
 
 async fn reconcile(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {

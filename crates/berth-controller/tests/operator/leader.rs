@@ -160,3 +160,59 @@ async fn a_failing_first_lease_read_is_retried_until_it_answers() {
     h.create("after", json!({"image": "devbox:1"})).await;
     h.until_phase("after", Phase::Running).await;
 }
+
+/// Every request a replica makes at startup may fail for a while (its first list of each
+/// cache, of Workspaces): the replica stays not ready, saying what it waits for on `/readyz`,
+/// and becomes ready by itself once the API server answers again (#34 item 1). Before, the
+/// controller's own backoff over all its watches froze them all for up to 30 s per failed
+/// list, and such a replica was still not ready 50 s after the API answered.
+#[tokio::test]
+async fn a_replica_whose_first_lists_fail_becomes_ready_once_they_answer() {
+    use berth_sim::{ApiFault, Frequency, RequestMatch};
+    let mut h = Harness::start_with(crate::support::sim_config(), test_config()).await;
+    h.stop_operator().await;
+    let resources = [
+        "workspaces",
+        "pods",
+        "persistentvolumeclaims",
+        "services",
+        "events",
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicybindings",
+    ];
+    for resource in resources {
+        h.sim.faults().api_error(ApiFault {
+            matching: RequestMatch::new("list", resource),
+            code: 500,
+            frequency: Frequency::Next(u32::MAX),
+        });
+    }
+    h.start_operator();
+    for resource in resources {
+        crate::support::eventually(WAIT, &format!("a failed list of {resource}"), || async {
+            (h.sim
+                .count_requests(|k| k.resource == resource && k.code == 500)
+                > 1)
+            .then_some(())
+        })
+        .await;
+    }
+    assert!(!h.metrics.ready.load(std::sync::atomic::Ordering::Relaxed));
+    let why = h.metrics.waiting_for.lock().unwrap().clone();
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.starts_with("the first lists")),
+        "{why:?}"
+    );
+    h.sim.faults().clear_api_faults();
+    crate::support::eventually(WAIT, "the replica to be ready", || async {
+        h.metrics
+            .ready
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(*h.metrics.waiting_for.lock().unwrap(), None);
+    h.create("after-lists", json!({"image": "devbox:1"})).await;
+    h.until_phase("after-lists", Phase::Running).await;
+}
