@@ -110,7 +110,7 @@ pub struct Metrics {
     pub ready: AtomicBool,
     /// Why the operator is not ready yet, when it knows better than "caches not synced" (a
     /// startup request it keeps retrying): `/readyz` says it.
-    pub waiting_for: Mutex<Option<String>>,
+    waiting_for: Mutex<Option<String>>,
     /// Counts workspaces by phase from the running operator's cache, at each scrape: a
     /// reconcile never scans every workspace (that made each one cost O(n)).
     phases: Mutex<Option<PhaseCounter>>,
@@ -237,6 +237,20 @@ impl Metrics {
         text
     }
 
+    /// Says why the operator is not ready (`None`: nothing it waits for); `/readyz` answers
+    /// with it.
+    pub fn wait_for(&self, why: Option<String>) {
+        *self.waiting_for.lock().unwrap_or_else(|p| p.into_inner()) = why;
+    }
+
+    /// What the operator says it waits for, if anything.
+    pub fn waiting(&self) -> Option<String> {
+        self.waiting_for
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     pub fn observe_reconcile(&self, result: &str, duration: Duration) {
         self.reconcile_duration
             .get_or_create(&ResultLabel {
@@ -265,10 +279,7 @@ async fn readyz(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
         return (StatusCode::OK, "ok".to_owned());
     }
     let why = metrics
-        .waiting_for
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
+        .waiting()
         .unwrap_or_else(|| "caches not synced".to_owned());
     (StatusCode::SERVICE_UNAVAILABLE, why)
 }
@@ -339,7 +350,7 @@ mod tests {
             (unavailable, "caches not synced".to_owned())
         );
         let why = "reading the Lease berth-system/berth-controller failed (500); retrying in 2s";
-        *metrics.waiting_for.lock().unwrap() = Some(why.to_owned());
+        metrics.wait_for(Some(why.to_owned()));
         assert_eq!(probe(&metrics).await, (unavailable, why.to_owned()));
         metrics.ready.store(true, Ordering::Relaxed);
         assert_eq!(probe(&metrics).await, (StatusCode::OK, "ok".to_owned()));

@@ -254,12 +254,7 @@ pub async fn run_until(
         return run_controller(client, config, metrics, stop).await;
     };
     let waiting_metrics = metrics.clone();
-    let waiting = move |why: Option<String>| {
-        *waiting_metrics
-            .waiting_for
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = why;
-    };
+    let waiting = move |why: Option<String>| waiting_metrics.wait_for(why);
     let mut held = crate::leader::hold(client.clone(), &election, &waiting).await?;
     // Standby replicas are ready too (they serve health and wait).
     metrics
@@ -454,13 +449,9 @@ async fn run_controller(
             .ready
             .load(std::sync::atomic::Ordering::Relaxed);
         let waiting = |why: Option<String>| {
-            if already_ready {
-                return;
+            if !already_ready {
+                ready_metrics.wait_for(why);
             }
-            *ready_metrics
-                .waiting_for
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = why;
         };
         waiting(Some(
             "the first lists of pods, claims, services, events and admission policies".into(),

@@ -138,6 +138,17 @@ fn check(outcome: AgentOutcome, fresh: bool) -> AgentCheck {
     }
 }
 
+/// A WhoAmI that failed for `reason` with `message` (`fresh`: made for this reconcile).
+fn failed_check(reason: &str, message: &str, fresh: bool) -> AgentCheck {
+    check(
+        AgentOutcome::Failed {
+            reason: reason.into(),
+            message: message.into(),
+        },
+        fresh,
+    )
+}
+
 fn verified() -> AgentCheck {
     check(
         AgentOutcome::Verified {
@@ -438,13 +449,7 @@ fn an_agent_auth_failure_keeps_the_pod_and_says_what_to_fix() {
     );
     let pod = ready_pod(&ws);
     let message = "TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:team-a:default";
-    let failed = check(
-        AgentOutcome::Failed {
-            reason: "Unauthenticated".into(),
-            message: message.into(),
-        },
-        true,
-    );
+    let failed = failed_check("Unauthenticated", message, true);
     let d = decide_checked(&ws, &pod, &failed);
     assert_eq!(d.status.phase, Some(Phase::Error));
     assert_eq!(
@@ -507,13 +512,7 @@ fn each_agent_failure_says_what_it_means_and_where_the_agent_was_called() {
         ("IdentityMismatch", "is not to be trusted"),
         ("AgentError", "could not be checked"),
     ] {
-        let failed = check(
-            AgentOutcome::Failed {
-                reason: reason.into(),
-                message: "m".into(),
-            },
-            true,
-        );
+        let failed = failed_check(reason, "m", true);
         let d = decide_checked(&ws, &pod, &failed);
         assert_eq!(
             d.status.message.as_deref(),
@@ -543,13 +542,7 @@ fn the_agent_backoff_doubles_from_the_base_to_the_cap() {
 #[test]
 fn an_agent_failure_stands_through_its_backoff_and_is_said_once() {
     let at = |seconds: i64| Timestamp::from_second(NOW + seconds).unwrap();
-    let failure = check(
-        AgentOutcome::Failed {
-            reason: "Unauthenticated".into(),
-            message: "no".into(),
-        },
-        true,
-    );
+    let failure = failed_check("Unauthenticated", "no", true);
     let verified = verified();
     // (last check, backoff ends at, read before, now) -> (fresh, retry in) or due.
     type Row<'a> = (&'a str, &'a AgentCheck, i64, bool, i64, Option<(bool, u64)>);
@@ -606,11 +599,9 @@ fn an_agent_failure_stands_through_its_backoff_and_is_said_once() {
 fn an_unreachable_agent_is_said_so() {
     let ws = workspace(json!({"image": "x:1"}), started(10));
     let pod = ready_pod(&ws);
-    let failed = check(
-        AgentOutcome::Failed {
-            reason: "AgentUnreachable".into(),
-            message: "the agent at 127.1.0.1:50051 cannot be reached: connection refused".into(),
-        },
+    let failed = failed_check(
+        "AgentUnreachable",
+        "the agent at 127.1.0.1:50051 cannot be reached: connection refused",
         true,
     );
     let d = decide_checked(&ws, &pod, &failed);
@@ -1436,10 +1427,7 @@ proptest::proptest! {
         let mut ws = workspace(spec.clone(), Value::Null);
         let first = decide(&ws, None, &[]);
         ws.status = Some(first.status);
-        let failed = check(
-            AgentOutcome::Failed { reason: "AgentUnreachable".into(), message: "connection refused".into() },
-            true,
-        );
+        let failed = failed_check("AgentUnreachable", "connection refused", true);
         let mut told: Vec<String> = vec![];
         let (mut ran, mut was_ready) = (false, false);
         for (i, (state, agent, written)) in steps.into_iter().enumerate() {
@@ -2513,13 +2501,7 @@ fn an_error_whose_cause_changes_is_told_again() {
             "conditions": [{"type": "Ready", "status": "False", "reason": "AgentUnreachable", "message": "", "lastTransitionTime": at(20)}]}),
     );
     let pod = ready_pod(&ws);
-    let now_refused = check(
-        AgentOutcome::Failed {
-            reason: "Unauthenticated".into(),
-            message: "m".into(),
-        },
-        false,
-    );
+    let now_refused = failed_check("Unauthenticated", "m", false);
     let d = decide_checked(&ws, &pod, &now_refused);
     assert_eq!(d.status.phase, Some(Phase::Error));
     let warnings: Vec<&str> = d
@@ -2612,4 +2594,29 @@ fn a_taken_name_is_looked_at_again_after_its_wait_and_never_in_a_loop() {
     };
     assert_eq!(requeue(0), Duration::from_secs(1));
     assert!(requeue(10) > Duration::ZERO);
+}
+
+/// `kubectl get ws` shows a message's lead (up to its first `. ` or `; `, at most 100
+/// characters) in its MESSAGE column: what is wrong leads, and the API server's or the agent's
+/// own words, which run to hundreds of characters, follow it.
+#[test]
+fn a_message_leads_with_what_is_wrong_however_long_the_words_it_quotes() {
+    let ws = workspace(json!({"image": "x:1"}), started(1));
+    let refusal = decide_refused(&ws, None, &refused(Action::CreatePod, 1, 0, true));
+    let no_delegator = "TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:team-a:default (kubectl create clusterrolebinding berth-agent-team-a-default --clusterrole=system:auth-delegator --serviceaccount=team-a:default)";
+    let agent = decide_checked(
+        &ws,
+        &ready_pod(&ws),
+        &failed_check("Unauthenticated", no_delegator, true),
+    );
+    for (d, lead) in [
+        (refusal, "Cannot create pod w-ws (Forbidden)"),
+        (
+            agent,
+            "The agent of pod w-ws refused the operator (Unauthenticated)",
+        ),
+    ] {
+        assert!(d.status.message.as_deref().unwrap().len() > 100);
+        assert_eq!(d.status.summary.as_deref(), Some(lead));
+    }
 }

@@ -9,9 +9,10 @@
 //! stops, saying how far it got, once the sim's memory passes it). Results go in
 //! `bench/scale.md`. It first checks the hard limit of open files against what the sim needs
 //! for the count (saying what it needs), prints its progress every 10 s while the workspaces
-//! start, and stops, saying where it stood, after a minute without progress. For a heap profile, build `cargo build --profile profiling -p berth
-//! --features dhat-heap` and name that binary in `BERTH_BENCH_OPERATOR` or `BERTH_BENCH_SIM`;
-//! each writes `$BERTH_DHAT_OUT` when it is stopped. To read what the processes said, name a
+//! start, and stops, saying where it stood, after a minute without progress. For a heap
+//! profile, build `cargo build --profile profiling -p berth --features dhat-heap` and name
+//! that binary in `BERTH_BENCH_OPERATOR` or `BERTH_BENCH_SIM`; each writes `$BERTH_DHAT_OUT`
+//! when it is stopped. To read what the processes said, name a
 //! folder in `BERTH_BENCH_LOGS`: the sim's log and each operator run's (at `info`) go there.
 
 use std::{
@@ -519,17 +520,18 @@ async fn run() {
             .collect();
         let phase = |p: Phase| phases.iter().filter(|s| **s == Some(p)).count();
         let running = phase(Phase::Running);
+        let with_status = phases.iter().filter(|s| s.is_some()).count();
         sim_fds_peak = sim_fds_peak.max(descriptors(sim.pid()));
         if running == n {
             break;
         }
         // Progress: more workspaces running, or more with a status at all.
-        let moved = running + phases.iter().filter(|s| s.is_some()).count();
+        let moved = running + with_status;
         if moved > best {
             (best, progressed) = (moved, Instant::now());
         }
         let progress = || {
-            let without_status = n - phases.iter().filter(|s| s.is_some()).count();
+            let without_status = n - with_status;
             format!(
                 "{:.0} s: {running}/{n} running, {} in Error, {without_status} without a status; the sim holds {} open files (peak {sim_fds_peak}) and {:.0} MiB",
                 started.elapsed().as_secs_f64(),

@@ -131,32 +131,21 @@ async fn a_failing_first_lease_read_is_retried_until_it_answers() {
     h.start_operator();
     let why =
         crate::support::eventually(WAIT, "the replica to say why it is not ready", || async {
-            h.metrics
-                .waiting_for
-                .lock()
-                .unwrap()
-                .clone()
-                .filter(|why| why.contains("500"))
+            h.metrics.waiting().filter(|why| why.contains("500"))
         })
         .await;
     assert!(
         why.starts_with("reading the Lease berth-system/berth-controller failed"),
         "{why}"
     );
-    assert!(!h.metrics.ready.load(std::sync::atomic::Ordering::Relaxed));
+    assert!(!ready(&h));
     let failed = h
         .sim
         .count_requests(|k| k.resource == "leases" && k.code == 500);
     h.sim.faults().clear_api_faults();
-    crate::support::eventually(WAIT, "the replica to be ready and lead", || async {
-        h.metrics
-            .ready
-            .load(std::sync::atomic::Ordering::Relaxed)
-            .then_some(())
-    })
-    .await;
+    until_ready(&h).await;
     assert!(failed >= 1);
-    assert_eq!(*h.metrics.waiting_for.lock().unwrap(), None);
+    assert_eq!(h.metrics.waiting(), None);
     h.create("after", json!({"image": "devbox:1"})).await;
     h.until_phase("after", Phase::Running).await;
 }
@@ -197,22 +186,29 @@ async fn a_replica_whose_first_lists_fail_becomes_ready_once_they_answer() {
         })
         .await;
     }
-    assert!(!h.metrics.ready.load(std::sync::atomic::Ordering::Relaxed));
-    let why = h.metrics.waiting_for.lock().unwrap().clone();
+    assert!(!ready(&h));
+    let why = h.metrics.waiting();
     assert!(
         why.as_deref()
             .is_some_and(|w| w.starts_with("the first lists")),
         "{why:?}"
     );
     h.sim.faults().clear_api_faults();
-    crate::support::eventually(WAIT, "the replica to be ready", || async {
-        h.metrics
-            .ready
-            .load(std::sync::atomic::Ordering::Relaxed)
-            .then_some(())
-    })
-    .await;
-    assert_eq!(*h.metrics.waiting_for.lock().unwrap(), None);
+    until_ready(&h).await;
+    assert_eq!(h.metrics.waiting(), None);
     h.create("after-lists", json!({"image": "devbox:1"})).await;
     h.until_phase("after-lists", Phase::Running).await;
+}
+
+/// Whether the replica's `/readyz` answers 200.
+fn ready(h: &Harness) -> bool {
+    h.metrics.ready.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Waits until the replica is ready.
+async fn until_ready(h: &Harness) {
+    crate::support::eventually(WAIT, "the replica to be ready", || async {
+        ready(h).then_some(())
+    })
+    .await;
 }
