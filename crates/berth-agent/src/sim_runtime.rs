@@ -164,11 +164,32 @@ async fn pod_config(context: &ContainerContext) -> Result<kube::Config, String> 
     Ok(config)
 }
 
+/// The workspace's command: what follows the agent's `--`.
+pub fn workspace_command(container: &Value) -> Vec<String> {
+    let mut words = ["command", "args"]
+        .iter()
+        .flat_map(|key| container[key].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a.as_str().map(str::to_owned));
+    words.by_ref().find(|w| w == "--");
+    words.collect()
+}
+
 impl ContainerRuntime for AgentRuntime {
     fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
         if context.init || !runs_agent(&context.container) {
             return IdleRuntime.start(context);
         }
+        start_agent(context, true)
+    }
+}
+
+/// Starts the agent of an agent container in-process; with `stand_ins`, also a stand-in for
+/// the workspace's server on each declared port (when the workspace's command does not run).
+pub fn start_agent(
+    context: ContainerContext,
+    stand_ins: bool,
+) -> BoxFuture<Result<RunningContainer, String>> {
+    {
         Box::pin(async move {
             let config = pod_config(&context).await?;
             let account = context.pod["spec"]["serviceAccountName"]
@@ -207,7 +228,10 @@ impl ContainerRuntime for AgentRuntime {
                 .await
                 .map_err(|e| format!("cannot listen on {address}: {e}"))?;
             let mut servers = vec![];
-            for declared in declared_ports(&context.container) {
+            for declared in declared_ports(&context.container)
+                .into_iter()
+                .filter(|_| stand_ins)
+            {
                 let address = SocketAddr::from((context.pod_ip, declared));
                 let listener = tokio::net::TcpListener::bind(address)
                     .await
@@ -222,7 +246,7 @@ impl ContainerRuntime for AgentRuntime {
                 ..Settings::default()
             }));
             let (exit_tx, exited) = tokio::sync::oneshot::channel();
-            let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let (stop, stop_rx) = tokio::sync::oneshot::channel::<std::time::Duration>();
             tokio::spawn(async move {
                 let result = crate::server::serve(listener, auth, tls, activity, async {
                     let _ = stop_rx.await;

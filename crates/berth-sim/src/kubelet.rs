@@ -20,7 +20,7 @@ use crate::{
     faults::REJECT_NEXT_ANNOTATION,
     meta::now_rfc3339,
     recorder::Source,
-    runtime::{ContainerContext, ContainerLog, RunningContainer},
+    runtime::{ContainerContext, ContainerLog, RunningContainer, VolumeMount, VolumeSource},
     scheduler,
     sim::Sim,
     store::ChangeKind,
@@ -53,7 +53,7 @@ struct Worker {
     images: Arc<ImageCache>,
     pod_ip: Option<Ipv4Addr>,
     /// Stop handles of running containers, by name.
-    running: HashMap<String, tokio::sync::oneshot::Sender<()>>,
+    running: HashMap<String, tokio::sync::oneshot::Sender<Duration>>,
     /// Container exits, (name, exit code), reported by one task per started container.
     exit_tx: tokio::sync::mpsc::UnboundedSender<(String, i32)>,
     exit_rx: tokio::sync::mpsc::UnboundedReceiver<(String, i32)>,
@@ -766,6 +766,60 @@ impl Worker {
         files
     }
 
+    /// The container's volume mounts with where each volume's files come from: a claim's
+    /// folder, the pod's `emptyDir`, or the files of a secret, config map, downward API or
+    /// projected volume.
+    fn volume_mounts(&self, pod: &Value, container: &Value) -> Vec<VolumeMount> {
+        let volumes = pod["spec"]["volumes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mut mounts = vec![];
+        for mount in container["volumeMounts"].as_array().into_iter().flatten() {
+            let name = mount["name"].as_str().unwrap_or_default();
+            let Some(volume) = volumes.iter().find(|v| v["name"] == name) else {
+                continue;
+            };
+            let source = if let Some(claim) = volume["persistentVolumeClaim"]["claimName"].as_str()
+            {
+                let Some(uid) = self
+                    .sim
+                    .store
+                    .get("/persistentvolumeclaims", &self.namespace, claim)
+                    .and_then(|c| c["metadata"]["uid"].as_str().map(str::to_owned))
+                else {
+                    continue;
+                };
+                VolumeSource::Claim { uid }
+            } else if volume["emptyDir"].is_object() {
+                VolumeSource::EmptyDir {
+                    volume: name.to_owned(),
+                }
+            } else {
+                let only = json!({"volumeMounts": [{"name": name, "mountPath": ""}]});
+                let files = self
+                    .mounted_files(pod, &only)
+                    .into_iter()
+                    .map(|(path, bytes)| (path.trim_start_matches('/').to_owned(), bytes))
+                    .collect();
+                VolumeSource::Files {
+                    volume: name.to_owned(),
+                    files,
+                }
+            };
+            mounts.push(VolumeMount {
+                path: mount["mountPath"].as_str().unwrap_or_default().to_owned(),
+                sub_path: mount["subPath"]
+                    .as_str()
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned),
+                read_only: mount["readOnly"].as_bool().unwrap_or(false),
+                source,
+            });
+        }
+        mounts
+    }
+
     /// The container's environment as the kubelet gives it: its `env` with references
     /// resolved (a later duplicate wins), then the API server's service variables.
     fn environment(&self, pod: &Value, container: &Value) -> Vec<(String, String)> {
@@ -850,6 +904,7 @@ impl Worker {
             pod_name: self.name.clone(),
             pod_uid: self.uid.clone(),
             files: self.mounted_files(&pod, container),
+            mounts: self.volume_mounts(&pod, container),
             env: self.environment(&pod, container),
             log: {
                 // A started container writes a new log, as `kubectl logs` shows the current one.
@@ -909,14 +964,15 @@ impl Worker {
             "Created",
             &format!("Created container: {name}"),
         );
-        match self
-            .sim
-            .config
-            .runtime
-            .start(self.context(&current, init))
-            .await
-        {
+        let context = self.context(&current, init);
+        let kept = context.clone();
+        match self.sim.config.runtime.start(context).await {
             Ok(running) => {
+                self.sim
+                    .containers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert((self.uid.clone(), name.clone()), kept);
                 self.event(
                     Some(&path),
                     "Normal",
@@ -1301,6 +1357,11 @@ impl Worker {
                 continue;
             }
             self.running.remove(&name);
+            self.sim
+                .containers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&(self.uid.clone(), name.clone()));
             let finished = now_rfc3339();
             let reason = if code == 0 { "Completed" } else { "Error" };
             let policy = self.restart_policy();
@@ -1395,7 +1456,7 @@ impl Worker {
             );
             if let Some(stop) = self.running.remove(&name) {
                 self.replaced.insert(name.clone());
-                let _ = stop.send(());
+                let _ = stop.send(self.spec_grace());
             }
             let finished = now_rfc3339();
             let image = wanted.to_owned();
@@ -1428,8 +1489,14 @@ impl Worker {
                 return;
             }
         }
-        let stopping: Vec<(String, tokio::sync::oneshot::Sender<()>)> =
+        let grace = pod["metadata"]["deletionGracePeriodSeconds"]
+            .as_u64()
+            .map(Duration::from_secs)
+            .unwrap_or_default()
+            .min(self.sim.config.max_pod_grace);
+        let stopping: Vec<(String, tokio::sync::oneshot::Sender<Duration>)> =
             self.running.drain().collect();
+        let mut stopped: HashSet<String> = stopping.iter().map(|(n, _)| n.clone()).collect();
         for (name, stop) in stopping {
             if self
                 .sim
@@ -1446,21 +1513,28 @@ impl Worker {
                     source(&self.node),
                 );
             }
-            let _ = stop.send(());
+            let _ = stop.send(grace);
         }
-        let grace = pod["metadata"]["deletionGracePeriodSeconds"]
-            .as_u64()
-            .map(Duration::from_secs)
-            .unwrap_or_default();
-        tokio::time::sleep(
-            self.sim
-                .config
-                .timings
-                .stop
-                .min(grace)
-                .min(self.sim.config.max_pod_grace),
-        )
-        .await;
+        // The pod is gone only once its containers are: the runtime kills what outlives its
+        // grace period.
+        let exits = async {
+            while !stopped.is_empty() {
+                match self.exit_rx.recv().await {
+                    Some((name, _)) => stopped.remove(&name),
+                    None => break,
+                };
+            }
+        };
+        let _ = tokio::join!(
+            tokio::time::timeout(grace + Duration::from_secs(2), exits),
+            tokio::time::sleep(self.sim.config.timings.stop.min(grace)),
+        );
+        self.sim
+            .containers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(uid, _), _| *uid != self.uid);
+        self.sim.config.runtime.forget_pod(&self.uid);
         self.sim
             .finish_pod_termination(&self.namespace, &self.name, &self.uid);
         self.sim
@@ -1468,6 +1542,15 @@ impl Worker {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|(uid, _), _| *uid != self.uid);
+    }
+
+    /// The pod's own grace period (`terminationGracePeriodSeconds`), capped as deletions are.
+    fn spec_grace(&self) -> Duration {
+        self.pod()
+            .and_then(|p| p["spec"]["terminationGracePeriodSeconds"].as_u64())
+            .map(Duration::from_secs)
+            .unwrap_or(Duration::from_secs(30))
+            .min(self.sim.config.max_pod_grace)
     }
 }
 

@@ -27,7 +27,9 @@ mod openapi_proto;
 mod patch;
 mod pod_security;
 mod pods;
+mod process;
 mod protobuf;
+mod proxy;
 mod quantity;
 mod quota;
 mod recorder;
@@ -42,6 +44,7 @@ mod server;
 mod service_account;
 mod sim;
 mod store;
+mod streams;
 mod table;
 mod tls;
 mod typed;
@@ -68,9 +71,10 @@ pub mod validation {
 }
 pub use config::{Backoff, NodeConfig, PodTermination, SimConfig, Timings};
 pub use faults::{ApiFault, Faults, Frequency, RequestMatch};
+pub use process::ProcessRuntime;
 pub use requests::{RequestCount, RequestKey};
 pub use runtime::{
-    BoxFuture, ContainerContext, ContainerLog, ContainerRuntime, IdleRuntime, RunningContainer,
-    SharedRuntime,
+    BoxFuture, ContainerContext, ContainerLog, ContainerRuntime, ExecRequest, ExecSession,
+    IdleRuntime, Reader, RunningContainer, SharedRuntime, VolumeMount, VolumeSource, Writer,
 };
 pub use tls::{Authority, TlsError};

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, sync::Mutex};
 use serde::Serialize;
 
 /// What a request was.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct RequestKey {
     pub user: String,
     /// get, list, watch, create, update, patch, delete, deletecollection, or the HTTP method

@@ -1,13 +1,15 @@
 //! What "running a container" means in the sim: a trait the embedder provides. The default
-//! runtime runs nothing (containers just run until stopped; init containers succeed); the
-//! `berth` binary provides one that runs the Berth agent in-process.
+//! runtime runs nothing (containers just run until stopped; init containers succeed);
+//! `ProcessRuntime` (`process.rs`) runs containers as processes; the `berth` binary adds one
+//! that runs the Berth agent in-process.
 
 use std::{
-    collections::VecDeque,
+    collections::{BTreeMap, VecDeque},
     future::Future,
     net::Ipv4Addr,
     pin::Pin,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use serde_json::Value;
@@ -35,7 +37,9 @@ pub struct ContainerContext {
     /// The files of the secret, config map, downward API and projected volumes mounted into
     /// this container, by path (the service-account token, `ca.crt` and `namespace` among
     /// them, unless the pod opted out).
-    pub files: std::collections::BTreeMap<String, Vec<u8>>,
+    pub files: BTreeMap<String, Vec<u8>>,
+    /// The container's volume mounts, in its order, with where each volume's files come from.
+    pub mounts: Vec<VolumeMount>,
     /// Where the container's output goes, for `kubectl logs`.
     pub log: ContainerLog,
     /// The container's environment, references resolved, with `KUBERNETES_SERVICE_HOST` and
@@ -43,12 +47,65 @@ pub struct ContainerContext {
     pub env: Vec<(String, String)>,
 }
 
+/// One volume mounted into a container.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VolumeMount {
+    /// Where the container sees it (`mountPath`).
+    pub path: String,
+    /// The part of the volume mounted there (`subPath`), if not all of it.
+    pub sub_path: Option<String>,
+    pub read_only: bool,
+    pub source: VolumeSource,
+}
+
+/// Where a volume's files live, as the kubelet lays them out.
+#[derive(Clone, Debug, PartialEq)]
+pub enum VolumeSource {
+    /// A claim's directory: the same for every pod that mounts the claim, on any node (a
+    /// network volume), for as long as the claim lives.
+    Claim { uid: String },
+    /// A directory of the pod's own (`emptyDir`), gone with the pod.
+    EmptyDir { volume: String },
+    /// Files the kubelet writes: a secret, config map, downward API or projected volume, by
+    /// path within the volume.
+    Files {
+        volume: String,
+        files: BTreeMap<String, Vec<u8>>,
+    },
+}
+
 /// A started container: it reports its exit code once, and stops when asked.
 pub struct RunningContainer {
     /// Resolves with the exit code when the container exits by itself or after a stop.
     pub exited: oneshot::Receiver<i32>,
-    /// Asks the container to stop (SIGTERM); dropping it does too.
-    pub stop: oneshot::Sender<()>,
+    /// Asks the container to stop: SIGTERM, then SIGKILL once the grace period sent is over.
+    /// Dropping it stops the container without grace.
+    pub stop: oneshot::Sender<Duration>,
+}
+
+/// A command to run in a running container (`kubectl exec`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecRequest {
+    pub command: Vec<String>,
+    /// A terminal: output comes on stdout only, and the terminal can be resized.
+    pub tty: bool,
+    pub stdin: bool,
+}
+
+/// An output or input stream of a process.
+pub type Reader = Pin<Box<dyn tokio::io::AsyncRead + Send>>;
+pub type Writer = Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
+/// A command started in a container: its streams, its terminal and its exit.
+pub struct ExecSession {
+    pub stdin: Option<Writer>,
+    pub stdout: Option<Reader>,
+    /// None with a terminal: its output comes on stdout.
+    pub stderr: Option<Reader>,
+    /// Sets the terminal's size (columns, rows).
+    pub resize: Option<Box<dyn Fn(u16, u16) + Send + Sync>>,
+    /// The exit code (128 + the signal for a killed process).
+    pub exited: oneshot::Receiver<i32>,
 }
 
 /// A boxed future, as the runtime trait returns.
@@ -58,6 +115,29 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 pub trait ContainerRuntime: Send + Sync + 'static {
     /// Starts a container; an error is reported like a failed container start.
     fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>>;
+
+    /// Runs a command in a running container; an error is the runtime's own words, as the
+    /// kubelet passes them on.
+    fn exec(
+        &self,
+        context: &ContainerContext,
+        request: ExecRequest,
+    ) -> BoxFuture<Result<ExecSession, String>> {
+        let _ = (context, request);
+        Box::pin(async {
+            Err("this runtime runs no processes: start the sim with a process runtime".to_owned())
+        })
+    }
+
+    /// The pod is gone: what the runtime kept for it (its directories) can go.
+    fn forget_pod(&self, pod_uid: &str) {
+        let _ = pod_uid;
+    }
+
+    /// The claim is deleted: its files go.
+    fn forget_claim(&self, claim_uid: &str) {
+        let _ = claim_uid;
+    }
 }
 
 /// Containers without processes: a main container runs until stopped (then exits 0), an
@@ -69,7 +149,7 @@ impl ContainerRuntime for IdleRuntime {
     fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
         Box::pin(async move {
             let (exit_tx, exited) = oneshot::channel();
-            let (stop, stop_rx) = oneshot::channel::<()>();
+            let (stop, stop_rx) = oneshot::channel::<Duration>();
             if context.init {
                 let _ = exit_tx.send(0);
             } else {
@@ -103,6 +183,11 @@ struct LogBuffer {
 impl ContainerLog {
     fn buffer(&self) -> std::sync::MutexGuard<'_, LogBuffer> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether both are the same log (of one start of a container).
+    pub fn same(&self, other: &ContainerLog) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 
     /// Appends output.

@@ -41,6 +41,11 @@ struct LogInfo {
 
 /// The one handler: every request comes here.
 pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
+    let path = request.uri().path().to_owned();
+    let request = match pass_through(&sim, &path, request).await {
+        Ok(response) => return response,
+        Err(request) => request,
+    };
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, 64 << 20).await {
         Ok(bytes) => bytes,
@@ -79,6 +84,44 @@ pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
         code: response.status().as_u16(),
     });
     response
+}
+
+/// The requests that are not objects: exec, attach and port-forward (upgraded to streams) and
+/// the proxy subresources (passed on to a pod). The request back when it is none of them.
+async fn pass_through(sim: &Arc<Sim>, path: &str, request: Request) -> Result<Response, Request> {
+    let (resource, subresource) = if let Some(target) = crate::streams::target(path) {
+        ("pods", target.subresource)
+    } else if let Some(target) = crate::proxy::target(path) {
+        (target.resource, "proxy")
+    } else {
+        return Err(request);
+    };
+    let (user, answer) = match authenticate(sim, request.headers()) {
+        Err(e) => (String::new(), Err(e)),
+        Ok(identity) => {
+            let user = identity.username.clone();
+            let answer = match crate::streams::target(path) {
+                Some(target) => crate::streams::serve(sim.clone(), identity, target, request).await,
+                None => match crate::proxy::target(path) {
+                    Some(target) => {
+                        crate::proxy::serve(sim.clone(), identity, target, request).await
+                    }
+                    None => Err(ApiError::no_such_path()),
+                },
+            };
+            (user, answer)
+        }
+    };
+    let response = answer.unwrap_or_else(IntoResponse::into_response);
+    sim.requests.record(RequestKey {
+        user,
+        verb: "create".into(),
+        resource: resource.to_owned(),
+        subresource: subresource.to_owned(),
+        code: response.status().as_u16(),
+        ..Default::default()
+    });
+    Ok(response)
 }
 
 fn query_map(query: &str) -> HashMap<String, String> {

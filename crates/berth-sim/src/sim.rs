@@ -155,6 +155,10 @@ pub struct Sim {
     /// Each running container's output, by (pod UID, container name), for `kubectl logs`.
     pub logs:
         std::sync::Mutex<std::collections::HashMap<(String, String), crate::runtime::ContainerLog>>,
+    /// Each running container's context, by (pod UID, container name), for exec and attach.
+    pub containers: std::sync::Mutex<
+        std::collections::HashMap<(String, String), crate::runtime::ContainerContext>,
+    >,
     terminations: tokio::sync::mpsc::UnboundedSender<(String, String, String, Duration)>,
 }
 
@@ -221,6 +225,7 @@ impl Sim {
             faults: crate::faults::Faults::new(seed),
             recorder: crate::recorder::Recorder::default(),
             logs: Default::default(),
+            containers: Default::default(),
             terminations,
         }
     }

@@ -20,7 +20,12 @@ pub async fn run(sim: Arc<Sim>) {
             Ok(change) if &*change.storage == "/persistentvolumeclaims" => match change.kind {
                 ChangeKind::Added => bind_claim(&sim, &change.object),
                 ChangeKind::Modified => expand_claim(&sim, &change.object),
-                ChangeKind::Deleted => {}
+                // The claim's files go with it (the volume's reclaim policy is Delete).
+                ChangeKind::Deleted => sim.config.runtime.forget_claim(
+                    change.object["metadata"]["uid"]
+                        .as_str()
+                        .unwrap_or_default(),
+                ),
             },
             Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,

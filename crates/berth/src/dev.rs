@@ -402,8 +402,15 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         std::env::current_exe().map_err(|e| format!("cannot find its own binary: {e}"))?,
     );
     let isolation = pods.check_isolation().await;
+    // Claims and pods' folders: they live as long as `berth dev`.
+    let data = tempfile::Builder::new()
+        .prefix("berth-dev-")
+        .tempdir()
+        .map_err(|e| format!("cannot make a folder for the cluster's volumes: {e}"))?;
     let runtime: std::sync::Arc<dyn berth_sim::ContainerRuntime> = match &isolation {
-        Ok(()) => std::sync::Arc::new(pods),
+        Ok(()) => {
+            std::sync::Arc::new(pods.with_processes(berth_sim::ProcessRuntime::new(data.path())))
+        }
         Err(_) => std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
     };
     let cluster = berth_sim::SimCluster::start(berth_sim::SimConfig {

@@ -46,8 +46,11 @@ enum Command {
     /// Print the Workspace CustomResourceDefinition as YAML (what `deploy/crds/` holds).
     Crd,
     /// Run only the simulated Kubernetes cluster and write a kubeconfig for it. Needs nothing
-    /// from a cluster: it is one. Containers of Berth's image run as real processes of this
-    /// binary; any other image names nothing on this machine.
+    /// from a cluster: it is one. A container's command runs as a process of this machine (an
+    /// image names nothing here: the machine's /usr, /bin, /lib and /etc stand in for it,
+    /// read-only), with its volumes at their mount paths, in a mount namespace of its own
+    /// (root or unprivileged user namespaces; else such containers run nothing). Berth's own
+    /// operator runs as this binary, its agents inside the sim.
     #[cfg(feature = "sim")]
     Sim(SimArgs),
 }
@@ -263,6 +266,24 @@ fn raise_open_files_limit() -> std::io::Result<()> {
     Ok(())
 }
 
+/// The runtime of `berth sim`: Berth's operator containers as processes of this binary, its
+/// agents in-process, every other container as a process of this machine, in a mount
+/// namespace of its own; where the machine allows none, containers other than Berth's run
+/// nothing (and say why).
+#[cfg(feature = "sim")]
+async fn sim_runtime(data: &tempfile::TempDir) -> Result<berth_sim::SharedRuntime, String> {
+    let binary = std::env::current_exe().map_err(|e| format!("cannot find its own binary: {e}"))?;
+    let pods = pod_process::PodProcessRuntime::new(binary);
+    let processes = berth_sim::ProcessRuntime::new(data.path());
+    Ok(match processes.check_isolation().await {
+        Ok(()) => std::sync::Arc::new(pods.with_processes(processes)),
+        Err(why) => {
+            eprintln!("berth sim: containers other than Berth's run nothing: {why}");
+            std::sync::Arc::new(pods)
+        }
+    })
+}
+
 /// `berth sim`: serve the simulated cluster until Ctrl-C or SIGTERM.
 #[cfg(feature = "sim")]
 fn run_sim(args: SimArgs) -> ExitCode {
@@ -281,14 +302,21 @@ fn run_sim(args: SimArgs) -> ExitCode {
     } else {
         berth_sim::Timings::realistic()
     };
+    let data = match tempfile::Builder::new().prefix("berth-sim-").tempdir() {
+        Ok(data) => data,
+        Err(err) => {
+            eprintln!("berth sim: cannot make a folder for the cluster's volumes: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
     runtime.block_on(async {
         let config = berth_sim::SimConfig {
             port: args.port,
             nodes: berth_sim::NodeConfig::several(args.nodes),
-            runtime: match std::env::current_exe() {
-                Ok(binary) => std::sync::Arc::new(pod_process::PodProcessRuntime::new(binary)),
+            runtime: match sim_runtime(&data).await {
+                Ok(runtime) => runtime,
                 Err(err) => {
-                    eprintln!("berth sim: cannot find its own binary: {err}");
+                    eprintln!("berth sim: {err}");
                     return ExitCode::FAILURE;
                 }
             },

@@ -3,8 +3,9 @@
 //! process of this binary, with the container's environment and nothing of ours, and the
 //! files of its volumes mounted below `/var/run` (the service-account token, `ca.crt` and
 //! `namespace` at `/var/run/secrets/kubernetes.io/serviceaccount`) in a mount namespace of
-//! its own, so it takes the in-cluster path a pod takes. Every other container goes to the
-//! agent runtime.
+//! its own, so it takes the in-cluster path a pod takes. An agent container runs the agent
+//! in-process; with a `ProcessRuntime`, its workspace command and every other container run as
+//! processes of the host.
 
 use std::{
     ffi::CString,
@@ -14,8 +15,11 @@ use std::{
     time::Duration,
 };
 
-use berth_agent::sim_runtime::AgentRuntime;
-use berth_sim::{BoxFuture, ContainerContext, ContainerRuntime, RunningContainer};
+use berth_agent::sim_runtime::{AgentRuntime, runs_agent, start_agent, workspace_command};
+use berth_sim::{
+    BoxFuture, ContainerContext, ContainerRuntime, ExecRequest, ExecSession, ProcessRuntime,
+    RunningContainer,
+};
 use serde_json::Value;
 
 type OutputPipe = std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>;
@@ -26,11 +30,14 @@ const RUN_DIR: &str = "/var/run/";
 /// The subcommands that run as processes: the ones the install's Deployments run.
 const PROCESS_SUBCOMMANDS: &[&str] = &["controller"];
 
-/// Runs Berth's operator containers as processes of `binary`; the rest in-process.
-#[derive(Clone, Debug)]
+/// Runs Berth's operator containers as processes of `binary`, its agents in-process, and,
+/// with `processes`, every other container (and a workspace's own command beside its agent)
+/// as processes of the host.
+#[derive(Clone)]
 pub struct PodProcessRuntime {
     binary: PathBuf,
     agents: AgentRuntime,
+    processes: Option<ProcessRuntime>,
 }
 
 impl PodProcessRuntime {
@@ -38,8 +45,43 @@ impl PodProcessRuntime {
         PodProcessRuntime {
             binary,
             agents: AgentRuntime,
+            processes: None,
         }
     }
+
+    /// Runs the containers that are not Berth's as processes of `processes`.
+    pub fn with_processes(self, processes: ProcessRuntime) -> Self {
+        PodProcessRuntime {
+            processes: Some(processes),
+            ..self
+        }
+    }
+}
+
+/// One container of two parts: the in-process agent and the workspace's command, which ends
+/// the container when it exits (as the real agent exits with its command's code).
+fn agent_and_command(agent: RunningContainer, command: RunningContainer) -> RunningContainer {
+    let (exit_tx, exited) = tokio::sync::oneshot::channel();
+    let (stop, stop_rx) = tokio::sync::oneshot::channel::<Duration>();
+    tokio::spawn(async move {
+        let (agent_exited, agent_stop) = (agent.exited, agent.stop);
+        let (command_exited, command_stop) = (command.exited, command.stop);
+        let code = tokio::select! {
+            code = command_exited => code.unwrap_or(137),
+            code = agent_exited => {
+                let _ = command_stop.send(Duration::ZERO);
+                code.unwrap_or(137)
+            }
+            grace = stop_rx => {
+                let grace = grace.unwrap_or_default();
+                let _ = command_stop.send(grace);
+                let _ = agent_stop.send(grace);
+                return exit_tx.send(143).unwrap_or_default();
+            }
+        };
+        let _ = exit_tx.send(code);
+    });
+    RunningContainer { exited, stop }
 }
 
 /// Whether an image is Berth's: its repository's last part is `berth`.
@@ -287,19 +329,15 @@ impl PodProcessRuntime {
             });
         }
         let (exit_tx, exited) = tokio::sync::oneshot::channel();
-        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<std::time::Duration>();
         let pid = child.id();
-        // As a kubelet: SIGTERM, then SIGKILL once the pod's grace period is over.
-        let grace = Duration::from_secs(
-            context.pod["spec"]["terminationGracePeriodSeconds"]
-                .as_u64()
-                .unwrap_or(30),
-        );
         tokio::spawn(async move {
             let _root = root;
             let status = tokio::select! {
                 status = child.wait() => status,
-                _ = stop_rx => {
+                grace = stop_rx => {
+                    // As a kubelet: SIGTERM, then SIGKILL once the grace period is over.
+                    let grace = grace.unwrap_or_default();
                     if let Some(pid) = pid {
                         // SAFETY: signalling our own child, which has not been reaped yet.
                         unsafe { libc::kill(pid as i32, libc::SIGTERM) };
@@ -327,12 +365,49 @@ impl PodProcessRuntime {
 
 impl ContainerRuntime for PodProcessRuntime {
     fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
-        match berth_arguments(&context.container).filter(|_| !context.init) {
-            Some(arguments) => {
-                let this = self.clone();
-                Box::pin(async move { this.start_process(context, arguments).await })
-            }
-            None => self.agents.start(context),
+        if let Some(arguments) = berth_arguments(&context.container).filter(|_| !context.init) {
+            let this = self.clone();
+            return Box::pin(async move { this.start_process(context, arguments).await });
+        }
+        let Some(processes) = self.processes.clone() else {
+            return self.agents.start(context);
+        };
+        if !context.init && runs_agent(&context.container) {
+            return Box::pin(async move {
+                let command = workspace_command(&context.container);
+                let agent = start_agent(context.clone(), false).await?;
+                let command = processes.run(context, command).await?;
+                Ok(agent_and_command(agent, command))
+            });
+        }
+        if is_berth_image(context.container["image"].as_str().unwrap_or_default()) {
+            // Berth's own steps (the init container that installs the agent): the sim's agent
+            // runs in-process and needs no copy.
+            return self.agents.start(context);
+        }
+        processes.start(context)
+    }
+
+    fn exec(
+        &self,
+        context: &ContainerContext,
+        request: ExecRequest,
+    ) -> BoxFuture<Result<ExecSession, String>> {
+        match &self.processes {
+            Some(processes) => processes.exec(context, request),
+            None => self.agents.exec(context, request),
+        }
+    }
+
+    fn forget_pod(&self, pod_uid: &str) {
+        if let Some(processes) = &self.processes {
+            processes.forget_pod(pod_uid);
+        }
+    }
+
+    fn forget_claim(&self, claim_uid: &str) {
+        if let Some(processes) = &self.processes {
+            processes.forget_claim(claim_uid);
         }
     }
 }
@@ -342,7 +417,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// A process that ignores SIGTERM is killed once the pod's grace period is over, and
+    /// A process that ignores SIGTERM is killed once its grace period is over, and
     /// reports 137, as under a kubelet.
     #[tokio::test]
     async fn a_process_that_ignores_sigterm_is_killed_after_the_grace_period() {
@@ -372,6 +447,7 @@ mod tests {
             api_server: String::new(),
             ca_pem: String::new(),
             files: Default::default(),
+            mounts: vec![],
             env: vec![],
             log: Default::default(),
         };
@@ -385,7 +461,7 @@ mod tests {
         }
         assert_eq!(log.read().0, b"started\n");
         let asked = std::time::Instant::now();
-        drop(stop);
+        let _ = stop.send(Duration::from_secs(1));
         let code = tokio::time::timeout(Duration::from_secs(20), exited)
             .await
             .expect("killed after its grace")

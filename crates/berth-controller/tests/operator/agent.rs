@@ -525,7 +525,7 @@ impl ContainerRuntime for Tampered {
                 .await
                 .map_err(|e| e.to_string())?;
             let (exit_tx, exited) = tokio::sync::oneshot::channel();
-            let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let (stop, stop_rx) = tokio::sync::oneshot::channel::<std::time::Duration>();
             tokio::spawn(async move {
                 let accept = async {
                     let mut held = vec![];

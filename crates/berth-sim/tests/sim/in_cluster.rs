@@ -35,7 +35,7 @@ impl ContainerRuntime for Recording {
         let this = self.clone();
         Box::pin(async move {
             let (exit_tx, exited) = tokio::sync::oneshot::channel();
-            let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let (stop, stop_rx) = tokio::sync::oneshot::channel::<std::time::Duration>();
             context
                 .log
                 .write(format!("starting in {}\nlistening\n", context.pod_name).as_bytes());

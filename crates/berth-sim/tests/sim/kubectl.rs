@@ -70,7 +70,7 @@ impl Kubectl {
         stdout
     }
 
-    async fn fails(&self, args: &[&str]) -> String {
+    pub async fn fails(&self, args: &[&str]) -> String {
         let output = self.run(args).await;
         assert!(!output.status.success(), "kubectl {args:?} should fail");
         String::from_utf8_lossy(&output.stderr).into_owned()

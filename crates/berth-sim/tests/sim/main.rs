@@ -16,6 +16,7 @@ mod kubectl;
 mod nodes;
 mod openapi;
 mod pod_security;
+mod processes;
 mod scale;
 mod validation;
 mod watch;

@@ -370,7 +370,7 @@ impl ContainerRuntime for TestRuntime {
     fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
         Box::pin(async move {
             let (exit_tx, exited) = tokio::sync::oneshot::channel();
-            let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let (stop, stop_rx) = tokio::sync::oneshot::channel::<std::time::Duration>();
             let name = context.container["name"]
                 .as_str()
                 .unwrap_or_default()

@@ -1,0 +1,964 @@
+//! The runtime where containers are processes: a container's command runs on the host (an
+//! image names nothing there: the host's `/usr`, `/bin`, `/lib` and `/etc` stand in for it,
+//! read-only), in a root of its own with its volumes at their mount paths, in a mount namespace
+//! of its own (in a user namespace when not root). Claims are directories of the runtime's data
+//! directory that live as long as the claim; `emptyDir`s and written files live with the pod.
+
+use std::{
+    collections::HashMap,
+    ffi::CString,
+    os::unix::{
+        ffi::OsStrExt,
+        fs::{MetadataExt, PermissionsExt},
+        process::ExitStatusExt,
+    },
+    path::{Component, Path, PathBuf},
+    process::Stdio,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::runtime::{
+    BoxFuture, ContainerContext, ContainerRuntime, ExecRequest, ExecSession, IdleRuntime, Reader,
+    RunningContainer, VolumeMount, VolumeSource, Writer,
+};
+
+/// The host's folders a container shares, read-only but for the kernel's own.
+const SYSTEM: &[(&str, bool)] = &[
+    ("bin", true),
+    ("sbin", true),
+    ("lib", true),
+    ("lib32", true),
+    ("lib64", true),
+    ("libx32", true),
+    ("usr", true),
+    ("etc", true),
+    ("opt", true),
+    ("dev", false),
+    ("proc", false),
+    ("sys", false),
+];
+
+/// What an image's config usually sets, when the container does not.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Runs containers as processes; a container with neither command nor args runs nothing (its
+/// image's entrypoint is not on the host) until stopped, but can be entered with exec.
+#[derive(Clone)]
+pub struct ProcessRuntime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    data: PathBuf,
+    /// The layout of each running container, by (pod UID, container name), for exec.
+    layouts: Mutex<HashMap<(String, String), Arc<Layout>>>,
+}
+
+/// What a process of a container sees, prepared on the host before it forks.
+struct Layout {
+    root: PathBuf,
+    /// (source, target inside the root, read-only)
+    binds: Vec<(PathBuf, PathBuf, bool)>,
+    workdir: String,
+    env: Vec<(String, String)>,
+    user: Option<User>,
+}
+
+/// Who the process runs as, from the security context (only when the sim runs as root).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct User {
+    uid: u32,
+    gid: u32,
+    fs_group: Option<u32>,
+}
+
+fn c_path(path: &Path) -> std::io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+}
+
+/// A path inside the container, as a relative path without `..`; None if it leaves the root.
+fn inside(path: &str) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for component in Path::new(path).components() {
+        match component {
+            Component::Normal(part) => out.push(part),
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+/// The container's command line: `command` then `args`.
+fn argv(container: &Value) -> Vec<String> {
+    ["command", "args"]
+        .iter()
+        .flat_map(|key| container[key].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The user a container runs as: the container's security context over the pod's.
+fn user(context: &ContainerContext) -> Option<User> {
+    let pod = &context.pod["spec"]["securityContext"];
+    let container = &context.container["securityContext"];
+    let field = |name: &str| {
+        container[name]
+            .as_u64()
+            .or_else(|| pod[name].as_u64())
+            .and_then(|v| u32::try_from(v).ok())
+    };
+    let uid = field("runAsUser")?;
+    Some(User {
+        uid,
+        gid: field("runAsGroup").unwrap_or(0),
+        fs_group: pod["fsGroup"].as_u64().and_then(|v| u32::try_from(v).ok()),
+    })
+}
+
+/// Removes a folder the runtime made, never crossing into another file system (a mount that
+/// should not be there).
+fn remove_tree(path: &Path) {
+    fn remove(path: &Path, device: u64) {
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            return;
+        };
+        if meta.dev() != device {
+            return;
+        }
+        if meta.is_dir() {
+            // A folder its owner made unreadable is still ours to remove.
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
+            for entry in std::fs::read_dir(path).into_iter().flatten().flatten() {
+                remove(&entry.path(), device);
+            }
+            let _ = std::fs::remove_dir(path);
+        } else {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        remove(path, meta.dev());
+    }
+}
+
+/// Writes `text` to a file, between fork and exec (no allocation).
+fn write_file(path: &CString, text: &[u8]) -> std::io::Result<()> {
+    // SAFETY: `path` is a valid C string; the descriptor is closed before returning.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = libc::write(fd, text.as_ptr().cast(), text.len());
+        libc::close(fd);
+        if written < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn check(result: libc::c_int) -> std::io::Result<()> {
+    if result < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Everything the child does between fork and exec, as C strings made before the fork.
+struct Enter {
+    /// A user namespace mapping our own uid and gid, when not root.
+    maps: Option<(CString, CString)>,
+    setgroups: CString,
+    uid_map: CString,
+    gid_map: CString,
+    binds: Vec<(CString, CString, bool)>,
+    root: CString,
+    workdir: CString,
+    user: Option<User>,
+    /// The terminal to make the controlling one (its descriptor is stdin).
+    tty: bool,
+}
+
+impl Enter {
+    fn new(layout: &Layout, tty: bool) -> std::io::Result<Self> {
+        // SAFETY: getuid and getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let binds = layout
+            .binds
+            .iter()
+            .map(|(source, target, read_only)| {
+                Ok((
+                    c_path(source)?,
+                    c_path(&layout.root.join(target))?,
+                    *read_only,
+                ))
+            })
+            .collect::<std::io::Result<_>>()?;
+        let text = |s: String| CString::new(s).map_err(std::io::Error::other);
+        Ok(Enter {
+            maps: match uid {
+                0 => None,
+                _ => Some((
+                    text(format!("{uid} {uid} 1"))?,
+                    text(format!("{gid} {gid} 1"))?,
+                )),
+            },
+            setgroups: text("/proc/self/setgroups".into())?,
+            uid_map: text("/proc/self/uid_map".into())?,
+            gid_map: text("/proc/self/gid_map".into())?,
+            binds,
+            root: c_path(&layout.root)?,
+            workdir: text(layout.workdir.clone())?,
+            // Only root can become another user; in a user namespace we are our own uid.
+            user: layout.user.filter(|_| uid == 0),
+            tty,
+        })
+    }
+
+    /// In the child: its own session, its own mounts, its root, its user.
+    fn enter(&self) -> std::io::Result<()> {
+        // SAFETY: plain system calls on C strings prepared before the fork.
+        unsafe {
+            check(libc::setsid())?;
+            if self.tty {
+                check(libc::ioctl(0, libc::TIOCSCTTY, 0))?;
+            }
+            // A container goes with the sim, however it ends.
+            check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+            let flags = match self.maps {
+                Some(_) => libc::CLONE_NEWUSER | libc::CLONE_NEWNS,
+                None => libc::CLONE_NEWNS,
+            };
+            check(libc::unshare(flags))?;
+            if let Some((uid_map, gid_map)) = &self.maps {
+                write_file(&self.setgroups, b"deny")?;
+                write_file(&self.uid_map, uid_map.as_bytes())?;
+                write_file(&self.gid_map, gid_map.as_bytes())?;
+            }
+            // Nothing mounted here may reach the host's namespace.
+            check(libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            for (source, target, read_only) in &self.binds {
+                check(libc::mount(
+                    source.as_ptr(),
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REC,
+                    std::ptr::null(),
+                ))?;
+                if *read_only {
+                    // Best effort: a locked mount of a user namespace may refuse it.
+                    libc::mount(
+                        std::ptr::null(),
+                        target.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_REC,
+                        std::ptr::null(),
+                    );
+                }
+            }
+            check(libc::chroot(self.root.as_ptr()))?;
+            check(libc::chdir(self.workdir.as_ptr()))?;
+            if let Some(user) = self.user {
+                let groups: [libc::gid_t; 1] = [user.fs_group.unwrap_or(user.gid)];
+                check(libc::setgroups(1, groups.as_ptr()))?;
+                check(libc::setgid(user.gid))?;
+                check(libc::setuid(user.uid))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The words of a runtime that could not start `program`, as containerd's runc says them.
+fn start_error(program: &str, error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => {
+            format!("exec: \"{program}\": executable file not found in $PATH: unknown")
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            format!("exec: \"{program}\": permission denied: unknown")
+        }
+        _ => format!("{error}: unknown"),
+    }
+}
+
+/// Sends `signal` to every process of the group `pid` leads.
+fn signal_group(pid: Option<u32>, signal: libc::c_int) {
+    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+        // SAFETY: a signal to a process group we made; at worst it is gone (ESRCH).
+        unsafe { libc::kill(-pid, signal) };
+    }
+}
+
+/// A container's process group, killed when dropped.
+struct Group(Option<u32>);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        signal_group(self.0, libc::SIGKILL);
+    }
+}
+
+/// An exit status as a kubelet reports it: the code, or 128 + the signal.
+fn exit_code(status: std::io::Result<std::process::ExitStatus>) -> i32 {
+    match status {
+        Ok(status) => status
+            .code()
+            .unwrap_or_else(|| 128 + status.signal().unwrap_or(libc::SIGKILL)),
+        Err(_) => 128 + libc::SIGKILL,
+    }
+}
+
+/// Copies a process's output into the container's log.
+fn log_output(
+    output: Option<impl tokio::io::AsyncRead + Send + Unpin + 'static>,
+    log: crate::ContainerLog,
+) {
+    let Some(mut output) = output else { return };
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut chunk = [0u8; 8192];
+        while let Ok(n) = output.read(&mut chunk).await {
+            if n == 0 {
+                break;
+            }
+            log.write(&chunk[..n]);
+        }
+    });
+}
+
+/// A pseudo-terminal: the controller's side (read and write halves) and the terminal's path.
+struct Terminal {
+    controller: std::fs::File,
+    terminal: std::fs::File,
+}
+
+fn open_terminal() -> std::io::Result<Terminal> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the usual posix_openpt sequence; every descriptor is owned by a File at once.
+    unsafe {
+        let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let controller = std::fs::File::from_raw_fd(fd);
+        check(libc::grantpt(fd))?;
+        check(libc::unlockpt(fd))?;
+        let mut name = [0 as libc::c_char; 128];
+        if libc::ptsname_r(fd, name.as_mut_ptr(), name.len()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let path = std::ffi::CStr::from_ptr(name.as_ptr());
+        let tfd = libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        );
+        if tfd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Terminal {
+            controller,
+            terminal: std::fs::File::from_raw_fd(tfd),
+        })
+    }
+}
+
+fn set_size(fd: std::os::fd::RawFd, columns: u16, rows: u16) {
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: columns,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer.
+    unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &size) };
+}
+
+impl ProcessRuntime {
+    /// A runtime keeping claims and pods' folders under `data`.
+    pub fn new(data: impl Into<PathBuf>) -> Self {
+        ProcessRuntime {
+            inner: Arc::new(Inner {
+                data: data.into(),
+                layouts: Mutex::default(),
+            }),
+        }
+    }
+
+    fn pod_dir(&self, pod_uid: &str) -> PathBuf {
+        self.inner.data.join("pods").join(pod_uid)
+    }
+
+    /// A claim's folder, whichever pod mounts it.
+    pub fn claim_dir(&self, claim_uid: &str) -> PathBuf {
+        self.inner.data.join("claims").join(claim_uid)
+    }
+
+    /// Whether this machine lets a container have its own mount namespace (as root, or in a
+    /// user namespace): runs `sh -c :` as a container would run.
+    pub async fn check_isolation(&self) -> Result<(), String> {
+        let context = probe_context();
+        let uid = context.pod_uid.clone();
+        let result = match self.spawn(
+            &context,
+            &["sh".into(), "-c".into(), ":".into()],
+            Stdio::null(),
+            false,
+        ) {
+            Ok((mut child, _)) => {
+                match tokio::time::timeout(Duration::from_secs(10), child.wait()).await {
+                    Ok(Ok(status)) if status.success() => Ok(()),
+                    Ok(Ok(status)) => Err(format!("a namespaced sh -c : exited with {status}")),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("a namespaced sh -c : did not exit within 10 s".to_owned()),
+                }
+            }
+            Err(e) => Err(format!(
+                "this machine allows no mount namespace for a container's process: {e}"
+            )),
+        };
+        self.forget_pod(&uid);
+        result
+    }
+
+    /// Lays out the container's root and volumes on the host.
+    fn lay_out(&self, context: &ContainerContext) -> Result<Layout, String> {
+        let name = context.container["name"].as_str().unwrap_or("container");
+        let pod = self.pod_dir(&context.pod_uid);
+        let root = pod.join("containers").join(name).join("root");
+        let fail = |what: &str, e: std::io::Error| format!("cannot {what}: {e}");
+        std::fs::create_dir_all(&root).map_err(|e| fail("make the container's root", e))?;
+        let targets: Vec<PathBuf> = context
+            .mounts
+            .iter()
+            .filter_map(|m| inside(&m.path))
+            .collect();
+        let mut binds = vec![];
+        for (dir, read_only) in SYSTEM {
+            share(
+                Path::new("/"),
+                &root,
+                Path::new(dir),
+                *read_only,
+                &targets,
+                &mut binds,
+            )
+            .map_err(|e| fail("share the host's system folders", e))?;
+        }
+        for dir in ["tmp", "root", "home", "var/tmp"] {
+            let at = root.join(dir);
+            std::fs::create_dir_all(&at).map_err(|e| fail("make the container's folders", e))?;
+        }
+        for dir in ["tmp", "var/tmp"] {
+            let _ =
+                std::fs::set_permissions(root.join(dir), std::fs::Permissions::from_mode(0o1777));
+        }
+        let user = user(context);
+        for mount in &context.mounts {
+            binds.push(self.mount(context, &pod, &root, mount, user)?);
+        }
+        let workdir = context.container["workingDir"]
+            .as_str()
+            .unwrap_or("/")
+            .to_owned();
+        let relative = inside(&workdir)
+            .ok_or_else(|| format!("working directory {workdir} leaves the root"))?;
+        if !under_system(&relative) {
+            std::fs::create_dir_all(root.join(&relative))
+                .map_err(|e| fail("make the working directory", e))?;
+        }
+
+        let mut env = context.env.clone();
+        let mut default = |name: &str, value: String| {
+            if !env.iter().any(|(n, _)| n == name) {
+                env.insert(0, (name.to_owned(), value));
+            }
+        };
+        default("PATH", DEFAULT_PATH.to_owned());
+        default("HOSTNAME", context.pod_name.clone());
+        default(
+            "HOME",
+            match user {
+                Some(User { uid, .. }) if uid != 0 => "/".to_owned(),
+                _ => "/root".to_owned(),
+            },
+        );
+        Ok(Layout {
+            root,
+            binds,
+            workdir,
+            env,
+            user,
+        })
+    }
+
+    /// Prepares one volume mount: its source on the host and its mount point in the root.
+    fn mount(
+        &self,
+        context: &ContainerContext,
+        pod: &Path,
+        root: &Path,
+        mount: &VolumeMount,
+        user: Option<User>,
+    ) -> Result<(PathBuf, PathBuf, bool), String> {
+        let fail = |e: std::io::Error| format!("cannot mount {}: {e}", mount.path);
+        let source = match &mount.source {
+            VolumeSource::Claim { uid } => self.claim_dir(uid),
+            VolumeSource::EmptyDir { volume } => pod.join("volumes").join(volume),
+            VolumeSource::Files { volume, files } => {
+                let name = context.container["name"].as_str().unwrap_or("container");
+                let dir = pod.join("files").join(name).join(volume);
+                remove_tree(&dir);
+                for (path, bytes) in files {
+                    let Some(relative) = inside(path) else {
+                        continue;
+                    };
+                    let file = dir.join(relative);
+                    if let Some(parent) = file.parent() {
+                        std::fs::create_dir_all(parent).map_err(fail)?;
+                    }
+                    std::fs::write(&file, bytes).map_err(fail)?;
+                    let _ = std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644));
+                }
+                std::fs::create_dir_all(&dir).map_err(fail)?;
+                dir
+            }
+        };
+        if !matches!(mount.source, VolumeSource::Files { .. }) && !source.exists() {
+            // Writable by anyone, as a provisioner's and an emptyDir's folders are; with an
+            // fsGroup, owned by that group, as the kubelet's ownership management leaves it.
+            std::fs::create_dir_all(&source).map_err(fail)?;
+            let _ = std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o777));
+        }
+        if let Some(group) = user.and_then(|u| u.fs_group) {
+            let _ = std::os::unix::fs::chown(&source, None, Some(group));
+        }
+        let source = match &mount.sub_path {
+            Some(sub) => {
+                let at = source
+                    .join(inside(sub).ok_or_else(|| format!("subPath {sub} leaves the volume"))?);
+                if !at.exists() {
+                    std::fs::create_dir_all(&at).map_err(fail)?;
+                }
+                at
+            }
+            None => source,
+        };
+        let target = inside(&mount.path)
+            .ok_or_else(|| format!("mount path {} leaves the root", mount.path))?;
+        let at = root.join(&target);
+        if source.is_dir() {
+            std::fs::create_dir_all(&at).map_err(fail)?;
+        } else {
+            if let Some(parent) = at.parent() {
+                std::fs::create_dir_all(parent).map_err(fail)?;
+            }
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&at)
+                .map_err(fail)?;
+        }
+        let read_only = mount.read_only || matches!(mount.source, VolumeSource::Files { .. });
+        Ok((source, target, read_only))
+    }
+
+    /// Starts `argv` in the container's layout, with `stdin`; output piped unless a terminal.
+    fn spawn(
+        &self,
+        context: &ContainerContext,
+        argv: &[String],
+        stdin: Stdio,
+        tty: bool,
+    ) -> Result<(tokio::process::Child, Arc<Layout>), String> {
+        let key = (
+            context.pod_uid.clone(),
+            context.container["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        let layout = match self.layout(&key) {
+            Some(layout) => layout,
+            None => Arc::new(self.lay_out(context)?),
+        };
+        self.spawn_in(&layout, argv, stdin, None, tty)
+            .map(|child| (child, layout))
+    }
+
+    fn layout(&self, key: &(String, String)) -> Option<Arc<Layout>> {
+        self.inner
+            .layouts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    fn spawn_in(
+        &self,
+        layout: &Layout,
+        argv: &[String],
+        stdin: Stdio,
+        terminal: Option<&std::fs::File>,
+        tty: bool,
+    ) -> Result<tokio::process::Child, String> {
+        let (program, arguments) = argv
+            .split_first()
+            .ok_or_else(|| "no command given".to_owned())?;
+        let enter = Enter::new(layout, tty).map_err(|e| e.to_string())?;
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(arguments)
+            .env_clear()
+            .envs(layout.env.iter().map(|(k, v)| (k, v)))
+            .kill_on_drop(true);
+        match terminal {
+            Some(terminal) => {
+                let clone = || terminal.try_clone().map_err(|e| e.to_string());
+                command
+                    .stdin(Stdio::from(clone()?))
+                    .stdout(Stdio::from(clone()?))
+                    .stderr(Stdio::from(clone()?));
+            }
+            None => {
+                command
+                    .stdin(stdin)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+            }
+        }
+        // SAFETY: `enter` makes only system calls on values prepared before the fork.
+        unsafe {
+            command.pre_exec(move || enter.enter());
+        }
+        command.spawn().map_err(|e| start_error(program, &e))
+    }
+
+    /// Starts `argv` as the container's main process: its output is the container's log;
+    /// stopping it signals its whole process group, and when it exits, what it left running
+    /// is killed (nothing outlives its container).
+    pub fn run(
+        &self,
+        context: ContainerContext,
+        argv: Vec<String>,
+    ) -> BoxFuture<Result<RunningContainer, String>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let key = (
+                context.pod_uid.clone(),
+                context.container["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+            // A restarted container gets a new root, as a new container gets a new layer.
+            remove_tree(&this.pod_dir(&key.0).join("containers").join(&key.1));
+            let layout = Arc::new(this.lay_out(&context)?);
+            this.inner
+                .layouts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.clone(), layout.clone());
+            if argv.is_empty() {
+                // Its image's entrypoint is not on the host: it runs nothing, but can be
+                // entered.
+                return IdleRuntime.start(context).await;
+            }
+            let mut child = this.spawn_in(&layout, &argv, Stdio::null(), None, false)?;
+            log_output(child.stdout.take(), context.log.clone());
+            log_output(child.stderr.take(), context.log.clone());
+            let pid = child.id();
+            let (exit_tx, exited) = oneshot::channel();
+            let (stop, stop_rx) = oneshot::channel::<Duration>();
+            tokio::spawn(async move {
+                // However this task ends (the sim stopping drops it), the group goes with it.
+                let _group = Group(pid);
+                let status = tokio::select! {
+                    status = child.wait() => status,
+                    grace = stop_rx => {
+                        let grace = grace.unwrap_or_default();
+                        signal_group(pid, libc::SIGTERM);
+                        match tokio::time::timeout(grace, child.wait()).await {
+                            Ok(status) => status,
+                            Err(_) => {
+                                signal_group(pid, libc::SIGKILL);
+                                child.wait().await
+                            }
+                        }
+                    }
+                };
+                let _ = exit_tx.send(exit_code(status));
+            });
+            Ok(RunningContainer { exited, stop })
+        })
+    }
+}
+
+/// Shares the host's `relative` (under `host_root`) into the container's `root`: bound whole
+/// when no volume is mounted below it; else made in the root, with each of its entries shared
+/// the same way (so a volume can be mounted at `/etc/app` or `/opt/tool` while the rest of the
+/// host's `/etc` shows through). An entry a volume is mounted at is left to the volume.
+fn share(
+    host_root: &Path,
+    root: &Path,
+    relative: &Path,
+    read_only: bool,
+    targets: &[PathBuf],
+    binds: &mut Vec<(PathBuf, PathBuf, bool)>,
+) -> std::io::Result<()> {
+    let host = host_root.join(relative);
+    let Ok(meta) = std::fs::symlink_metadata(&host) else {
+        return Ok(());
+    };
+    let at = root.join(relative);
+    if targets.iter().any(|t| t == relative) {
+        return Ok(());
+    }
+    if meta.file_type().is_symlink() {
+        // A merged /usr: /bin is a link into it.
+        if std::fs::symlink_metadata(&at).is_err() {
+            std::os::unix::fs::symlink(std::fs::read_link(&host)?, &at)?;
+        }
+        return Ok(());
+    }
+    let below = targets.iter().any(|t| t.starts_with(relative));
+    if meta.is_dir() {
+        std::fs::create_dir_all(&at)?;
+        if !below {
+            binds.push((host, relative.to_owned(), read_only));
+            return Ok(());
+        }
+        for entry in std::fs::read_dir(&host)?.flatten() {
+            share(
+                host_root,
+                root,
+                &relative.join(entry.file_name()),
+                read_only,
+                targets,
+                binds,
+            )?;
+        }
+    } else if meta.is_file() {
+        if std::fs::symlink_metadata(&at).is_err() {
+            std::fs::File::create(&at)?;
+        }
+        binds.push((host, relative.to_owned(), read_only));
+    }
+    Ok(())
+}
+
+/// Whether a path in the container lies in a folder shared with the host.
+fn under_system(relative: &Path) -> bool {
+    relative
+        .components()
+        .next()
+        .is_some_and(|first| SYSTEM.iter().any(|(dir, _)| first.as_os_str() == *dir))
+}
+
+/// A container of no pod, for the isolation check.
+fn probe_context() -> ContainerContext {
+    let uid = format!("isolation-check-{}", std::process::id());
+    ContainerContext {
+        namespace: "default".into(),
+        pod_name: "isolation-check".into(),
+        pod_uid: uid,
+        pod: Value::Null,
+        container: serde_json::json!({"name": "check"}),
+        init: false,
+        pod_ip: std::net::Ipv4Addr::LOCALHOST,
+        token: String::new(),
+        api_server: String::new(),
+        ca_pem: String::new(),
+        files: Default::default(),
+        mounts: vec![],
+        log: Default::default(),
+        env: vec![],
+    }
+}
+
+impl ContainerRuntime for ProcessRuntime {
+    fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
+        let argv = argv(&context.container);
+        if argv.is_empty() && context.init {
+            return IdleRuntime.start(context);
+        }
+        self.run(context, argv)
+    }
+
+    fn exec(
+        &self,
+        context: &ContainerContext,
+        request: ExecRequest,
+    ) -> BoxFuture<Result<ExecSession, String>> {
+        let this = self.clone();
+        let key = (
+            context.pod_uid.clone(),
+            context.container["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        Box::pin(async move {
+            let layout = this
+                .layout(&key)
+                .ok_or_else(|| format!("container not found (\"{}\")", key.1))?;
+            let exec_error = |e: String| {
+                format!(
+                    "OCI runtime exec failed: exec failed: unable to start container process: {e}"
+                )
+            };
+            let (exit_tx, exited) = oneshot::channel();
+            if request.tty {
+                let terminal = open_terminal().map_err(|e| e.to_string())?;
+                let mut child = this
+                    .spawn_in(
+                        &layout,
+                        &request.command,
+                        Stdio::null(),
+                        Some(&terminal.terminal),
+                        true,
+                    )
+                    .map_err(exec_error)?;
+                drop(terminal.terminal);
+                use std::os::fd::AsRawFd;
+                let fd = terminal.controller.as_raw_fd();
+                let writer = terminal.controller.try_clone().map_err(|e| e.to_string())?;
+                let controller = Arc::new(terminal.controller);
+                let keep = controller.clone();
+                tokio::spawn(async move {
+                    let _ = exit_tx.send(exit_code(child.wait().await));
+                });
+                let reader =
+                    tokio::fs::File::from_std(keep.try_clone().map_err(|e| e.to_string())?);
+                return Ok(ExecSession {
+                    stdin: request
+                        .stdin
+                        .then(|| Box::pin(tokio::fs::File::from_std(writer)) as Writer),
+                    stdout: Some(Box::pin(TerminalReader(reader)) as Reader),
+                    stderr: None,
+                    resize: Some(Box::new(move |columns, rows| {
+                        set_size(controller.as_raw_fd(), columns, rows)
+                    })),
+                    exited,
+                })
+                .inspect(|_| set_size(fd, 80, 24));
+            }
+            let stdin = if request.stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            };
+            let mut child = this
+                .spawn_in(&layout, &request.command, stdin, None, false)
+                .map_err(exec_error)?;
+            let session = ExecSession {
+                stdin: child.stdin.take().map(|s| Box::pin(s) as Writer),
+                stdout: child.stdout.take().map(|s| Box::pin(s) as Reader),
+                stderr: child.stderr.take().map(|s| Box::pin(s) as Reader),
+                resize: None,
+                exited,
+            };
+            tokio::spawn(async move {
+                let _ = exit_tx.send(exit_code(child.wait().await));
+            });
+            Ok(session)
+        })
+    }
+
+    fn forget_pod(&self, pod_uid: &str) {
+        self.inner
+            .layouts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(uid, _), _| uid != pod_uid);
+        remove_tree(&self.pod_dir(pod_uid));
+    }
+
+    fn forget_claim(&self, claim_uid: &str) {
+        remove_tree(&self.claim_dir(claim_uid));
+    }
+}
+
+/// A terminal's output: once the last process holding the terminal is gone, reading it fails
+/// (EIO), which is its end.
+struct TerminalReader(tokio::fs::File);
+
+impl tokio::io::AsyncRead for TerminalReader {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match std::pin::Pin::new(&mut self.0).poll_read(cx, buf) {
+            std::task::Poll::Ready(Err(e)) if e.raw_os_error() == Some(libc::EIO) => {
+                std::task::Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_in_the_container_never_leaves_its_root() {
+        assert_eq!(inside("/home/dev"), Some(PathBuf::from("home/dev")));
+        assert_eq!(inside("data/./x"), Some(PathBuf::from("data/x")));
+        assert_eq!(inside("/home/../etc"), None);
+        assert!(under_system(Path::new("etc/app")));
+        assert!(!under_system(Path::new("home/dev")));
+        assert!(!under_system(Path::new("etcetera")));
+    }
+
+    #[test]
+    fn a_container_runs_as_its_context_says_the_container_over_the_pod() {
+        let context = |pod: Value, container: Value| ContainerContext {
+            pod: serde_json::json!({"spec": {"securityContext": pod}}),
+            container: serde_json::json!({"name": "c", "securityContext": container}),
+            ..probe_context()
+        };
+        assert_eq!(
+            user(&context(serde_json::json!({}), serde_json::json!({}))),
+            None
+        );
+        assert_eq!(
+            user(&context(
+                serde_json::json!({"runAsUser": 1000, "runAsGroup": 100, "fsGroup": 2000}),
+                serde_json::json!({"runAsUser": 1001})
+            )),
+            Some(User {
+                uid: 1001,
+                gid: 100,
+                fs_group: Some(2000)
+            })
+        );
+    }
+
+    #[test]
+    fn removing_a_folder_never_crosses_into_another_file_system() {
+        let dir = std::env::temp_dir().join(format!("berth-remove-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("a/b")).unwrap();
+        std::fs::write(dir.join("a/b/file"), "x").unwrap();
+        std::fs::set_permissions(dir.join("a"), std::fs::Permissions::from_mode(0o500)).unwrap();
+        remove_tree(&dir);
+        assert!(!dir.exists());
+    }
+}

@@ -1,0 +1,634 @@
+//! Containers that really run (`ProcessRuntime`): their command as a process with its env,
+//! working directory and volumes; claims that hold files across pods; exec and port-forward
+//! through kube-rs and kubectl, authorized as the real server authorizes them.
+
+use std::{sync::Arc, time::Duration};
+
+use berth_sim::{ProcessRuntime, SimCluster, SimConfig};
+use k8s_openapi::api::{
+    core::v1::{ConfigMap, PersistentVolumeClaim, Pod},
+    rbac::v1::{Role, RoleBinding},
+};
+use kube::{
+    Api,
+    api::{AttachParams, DeleteParams, LogParams, PostParams},
+};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{kubectl::Kubectl, support::*};
+
+/// A cluster whose containers are processes, with the runtime and its data folder; None
+/// (after saying why) where this machine allows no mount namespace.
+async fn process_cluster() -> Option<(SimCluster, ProcessRuntime, tempfile::TempDir)> {
+    let data = tempfile::tempdir().unwrap();
+    let runtime = ProcessRuntime::new(data.path());
+    if let Err(why) = runtime.check_isolation().await {
+        eprintln!("skipped: {why}");
+        return None;
+    }
+    let sim = cluster_with(SimConfig {
+        runtime: Arc::new(runtime.clone()),
+        max_pod_grace: Duration::from_secs(2),
+        ..SimConfig::fast()
+    })
+    .await;
+    Some((sim, runtime, data))
+}
+
+async fn create<K>(client: &kube::Client, object: Value) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    Api::<K>::default_namespaced(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(object).unwrap(),
+        )
+        .await
+        .unwrap()
+}
+
+/// A pod of one container `main` running `script` in sh.
+fn shell_pod(name: &str, script: &str, extra: Value) -> Value {
+    let mut pod = json!({
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sh", "-c", script]}]
+        }
+    });
+    if let (Some(container), Some(extra)) = (
+        pod["spec"]["containers"][0].as_object_mut(),
+        extra.as_object(),
+    ) {
+        container.extend(extra.clone());
+    }
+    pod
+}
+
+async fn running(pods: &Api<Pod>, name: &str) -> Pod {
+    eventually(
+        Duration::from_secs(20),
+        &format!("{name} running"),
+        || async {
+            let pod = pods.get(name).await.ok()?;
+            let started = pod
+                .status
+                .as_ref()?
+                .container_statuses
+                .as_ref()?
+                .iter()
+                .all(|s| s.state.as_ref().is_some_and(|s| s.running.is_some()));
+            started.then_some(pod)
+        },
+    )
+    .await
+}
+
+async fn log_contains(pods: &Api<Pod>, name: &str, text: &str) -> String {
+    eventually(
+        Duration::from_secs(20),
+        &format!("{name}'s log saying {text:?}"),
+        || async {
+            let log = pods.logs(name, &LogParams::default()).await.ok()?;
+            log.contains(text).then_some(log)
+        },
+    )
+    .await
+}
+
+/// Runs `command` in `pod` through kube-rs's exec: (stdout, stderr, status).
+async fn exec(
+    pods: &Api<Pod>,
+    pod: &str,
+    command: &[&str],
+    input: Option<&str>,
+) -> (
+    String,
+    String,
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Status,
+) {
+    let params = AttachParams::default()
+        .stdin(input.is_some())
+        .stdout(true)
+        .stderr(true);
+    let mut process = pods.exec(pod, command.to_vec(), &params).await.unwrap();
+    if let Some(input) = input {
+        let mut stdin = process.stdin().unwrap();
+        stdin.write_all(input.as_bytes()).await.unwrap();
+        // kube-rs tells the end of stdin (v5's close of channel 0) on shutdown, not on drop.
+        stdin.shutdown().await.unwrap();
+    }
+    let (mut out, mut err) = (String::new(), String::new());
+    let mut stdout = process.stdout().unwrap();
+    let mut stderr = process.stderr().unwrap();
+    let status = process.take_status().unwrap();
+    let (_, _, status) = tokio::join!(
+        stdout.read_to_string(&mut out),
+        stderr.read_to_string(&mut err),
+        status
+    );
+    process.join().await.unwrap();
+    (out, err, status.expect("a status"))
+}
+
+#[tokio::test]
+async fn a_container_runs_its_command_with_its_env_working_dir_and_volumes() {
+    let Some((sim, runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    create::<ConfigMap>(
+        &client,
+        json!({"metadata": {"name": "settings"}, "data": {"greeting": "hello"}}),
+    )
+    .await;
+    let claim: PersistentVolumeClaim = create(&client, json!({
+        "metadata": {"name": "home"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .await;
+    let mut writer = shell_pod(
+        "writer",
+        "echo \"$(cat /etc/app/greeting) from $(pwd) as $ME\" | tee /home/dev/note; echo scratch > /scratch/x; exec sleep 3600",
+        json!({
+            "workingDir": "/work",
+            "env": [{"name": "WHO", "value": "dev"}, {"name": "ME", "value": "$(WHO)-1"}],
+            "volumeMounts": [
+                {"name": "home", "mountPath": "/home/dev"},
+                {"name": "config", "mountPath": "/etc/app"},
+                {"name": "scratch", "mountPath": "/scratch"}
+            ]
+        }),
+    );
+    writer["spec"]["volumes"] = json!([
+        {"name": "home", "persistentVolumeClaim": {"claimName": "home"}},
+        {"name": "config", "configMap": {"name": "settings"}},
+        {"name": "scratch", "emptyDir": {}}
+    ]);
+    create::<Pod>(&client, writer).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    running(&pods, "writer").await;
+    log_contains(&pods, "writer", "hello from /work as dev-1").await;
+
+    // What a developer sees with exec: the files, the environment, the exit status.
+    let (out, _, status) = exec(
+        &pods,
+        "writer",
+        &["cat", "/home/dev/note", "/scratch/x"],
+        None,
+    )
+    .await;
+    assert_eq!(out, "hello from /work as dev-1\nscratch\n");
+    assert_eq!(status.status.as_deref(), Some("Success"));
+    let (out, _, _) = exec(
+        &pods,
+        "writer",
+        &["sh", "-c", "echo $ME in $(pwd); cat"],
+        Some("typed"),
+    )
+    .await;
+    assert_eq!(out, "dev-1 in /work\ntyped");
+    let (_, err, status) = exec(
+        &pods,
+        "writer",
+        &["sh", "-c", "echo oops >&2; exit 3"],
+        None,
+    )
+    .await;
+    assert_eq!(err, "oops\n");
+    assert_eq!(status.reason.as_deref(), Some("NonZeroExitCode"));
+    let cause = &status.details.unwrap().causes.unwrap()[0];
+    assert_eq!(
+        (cause.reason.as_deref(), cause.message.as_deref()),
+        (Some("ExitCode"), Some("3"))
+    );
+    let (_, _, status) = exec(&pods, "writer", &["no-such-program"], None).await;
+    assert_eq!(status.status.as_deref(), Some("Failure"));
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("exec: \"no-such-program\": executable file not found in $PATH"),
+        "{status:?}"
+    );
+    // A volume inside /etc leaves the rest of the host's /etc (which stands in for the
+    // image's) in place.
+    let (_, _, status) = exec(&pods, "writer", &["test", "-r", "/etc/passwd"], None).await;
+    assert_eq!(status.status.as_deref(), Some("Success"));
+    // A configured volume is read-only, as the kubelet mounts it.
+    let (_, err, status) = exec(
+        &pods,
+        "writer",
+        &["sh", "-c", "echo x > /etc/app/greeting"],
+        None,
+    )
+    .await;
+    assert_eq!(status.reason.as_deref(), Some("NonZeroExitCode"), "{err}");
+
+    // The claim's files outlive the pod and reach a pod on any node.
+    pods.delete("writer", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "writer gone", || async {
+        pods.get_opt("writer")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let mut reader = shell_pod(
+        "reader",
+        "cat /home/dev/note; ls /scratch; exec sleep 3600",
+        json!({"volumeMounts": [
+            {"name": "home", "mountPath": "/home/dev"},
+            {"name": "scratch", "mountPath": "/scratch"}
+        ]}),
+    );
+    reader["spec"]["volumes"] = json!([
+        {"name": "home", "persistentVolumeClaim": {"claimName": "home"}},
+        {"name": "scratch", "emptyDir": {}}
+    ]);
+    create::<Pod>(&client, reader).await;
+    let log = log_contains(&pods, "reader", "hello from /work as dev-1").await;
+    assert!(!log.contains('x'), "an emptyDir is the pod's own: {log}");
+
+    // Deleting the claim deletes its files.
+    let folder = runtime.claim_dir(claim.metadata.uid.as_deref().unwrap());
+    assert!(folder.join("note").exists());
+    pods.delete("reader", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "reader gone", || async {
+        pods.get_opt("reader")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    Api::<PersistentVolumeClaim>::default_namespaced(client.clone())
+        .delete("home", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the claim's folder gone",
+        || async { (!folder.exists()).then_some(()) },
+    )
+    .await;
+}
+
+/// The processes running `sleep <marker>`.
+fn processes_with(marker: &str) -> usize {
+    let wanted = format!("sleep\0{marker}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .chars()
+                .all(|c| c.is_ascii_digit())
+        })
+        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == wanted.as_bytes()))
+        .count()
+}
+
+#[tokio::test]
+async fn no_process_outlives_its_pod_even_one_that_ignores_sigterm() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    let marker = format!("{}.25", 4000 + std::process::id() % 1000);
+    create::<Pod>(
+        &client,
+        shell_pod(
+            "stubborn",
+            &format!("trap '' TERM; sleep {marker} & sleep {marker} & wait; wait"),
+            json!({}),
+        ),
+    )
+    .await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    running(&pods, "stubborn").await;
+    eventually(Duration::from_secs(10), "both sleeps running", || async {
+        (processes_with(&marker) == 2).then_some(())
+    })
+    .await;
+    pods.delete("stubborn", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "the pod gone", || async {
+        pods.get_opt("stubborn")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(processes_with(&marker), 0, "a process outlived its pod");
+}
+
+#[tokio::test]
+async fn a_terminal_has_a_size_the_client_sets() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    create::<Pod>(&client, shell_pod("term", "exec sleep 3600", json!({}))).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    running(&pods, "term").await;
+    let params = AttachParams::interactive_tty();
+    let mut process = pods
+        .exec("term", vec!["sh", "-c", "read go; tty; stty size"], &params)
+        .await
+        .unwrap();
+    let mut size = process.terminal_size().unwrap();
+    futures::SinkExt::send(
+        &mut size,
+        kube::api::TerminalSize {
+            width: 100,
+            height: 30,
+        },
+    )
+    .await
+    .unwrap();
+    let mut stdin = process.stdin().unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stdin.write_all(b"go\n").await.unwrap();
+    let mut out = String::new();
+    process
+        .stdout()
+        .unwrap()
+        .read_to_string(&mut out)
+        .await
+        .unwrap();
+    assert!(out.contains("/dev/pts/"), "{out}");
+    assert!(out.contains("30 100"), "{out}");
+}
+
+#[tokio::test]
+async fn exec_needs_create_on_pods_exec_as_on_a_real_server() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let admin = sim.client().await.unwrap();
+    create::<Pod>(&admin, shell_pod("p", "exec sleep 3600", json!({}))).await;
+    running(&Api::default_namespaced(admin.clone()), "p").await;
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::default_namespaced(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "dev"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let token = sim
+        .issue_token("default", "dev", &[], Duration::from_secs(600))
+        .unwrap();
+    let as_dev: Api<Pod> = Api::default_namespaced(sim.client_with_token(&token).await.unwrap());
+    let refused = |verb: &str| {
+        format!(
+            "pods \"p\" is forbidden: User \"system:serviceaccount:default:dev\" cannot {verb} resource \"pods/exec\" in API group \"\" in the namespace \"default\""
+        )
+    };
+    let params = AttachParams::default();
+    let attempt = || as_dev.exec("p", vec!["true"], &params);
+    let message = |result: Result<kube::api::AttachedProcess, kube::Error>| match result {
+        Err(kube::Error::UpgradeConnection(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("exec allowed"),
+    };
+    let first = message(attempt().await);
+    assert!(
+        first.contains(&refused("get")) && first.contains("403"),
+        "{first}"
+    );
+    // Read access to pods/exec is not enough: since 1.30 a WebSocket exec also needs create.
+    create::<Role>(&admin, json!({"metadata": {"name": "exec-get"}, "rules": [{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get"]}]})).await;
+    create::<RoleBinding>(&admin, json!({"metadata": {"name": "exec-get"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "exec-get"}, "subjects": [{"kind": "ServiceAccount", "name": "dev", "namespace": "default"}]})).await;
+    let second = eventually(Duration::from_secs(5), "the get rule in force", || async {
+        let m = message(attempt().await);
+        m.contains(&refused("create")).then_some(m)
+    })
+    .await;
+    assert!(second.contains("403"), "{second}");
+    create::<Role>(&admin, json!({"metadata": {"name": "exec"}, "rules": [{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create"]}]})).await;
+    create::<RoleBinding>(&admin, json!({"metadata": {"name": "exec"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "exec"}, "subjects": [{"kind": "ServiceAccount", "name": "dev", "namespace": "default"}]})).await;
+    eventually(Duration::from_secs(5), "exec allowed", || async {
+        let mut process = attempt().await.ok()?;
+        let status = process.take_status()?;
+        process.join().await.ok()?;
+        status
+            .await
+            .filter(|s| s.status.as_deref() == Some("Success"))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn port_forward_reaches_the_pods_port_or_says_why_not() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    create::<Pod>(&client, shell_pod("server", "exec sleep 3600", json!({}))).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let pod = running(&pods, "server").await;
+    let ip = pod.status.unwrap().pod_ip.unwrap();
+    // The pod's own server: on its IP, as a container binds it.
+    let listener = tokio::net::TcpListener::bind((ip.as_str(), 8080))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = [0u8; 4];
+                if socket.read_exact(&mut buffer).await.is_ok() {
+                    let _ = socket.write_all(b"pong").await;
+                }
+            });
+        }
+    });
+    let mut forwarder = pods.portforward("server", &[8080, 8081]).await.unwrap();
+    let mut stream = forwarder.take_stream(8080).unwrap();
+    stream.write_all(b"ping").await.unwrap();
+    let mut answer = [0u8; 4];
+    stream.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"pong");
+    let error = forwarder
+        .take_error(8081)
+        .unwrap()
+        .await
+        .expect("an error for the closed port");
+    assert!(
+        error.contains("error forwarding port 8081 to pod server") && error.contains("refused"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn kubectl_exec_carries_output_input_and_the_exit_code() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let Some(kubectl) = Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    create::<Pod>(&client, shell_pod("box", "exec sleep 3600", json!({}))).await;
+    running(&Api::default_namespaced(client.clone()), "box").await;
+    let output = kubectl
+        .run_with_input(&["exec", "box", "--", "sh", "-c", "echo hi; exit 3"], "")
+        .await;
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "hi\n");
+    let output = kubectl
+        .run_with_input(
+            &["exec", "-i", "box", "--", "sh", "-c", "cat; echo done"],
+            "typed\n",
+        )
+        .await;
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "typed\ndone\n",
+        "{output:?}"
+    );
+    assert!(output.status.success());
+    let output = kubectl
+        .run_with_input(&["exec", "box", "--", "no-such-program"], "")
+        .await;
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("error: Internal error occurred: error executing command in container")
+            && stderr.contains("executable file not found in $PATH"),
+        "{stderr}"
+    );
+    // cp is exec with tar, both ways.
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("hello.txt");
+    std::fs::write(&local, "copied\n").unwrap();
+    kubectl
+        .ok(&["cp", local.to_str().unwrap(), "box:/tmp/hello.txt"])
+        .await;
+    let output = kubectl
+        .run_with_input(&["exec", "box", "--", "cat", "/tmp/hello.txt"], "")
+        .await;
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "copied\n");
+    let back = dir.path().join("back.txt");
+    kubectl
+        .ok(&["cp", "box:/tmp/hello.txt", back.to_str().unwrap()])
+        .await;
+    assert_eq!(std::fs::read_to_string(back).unwrap(), "copied\n");
+}
+
+/// A pod's HTTP server on its IP: answers with the path it was asked for and whether the
+/// request carried credentials.
+async fn serve_http(ip: &str, port: u16) {
+    let listener = tokio::net::TcpListener::bind((ip, port)).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && socket.read_exact(&mut byte).await.is_ok() {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).to_lowercase();
+                let path = head
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or_default()
+                    .to_owned();
+                let body = format!("{path} credentials={}", head.contains("authorization:"));
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+}
+
+#[tokio::test]
+async fn the_proxy_subresources_reach_a_pods_port_directly_and_through_its_service() {
+    let sim = cluster_with(SimConfig::fast()).await;
+    let client = sim.client().await.unwrap();
+    let mut web = shell_pod(
+        "web",
+        "exec sleep 3600",
+        json!({"ports": [{"name": "http", "containerPort": 8080}]}),
+    );
+    web["metadata"]["labels"] = json!({"app": "web"});
+    create::<Pod>(&client, web).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let ip = eventually(Duration::from_secs(20), "web ready", || async {
+        let pod = pods.get("web").await.ok()?;
+        let status = pod.status?;
+        let ready = status
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then_some(status.pod_ip?)
+    })
+    .await;
+    serve_http(&ip, 8080).await;
+    create::<k8s_openapi::api::core::v1::Service>(&client, json!({
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "api", "port": 80, "targetPort": "http"}]}
+    }))
+    .await;
+    let Some(kubectl) = Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    // The README's line for the operator's metrics, and the same through the Service.
+    let out = kubectl
+        .ok(&[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/pods/web:8080/proxy/metrics?x=1",
+        ])
+        .await;
+    assert_eq!(out, "/metrics?x=1 credentials=false");
+    let out = kubectl
+        .ok(&[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/services/web:api/proxy/healthz",
+        ])
+        .await;
+    assert_eq!(out, "/healthz credentials=false");
+    let out = kubectl
+        .ok(&[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/pods/web:http/proxy/",
+        ])
+        .await;
+    assert_eq!(out, "/ credentials=false");
+    // Nothing listens on 9090: the API server's 503, in its words (kube-rs would retry a 503).
+    let refused = kubectl
+        .fails(&[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/pods/web:9090/proxy/",
+        ])
+        .await;
+    assert!(
+        refused.contains(&format!(
+            "error trying to reach service: dial tcp {ip}:9090: "
+        )),
+        "{refused}"
+    );
+}
