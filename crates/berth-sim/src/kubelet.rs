@@ -910,11 +910,20 @@ impl Worker {
                 // A started container writes a new log, as `kubectl logs` shows the current one.
                 let log = ContainerLog::default();
                 let name = container["name"].as_str().unwrap_or_default().to_owned();
-                self.sim
+                let key = (self.uid.clone(), name);
+                let previous = self
+                    .sim
                     .logs
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert((self.uid.clone(), name), log.clone());
+                    .insert(key.clone(), log.clone());
+                if let Some(previous) = previous {
+                    self.sim
+                        .previous_logs
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(key, previous);
+                }
                 log
             },
             pod,
@@ -1537,11 +1546,11 @@ impl Worker {
         self.sim.config.runtime.forget_pod(&self.uid);
         self.sim
             .finish_pod_termination(&self.namespace, &self.name, &self.uid);
-        self.sim
-            .logs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(uid, _), _| *uid != self.uid);
+        for logs in [&self.sim.logs, &self.sim.previous_logs] {
+            logs.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(uid, _), _| *uid != self.uid);
+        }
     }
 
     /// The pod's own grace period (`terminationGracePeriodSeconds`), capped as deletions are.

@@ -17,6 +17,7 @@ mod faults;
 mod gc;
 mod json;
 mod kubelet;
+mod logs;
 pub mod manifests;
 mod meta;
 mod network_policies;
@@ -75,6 +76,7 @@ pub use process::ProcessRuntime;
 pub use requests::{RequestCount, RequestKey};
 pub use runtime::{
     BoxFuture, ContainerContext, ContainerLog, ContainerRuntime, ExecRequest, ExecSession,
-    IdleRuntime, Reader, RunningContainer, SharedRuntime, VolumeMount, VolumeSource, Writer,
+    IdleRuntime, LogLine, Reader, RunningContainer, SharedRuntime, VolumeMount, VolumeSource,
+    Writer,
 };
 pub use tls::{Authority, TlsError};

@@ -170,14 +170,24 @@ pub type SharedRuntime = Arc<dyn ContainerRuntime>;
 pub const LOG_LIMIT: usize = 1 << 20;
 
 /// What a container writes to its stdout and stderr, as `kubectl logs` reads it: the latest
-/// `LOG_LIMIT` bytes, and how many were ever written (where a follower has read to).
+/// `LOG_LIMIT` bytes as lines, each with when it was written (the kubelet's timestamps), and how
+/// many bytes were ever written (where a follower has read to).
 #[derive(Clone, Debug, Default)]
 pub struct ContainerLog(Arc<Mutex<LogBuffer>>);
 
 #[derive(Debug, Default)]
 struct LogBuffer {
-    bytes: VecDeque<u8>,
+    /// Lines, each with its newline but the last, which may still be growing.
+    lines: VecDeque<LogLine>,
+    kept: usize,
     written: u64,
+}
+
+/// One line of a log and when it was written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogLine {
+    pub at: jiff::Timestamp,
+    pub bytes: Vec<u8>,
 }
 
 impl ContainerLog {
@@ -192,28 +202,64 @@ impl ContainerLog {
 
     /// Appends output.
     pub fn write(&self, data: &[u8]) {
+        let now = jiff::Timestamp::now();
         let mut buffer = self.buffer();
-        buffer.bytes.extend(data);
+        for piece in data.split_inclusive(|b| *b == b'\n') {
+            match buffer.lines.back_mut() {
+                Some(last) if !last.bytes.ends_with(b"\n") => last.bytes.extend(piece),
+                _ => buffer.lines.push_back(LogLine {
+                    at: now,
+                    bytes: piece.to_vec(),
+                }),
+            }
+        }
+        buffer.kept += data.len();
         buffer.written += data.len() as u64;
-        let over = buffer.bytes.len().saturating_sub(LOG_LIMIT);
-        buffer.bytes.drain(..over);
+        while buffer.kept > LOG_LIMIT {
+            let over = buffer.kept - LOG_LIMIT;
+            let Some(first) = buffer.lines.front_mut() else {
+                break;
+            };
+            if first.bytes.len() <= over {
+                let gone = first.bytes.len();
+                buffer.lines.pop_front();
+                buffer.kept -= gone;
+            } else {
+                first.bytes.drain(..over);
+                buffer.kept -= over;
+            }
+        }
     }
 
     /// What is kept, and the count written so far.
     pub fn read(&self) -> (Vec<u8>, u64) {
-        let buffer = self.buffer();
-        (buffer.bytes.iter().copied().collect(), buffer.written)
+        let (lines, written) = self.lines_since(0);
+        (lines.into_iter().flat_map(|l| l.bytes).collect(), written)
     }
 
     /// What was written after `from` bytes (of what is still kept), and the new count.
     pub fn since(&self, from: u64) -> (Vec<u8>, u64) {
+        let (lines, written) = self.lines_since(from);
+        (lines.into_iter().flat_map(|l| l.bytes).collect(), written)
+    }
+
+    /// The lines (or the ends of lines) written after `from` bytes, and the new count.
+    pub fn lines_since(&self, from: u64) -> (Vec<LogLine>, u64) {
         let buffer = self.buffer();
-        let new = (buffer.written.saturating_sub(from) as usize).min(buffer.bytes.len());
-        let start = buffer.bytes.len() - new;
-        (
-            buffer.bytes.range(start..).copied().collect(),
-            buffer.written,
-        )
+        let mut wanted = (buffer.written.saturating_sub(from) as usize).min(buffer.kept);
+        let mut lines = VecDeque::new();
+        for line in buffer.lines.iter().rev() {
+            if wanted == 0 {
+                break;
+            }
+            let take = line.bytes.len().min(wanted);
+            lines.push_front(LogLine {
+                at: line.at,
+                bytes: line.bytes[line.bytes.len() - take..].to_vec(),
+            });
+            wanted -= take;
+        }
+        (lines.into(), buffer.written)
     }
 }
 
@@ -233,5 +279,20 @@ mod tests {
         let (kept, written) = log.read();
         assert_eq!((kept.len(), written), (LOG_LIMIT, 8 + LOG_LIMIT as u64));
         assert!(kept.iter().all(|b| *b == b'x'));
+    }
+
+    #[test]
+    fn a_log_is_lines_each_with_when_it_was_written() {
+        let log = ContainerLog::default();
+        log.write(b"one\ntw");
+        log.write(b"o\nthree");
+        let (lines, written) = log.lines_since(0);
+        let texts: Vec<&[u8]> = lines.iter().map(|l| l.bytes.as_slice()).collect();
+        assert_eq!(texts, [&b"one\n"[..], b"two\n", b"three"]);
+        assert_eq!(written, 13);
+        assert!(lines[0].at <= lines[2].at);
+        let (rest, _) = log.lines_since(6);
+        let texts: Vec<&[u8]> = rest.iter().map(|l| l.bytes.as_slice()).collect();
+        assert_eq!(texts, [&b"o\n"[..], b"three"]);
     }
 }

@@ -155,6 +155,10 @@ pub struct Sim {
     /// Each running container's output, by (pod UID, container name), for `kubectl logs`.
     pub logs:
         std::sync::Mutex<std::collections::HashMap<(String, String), crate::runtime::ContainerLog>>,
+    /// The log of each container's previous start, by (pod UID, container name), for
+    /// `kubectl logs --previous`.
+    pub previous_logs:
+        std::sync::Mutex<std::collections::HashMap<(String, String), crate::runtime::ContainerLog>>,
     /// Each running container's context, by (pod UID, container name), for exec and attach.
     pub containers: std::sync::Mutex<
         std::collections::HashMap<(String, String), crate::runtime::ContainerContext>,
@@ -226,6 +230,7 @@ impl Sim {
             recorder: crate::recorder::Recorder::default(),
             logs: Default::default(),
             containers: Default::default(),
+            previous_logs: Default::default(),
             terminations,
         }
     }

@@ -632,3 +632,66 @@ async fn the_proxy_subresources_reach_a_pods_port_directly_and_through_its_servi
         "{refused}"
     );
 }
+
+#[tokio::test]
+async fn kubectl_logs_shows_the_previous_container_with_timestamps_tail_and_limits() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let Some(kubectl) = Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    // Each start says which it is; the first exits, and the kubelet restarts it.
+    let mut counter = shell_pod(
+        "counter",
+        "n=$(cat /data/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /data/n; echo start $n; echo second line; [ $n -gt 1 ] && exec sleep 3600; exit 1",
+        json!({"volumeMounts": [{"name": "data", "mountPath": "/data"}]}),
+    );
+    counter["spec"]["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+    create::<Pod>(&client, counter).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    eventually(Duration::from_secs(30), "a restart", || async {
+        let pod = pods.get("counter").await.ok()?;
+        let status = &pod.status?.container_statuses?[0];
+        (status.restart_count >= 1).then_some(())
+    })
+    .await;
+    running(&pods, "counter").await;
+    let previous = kubectl.ok(&["logs", "counter", "--previous"]).await;
+    assert_eq!(previous, "start 1\nsecond line\n");
+    let current = log_contains(&pods, "counter", "start 2").await;
+    assert_eq!(current, "start 2\nsecond line\n");
+    let tail = kubectl
+        .ok(&["logs", "counter", "--previous", "--tail=1"])
+        .await;
+    assert_eq!(tail, "second line\n");
+    let stamped = kubectl
+        .ok(&["logs", "counter", "--previous", "--timestamps", "--tail=1"])
+        .await;
+    let (stamp, line) = stamped.split_once(' ').unwrap();
+    assert!(stamp.parse::<jiff::Timestamp>().is_ok(), "{stamped}");
+    assert_eq!(line, "second line\n");
+    let limited = kubectl
+        .ok(&["logs", "counter", "--previous", "--limit-bytes=5"])
+        .await;
+    assert_eq!(limited, "start");
+    let recent = kubectl
+        .ok(&["logs", "counter", "--previous", "--since=1h"])
+        .await;
+    assert_eq!(recent, previous);
+    let stderr = kubectl
+        .fails(&["logs", "counter", "--previous", "-c", "nope"])
+        .await;
+    assert!(
+        stderr.contains("container nope is not valid for pod counter"),
+        "{stderr}"
+    );
+    create::<Pod>(&client, shell_pod("fresh", "exec sleep 3600", json!({}))).await;
+    running(&pods, "fresh").await;
+    let stderr = kubectl.fails(&["logs", "fresh", "--previous"]).await;
+    assert!(
+        stderr.contains("previous terminated container \"main\" in pod \"fresh\" not found"),
+        "{stderr}"
+    );
+}
