@@ -51,6 +51,12 @@ pub fn default_on_create(resource: &str, object: &mut Value) {
         }
     }
     crate::builtin::default_pod_spec(&mut spec["template"]["spec"]);
+    // The strategies start a new object's status afresh: a Deployment's fields are all
+    // optional, a ReplicaSet's `replicas` is not.
+    object["status"] = match resource {
+        "deployments" => json!({}),
+        _ => json!({"replicas": 0}),
+    };
 }
 
 /// A label selector object (`matchLabels`, `matchExpressions`) as the string form

@@ -331,6 +331,21 @@ fn quote(value: &Value) -> String {
 
 /// Whether `s` matches `pattern`; compiled patterns are cached because every write of a custom
 /// resource checks the same few. An invalid pattern matches nothing.
+/// Whether a string has its schema's `format`, for the formats whose checks the real server
+/// applies to CRDs (`date-time` and `date` as go-openapi's strfmt parses them); others pass.
+fn format_matches(format: &str, value: &str) -> bool {
+    match format {
+        "date-time" => {
+            value.parse::<jiff::Timestamp>().is_ok()
+                || value
+                    .parse::<jiff::civil::DateTime>()
+                    .is_ok_and(|_| value.contains('T'))
+        }
+        "date" => value.len() == 10 && value.parse::<jiff::civil::Date>().is_ok(),
+        _ => true,
+    }
+}
+
 fn pattern_matches(pattern: &str, s: &str) -> bool {
     static CACHE: std::sync::LazyLock<
         std::sync::Mutex<std::collections::HashMap<String, Option<regex::Regex>>>,
@@ -444,6 +459,15 @@ fn validate_value(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Ca
                     message: format!("Too long: may not be more than {max} bytes"),
                     field: path.to_owned(),
                 });
+            }
+            if let Some(format) = schema["format"].as_str()
+                && !format_matches(format, s)
+            {
+                causes.push(invalid(
+                    path,
+                    value,
+                    format!("{path} in body must be of type {format}: \"{s}\""),
+                ));
             }
             if let Some(pattern) = schema["pattern"].as_str()
                 && !pattern_matches(pattern, s)

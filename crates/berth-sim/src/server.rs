@@ -702,8 +702,13 @@ async fn route(
                 options.propagation = Some(policy.clone());
             }
             let deleted = sim.delete(&rt, namespace, name, &options, &ctx)?;
+            // As the real registries that return what they deleted (`ReturnDeletedObject`).
             let returns_object = !deleted.removed
-                || (rt.group.is_empty() && matches!(rt.resource.as_str(), "pods" | "namespaces"));
+                || (rt.group.is_empty()
+                    && matches!(
+                        rt.resource.as_str(),
+                        "pods" | "namespaces" | "services" | "serviceaccounts"
+                    ));
             if returns_object {
                 Ok(json_response(StatusCode::OK, &deleted.object, &[]))
             } else {

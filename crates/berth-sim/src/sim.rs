@@ -588,6 +588,20 @@ impl Sim {
 
     /// A pod whose quantities, or a secret whose data, cannot be decoded is a bad request, as
     /// the real decoder says.
+    /// Built-in objects' times as the real decoder reads and the server stores them.
+    fn normalize_times(rt: &ResourceType, object: &mut Value) -> ApiResult<()> {
+        let Some(schema) = crate::typed::schema(&rt.group, &rt.resource) else {
+            return Ok(());
+        };
+        crate::typed::normalize_times(&rt.resource, schema, object).map_err(|message| {
+            ApiError::bad_request(format!(
+                "{kind} in version \"{}\" cannot be handled as a {kind}: {message}",
+                rt.version,
+                kind = rt.kind
+            ))
+        })
+    }
+
     fn check_decodable(rt: &ResourceType, object: &Value) -> ApiResult<()> {
         if rt.group.is_empty()
             && rt.resource == "secrets"
@@ -729,6 +743,7 @@ impl Sim {
                 ))
             })?;
         }
+        Self::normalize_times(rt, &mut object)?;
         Self::check_decodable(rt, &object)?;
         let mut causes = builtin::validate(rt, &object);
         if rt.group.is_empty() && rt.resource == "namespaces" {
@@ -972,6 +987,7 @@ impl Sim {
                 ))
             })?;
         }
+        Self::normalize_times(rt, &mut new)?;
         Self::check_decodable(rt, &new)?;
         let mut causes = builtin::validate(rt, &new);
         if rt.resource == "pods" && rt.group.is_empty() && subresource.is_empty() {

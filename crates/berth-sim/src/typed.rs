@@ -102,6 +102,71 @@ pub fn schema(group: &str, resource: &str) -> Option<&'static Value> {
         .map(|i| &schemas[i])
 }
 
+/// The fields of the served built-in types that are `MicroTime`s (the schema cannot tell
+/// them from `Time`s: both are `date-time` strings, and a field's description replaces the
+/// type's). Events' times are normalised by `events.rs`.
+const MICRO_TIMES: &[(&str, &str)] =
+    &[("leases", "spec.acquireTime"), ("leases", "spec.renewTime")];
+
+/// The times of a built-in object as the real server decodes and stores them: a `Time` is
+/// RFC 3339 with any fraction and offset, kept in UTC to the second; a `MicroTime` has exactly
+/// six fractional digits and is kept in UTC. What does not parse is the decoder's words.
+pub fn normalize_times(resource: &str, schema: &Value, value: &mut Value) -> Result<(), String> {
+    walk_times(resource, "", schema, value)
+}
+
+fn walk_times(resource: &str, path: &str, schema: &Value, value: &mut Value) -> Result<(), String> {
+    match value {
+        Value::String(text) if schema["format"] == "date-time" => {
+            let micro = MICRO_TIMES.contains(&(resource, path));
+            let (layout, fraction) = match micro {
+                true => ("2006-01-02T15:04:05.000000Z07:00", Some(6)),
+                false => ("2006-01-02T15:04:05Z07:00", None),
+            };
+            let digits = text
+                .split_once('.')
+                .map(|(_, rest)| rest.chars().take_while(char::is_ascii_digit).count());
+            let time = text
+                .parse::<jiff::Timestamp>()
+                .ok()
+                .filter(|_| fraction.is_none() || digits == fraction)
+                .ok_or_else(|| {
+                    format!("parsing time \"{text}\" as \"{layout}\": cannot parse \"{text}\" as \"{layout}\"")
+                })?;
+            let format = match micro {
+                true => "%Y-%m-%dT%H:%M:%S%.6fZ",
+                false => "%Y-%m-%dT%H:%M:%SZ",
+            };
+            *text = time.strftime(format).to_string();
+            Ok(())
+        }
+        Value::Object(map) => {
+            for (key, field) in map.iter_mut() {
+                let inner = schema["properties"]
+                    .get(key)
+                    .or_else(|| schema.get("additionalProperties"));
+                if let Some(inner) = inner {
+                    let path = match path {
+                        "" => key.clone(),
+                        _ => format!("{path}.{key}"),
+                    };
+                    walk_times(resource, &path, inner, field)?;
+                }
+            }
+            Ok(())
+        }
+        Value::Array(items) => {
+            if let Some(inner) = schema.get("items") {
+                for item in items {
+                    walk_times(resource, path, inner, item)?;
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The OpenAPI definitions of the built-in types, as the real server publishes them (named
 /// `io.k8s.api.core.v1.Pod` and so on, referring to each other as `#/definitions/NAME`), and
 /// the definition name of each type by (group, resource).

@@ -987,3 +987,97 @@ async fn kind_comes_before_api_version_in_every_answer() {
         "{status}"
     );
 }
+
+/// Services and service accounts answer a DELETE with the deleted object, as their real
+/// registries do (the Python client reads it as the typed object); a config map with a Status.
+#[tokio::test]
+async fn deleting_a_service_or_a_service_account_answers_with_it() {
+    use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let services: Api<Service> = Api::default_namespaced(client.clone());
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let deleted = services.delete("web", &Default::default()).await.unwrap();
+    assert_eq!(deleted.left().map(|s| s.name_any()).as_deref(), Some("web"));
+    let accounts: Api<ServiceAccount> = Api::default_namespaced(client.clone());
+    accounts
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "dev"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let deleted = accounts.delete("dev", &Default::default()).await.unwrap();
+    assert_eq!(deleted.left().map(|s| s.name_any()).as_deref(), Some("dev"));
+    let maps: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    maps.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        maps.delete("c", &Default::default())
+            .await
+            .unwrap()
+            .is_right()
+    );
+}
+
+/// Times are decoded and stored as the real server does: a Lease's MicroTime needs exactly six
+/// fractional digits (else 400) and comes back in UTC; a Time with an offset comes back in `Z`.
+#[tokio::test]
+async fn times_are_stored_in_utc_and_a_micro_time_has_six_digits() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let lease = |renew: &str| {
+        json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "l"},
+            "spec": {"holderIdentity": "a", "renewTime": renew}
+        })
+    };
+    let path = "/apis/coordination.k8s.io/v1/namespaces/default/leases";
+    let refused = crate::support::post_json(&client, path, &lease("2026-12-03T10:00:00Z")).await;
+    let (code, _, message) = api_error(refused);
+    assert_eq!(code, 400);
+    assert!(
+        message.contains(
+            "parsing time \"2026-12-03T10:00:00Z\" as \"2006-01-02T15:04:05.000000Z07:00\""
+        ),
+        "{message}"
+    );
+    let stored =
+        crate::support::post_json(&client, path, &lease("2026-12-03T12:00:00.123456+02:00"))
+            .await
+            .unwrap();
+    assert_eq!(stored["spec"]["renewTime"], "2026-12-03T10:00:00.123456Z");
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]},
+    });
+    crate::support::post_json(&client, "/api/v1/namespaces/default/pods", &pod)
+        .await
+        .unwrap();
+    let status = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": "2026-12-03T12:00:00.5+02:00"}]}});
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let patched = pods
+        .patch_status("p", &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    let raw = serde_json::to_value(&patched).unwrap();
+    assert_eq!(
+        raw["status"]["conditions"][0]["lastTransitionTime"],
+        "2026-12-03T10:00:00Z"
+    );
+}

@@ -267,3 +267,17 @@ async fn a_workload_the_real_server_refuses_is_refused_in_its_words() {
     );
     assert!(message.ends_with("field is immutable"), "{message}");
 }
+
+/// The create response carries the status the strategy starts with (`{}`), as the Python
+/// client and `kubectl create -o json` see it.
+#[tokio::test]
+async fn a_created_deployment_answers_with_an_empty_status() {
+    let sim = crate::support::cluster().await;
+    let deployments: Api<Deployment> = Api::default_namespaced(sim.client().await.unwrap());
+    let created = deployments
+        .create(&PostParams::default(), &deployment("web", 1, "nginx:1.27"))
+        .await
+        .unwrap();
+    let raw = serde_json::to_value(&created).unwrap();
+    assert_eq!(raw["status"], json!({}), "{raw}");
+}

@@ -536,3 +536,31 @@ async fn a_rule_that_fails_to_evaluate_refuses_the_object() {
         "{message}"
     );
 }
+
+/// A `format: date-time` field holds a time: anything else is the real validator's 422.
+#[tokio::test]
+async fn a_date_time_field_refuses_what_is_not_a_time() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    install_workspace_crd(&client).await;
+    let workspaces: Api<Workspace> = Api::namespaced(client.clone(), "default");
+    raw_create(&client, workspace("w", json!({"image": "a:1"})), "")
+        .await
+        .unwrap();
+    let patch = |time: &str| Patch::Merge(json!({"status": {"lastActivity": time}}));
+    let refused = workspaces
+        .patch_status("w", &PatchParams::default(), &patch("not-a-date"))
+        .await;
+    let (code, reason, message) = api_error(refused);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert!(
+        message.contains(
+            "status.lastActivity: Invalid value: \"not-a-date\": status.lastActivity in body must be of type date-time: \"not-a-date\""
+        ),
+        "{message}"
+    );
+    workspaces
+        .patch_status("w", &PatchParams::default(), &patch("2026-12-03T10:00:00Z"))
+        .await
+        .unwrap();
+}
