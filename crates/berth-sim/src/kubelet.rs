@@ -1240,6 +1240,23 @@ impl Worker {
                         self.name, self.namespace, self.uid
                     ),
                 );
+                // `Init:Error` for a moment, then `Init:CrashLoopBackOff` until it runs again.
+                self.wait(self.sim.config.timings.container_start).await?;
+                let waiting = format!(
+                    "back-off {} restarting failed container={name} pod={}_{}({})",
+                    crate::table::human_duration(delay.as_secs() as i64),
+                    self.name,
+                    self.namespace,
+                    self.uid
+                );
+                self.status(|pod| {
+                    Self::container_status(pod, true, &name, |s| {
+                        s["lastState"] = json!({"terminated": s["state"]["terminated"].clone()});
+                        s["state"] =
+                            json!({"waiting": {"reason": "CrashLoopBackOff", "message": waiting}});
+                        s["restartCount"] = json!(s["restartCount"].as_i64().unwrap_or(0) + 1);
+                    })
+                });
                 self.wait(delay).await?;
             }
         }

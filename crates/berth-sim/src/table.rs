@@ -367,6 +367,12 @@ fn pod_cells(pod: &Value, now: Timestamp) -> Vec<Value> {
     let ready = statuses.iter().filter(|s| s["ready"] == true).count();
     let restarts: i64 = statuses
         .iter()
+        .chain(
+            pod["status"]["initContainerStatuses"]
+                .as_array()
+                .into_iter()
+                .flatten(),
+        )
         .filter_map(|s| s["restartCount"].as_i64())
         .sum();
     let mut status = pod["status"]["reason"]
@@ -374,17 +380,8 @@ fn pod_cells(pod: &Value, now: Timestamp) -> Vec<Value> {
         .or_else(|| pod["status"]["phase"].as_str())
         .unwrap_or("Pending")
         .to_owned();
-    let init_waiting = pod["status"]["initContainerStatuses"]
-        .as_array()
-        .and_then(|s| {
-            s.iter().find_map(|c| {
-                c["state"]["waiting"]["reason"]
-                    .as_str()
-                    .filter(|r| *r != "PodInitializing")
-            })
-        });
-    if let Some(reason) = init_waiting {
-        status = format!("Init:{reason}");
+    if let Some(reason) = init_status(pod) {
+        status = reason;
     } else {
         for s in &statuses {
             if let Some(reason) = s["state"]["waiting"]["reason"].as_str() {
@@ -675,8 +672,69 @@ pub fn table(
     })
 }
 
+/// The STATUS of a pod still initializing, as kubectl's printer words it: the first init
+/// container not done says `Init:<reason>` (terminated or waiting), or `Init:N/M` while it runs.
+fn init_status(pod: &Value) -> Option<String> {
+    let statuses = pod["status"]["initContainerStatuses"].as_array()?;
+    let total = pod["spec"]["initContainers"].as_array().map_or(0, Vec::len);
+    for (i, container) in statuses.iter().enumerate() {
+        let terminated = &container["state"]["terminated"];
+        let waiting = container["state"]["waiting"]["reason"]
+            .as_str()
+            .filter(|r| !r.is_empty() && *r != "PodInitializing");
+        return Some(match terminated["exitCode"].as_i64() {
+            Some(0) => continue,
+            Some(code) => match terminated["reason"].as_str().filter(|r| !r.is_empty()) {
+                Some(reason) => format!("Init:{reason}"),
+                None => format!("Init:ExitCode:{code}"),
+            },
+            None => match waiting {
+                Some(reason) => format!("Init:{reason}"),
+                None => format!("Init:{i}/{total}"),
+            },
+        });
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_pod_initializing_says_so_as_kubectls_printer_does() {
+        let pod = |statuses: Value| {
+            json!({"spec": {"initContainers": [{"name": "a"}, {"name": "b"}]},
+                   "status": {"initContainerStatuses": statuses}})
+        };
+        let done = json!({"state": {"terminated": {"exitCode": 0, "reason": "Completed"}}});
+        let rows = [
+            (json!([done, {"state": {"running": {}}}]), Some("Init:1/2")),
+            (
+                json!([{"state": {"terminated": {"exitCode": 3, "reason": "Error"}}}]),
+                Some("Init:Error"),
+            ),
+            (
+                json!([{"state": {"terminated": {"exitCode": 3}}}]),
+                Some("Init:ExitCode:3"),
+            ),
+            (
+                json!([{"state": {"waiting": {"reason": "CrashLoopBackOff"}}}]),
+                Some("Init:CrashLoopBackOff"),
+            ),
+            (
+                json!([{"state": {"waiting": {"reason": "PodInitializing"}}}]),
+                Some("Init:0/2"),
+            ),
+            (json!([done, done]), None),
+        ];
+        for (statuses, expected) in rows {
+            assert_eq!(
+                init_status(&pod(statuses.clone())).as_deref(),
+                expected,
+                "{statuses}"
+            );
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -695,3 +695,45 @@ async fn kubectl_logs_shows_the_previous_container_with_timestamps_tail_and_limi
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn a_failing_init_container_backs_off_with_its_exit_in_last_state() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let Some(kubectl) = Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    let mut pod = shell_pod("setup", "exec sleep 3600", json!({}));
+    pod["spec"]["initContainers"] = json!([
+        {"name": "fetch", "image": "busybox:1.36", "command": ["sh", "-c", "echo cannot fetch; exit 3"]}
+    ]);
+    create::<Pod>(&client, pod).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    // What `kubectl get pod` says while the kubelet backs off (`Init:Error` in between is
+    // brief: the table test in table.rs shows it).
+    eventually(Duration::from_secs(30), "Init:CrashLoopBackOff", || async {
+        let table = kubectl.ok(&["get", "pod", "setup", "--no-headers"]).await;
+        let status = table
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or_default()
+            .to_owned();
+        (status == "Init:CrashLoopBackOff").then_some(())
+    })
+    .await;
+    let pod = pods.get("setup").await.unwrap();
+    let init = &pod.status.unwrap().init_container_statuses.unwrap()[0];
+    assert!(init.restart_count >= 1);
+    let last = init
+        .last_state
+        .as_ref()
+        .unwrap()
+        .terminated
+        .as_ref()
+        .unwrap();
+    assert_eq!((last.exit_code, last.reason.as_deref()), (3, Some("Error")));
+    let log = kubectl.ok(&["logs", "setup", "-c", "fetch"]).await;
+    assert_eq!(log, "cannot fetch\n");
+}
