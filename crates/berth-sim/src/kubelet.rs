@@ -1211,11 +1211,17 @@ impl Worker {
                     1
                 };
                 self.running.remove(&name);
+                let message = self.exited(&name, code);
                 let finished = now_rfc3339();
                 let reason = if code == 0 { "Completed" } else { "Error" };
+                let mut terminated =
+                    json!({"exitCode": code, "reason": reason, "finishedAt": finished});
+                if let Some(message) = message {
+                    terminated["message"] = json!(message);
+                }
                 self.status(|pod| {
                     Self::container_status(pod, true, &name, |s| {
-                        s["state"] = json!({"terminated": {"exitCode": code, "reason": reason, "finishedAt": finished}});
+                        s["state"] = json!({"terminated": terminated});
                         s["ready"] = json!(code == 0);
                         s["started"] = json!(false);
                     })
@@ -1383,19 +1389,20 @@ impl Worker {
                 continue;
             }
             self.running.remove(&name);
-            self.sim
-                .containers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&(self.uid.clone(), name.clone()));
+            let message = self.exited(&name, code);
             let finished = now_rfc3339();
             let reason = if code == 0 { "Completed" } else { "Error" };
             let policy = self.restart_policy();
             let restart = policy == "Always" || (policy == "OnFailure" && code != 0);
+            let mut terminated =
+                json!({"exitCode": code, "reason": reason, "finishedAt": finished});
+            if let Some(message) = message {
+                terminated["message"] = json!(message);
+            }
             self.status(|pod| {
                 Self::container_status(pod, false, &name, |s| {
-                    s["lastState"] = json!({"terminated": {"exitCode": code, "reason": reason, "finishedAt": finished}});
-                    s["state"] = json!({"terminated": {"exitCode": code, "reason": reason, "finishedAt": finished}});
+                    s["lastState"] = json!({"terminated": terminated});
+                    s["state"] = json!({"terminated": terminated});
                     s["ready"] = json!(false);
                     s["started"] = json!(false);
                 });
@@ -1568,6 +1575,38 @@ impl Worker {
                 .unwrap_or_else(|p| p.into_inner())
                 .retain(|(uid, _), _| *uid != self.uid);
         }
+    }
+
+    /// A container has exited: it can no longer be entered, and its terminated state says
+    /// its termination message, or with `FallbackToLogsOnError` and a failure, the end of
+    /// its log (80 lines, 2 KiB at most), as the kubelet reads them.
+    fn exited(&self, name: &str, code: i32) -> Option<String> {
+        let key = (self.uid.clone(), name.to_owned());
+        let context = self
+            .sim
+            .containers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key)?;
+        let written = self
+            .sim
+            .config
+            .runtime
+            .termination_message(&context)
+            .unwrap_or_default();
+        if !written.is_empty() {
+            return Some(String::from_utf8_lossy(&written).into_owned());
+        }
+        let fallback = context.container["terminationMessagePolicy"] == "FallbackToLogsOnError";
+        if !fallback || code == 0 {
+            return None;
+        }
+        let (log, _) = context.log.read();
+        let end = &log[log.len().saturating_sub(2048)..];
+        let text = String::from_utf8_lossy(end);
+        let lines: Vec<&str> = text.lines().collect();
+        let kept = lines[lines.len().saturating_sub(80)..].join("\n");
+        (!kept.is_empty()).then_some(kept)
     }
 
     /// The pod's own grace period (`terminationGracePeriodSeconds`), capped as deletions are.

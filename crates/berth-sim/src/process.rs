@@ -37,10 +37,28 @@ const SYSTEM: &[(&str, bool)] = &[
     ("usr", true),
     ("etc", true),
     ("opt", true),
-    ("dev", false),
     ("proc", false),
     ("sys", false),
 ];
+
+/// The devices a container runtime gives a container's `/dev`, from the host's.
+const DEVICES: &[&str] = &[
+    "null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm",
+];
+
+/// The links a container's `/dev` has.
+const DEVICE_LINKS: &[(&str, &str)] = &[
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+];
+
+/// Where a container's termination message is read from, unless it says otherwise.
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// The most of a termination message the kubelet keeps.
+const TERMINATION_MESSAGE_LIMIT: usize = 4096;
 
 /// What an image's config usually sets, when the container does not.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -403,6 +421,14 @@ impl ProcessRuntime {
         self.inner.data.join("pods").join(pod_uid)
     }
 
+    /// The file a container's termination message is written to (outside its root, which a
+    /// restart replaces).
+    fn termination_file(&self, pod_uid: &str, container: &str) -> PathBuf {
+        self.pod_dir(pod_uid)
+            .join("containers")
+            .join(format!("{container}.termination-log"))
+    }
+
     /// A claim's folder, whichever pod mounts it.
     pub fn claim_dir(&self, claim_uid: &str) -> PathBuf {
         self.inner.data.join("claims").join(claim_uid)
@@ -458,6 +484,42 @@ impl ProcessRuntime {
                 &mut binds,
             )
             .map_err(|e| fail("share the host's system folders", e))?;
+        }
+        // A `/dev` of its own: the usual devices, and the termination message file.
+        std::fs::create_dir_all(root.join("dev")).map_err(|e| fail("make /dev", e))?;
+        for device in DEVICES {
+            let host = Path::new("/dev").join(device);
+            let Ok(meta) = std::fs::metadata(&host) else {
+                continue;
+            };
+            let at = root.join("dev").join(device);
+            let made = match meta.is_dir() {
+                true => std::fs::create_dir_all(&at),
+                false => std::fs::File::create(&at).map(drop),
+            };
+            made.map_err(|e| fail("make /dev", e))?;
+            binds.push((host, Path::new("dev").join(device), false));
+        }
+        for (link, target) in DEVICE_LINKS {
+            let at = root.join("dev").join(link);
+            if std::fs::symlink_metadata(&at).is_err() {
+                std::os::unix::fs::symlink(target, &at).map_err(|e| fail("make /dev", e))?;
+            }
+        }
+        let message = self.termination_file(&context.pod_uid, name);
+        std::fs::write(&message, b"").map_err(|e| fail("make the termination message file", e))?;
+        let _ = std::fs::set_permissions(&message, std::fs::Permissions::from_mode(0o666));
+        let message_path = context.container["terminationMessagePath"]
+            .as_str()
+            .unwrap_or(TERMINATION_LOG);
+        if let Some(target) = inside(message_path).filter(|t| !under_system(t)) {
+            let at = root.join(&target);
+            if let Some(parent) = at.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| fail("make the termination message file", e))?;
+            }
+            std::fs::File::create(&at).map_err(|e| fail("make the termination message file", e))?;
+            binds.push((message, target, false));
         }
         for dir in ["tmp", "root", "home", "var/tmp"] {
             let at = root.join(dir);
@@ -879,6 +941,13 @@ impl ContainerRuntime for ProcessRuntime {
             });
             Ok(session)
         })
+    }
+
+    fn termination_message(&self, context: &ContainerContext) -> Option<Vec<u8>> {
+        let name = context.container["name"].as_str()?;
+        let mut bytes = std::fs::read(self.termination_file(&context.pod_uid, name)).ok()?;
+        bytes.truncate(TERMINATION_MESSAGE_LIMIT);
+        Some(bytes)
     }
 
     fn forget_pod(&self, pod_uid: &str) {

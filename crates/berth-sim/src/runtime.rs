@@ -129,6 +129,13 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         })
     }
 
+    /// What the container wrote to its termination message file (`terminationMessagePath`),
+    /// read once it exited; None where the runtime has no files.
+    fn termination_message(&self, context: &ContainerContext) -> Option<Vec<u8>> {
+        let _ = context;
+        None
+    }
+
     /// The pod is gone: what the runtime kept for it (its directories) can go.
     fn forget_pod(&self, pod_uid: &str) {
         let _ = pod_uid;

@@ -399,6 +399,10 @@ impl ContainerRuntime for PodProcessRuntime {
         }
     }
 
+    fn termination_message(&self, context: &ContainerContext) -> Option<Vec<u8>> {
+        self.processes.as_ref()?.termination_message(context)
+    }
+
     fn forget_pod(&self, pod_uid: &str) {
         if let Some(processes) = &self.processes {
             processes.forget_pod(pod_uid);

@@ -737,3 +737,56 @@ async fn a_failing_init_container_backs_off_with_its_exit_in_last_state() {
     let log = kubectl.ok(&["logs", "setup", "-c", "fetch"]).await;
     assert_eq!(log, "cannot fetch\n");
 }
+
+#[tokio::test]
+async fn a_containers_end_says_its_termination_message_or_its_logs_end() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    let mut pod = shell_pod(
+        "done",
+        "echo 'finished: 3 files' > /dev/termination-log; exit 0",
+        json!({}),
+    );
+    pod["spec"]["restartPolicy"] = json!("Never");
+    let containers = pod["spec"]["containers"].as_array_mut().unwrap();
+    containers.push(json!({
+        "name": "failing", "image": "busybox:1.36",
+        "command": ["sh", "-c", "echo first; echo 'cannot reach the database'; exit 2"],
+        "terminationMessagePolicy": "FallbackToLogsOnError"
+    }));
+    containers.push(json!({
+        "name": "custom", "image": "busybox:1.36",
+        "command": ["sh", "-c", "echo custom > /tmp/why; exit 1"],
+        "terminationMessagePath": "/tmp/why"
+    }));
+    create::<Pod>(&client, pod).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let statuses = eventually(Duration::from_secs(20), "all three ended", || async {
+        let statuses = pods.get("done").await.ok()?.status?.container_statuses?;
+        statuses
+            .iter()
+            .all(|s| s.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+            .then_some(statuses)
+    })
+    .await;
+    let message = |name: &str| {
+        let status = statuses.iter().find(|s| s.name == name).unwrap();
+        status
+            .state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap()
+            .message
+            .clone()
+    };
+    assert_eq!(message("main").as_deref(), Some("finished: 3 files\n"));
+    assert_eq!(
+        message("failing").as_deref(),
+        Some("first\ncannot reach the database")
+    );
+    assert_eq!(message("custom").as_deref(), Some("custom\n"));
+}
