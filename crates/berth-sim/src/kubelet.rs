@@ -1211,14 +1211,7 @@ impl Worker {
                     1
                 };
                 self.running.remove(&name);
-                let message = self.exited(&name, code);
-                let finished = now_rfc3339();
-                let reason = if code == 0 { "Completed" } else { "Error" };
-                let mut terminated =
-                    json!({"exitCode": code, "reason": reason, "finishedAt": finished});
-                if let Some(message) = message {
-                    terminated["message"] = json!(message);
-                }
+                let terminated = self.exited(&name, code);
                 self.status(|pod| {
                     Self::container_status(pod, true, &name, |s| {
                         s["state"] = json!({"terminated": terminated});
@@ -1389,16 +1382,9 @@ impl Worker {
                 continue;
             }
             self.running.remove(&name);
-            let message = self.exited(&name, code);
-            let finished = now_rfc3339();
-            let reason = if code == 0 { "Completed" } else { "Error" };
+            let terminated = self.exited(&name, code);
             let policy = self.restart_policy();
             let restart = policy == "Always" || (policy == "OnFailure" && code != 0);
-            let mut terminated =
-                json!({"exitCode": code, "reason": reason, "finishedAt": finished});
-            if let Some(message) = message {
-                terminated["message"] = json!(message);
-            }
             self.status(|pod| {
                 Self::container_status(pod, false, &name, |s| {
                     s["lastState"] = json!({"terminated": terminated});
@@ -1580,19 +1566,32 @@ impl Worker {
     /// A container has exited: it can no longer be entered, and its terminated state says
     /// its termination message, or with `FallbackToLogsOnError` and a failure, the end of
     /// its log (80 lines, 2 KiB at most), as the kubelet reads them.
-    fn exited(&self, name: &str, code: i32) -> Option<String> {
+    fn exited(&self, name: &str, code: i32) -> Value {
         let key = (self.uid.clone(), name.to_owned());
         let context = self
             .sim
             .containers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&key)?;
+            .remove(&key);
+        let reason = context
+            .as_ref()
+            .and_then(|c| self.sim.config.runtime.exit_reason(c))
+            .unwrap_or_else(|| if code == 0 { "Completed" } else { "Error" }.to_owned());
+        let mut terminated =
+            json!({"exitCode": code, "reason": reason, "finishedAt": now_rfc3339()});
+        if let Some(message) = context.and_then(|c| self.termination_message(&c, code)) {
+            terminated["message"] = json!(message);
+        }
+        terminated
+    }
+
+    fn termination_message(&self, context: &ContainerContext, code: i32) -> Option<String> {
         let written = self
             .sim
             .config
             .runtime
-            .termination_message(&context)
+            .termination_message(context)
             .unwrap_or_default();
         if !written.is_empty() {
             return Some(String::from_utf8_lossy(&written).into_owned());

@@ -72,6 +72,9 @@ pub struct ProcessRuntime {
 
 struct Inner {
     data: PathBuf,
+    /// Containers killed for going over their memory limit, by (pod UID, container name),
+    /// until the kubelet asks why they ended.
+    oom_killed: Mutex<std::collections::HashSet<(String, String)>>,
     /// The layout of each running container, by (pod UID, container name), for exec.
     layouts: Mutex<HashMap<(String, String), Arc<Layout>>>,
 }
@@ -412,6 +415,7 @@ impl ProcessRuntime {
         ProcessRuntime {
             inner: Arc::new(Inner {
                 data: data.into(),
+                oom_killed: Mutex::default(),
                 layouts: Mutex::default(),
             }),
         }
@@ -746,6 +750,12 @@ impl ProcessRuntime {
             log_output(child.stdout.take(), context.log.clone());
             log_output(child.stderr.take(), context.log.clone());
             let pid = child.id();
+            if let Some(limit) = context.container["resources"]["limits"]["memory"]
+                .as_str()
+                .and_then(crate::quantity::units)
+            {
+                tokio::spawn(watch_memory(this.clone(), key.clone(), pid, limit as u64));
+            }
             let (exit_tx, exited) = oneshot::channel();
             let (stop, stop_rx) = oneshot::channel::<Duration>();
             tokio::spawn(async move {
@@ -823,6 +833,56 @@ fn share(
         binds.push((host, relative.to_owned(), read_only));
     }
     Ok(())
+}
+
+/// The resident memory of the processes of group `pgid`, in bytes, from `/proc`.
+fn group_memory(pgid: u32) -> u64 {
+    let page = 4096;
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // After the command's name in parentheses: state, ppid, pgrp, ...
+            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            (fields.get(2)?.parse::<u32>().ok()? == pgid).then_some(())?;
+            let statm = std::fs::read_to_string(entry.path().join("statm")).ok()?;
+            statm.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .sum::<u64>()
+        * page
+}
+
+/// The kernel's OOM killer for one container: its processes together over `limit` bytes are
+/// killed, and the container ends `OOMKilled` (137).
+async fn watch_memory(
+    runtime: ProcessRuntime,
+    key: (String, String),
+    pid: Option<u32>,
+    limit: u64,
+) {
+    let Some(pgid) = pid else { return };
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tick.tick().await;
+        let used = tokio::task::spawn_blocking(move || group_memory(pgid))
+            .await
+            .unwrap_or_default();
+        if used == 0 {
+            return;
+        }
+        if used > limit {
+            runtime
+                .inner
+                .oom_killed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key);
+            signal_group(pid, libc::SIGKILL);
+            return;
+        }
+    }
 }
 
 /// Whether a path in the container lies in a folder shared with the host.
@@ -941,6 +1001,19 @@ impl ContainerRuntime for ProcessRuntime {
             });
             Ok(session)
         })
+    }
+
+    fn exit_reason(&self, context: &ContainerContext) -> Option<String> {
+        let key = (
+            context.pod_uid.clone(),
+            context.container["name"].as_str()?.to_owned(),
+        );
+        self.inner
+            .oom_killed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key)
+            .then(|| "OOMKilled".to_owned())
     }
 
     fn termination_message(&self, context: &ContainerContext) -> Option<Vec<u8>> {

@@ -129,6 +129,13 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         })
     }
 
+    /// Why the container ended, when it is not its own doing (`OOMKilled`), asked once it
+    /// exited.
+    fn exit_reason(&self, context: &ContainerContext) -> Option<String> {
+        let _ = context;
+        None
+    }
+
     /// What the container wrote to its termination message file (`terminationMessagePath`),
     /// read once it exited; None where the runtime has no files.
     fn termination_message(&self, context: &ContainerContext) -> Option<Vec<u8>> {

@@ -399,6 +399,10 @@ impl ContainerRuntime for PodProcessRuntime {
         }
     }
 
+    fn exit_reason(&self, context: &ContainerContext) -> Option<String> {
+        self.processes.as_ref()?.exit_reason(context)
+    }
+
     fn termination_message(&self, context: &ContainerContext) -> Option<Vec<u8>> {
         self.processes.as_ref()?.termination_message(context)
     }

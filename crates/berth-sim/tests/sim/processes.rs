@@ -790,3 +790,30 @@ async fn a_containers_end_says_its_termination_message_or_its_logs_end() {
     );
     assert_eq!(message("custom").as_deref(), Some("custom\n"));
 }
+
+#[tokio::test]
+async fn a_container_over_its_memory_limit_is_oom_killed() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    // `tail` keeps the last line in memory: 100 MB without a newline (and no end to the
+    // input) outgrow the 32Mi limit and stay.
+    let mut pod = shell_pod(
+        "hungry",
+        "(head -c 100000000 /dev/zero; sleep 3600) | tail; echo survived",
+        json!({"resources": {"limits": {"memory": "32Mi"}}}),
+    );
+    pod["spec"]["restartPolicy"] = json!("Never");
+    create::<Pod>(&client, pod).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let terminated = eventually(Duration::from_secs(30), "hungry killed", || async {
+        let status = pods.get("hungry").await.ok()?.status?.container_statuses?;
+        status[0].state.as_ref()?.terminated.clone()
+    })
+    .await;
+    assert_eq!(
+        (terminated.reason.as_deref(), terminated.exit_code),
+        (Some("OOMKilled"), 137)
+    );
+}
