@@ -7,7 +7,10 @@ use base64::Engine;
 use regex::Regex;
 use serde_json::{Value, json};
 
-use crate::{error::Cause, resources::ResourceType};
+use crate::{
+    error::{Cause, invalid, not_supported},
+    resources::ResourceType,
+};
 
 static DNS1123_SUBDOMAIN: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -31,27 +34,6 @@ static QUANTITY: LazyLock<Regex> = LazyLock::new(|| {
 
 /// The most bytes all of an object's annotations may take, keys and values together.
 pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
-
-pub(crate) fn invalid(field: &str, value: &str, message: &str) -> Cause {
-    Cause {
-        reason: "FieldValueInvalid".to_owned(),
-        message: format!("Invalid value: \"{value}\": {message}"),
-        field: field.to_owned(),
-    }
-}
-
-/// `Unsupported value` with the supported values, sorted as the real server lists them.
-pub(crate) fn not_supported(field: &str, value: &str, supported: &[&str]) -> Cause {
-    let list: Vec<String> = supported.iter().map(|s| format!("\"{s}\"")).collect();
-    Cause {
-        reason: "FieldValueNotSupported".to_owned(),
-        message: format!(
-            "Unsupported value: \"{value}\": supported values: {}",
-            list.join(", ")
-        ),
-        field: field.to_owned(),
-    }
-}
 
 /// Checks `object[key]`, when set, against the values an enum allows.
 fn check_enum(causes: &mut Vec<Cause>, object: &Value, key: &str, field: &str, supported: &[&str]) {
@@ -421,10 +403,18 @@ pub fn default_pod_spec(spec: &mut Value) {
     }
 }
 
+/// Fills in what the real server defaults in a Deployment or ReplicaSet, its pod template
+/// included, on create and on update.
+pub fn default_workload(rt: &ResourceType, object: &mut Value) {
+    crate::apps::default_on_create(&rt.resource, object);
+    default_pod_spec(&mut object["spec"]["template"]["spec"]);
+}
+
 /// Fills in what the real API server defaults on create. `next_ip` allocates ClusterIPs.
 pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl FnOnce() -> String) {
     if rt.group == "apps" {
-        crate::apps::default_on_create(&rt.resource, object);
+        default_workload(rt, object);
+        object["status"] = crate::apps::new_status(&rt.resource);
         return;
     }
     if rt.is_custom || !rt.group.is_empty() && rt.group != "apiextensions.k8s.io" {

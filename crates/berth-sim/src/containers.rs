@@ -5,8 +5,7 @@
 use serde_json::Value;
 
 use crate::{
-    builtin::{invalid, not_supported},
-    error::Cause,
+    error::{Cause, invalid, not_supported},
     quantity::parse_milli,
 };
 

@@ -389,6 +389,28 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// `Invalid value` of a field, in the real server's words.
+pub(crate) fn invalid(field: &str, value: &str, message: &str) -> Cause {
+    Cause {
+        reason: "FieldValueInvalid".to_owned(),
+        message: format!("Invalid value: \"{value}\": {message}"),
+        field: field.to_owned(),
+    }
+}
+
+/// `Unsupported value` with the supported values, sorted as the real server lists them.
+pub(crate) fn not_supported(field: &str, value: &str, supported: &[&str]) -> Cause {
+    let list: Vec<String> = supported.iter().map(|s| format!("\"{s}\"")).collect();
+    Cause {
+        reason: "FieldValueNotSupported".to_owned(),
+        message: format!(
+            "Unsupported value: \"{value}\": supported values: {}",
+            list.join(", ")
+        ),
+        field: field.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,6 +52,7 @@ mod typed;
 mod volumes;
 mod watch;
 mod webhooks;
+mod workloads;
 
 pub use cluster::{ClientError, SimCluster, StartError};
 pub use error::{ApiError, Cause};

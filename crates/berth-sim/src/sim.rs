@@ -974,7 +974,7 @@ impl Sim {
         if subresource.is_empty() {
             builtin::keep_allocated(rt, current, &mut new);
             if rt.group == "apps" {
-                crate::apps::default_on_create(&rt.resource, &mut new);
+                builtin::default_workload(rt, &mut new);
             }
         }
         let mut warnings =
