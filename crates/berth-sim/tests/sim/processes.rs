@@ -817,3 +817,45 @@ async fn a_container_over_its_memory_limit_is_oom_killed() {
         (Some("OOMKilled"), 137)
     );
 }
+
+#[tokio::test]
+async fn attach_streams_what_the_container_writes_from_then_on() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    create::<Pod>(
+        &client,
+        shell_pod(
+            "talker",
+            "i=0; while true; do i=$((i+1)); echo line $i; sleep 0.1; done",
+            json!({}),
+        ),
+    )
+    .await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    running(&pods, "talker").await;
+    log_contains(&pods, "talker", "line 3").await;
+    let mut attached = pods
+        .attach(
+            "talker",
+            &AttachParams::default().stdout(true).stderr(false),
+        )
+        .await
+        .unwrap();
+    let mut stdout = attached.stdout().unwrap();
+    let mut seen = String::new();
+    let mut chunk = [0u8; 256];
+    while seen.matches("line ").count() < 3 {
+        let n = tokio::time::timeout(Duration::from_secs(10), stdout.read(&mut chunk))
+            .await
+            .expect("output while attached")
+            .unwrap();
+        assert!(n > 0, "the stream ended early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&chunk[..n]));
+    }
+    assert!(
+        !seen.starts_with("line 1\n"),
+        "attach starts now, not at the log's start: {seen}"
+    );
+}
