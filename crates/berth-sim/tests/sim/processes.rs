@@ -24,7 +24,10 @@ async fn process_cluster() -> Option<(SimCluster, ProcessRuntime, tempfile::Temp
     let data = tempfile::tempdir().unwrap();
     let runtime = ProcessRuntime::new(data.path());
     if let Err(why) = runtime.check_isolation().await {
-        eprintln!("skipped: {why}");
+        if std::env::var("BERTH_REQUIRE_PROCESSES").as_deref() == Ok("1") {
+            panic!("containers must run as processes here (BERTH_REQUIRE_PROCESSES=1): {why}");
+        }
+        eprintln!("skipped: {why}; set BERTH_REQUIRE_PROCESSES=1 to make this a failure");
         return None;
     }
     let sim = cluster_with(SimConfig {
