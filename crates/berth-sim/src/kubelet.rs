@@ -1241,13 +1241,7 @@ impl Worker {
                 );
                 // `Init:Error` for a moment, then `Init:CrashLoopBackOff` until it runs again.
                 self.wait(self.sim.config.timings.container_start).await?;
-                let waiting = format!(
-                    "back-off {} restarting failed container={name} pod={}_{}({})",
-                    crate::table::human_duration(delay.as_secs() as i64),
-                    self.name,
-                    self.namespace,
-                    self.uid
-                );
+                let waiting = self.back_off_message(&name, delay);
                 self.status(|pod| {
                     Self::container_status(pod, true, &name, |s| {
                         s["lastState"] = json!({"terminated": s["state"]["terminated"].clone()});
@@ -1414,13 +1408,7 @@ impl Worker {
                     self.name, self.namespace, self.uid
                 ),
             );
-            let waiting = format!(
-                "back-off {} restarting failed container={name} pod={}_{}({})",
-                crate::table::human_duration(delay.as_secs() as i64),
-                self.name,
-                self.namespace,
-                self.uid
-            );
+            let waiting = self.back_off_message(&name, delay);
             self.status(|pod| {
                 Self::container_status(pod, false, &name, |s| {
                     s["state"] =
@@ -1606,6 +1594,17 @@ impl Worker {
         let lines: Vec<&str> = text.lines().collect();
         let kept = lines[lines.len().saturating_sub(80)..].join("\n");
         (!kept.is_empty()).then_some(kept)
+    }
+
+    /// Why a container waits to be restarted, in the kubelet's words.
+    fn back_off_message(&self, name: &str, delay: Duration) -> String {
+        format!(
+            "back-off {} restarting failed container={name} pod={}_{}({})",
+            crate::table::human_duration(delay.as_secs() as i64),
+            self.name,
+            self.namespace,
+            self.uid
+        )
     }
 
     /// The pod's own grace period (`terminationGracePeriodSeconds`), capped as deletions are.

@@ -128,7 +128,7 @@ pub fn serve(
     };
     let wanted = query.get("container").map(String::as_str);
     let (container, log) = if options.previous {
-        let container = container_named(&pod, name, wanted)?;
+        let container = crate::pods::container_named(&pod, name, wanted)?;
         let log = sim
             .previous_logs
             .lock()
@@ -245,32 +245,6 @@ fn follow(
     })
 }
 
-/// A container of the pod by name, or its only one.
-fn container_named(pod: &Value, name: &str, container: Option<&str>) -> ApiResult<String> {
-    let names: Vec<&str> = ["initContainers", "containers"]
-        .iter()
-        .flat_map(|list| pod["spec"][list].as_array().into_iter().flatten())
-        .filter_map(|c| c["name"].as_str())
-        .collect();
-    let main: Vec<&str> = pod["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
-    match container.filter(|c| !c.is_empty()) {
-        Some(c) if names.contains(&c) => Ok(c.to_owned()),
-        Some(c) => Err(ApiError::bad_request(format!(
-            "container {c} is not valid for pod {name}"
-        ))),
-        None if main.len() == 1 => Ok(main[0].to_owned()),
-        None => Err(ApiError::bad_request(format!(
-            "a container name must be specified for pod {name}, choose one of: [{}]",
-            main.join(" ")
-        ))),
-    }
-}
-
 /// Whether `container` of the pod with `uid` still runs in the store.
 fn still_running(
     sim: &Sim,
@@ -293,36 +267,11 @@ fn still_running(
 
 /// The container a log request is for, or why there is none to read.
 fn check_log_container(pod: &Value, name: &str, container: Option<&str>) -> ApiResult<String> {
-    let names: Vec<&str> = ["initContainers", "containers"]
-        .iter()
-        .flat_map(|list| pod["spec"][list].as_array().into_iter().flatten())
-        .filter_map(|c| c["name"].as_str())
-        .collect();
-    let main: Vec<&str> = pod["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
-    let container = match container.filter(|c| !c.is_empty()) {
-        Some(c) if names.contains(&c) => c,
-        Some(c) => {
-            return Err(ApiError::bad_request(format!(
-                "container {c} is not valid for pod {name}"
-            )));
-        }
-        None if main.len() == 1 => main[0],
-        None => {
-            return Err(ApiError::bad_request(format!(
-                "a container name must be specified for pod {name}, choose one of: [{}]",
-                main.join(" ")
-            )));
-        }
-    };
+    let container = crate::pods::container_named(pod, name, container)?;
     let status = ["initContainerStatuses", "containerStatuses"]
         .iter()
         .flat_map(|list| pod["status"][list].as_array().into_iter().flatten())
-        .find(|s| s["name"] == container);
+        .find(|s| s["name"] == container.as_str());
     let waiting = match status {
         None => Some("ContainerCreating".to_owned()),
         Some(s) if s["state"]["waiting"].is_object() && s["lastState"]["terminated"].is_null() => {

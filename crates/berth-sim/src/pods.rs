@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::{
     error::{ApiError, ApiResult},
@@ -99,5 +99,67 @@ impl Sim {
             ((n >> 8) & 0xff) as u8,
             (n & 0xff) as u8,
         )
+    }
+}
+
+/// The container a request for a pod's logs, exec, attach names, or the pod's only one, as
+/// the API server checks it.
+pub fn container_named(pod: &Value, name: &str, wanted: Option<&str>) -> ApiResult<String> {
+    let names = |key: &str| -> Vec<String> {
+        pod["spec"][key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let (containers, init) = (names("containers"), names("initContainers"));
+    match wanted.filter(|w| !w.is_empty()) {
+        Some(wanted) if containers.iter().chain(&init).any(|c| c == wanted) => {
+            Ok(wanted.to_owned())
+        }
+        Some(wanted) => Err(ApiError::bad_request(format!(
+            "container {wanted} is not valid for pod {name}"
+        ))),
+        None if containers.len() == 1 => Ok(containers[0].clone()),
+        None => {
+            let mut message = format!(
+                "a container name must be specified for pod {name}, choose one of: [{}]",
+                containers.join(" ")
+            );
+            if !init.is_empty() {
+                message.push_str(&format!(
+                    " or one of the init containers: [{}]",
+                    init.join(" ")
+                ));
+            }
+            Err(ApiError::bad_request(message))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_container_is_the_named_one_or_the_only_one() {
+        let pod = json!({"spec": {
+            "containers": [{"name": "a"}, {"name": "b"}],
+            "initContainers": [{"name": "init"}]
+        }});
+        assert_eq!(container_named(&pod, "p", Some("b")).unwrap(), "b");
+        assert_eq!(container_named(&pod, "p", Some("init")).unwrap(), "init");
+        let message = |r: ApiResult<String>| r.unwrap_err().to_string();
+        assert_eq!(
+            message(container_named(&pod, "p", Some("c"))),
+            "container c is not valid for pod p"
+        );
+        assert_eq!(
+            message(container_named(&pod, "p", None)),
+            "a container name must be specified for pod p, choose one of: [a b] or one of the init containers: [init]"
+        );
+        let one = json!({"spec": {"containers": [{"name": "only"}]}});
+        assert_eq!(container_named(&one, "p", None).unwrap(), "only");
     }
 }

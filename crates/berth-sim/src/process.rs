@@ -615,10 +615,23 @@ impl ProcessRuntime {
         }
         let source = match &mount.sub_path {
             Some(sub) => {
-                let at = source
-                    .join(inside(sub).ok_or_else(|| format!("subPath {sub} leaves the volume"))?);
-                if !at.exists() {
-                    std::fs::create_dir_all(&at).map_err(fail)?;
+                let relative =
+                    inside(sub).ok_or_else(|| format!("subPath {sub} leaves the volume"))?;
+                // A volume's files are its pods' to write: a link they left must not lead the
+                // mount out of the volume (the kubelet's subPath checks, CVE-2017-1002101).
+                let mut at = source.clone();
+                for part in relative.components() {
+                    at.push(part);
+                    match std::fs::symlink_metadata(&at) {
+                        Ok(meta) if meta.file_type().is_symlink() => {
+                            return Err(format!(
+                                "failed to prepare subPath for volumeMount of {}: subpath {sub} is a symbolic link, which may lead out of the volume",
+                                mount.path
+                            ));
+                        }
+                        Ok(_) => {}
+                        Err(_) => std::fs::create_dir(&at).map_err(fail)?,
+                    }
                 }
                 at
             }

@@ -862,3 +862,52 @@ async fn attach_streams_what_the_container_writes_from_then_on() {
         "attach starts now, not at the log's start: {seen}"
     );
 }
+
+#[tokio::test]
+async fn a_sub_path_that_a_pod_made_a_link_never_leads_out_of_the_volume() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    create::<PersistentVolumeClaim>(&client, json!({
+        "metadata": {"name": "shared"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .await;
+    let claim = |name: &str, script: &str, sub_path: Option<&str>| {
+        let mut mount = json!({"name": "shared", "mountPath": "/data"});
+        if let Some(sub) = sub_path {
+            mount["subPath"] = json!(sub);
+        }
+        let mut pod = shell_pod(name, script, json!({"volumeMounts": [mount]}));
+        pod["spec"]["volumes"] =
+            json!([{"name": "shared", "persistentVolumeClaim": {"claimName": "shared"}}]);
+        pod
+    };
+    create::<Pod>(
+        &client,
+        claim("planter", "ln -s /etc /data/escape; exec sleep 3600", None),
+    )
+    .await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    running(&pods, "planter").await;
+    eventually(Duration::from_secs(10), "the link planted", || async {
+        let (out, _, _) = exec(&pods, "planter", &["ls", "/data"], None).await;
+        out.contains("escape").then_some(())
+    })
+    .await;
+    create::<Pod>(
+        &client,
+        claim("victim", "ls /data; exec sleep 3600", Some("escape")),
+    )
+    .await;
+    let waiting = eventually(Duration::from_secs(20), "the mount refused", || async {
+        let status = pods.get("victim").await.ok()?.status?.container_statuses?;
+        status[0].state.as_ref()?.waiting.clone()?.message
+    })
+    .await;
+    assert!(
+        waiting.contains("subpath escape is a symbolic link"),
+        "{waiting}"
+    );
+}
