@@ -11,6 +11,7 @@ mod config;
 mod containers;
 mod crd;
 mod discovery;
+mod endpoints;
 mod error;
 mod events;
 mod faults;

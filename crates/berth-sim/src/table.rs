@@ -253,6 +253,42 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
             ),
             age_column(),
         ],
+        ("", "endpoints") => vec![
+            name,
+            column(
+                "Endpoints",
+                "string",
+                "",
+                "Endpoints is the list of endpoints of the service.",
+                0,
+            ),
+            age_column(),
+        ],
+        ("discovery.k8s.io", "endpointslices") => vec![
+            name,
+            column(
+                "AddressType",
+                "string",
+                "",
+                "addressType specifies the type of address carried by this EndpointSlice.",
+                0,
+            ),
+            column(
+                "Ports",
+                "string",
+                "",
+                "ports specifies the list of network ports exposed by each endpoint in this slice.",
+                0,
+            ),
+            column(
+                "Endpoints",
+                "string",
+                "",
+                "endpoints is a list of unique endpoints in this slice.",
+                0,
+            ),
+            age_column(),
+        ],
         // A custom resource without printer columns: what the real server shows for one.
         _ if rt.is_custom => vec![
             name,
@@ -617,6 +653,49 @@ fn cells(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], now: Timesta
             json!(age(object, now)),
         ],
         ("", "serviceaccounts") => vec![json!(count(&object["secrets"])), json!(age(object, now))],
+        ("", "endpoints") => {
+            let mut listed = vec![];
+            for subset in object["subsets"].as_array().into_iter().flatten() {
+                for address in subset["addresses"].as_array().into_iter().flatten() {
+                    for port in subset["ports"].as_array().into_iter().flatten() {
+                        listed.push(format!(
+                            "{}:{}",
+                            address["ip"].as_str().unwrap_or_default(),
+                            port["port"]
+                        ));
+                    }
+                    if subset["ports"].as_array().is_none_or(Vec::is_empty) {
+                        listed.push(address["ip"].as_str().unwrap_or_default().to_owned());
+                    }
+                }
+            }
+            vec![json!(first_three(listed)), json!(age(object, now))]
+        }
+        ("discovery.k8s.io", "endpointslices") => {
+            let ports: Vec<String> = object["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| p["port"].to_string())
+                .collect();
+            let addresses: Vec<String> = object["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
+                .filter_map(|a| a.as_str().map(str::to_owned))
+                .collect();
+            vec![
+                json!(object["addressType"].as_str().unwrap_or_default()),
+                json!(if ports.is_empty() {
+                    "<unset>".to_owned()
+                } else {
+                    ports.join(",")
+                }),
+                json!(first_three(addresses)),
+                json!(age(object, now)),
+            ]
+        }
         _ => vec![object["metadata"]["creationTimestamp"].clone()],
     };
     row.insert(0, name);
@@ -670,6 +749,15 @@ pub fn table(
         "columnDefinitions": definitions,
         "rows": objects.iter().map(|o| row(rt, o, &cols, include, now)).collect::<Vec<_>>(),
     })
+}
+
+/// At most three entries, then how many more, as kubectl's printer lists endpoints.
+fn first_three(entries: Vec<String>) -> String {
+    match entries.len() {
+        0 => "<none>".to_owned(),
+        n if n > 3 => format!("{} + {} more...", entries[..3].join(","), n - 3),
+        _ => entries.join(","),
+    }
 }
 
 /// The STATUS of a pod still initializing, as kubectl's printer words it: the first init

@@ -47,6 +47,12 @@ const BUILTINS: &[Builtin] = &[
     builtin!("", "namespaces", core::Namespace),
     builtin!("", "nodes", core::Node),
     builtin!("coordination.k8s.io", "leases", coordination::Lease),
+    builtin!("", "endpoints", core::Endpoints),
+    builtin!(
+        "discovery.k8s.io",
+        "endpointslices",
+        k8s_openapi::api::discovery::v1::EndpointSlice
+    ),
     builtin!("apps", "deployments", apps::Deployment),
     builtin!("apps", "replicasets", apps::ReplicaSet),
     builtin!(

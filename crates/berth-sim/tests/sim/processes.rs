@@ -911,3 +911,86 @@ async fn a_sub_path_that_a_pod_made_a_link_never_leads_out_of_the_volume() {
         "{waiting}"
     );
 }
+
+#[tokio::test]
+async fn a_service_has_endpoints_and_a_slice_of_its_pods() {
+    let sim = cluster_with(SimConfig::fast()).await;
+    let Some(kubectl) = Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    let mut web = shell_pod(
+        "web",
+        "exec sleep 3600",
+        json!({"ports": [{"name": "http", "containerPort": 8080}]}),
+    );
+    web["metadata"]["labels"] = json!({"app": "web"});
+    create::<Pod>(&client, web).await;
+    create::<k8s_openapi::api::core::v1::Service>(&client, json!({
+        "metadata": {"name": "web", "labels": {"tier": "front"}},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "api", "port": 80, "targetPort": "http"}]}
+    }))
+    .await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let ip = eventually(Duration::from_secs(20), "web ready", || async {
+        let status = pods.get("web").await.ok()?.status?;
+        let ready = status
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then_some(status.pod_ip?)
+    })
+    .await;
+    let endpoints = eventually(
+        Duration::from_secs(10),
+        "the endpoints listing the pod",
+        || async {
+            let out = kubectl
+                .ok(&["get", "endpoints", "web", "--no-headers"])
+                .await;
+            out.contains(&format!("{ip}:8080")).then_some(out)
+        },
+    )
+    .await;
+    assert!(endpoints.starts_with("web "), "{endpoints}");
+    let slices = kubectl
+        .ok(&[
+            "get",
+            "endpointslices",
+            "-l",
+            "kubernetes.io/service-name=web",
+            "-o",
+            "json",
+        ])
+        .await;
+    let slices: Value = serde_json::from_str(&slices).unwrap();
+    let slice = &slices["items"][0];
+    assert_eq!(slice["addressType"], "IPv4");
+    assert_eq!(slice["endpoints"][0]["addresses"][0], ip.as_str());
+    assert_eq!(slice["endpoints"][0]["conditions"]["ready"], true);
+    assert_eq!(
+        slice["ports"][0],
+        json!({"name": "api", "port": 8080, "protocol": "TCP"})
+    );
+    assert_eq!(slice["metadata"]["ownerReferences"][0]["kind"], "Service");
+    // The pod goes: so does its address; the Service goes: so do its endpoints.
+    pods.delete("web", &DeleteParams::default()).await.unwrap();
+    eventually(Duration::from_secs(20), "no address left", || async {
+        let out = kubectl
+            .ok(&["get", "endpoints", "web", "--no-headers"])
+            .await;
+        out.contains("<none>").then_some(())
+    })
+    .await;
+    kubectl.ok(&["delete", "service", "web"]).await;
+    eventually(
+        Duration::from_secs(20),
+        "the endpoints and slice gone",
+        || async {
+            let endpoints = kubectl.ok(&["get", "endpoints", "-o", "name"]).await;
+            let slices = kubectl.ok(&["get", "endpointslices", "-o", "name"]).await;
+            (endpoints.is_empty() && slices.is_empty()).then_some(())
+        },
+    )
+    .await;
+}
