@@ -83,6 +83,25 @@ struct SimArgs {
     /// kubelet renews every 10s; a scale run with many nodes wants that rather than --fast's.
     #[arg(long, env = "BERTH_SIM_NODE_HEARTBEAT", value_parser = controller::duration)]
     node_heartbeat: Option<std::time::Duration>,
+    /// What containers other than Berth's do: `processes` runs their commands on this machine,
+    /// each in a mount namespace of its own (where the machine allows none, they run nothing
+    /// and the first line says why); `nothing` runs none, as a benchmark of the operator at
+    /// thousands of pods wants.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "processes",
+        env = "BERTH_SIM_CONTAINERS"
+    )]
+    containers: Containers,
+}
+
+/// What `berth sim` does with containers that are not Berth's.
+#[cfg(feature = "sim")]
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Containers {
+    Processes,
+    Nothing,
 }
 
 /// mimalloc, for every process of the binary. The image is built for musl, whose allocator is
@@ -271,9 +290,15 @@ fn raise_open_files_limit() -> std::io::Result<()> {
 /// namespace of its own; where the machine allows none, containers other than Berth's run
 /// nothing (and say why).
 #[cfg(feature = "sim")]
-async fn sim_runtime(data: &tempfile::TempDir) -> Result<berth_sim::SharedRuntime, String> {
+async fn sim_runtime(
+    data: &tempfile::TempDir,
+    containers: Containers,
+) -> Result<berth_sim::SharedRuntime, String> {
     let binary = std::env::current_exe().map_err(|e| format!("cannot find its own binary: {e}"))?;
     let pods = pod_process::PodProcessRuntime::new(binary);
+    if containers == Containers::Nothing {
+        return Ok(std::sync::Arc::new(pods));
+    }
     let processes = berth_sim::ProcessRuntime::new(data.path());
     Ok(match processes.check_isolation().await {
         Ok(()) => std::sync::Arc::new(pods.with_processes(processes)),
@@ -313,7 +338,7 @@ fn run_sim(args: SimArgs) -> ExitCode {
         let config = berth_sim::SimConfig {
             port: args.port,
             nodes: berth_sim::NodeConfig::several(args.nodes),
-            runtime: match sim_runtime(&data).await {
+            runtime: match sim_runtime(&data, args.containers).await {
                 Ok(runtime) => runtime,
                 Err(err) => {
                     eprintln!("berth sim: {err}");
