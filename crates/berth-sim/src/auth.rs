@@ -489,6 +489,14 @@ pub fn rules_for(store: &Store, user: &Identity, namespace: &str) -> (Vec<Value>
     (resource_rules, non_resource_rules)
 }
 
+/// Nothing when RBAC allows the request, else the API server's 403.
+pub fn require(store: &Store, user: &Identity, attrs: &Attributes) -> Result<(), ApiError> {
+    match authorize(store, user, attrs).allowed {
+        true => Ok(()),
+        false => Err(forbidden(user, attrs)),
+    }
+}
+
 /// The 403 the API server returns when RBAC denies a resource request.
 pub fn forbidden(user: &Identity, attrs: &Attributes) -> ApiError {
     if let Some(path) = &attrs.path {

@@ -82,10 +82,12 @@ fn sync_namespace(sim: &Sim, namespace: &str) {
             // Without a selector, the Service's endpoints are its owner's to write.
             continue;
         }
+        // A Service's selector is a plain map: its `matchLabels`.
+        let selector = json!({"matchLabels": selector});
         let selected: Vec<&Value> = pods
             .iter()
             .map(|p| p.as_ref())
-            .filter(|p| selects(selector, &p["metadata"]["labels"]))
+            .filter(|p| selects(&selector, &p["metadata"]["labels"]))
             .filter(|p| {
                 p["status"]["podIP"]
                     .as_str()

@@ -89,6 +89,17 @@ struct Layout {
     user: Option<User>,
 }
 
+/// A container's key: (pod UID, container name).
+fn key(context: &ContainerContext) -> (String, String) {
+    (
+        context.pod_uid.clone(),
+        context.container["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
 /// Who the process runs as, from the security context (only when the sim runs as root).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct User {
@@ -443,13 +454,12 @@ impl ProcessRuntime {
     pub async fn check_isolation(&self) -> Result<(), String> {
         let context = probe_context();
         let uid = context.pod_uid.clone();
-        let result = match self.spawn(
-            &context,
-            &["sh".into(), "-c".into(), ":".into()],
-            Stdio::null(),
-            false,
-        ) {
-            Ok((mut child, _)) => {
+        let started = self.lay_out(&context).and_then(|layout| {
+            let argv = ["sh".into(), "-c".into(), ":".into()];
+            self.spawn_in(&layout, &argv, Stdio::null(), None)
+        });
+        let result = match started {
+            Ok(mut child) => {
                 match tokio::time::timeout(Duration::from_secs(10), child.wait()).await {
                     Ok(Ok(status)) if status.success() => Ok(()),
                     Ok(Ok(status)) => Err(format!("a namespaced sh -c : exited with {status}")),
@@ -657,29 +667,6 @@ impl ProcessRuntime {
         Ok((source, target, read_only))
     }
 
-    /// Starts `argv` in the container's layout, with `stdin`; output piped unless a terminal.
-    fn spawn(
-        &self,
-        context: &ContainerContext,
-        argv: &[String],
-        stdin: Stdio,
-        tty: bool,
-    ) -> Result<(tokio::process::Child, Arc<Layout>), String> {
-        let key = (
-            context.pod_uid.clone(),
-            context.container["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-        );
-        let layout = match self.layout(&key) {
-            Some(layout) => layout,
-            None => Arc::new(self.lay_out(context)?),
-        };
-        self.spawn_in(&layout, argv, stdin, None, tty)
-            .map(|child| (child, layout))
-    }
-
     fn layout(&self, key: &(String, String)) -> Option<Arc<Layout>> {
         self.inner
             .layouts
@@ -695,12 +682,11 @@ impl ProcessRuntime {
         argv: &[String],
         stdin: Stdio,
         terminal: Option<&std::fs::File>,
-        tty: bool,
     ) -> Result<tokio::process::Child, String> {
         let (program, arguments) = argv
             .split_first()
             .ok_or_else(|| "no command given".to_owned())?;
-        let enter = Enter::new(layout, tty).map_err(|e| e.to_string())?;
+        let enter = Enter::new(layout, terminal.is_some()).map_err(|e| e.to_string())?;
         let mut command = tokio::process::Command::new(program);
         command
             .args(arguments)
@@ -739,13 +725,7 @@ impl ProcessRuntime {
     ) -> BoxFuture<Result<RunningContainer, String>> {
         let this = self.clone();
         Box::pin(async move {
-            let key = (
-                context.pod_uid.clone(),
-                context.container["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-            );
+            let key = key(&context);
             // A restarted container gets a new root, as a new container gets a new layer.
             remove_tree(&this.pod_dir(&key.0).join("containers").join(&key.1));
             let layout = Arc::new(this.lay_out(&context)?);
@@ -759,7 +739,7 @@ impl ProcessRuntime {
                 // entered.
                 return IdleRuntime.start(context).await;
             }
-            let mut child = this.spawn_in(&layout, &argv, Stdio::null(), None, false)?;
+            let mut child = this.spawn_in(&layout, &argv, Stdio::null(), None)?;
             log_output(child.stdout.take(), context.log.clone());
             log_output(child.stderr.take(), context.log.clone());
             let pid = child.id();
@@ -942,13 +922,7 @@ impl ContainerRuntime for ProcessRuntime {
         request: ExecRequest,
     ) -> BoxFuture<Result<ExecSession, String>> {
         let this = self.clone();
-        let key = (
-            context.pod_uid.clone(),
-            context.container["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-        );
+        let key = key(context);
         Box::pin(async move {
             let layout = this
                 .layout(&key)
@@ -967,7 +941,6 @@ impl ContainerRuntime for ProcessRuntime {
                         &request.command,
                         Stdio::null(),
                         Some(&terminal.terminal),
-                        true,
                     )
                     .map_err(exec_error)?;
                 drop(terminal.terminal);
@@ -1000,7 +973,7 @@ impl ContainerRuntime for ProcessRuntime {
                 Stdio::null()
             };
             let mut child = this
-                .spawn_in(&layout, &request.command, stdin, None, false)
+                .spawn_in(&layout, &request.command, stdin, None)
                 .map_err(exec_error)?;
             let session = ExecSession {
                 stdin: child.stdin.take().map(|s| Box::pin(s) as Writer),
@@ -1017,15 +990,11 @@ impl ContainerRuntime for ProcessRuntime {
     }
 
     fn exit_reason(&self, context: &ContainerContext) -> Option<String> {
-        let key = (
-            context.pod_uid.clone(),
-            context.container["name"].as_str()?.to_owned(),
-        );
         self.inner
             .oom_killed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&key)
+            .remove(&key(context))
             .then(|| "OOMKilled".to_owned())
     }
 

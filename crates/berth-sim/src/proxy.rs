@@ -60,7 +60,7 @@ pub fn target(path: &str) -> Option<Target<'_>> {
 }
 
 /// The verb a proxied method is authorized as.
-fn verb(method: &axum::http::Method) -> &'static str {
+pub fn verb(method: &axum::http::Method) -> &'static str {
     match method.as_str() {
         "POST" => "create",
         "PUT" => "update",
@@ -191,9 +191,7 @@ pub async fn serve(
         name: target.name.to_owned(),
         ..Default::default()
     };
-    if !auth::authorize(&sim.store, &identity, &attrs).allowed {
-        return Err(auth::forbidden(&identity, &attrs));
-    }
+    auth::require(&sim.store, &identity, &attrs)?;
     let (ip, port) = destination(&sim, &target)?;
     let (mut parts, body) = request.into_parts();
     let query = parts

@@ -89,25 +89,32 @@ pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
 /// The requests that are not objects: exec, attach and port-forward (upgraded to streams) and
 /// the proxy subresources (passed on to a pod). The request back when it is none of them.
 async fn pass_through(sim: &Arc<Sim>, path: &str, request: Request) -> Result<Response, Request> {
-    let (resource, subresource) = if let Some(target) = crate::streams::target(path) {
-        ("pods", target.subresource)
-    } else if let Some(target) = crate::proxy::target(path) {
-        (target.resource, "proxy")
-    } else {
-        return Err(request);
+    let stream = crate::streams::target(path);
+    let proxied = stream
+        .is_none()
+        .then(|| crate::proxy::target(path))
+        .flatten();
+    let (verb, resource, subresource) = match (&stream, &proxied) {
+        (Some(target), _) => ("create", "pods", target.subresource),
+        (None, Some(target)) => (
+            crate::proxy::verb(request.method()),
+            target.resource,
+            "proxy",
+        ),
+        (None, None) => return Err(request),
     };
     let (user, answer) = match authenticate(sim, request.headers()) {
         Err(e) => (String::new(), Err(e)),
         Ok(identity) => {
             let user = identity.username.clone();
-            let answer = match crate::streams::target(path) {
-                Some(target) => crate::streams::serve(sim.clone(), identity, target, request).await,
-                None => match crate::proxy::target(path) {
-                    Some(target) => {
-                        crate::proxy::serve(sim.clone(), identity, target, request).await
-                    }
-                    None => Err(ApiError::no_such_path()),
-                },
+            let answer = match (stream, proxied) {
+                (Some(target), _) => {
+                    crate::streams::serve(sim.clone(), identity, target, request).await
+                }
+                (None, Some(target)) => {
+                    crate::proxy::serve(sim.clone(), identity, target, request).await
+                }
+                (None, None) => Err(ApiError::no_such_path()),
             };
             (user, answer)
         }
@@ -115,7 +122,7 @@ async fn pass_through(sim: &Arc<Sim>, path: &str, request: Request) -> Result<Re
     let response = answer.unwrap_or_else(IntoResponse::into_response);
     sim.requests.record(RequestKey {
         user,
-        verb: "create".into(),
+        verb: verb.to_owned(),
         resource: resource.to_owned(),
         subresource: subresource.to_owned(),
         code: response.status().as_u16(),
@@ -432,9 +439,7 @@ async fn route(
         },
         path: None,
     };
-    if !auth::authorize(&sim.store, &identity, &attrs).allowed {
-        return Err(auth::forbidden(&identity, &attrs));
-    }
+    auth::require(&sim.store, &identity, &attrs)?;
     if let Some(delay) = sim.faults.request_latency(verb, &rt.resource) {
         tokio::time::sleep(delay).await;
     }
@@ -650,9 +655,7 @@ async fn route(
                         name: String::new(),
                         ..attrs.clone()
                     };
-                    if !auth::authorize(&sim.store, &identity, &create).allowed {
-                        return Err(auth::forbidden(&identity, &create));
-                    }
+                    auth::require(&sim.store, &identity, &create)?;
                 }
             }
             let mut warnings = vec![];

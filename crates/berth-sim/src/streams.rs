@@ -115,9 +115,7 @@ pub async fn serve(
             name: name.to_owned(),
             ..Default::default()
         };
-        if !auth::authorize(&sim.store, &identity, &attrs).allowed {
-            return Err(auth::forbidden(&identity, &attrs));
-        }
+        auth::require(&sim.store, &identity, &attrs)?;
     }
     let pod = sim
         .store
@@ -132,6 +130,23 @@ pub async fn serve(
             "pod {name} does not have a host assigned"
         )));
     }
+    // What the API server checks of the request comes first, whichever protocol it speaks:
+    // a client that falls back from WebSocket to SPDY meets the same words.
+    let (ports, container, command) = match subresource {
+        "portforward" => (ports(&query_text)?, String::new(), vec![]),
+        _ => {
+            let container = crate::pods::container_named(
+                &pod,
+                name,
+                query.get("container").map(String::as_str),
+            )?;
+            let command = all(&query_text, "command");
+            if subresource == "exec" && command.is_empty() {
+                return Err(ApiError::bad_request("you must specify at least 1 command"));
+            }
+            (vec![], container, command)
+        }
+    };
     let is_websocket = request
         .headers()
         .get("upgrade")
@@ -173,7 +188,6 @@ pub async fn serve(
         .to_owned();
     match subresource {
         "portforward" => {
-            let ports = ports(&query_text)?;
             let ip = pod["status"]["podIP"]
                 .as_str()
                 .unwrap_or_default()
@@ -184,11 +198,6 @@ pub async fn serve(
                 .into_response())
         }
         _ => {
-            let container = crate::pods::container_named(
-                &pod,
-                name,
-                query.get("container").map(String::as_str),
-            )?;
             let context = sim
                 .containers
                 .lock()
@@ -214,10 +223,6 @@ pub async fn serve(
                 return Ok(upgrade
                     .on_upgrade(move |socket| attach(socket, session, (uid, container), log, sim))
                     .into_response());
-            }
-            let command = all(&query_text, "command");
-            if command.is_empty() {
-                return Err(ApiError::bad_request("you must specify at least 1 command"));
             }
             let runtime = sim.config.runtime.clone();
             Ok(upgrade

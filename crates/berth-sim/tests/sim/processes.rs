@@ -507,6 +507,16 @@ async fn kubectl_exec_carries_output_input_and_the_exit_code() {
         "{output:?}"
     );
     assert!(output.status.success());
+    // A request the API server refuses says why, also after kubectl falls back from
+    // WebSocket to SPDY.
+    let output = kubectl
+        .run_with_input(&["exec", "box", "-c", "nope", "--", "true"], "")
+        .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("container nope is not valid for pod box"),
+        "{stderr}"
+    );
     let output = kubectl
         .run_with_input(&["exec", "box", "--", "no-such-program"], "")
         .await;
@@ -595,31 +605,31 @@ async fn the_proxy_subresources_reach_a_pods_port_directly_and_through_its_servi
     let Some(kubectl) = Kubectl::for_cluster(&sim) else {
         return;
     };
-    // The README's line for the operator's metrics, and the same through the Service.
-    let out = kubectl
-        .ok(&[
-            "get",
-            "--raw",
+    // The README's line for the operator's metrics, the same through the Service, and a
+    // port by its name.
+    for (path, answer) in [
+        (
             "/api/v1/namespaces/default/pods/web:8080/proxy/metrics?x=1",
-        ])
-        .await;
-    assert_eq!(out, "/metrics?x=1 credentials=false");
-    let out = kubectl
-        .ok(&[
-            "get",
-            "--raw",
+            "/metrics?x=1 credentials=false",
+        ),
+        (
             "/api/v1/namespaces/default/services/web:api/proxy/healthz",
-        ])
-        .await;
-    assert_eq!(out, "/healthz credentials=false");
-    let out = kubectl
-        .ok(&[
-            "get",
-            "--raw",
+            "/healthz credentials=false",
+        ),
+        (
             "/api/v1/namespaces/default/pods/web:http/proxy/",
-        ])
-        .await;
-    assert_eq!(out, "/ credentials=false");
+            "/ credentials=false",
+        ),
+    ] {
+        assert_eq!(kubectl.ok(&["get", "--raw", path]).await, answer, "{path}");
+    }
+    // The request log has them as what RBAC checked: `get` on pods/proxy, services/proxy.
+    let proxied = |resource: &'static str| {
+        sim.count_requests(move |k| {
+            k.verb == "get" && k.resource == resource && k.subresource == "proxy" && k.code == 200
+        })
+    };
+    assert_eq!((proxied("pods"), proxied("services")), (2, 1));
     // Nothing listens on 9090: the API server's 503, in its words (kube-rs would retry a 503).
     let refused = kubectl
         .fails(&[
@@ -926,6 +936,10 @@ async fn a_service_has_endpoints_and_a_slice_of_its_pods() {
     );
     web["metadata"]["labels"] = json!({"app": "web"});
     create::<Pod>(&client, web).await;
+    // A pod the Service does not select.
+    let mut other = shell_pod("other", "exec sleep 3600", json!({}));
+    other["metadata"]["labels"] = json!({"app": "other"});
+    create::<Pod>(&client, other).await;
     create::<k8s_openapi::api::core::v1::Service>(&client, json!({
         "metadata": {"name": "web", "labels": {"tier": "front"}},
         "spec": {"selector": {"app": "web"}, "ports": [{"name": "api", "port": 80, "targetPort": "http"}]}
@@ -941,6 +955,10 @@ async fn a_service_has_endpoints_and_a_slice_of_its_pods() {
         ready.then_some(status.pod_ip?)
     })
     .await;
+    eventually(Duration::from_secs(20), "the other pod's IP", || async {
+        pods.get("other").await.ok()?.status?.pod_ip
+    })
+    .await;
     let endpoints = eventually(
         Duration::from_secs(10),
         "the endpoints listing the pod",
@@ -953,6 +971,10 @@ async fn a_service_has_endpoints_and_a_slice_of_its_pods() {
     )
     .await;
     assert!(endpoints.starts_with("web "), "{endpoints}");
+    assert!(
+        !endpoints.contains(','),
+        "only the selected pod: {endpoints}"
+    );
     let slices = kubectl
         .ok(&[
             "get",
@@ -967,6 +989,11 @@ async fn a_service_has_endpoints_and_a_slice_of_its_pods() {
     let slice = &slices["items"][0];
     assert_eq!(slice["addressType"], "IPv4");
     assert_eq!(slice["endpoints"][0]["addresses"][0], ip.as_str());
+    assert_eq!(
+        slice["endpoints"].as_array().unwrap().len(),
+        1,
+        "only the selected pod: {slice}"
+    );
     assert_eq!(slice["endpoints"][0]["conditions"]["ready"], true);
     assert_eq!(
         slice["ports"][0],
