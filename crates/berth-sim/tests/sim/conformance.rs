@@ -20,7 +20,10 @@ use kube::{
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::support::{cluster_with, install_workspace_crd};
+use crate::{
+    kubectl::versioned_kubectl,
+    support::{cluster_with, install_workspace_crd},
+};
 
 const VERSIONS: &[&str] = &["1.27", "1.33"];
 
@@ -32,17 +35,6 @@ enum Client {
         kubeconfig: PathBuf,
         _dir: tempfile::TempDir,
     },
-}
-
-/// `kubectl.VERSION` beside the `kubectl` on PATH.
-fn versioned_kubectl(version: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    let kubectl = std::env::split_paths(&path)
-        .map(|dir| dir.join("kubectl"))
-        .find(|p| p.is_file())?;
-    let real = std::fs::canonicalize(kubectl).ok()?;
-    let versioned = real.parent()?.join(format!("kubectl.{version}"));
-    versioned.is_file().then_some(versioned)
 }
 
 fn required() -> bool {

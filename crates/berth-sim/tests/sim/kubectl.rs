@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::support::cluster;
 
 pub struct Kubectl {
+    binary: PathBuf,
     kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -31,17 +32,46 @@ impl Kubectl {
             );
             return None;
         }
+        Some(Kubectl::with_binary(sim, "kubectl".into()))
+    }
+
+    /// `kubectl.VERSION` beside the `kubectl` on PATH, skipped like kubectl itself.
+    pub fn version(sim: &SimCluster, version: &str) -> Option<Kubectl> {
+        match versioned_kubectl(version) {
+            Some(binary) => Some(Kubectl::with_binary(sim, binary)),
+            None if std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() == Ok("1") => panic!(
+                "kubectl.{version} is required (BERTH_REQUIRE_KUBECTL=1) but not found beside kubectl"
+            ),
+            None => {
+                eprintln!("skipping kubectl {version}: kubectl.{version} is not installed");
+                None
+            }
+        }
+    }
+
+    fn with_binary(sim: &SimCluster, binary: PathBuf) -> Kubectl {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         sim.write_kubeconfig(&kubeconfig).unwrap();
-        Some(Kubectl {
+        Kubectl {
+            binary,
             kubeconfig,
             _dir: dir,
-        })
+        }
+    }
+
+    /// A kubectl that runs until dropped (port-forward), its output piped.
+    pub fn spawn(&self, args: &[&str]) -> tokio::process::Child {
+        self.command(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
     }
 
     fn command(&self, args: &[&str]) -> tokio::process::Command {
-        let mut command = tokio::process::Command::new("kubectl");
+        let mut command = tokio::process::Command::new(&self.binary);
         command
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -115,6 +145,17 @@ impl Kubectl {
         assert!(!output.status.success(), "kubectl {args:?} should fail");
         String::from_utf8_lossy(&output.stderr).into_owned()
     }
+}
+
+/// `kubectl.VERSION` beside the `kubectl` on PATH.
+pub fn versioned_kubectl(version: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    let kubectl = std::env::split_paths(&path)
+        .map(|dir| dir.join("kubectl"))
+        .find(|p| p.is_file())?;
+    let real = std::fs::canonicalize(kubectl).ok()?;
+    let versioned = real.parent()?.join(format!("kubectl.{version}"));
+    versioned.is_file().then_some(versioned)
 }
 
 const CRD: &str = concat!(

@@ -479,6 +479,167 @@ async fn port_forward_reaches_the_pods_port_or_says_why_not() {
     );
 }
 
+/// A pod server on `ip:port` that answers each `ping` with `pong` (one connection, many).
+async fn serve_pong(ip: &str, port: u16) {
+    let listener = tokio::net::TcpListener::bind((ip, port)).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = [0u8; 4];
+                while socket.read_exact(&mut buffer).await.is_ok() {
+                    if socket.write_all(b"pong").await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// The local ports `kubectl port-forward` says it listens on, in the order of its lines
+/// `Forwarding from 127.0.0.1:LOCAL -> REMOTE`.
+async fn forwarding(child: &mut tokio::process::Child, count: usize) -> Vec<u16> {
+    use tokio::io::AsyncBufReadExt;
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let mut ports = vec![];
+    while ports.len() < count {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("kubectl says where it forwards from")
+            .unwrap()
+            .expect("kubectl port-forward keeps running");
+        if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:") {
+            ports.push(rest.split(' ').next().unwrap().parse().unwrap());
+        }
+    }
+    // Keep reading, so kubectl never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    ports
+}
+
+/// kubectl 1.33 tunnels port-forward's SPDY through WebSocket; kubectl 1.27 upgrades to
+/// SPDY. Either way each local connection reaches the pod's port, and a closed port is
+/// reported in the kubelet's words.
+#[tokio::test]
+async fn kubectl_port_forward_reaches_the_pod_tunnelled_or_over_spdy() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    create::<Pod>(&client, shell_pod("server", "exec sleep 3600", json!({}))).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let ip = running(&pods, "server")
+        .await
+        .status
+        .unwrap()
+        .pod_ip
+        .unwrap();
+    serve_pong(&ip, 8080).await;
+    for version in ["1.33", "1.27"] {
+        let Some(kubectl) = Kubectl::version(&sim, version) else {
+            continue;
+        };
+        let mut child = kubectl.spawn(&["port-forward", "pod/server", ":8080", ":8081"]);
+        let local = forwarding(&mut child, 2).await;
+        for _ in 0..2 {
+            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", local[0]))
+                .await
+                .unwrap();
+            for _ in 0..3 {
+                stream.write_all(b"ping").await.unwrap();
+                let mut answer = [0u8; 4];
+                tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut answer))
+                    .await
+                    .unwrap_or_else(|_| panic!("kubectl {version}: no answer through the forward"))
+                    .unwrap();
+                assert_eq!(&answer, b"pong", "kubectl {version}");
+            }
+        }
+        // Nothing listens on 8081: kubectl says why, in the kubelet's words.
+        let mut refused = tokio::net::TcpStream::connect(("127.0.0.1", local[1]))
+            .await
+            .unwrap();
+        let mut rest = vec![];
+        let _ = tokio::time::timeout(Duration::from_secs(10), refused.read_to_end(&mut rest)).await;
+        child.start_kill().unwrap();
+        let output = child.wait_with_output().await.unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("error forwarding port 8081 to pod server")
+                && stderr.contains("connection refused"),
+            "kubectl {version}: {stderr}"
+        );
+    }
+}
+
+/// kubectl 1.29 and earlier exec over SPDY: output, input to its end, the exit code, and
+/// the API server's refusal, as with WebSocket.
+#[tokio::test]
+async fn kubectl_exec_over_spdy_carries_output_input_and_the_exit_code() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let Some(kubectl) = Kubectl::version(&sim, "1.27") else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    create::<Pod>(&client, shell_pod("box", "exec sleep 3600", json!({}))).await;
+    running(&Api::default_namespaced(client.clone()), "box").await;
+    let output = kubectl
+        .run_with_input(
+            &[
+                "exec",
+                "box",
+                "--",
+                "sh",
+                "-c",
+                "echo hi; echo oops >&2; exit 3",
+            ],
+            "",
+        )
+        .await;
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "hi\n");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("oops"),
+        "{output:?}"
+    );
+    let output = kubectl
+        .run_with_input(
+            &["exec", "-i", "box", "--", "sh", "-c", "cat; echo done"],
+            "typed\n",
+        )
+        .await;
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "typed\ndone\n",
+        "{output:?}"
+    );
+    assert!(output.status.success());
+    let output = kubectl
+        .run_with_input(&["exec", "box", "--", "no-such-program"], "")
+        .await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("executable file not found in $PATH"),
+        "{stderr}"
+    );
+    assert_megabyte_of_output(&kubectl).await;
+}
+
+/// Output much larger than any buffer on the way arrives whole.
+async fn assert_megabyte_of_output(kubectl: &Kubectl) {
+    let output = kubectl
+        .run_with_input(
+            &["exec", "box", "--", "head", "-c", "1000000", "/dev/zero"],
+            "",
+        )
+        .await;
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(output.stdout.len(), 1_000_000);
+}
+
 #[tokio::test]
 async fn kubectl_exec_carries_output_input_and_the_exit_code() {
     let Some((sim, _runtime, _data)) = process_cluster().await else {
@@ -543,6 +704,7 @@ async fn kubectl_exec_carries_output_input_and_the_exit_code() {
         .ok(&["cp", "box:/tmp/hello.txt", back.to_str().unwrap()])
         .await;
     assert_eq!(std::fs::read_to_string(back).unwrap(), "copied\n");
+    assert_megabyte_of_output(&kubectl).await;
 }
 
 /// A pod's HTTP server on its IP: answers with the path it was asked for and whether the
