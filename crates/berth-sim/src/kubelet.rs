@@ -899,13 +899,25 @@ impl Worker {
             )
             .map(|(t, _)| t)
             .unwrap_or_default();
+        let env = self.environment(&pod, container);
+        // The kubelet expands `$(VAR)` in command and args from the container's env.
+        let mut expanded = container.clone();
+        for key in ["command", "args"] {
+            if let Some(words) = expanded[key].as_array_mut() {
+                for word in words {
+                    if let Some(text) = word.as_str() {
+                        *word = Value::String(expand(text, &env));
+                    }
+                }
+            }
+        }
         ContainerContext {
             namespace: self.namespace.clone(),
             pod_name: self.name.clone(),
             pod_uid: self.uid.clone(),
             files: self.mounted_files(&pod, container),
             mounts: self.volume_mounts(&pod, container),
-            env: self.environment(&pod, container),
+            env,
             log: {
                 // A started container writes a new log, as `kubectl logs` shows the current one.
                 let log = ContainerLog::default();
@@ -927,7 +939,7 @@ impl Worker {
                 log
             },
             pod,
-            container: container.clone(),
+            container: expanded,
             init,
             pod_ip: self.pod_ip.unwrap_or(Ipv4Addr::LOCALHOST),
             token,

@@ -77,6 +77,16 @@ struct Inner {
     oom_killed: Mutex<std::collections::HashSet<(String, String)>>,
     /// The layout of each running container, by (pod UID, container name), for exec.
     layouts: Mutex<HashMap<(String, String), Arc<Layout>>>,
+    /// Files an image provides beyond the host's: for the images `ImageFile::image` accepts.
+    image_files: Vec<ImageFile>,
+}
+
+/// A file of an image that the host does not have at that path: a program of the host's
+/// bound read-only where the image has it (as Berth's image has `/usr/local/bin/berth`).
+struct ImageFile {
+    image: Box<dyn Fn(&str) -> bool + Send + Sync>,
+    path: PathBuf,
+    host: PathBuf,
 }
 
 /// What a process of a container sees, prepared on the host before it forks.
@@ -428,7 +438,28 @@ impl ProcessRuntime {
                 data: data.into(),
                 oom_killed: Mutex::default(),
                 layouts: Mutex::default(),
+                image_files: vec![],
             }),
+        }
+    }
+
+    /// Containers of the images `image` accepts find the host's file `host` at `path` (an
+    /// absolute path, read-only), as if their image had it. Call before starting containers.
+    pub fn with_image_file(
+        self,
+        image: impl Fn(&str) -> bool + Send + Sync + 'static,
+        path: &str,
+        host: impl Into<PathBuf>,
+    ) -> Self {
+        let mut inner = Arc::try_unwrap(self.inner)
+            .unwrap_or_else(|_| panic!("with_image_file is called before the runtime is shared"));
+        inner.image_files.push(ImageFile {
+            image: Box::new(image),
+            path: inside(path).unwrap_or_default(),
+            host: host.into(),
+        });
+        ProcessRuntime {
+            inner: Arc::new(inner),
         }
     }
 
@@ -482,10 +513,18 @@ impl ProcessRuntime {
         let root = pod.join("containers").join(name).join("root");
         let fail = |what: &str, e: std::io::Error| format!("cannot {what}: {e}");
         std::fs::create_dir_all(&root).map_err(|e| fail("make the container's root", e))?;
+        let image = context.container["image"].as_str().unwrap_or_default();
+        let image_files: Vec<&ImageFile> = self
+            .inner
+            .image_files
+            .iter()
+            .filter(|f| (f.image)(image))
+            .collect();
         let targets: Vec<PathBuf> = context
             .mounts
             .iter()
             .filter_map(|m| inside(&m.path))
+            .chain(image_files.iter().map(|f| f.path.clone()))
             .collect();
         let mut binds = vec![];
         for (dir, read_only) in SYSTEM {
@@ -498,6 +537,17 @@ impl ProcessRuntime {
                 &mut binds,
             )
             .map_err(|e| fail("share the host's system folders", e))?;
+        }
+        for file in image_files {
+            let at = root.join(&file.path);
+            if let Some(parent) = at.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| fail("lay out the image's files", e))?;
+            }
+            if std::fs::symlink_metadata(&at).is_err() {
+                std::fs::File::create(&at).map_err(|e| fail("lay out the image's files", e))?;
+            }
+            binds.push((file.host.clone(), file.path.clone(), true));
         }
         // A `/dev` of its own: the usual devices, and the termination message file.
         std::fs::create_dir_all(root.join("dev")).map_err(|e| fail("make /dev", e))?;

@@ -70,6 +70,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "unschedulable.yaml",
         include_str!("../../../examples/unschedulable.yaml"),
     ),
+    ("web.yaml", include_str!("../../../examples/web.yaml")),
     (
         "workspace-author.yaml",
         include_str!("../../../examples/workspace-author.yaml"),

@@ -7,6 +7,7 @@ mod controller;
 mod dev;
 #[cfg(feature = "sim")]
 mod pod_process;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,10 @@ enum Command {
     },
     /// Print the Workspace CustomResourceDefinition as YAML (what `deploy/crds/` holds).
     Crd,
+    /// Serve a folder's files over HTTP: a real server for a workspace's port with nothing in
+    /// its image but Berth (the agent's copy at /opt/berth/berth), as `berth dev`'s `web`
+    /// example runs it.
+    Serve(serve::ServeArgs),
     /// Run only the simulated Kubernetes cluster and write a kubeconfig for it. Needs nothing
     /// from a cluster: it is one. A container's command runs as a process of this machine (an
     /// image names nothing here: the machine's /usr, /bin, /lib and /etc stand in for it,
@@ -187,6 +192,7 @@ fn main() -> ExitCode {
         }
         #[cfg(feature = "sim")]
         Command::Sim(args) => run_sim(args),
+        Command::Serve(args) => block_on("serve", serve::run(args)),
         Command::Install { path } => match install(&path) {
             Ok(()) => {
                 println!("berth install: copied to {}", path.display());

@@ -5,7 +5,7 @@
 //! `namespace` at `/var/run/secrets/kubernetes.io/serviceaccount`) in a mount namespace of
 //! its own, so it takes the in-cluster path a pod takes. An agent container runs the agent
 //! in-process; with a `ProcessRuntime`, its workspace command and every other container run as
-//! processes of the host.
+//! processes of the host, Berth's init container with this binary where the image has it.
 
 use std::{
     ffi::CString,
@@ -27,6 +27,8 @@ type OutputPipe = std::pin::Pin<Box<dyn tokio::io::AsyncRead + Send>>;
 /// What the container's own `/var/run` holds: the service-account volume, where in-cluster
 /// clients read the token, `ca.crt` and `namespace`, and any volume mounted below it.
 const RUN_DIR: &str = "/var/run/";
+/// Where Berth's image has the `berth` binary.
+const BINARY_IN_IMAGE: &str = "/usr/local/bin/berth";
 /// The subcommands that run as processes: the ones the install's Deployments run.
 const PROCESS_SUBCOMMANDS: &[&str] = &["controller"];
 
@@ -49,8 +51,11 @@ impl PodProcessRuntime {
         }
     }
 
-    /// Runs the containers that are not Berth's as processes of `processes`.
+    /// Runs the containers that are not Berth's as processes of `processes`, and Berth's init
+    /// container too: this binary is where Berth's image has it, so the container's
+    /// `berth install` really puts the agent in the pod's volume for the workspace to run.
     pub fn with_processes(self, processes: ProcessRuntime) -> Self {
+        let processes = processes.with_image_file(is_berth_image, BINARY_IN_IMAGE, &self.binary);
         PodProcessRuntime {
             processes: Some(processes),
             ..self
@@ -379,11 +384,6 @@ impl ContainerRuntime for PodProcessRuntime {
                 let command = processes.run(context, command).await?;
                 Ok(agent_and_command(agent, command))
             });
-        }
-        if is_berth_image(context.container["image"].as_str().unwrap_or_default()) {
-            // Berth's own steps (the init container that installs the agent): the sim's agent
-            // runs in-process and needs no copy.
-            return self.agents.start(context);
         }
         processes.start(context)
     }

@@ -302,7 +302,7 @@ fn orphaned_grandchildren_are_reaped() {
 fn help_explains_each_subcommand() {
     let output = Command::new(BERTH).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&output.stdout);
-    for subcommand in ["dev", "controller", "agent", "crd", "sim"] {
+    for subcommand in ["dev", "controller", "agent", "crd", "sim", "serve"] {
         assert!(
             help.lines().any(|l| l.trim_start().starts_with(subcommand)),
             "{subcommand} missing from:\n{help}"
@@ -659,6 +659,7 @@ fn dev_examples(mut command: Command) -> String {
     );
     assert!(last("basic", "Running").is_some(), "{stdout}");
     assert!(last("with-secret", "Running").is_some(), "{stdout}");
+    assert!(last("web", "Running").is_some(), "{stdout}");
     assert!(
         last("idle", "Running").is_some(),
         "stopped only after its minute: {stdout}"
@@ -695,6 +696,155 @@ fn dev_examples(mut command: Command) -> String {
         "the kubeconfig is removed on exit"
     );
     stdout
+}
+
+/// kubectl against `berth dev`'s kubeconfig in `dir`.
+fn dev_kubectl(dir: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(dir.join("berth-dev.kubeconfig"))
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap()
+}
+
+/// Polls `check` every 200 ms for at most `limit`.
+fn poll<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(start.elapsed() < limit, "{what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// GET `/` of 127.0.0.1:`port`: the body.
+fn get(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or(response)
+}
+
+/// What README promises of `berth dev`'s `web` example: enter it with `kubectl exec`, reach
+/// its server with `kubectl port-forward` and the pod proxy, and find a file written in its
+/// home again after a pause and a resume.
+#[test]
+fn dev_is_a_place_to_use_a_workspace() {
+    if !kubectl_present() {
+        eprintln!("skipped: needs kubectl");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut dev = Command::new(BERTH)
+        .args(["dev", "--for", "170s"])
+        .current_dir(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(dev.stdout.take().unwrap()));
+    let first = lines.next().unwrap().unwrap();
+    // Keep reading, so berth dev never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    let stop = |dev: &mut std::process::Child| {
+        let _ = Command::new("kill")
+            .args(["-TERM", &dev.id().to_string()])
+            .status();
+        let _ = dev.wait();
+    };
+    if first.contains("allows no mount namespace") {
+        stop(&mut dev);
+        if std::env::var("BERTH_REQUIRE_PROCESSES").as_deref() == Ok("1") {
+            panic!("containers must run as processes here (BERTH_REQUIRE_PROCESSES=1): {first}");
+        }
+        eprintln!("skipped: {first}");
+        return;
+    }
+    let phase = |dir: &std::path::Path| {
+        let output = dev_kubectl(dir, &["get", "ws", "web", "-o", "jsonpath={.status.phase}"]);
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    poll(Duration::from_secs(90), "web Running", || {
+        (phase(dir.path()) == "Running").then_some(())
+    });
+    let output = dev_kubectl(
+        dir.path(),
+        &[
+            "exec",
+            "web-ws",
+            "--",
+            "sh",
+            "-c",
+            "echo hello from home > /home/dev/index.html",
+        ],
+    );
+    assert!(output.status.success(), "{output:?}");
+
+    let mut forward = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(dir.path().join("berth-dev.kubeconfig"))
+        .args(["port-forward", "pod/web-ws", ":8080"])
+        .env_remove("KUBECONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut said = std::io::BufRead::lines(std::io::BufReader::new(forward.stdout.take().unwrap()));
+    let first_said = said.next().unwrap().unwrap();
+    // kubectl dies of a closed stdout when it says `Handling connection for ...`.
+    std::thread::spawn(move || for _ in said {});
+    let said = first_said;
+    let port: u16 = said
+        .strip_prefix("Forwarding from 127.0.0.1:")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("kubectl port-forward said: {said}"));
+    assert_eq!(get(port), "hello from home\n");
+    let _ = forward.kill();
+    let _ = forward.wait();
+
+    for (paused, phase_after) in [("true", "Stopped"), ("false", "Running")] {
+        let patch = format!("{{\"spec\":{{\"paused\":{paused}}}}}");
+        let output = dev_kubectl(
+            dir.path(),
+            &["patch", "ws", "web", "--type=merge", "-p", &patch],
+        );
+        assert!(output.status.success(), "{output:?}");
+        poll(Duration::from_secs(60), phase_after, || {
+            (phase(dir.path()) == phase_after).then_some(())
+        });
+    }
+    // A new pod, the same home: the file is served again, here through the pod proxy.
+    let body = poll(Duration::from_secs(30), "the server back", || {
+        let output = dev_kubectl(
+            dir.path(),
+            &[
+                "get",
+                "--raw",
+                "/api/v1/namespaces/default/pods/web-ws:8080/proxy/",
+            ],
+        );
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    });
+    assert_eq!(body, "hello from home\n");
+    stop(&mut dev);
 }
 
 /// Two `berth controller` processes with leader election against one cluster, as two replicas

@@ -159,7 +159,7 @@ async fn a_container_runs_its_command_with_its_env_working_dir_and_volumes() {
     .await;
     let mut writer = shell_pod(
         "writer",
-        "echo \"$(cat /etc/app/greeting) from $(pwd) as $ME\" | tee /home/dev/note; echo scratch > /scratch/x; exec sleep 3600",
+        "echo \"$(cat /etc/app/greeting) from $(pwd) as $ME\" | tee /home/dev/note; echo scratch > /scratch/x; echo $(WHO) expanded; exec sleep 3600",
         json!({
             "workingDir": "/work",
             "env": [{"name": "WHO", "value": "dev"}, {"name": "ME", "value": "$(WHO)-1"}],
@@ -179,6 +179,8 @@ async fn a_container_runs_its_command_with_its_env_working_dir_and_volumes() {
     let pods: Api<Pod> = Api::default_namespaced(client.clone());
     running(&pods, "writer").await;
     log_contains(&pods, "writer", "hello from /work as dev-1").await;
+    // `$(WHO)` in the command is the kubelet's to expand, before the shell sees it.
+    log_contains(&pods, "writer", "dev expanded").await;
 
     // What a developer sees with exec: the files, the environment, the exit status.
     let (out, _, status) = exec(
