@@ -782,15 +782,25 @@ impl Worker {
             };
             let source = if let Some(claim) = volume["persistentVolumeClaim"]["claimName"].as_str()
             {
-                let Some(uid) = self
-                    .sim
-                    .store
-                    .get("/persistentvolumeclaims", &self.namespace, claim)
-                    .and_then(|c| c["metadata"]["uid"].as_str().map(str::to_owned))
+                let Some(found) =
+                    self.sim
+                        .store
+                        .get("/persistentvolumeclaims", &self.namespace, claim)
                 else {
                     continue;
                 };
-                VolumeSource::Claim { uid }
+                let size = found["status"]["capacity"]["storage"]
+                    .as_str()
+                    .or_else(|| found["spec"]["resources"]["requests"]["storage"].as_str());
+                VolumeSource::Claim {
+                    uid: found["metadata"]["uid"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    capacity: size
+                        .and_then(crate::quantity::units)
+                        .and_then(|b| u64::try_from(b).ok()),
+                }
             } else if volume["emptyDir"].is_object() {
                 VolumeSource::EmptyDir {
                     volume: name.to_owned(),

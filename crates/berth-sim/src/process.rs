@@ -79,6 +79,26 @@ struct Inner {
     layouts: Mutex<HashMap<(String, String), Arc<Layout>>>,
     /// Files an image provides beyond the host's: for the images `ImageFile::image` accepts.
     image_files: Vec<ImageFile>,
+    /// Claims whose folder is a filesystem of their size (as root), by UID: that size.
+    bounded: Mutex<HashMap<String, u64>>,
+}
+
+impl Drop for Inner {
+    /// A claim's filesystem goes with the runtime, as its folders do.
+    fn drop(&mut self) {
+        let bounded = std::mem::take(self.bounded.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for uid in bounded.keys() {
+            unmount(&self.data.join("claims").join(uid));
+        }
+    }
+}
+
+/// Detaches the filesystem mounted at `dir`, if any.
+fn unmount(dir: &Path) {
+    if let Ok(path) = CString::new(dir.as_os_str().as_bytes()) {
+        // SAFETY: a valid C string; MNT_DETACH unmounts even while a process still uses it.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    }
 }
 
 /// A file of an image that the host does not have at that path: a program of the host's
@@ -439,6 +459,7 @@ impl ProcessRuntime {
                 oom_killed: Mutex::default(),
                 layouts: Mutex::default(),
                 image_files: vec![],
+                bounded: Mutex::default(),
             }),
         }
     }
@@ -478,6 +499,53 @@ impl ProcessRuntime {
     /// A claim's folder, whichever pod mounts it.
     pub fn claim_dir(&self, claim_uid: &str) -> PathBuf {
         self.inner.data.join("claims").join(claim_uid)
+    }
+
+    /// Whether a claim fills up at its capacity (`ENOSPC`): where the sim runs as root, a
+    /// claim's folder is a filesystem of the claim's size. Elsewhere claims are plain folders.
+    pub fn bounds_claims(&self) -> bool {
+        // SAFETY: geteuid cannot fail.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    fn lock_bounded(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.inner.bounded.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes a claim's folder a filesystem of `capacity` bytes (a tmpfs, which holds only
+    /// what is written), or grows it to a new capacity as a volume expansion does.
+    fn bound_claim(&self, uid: &str, dir: &Path, capacity: u64) -> std::io::Result<()> {
+        if !self.bounds_claims() {
+            return Ok(());
+        }
+        let mut bounded = self.lock_bounded();
+        let current = bounded.get(uid).copied();
+        if current == Some(capacity) {
+            return Ok(());
+        }
+        std::fs::create_dir_all(dir)?;
+        let target = CString::new(dir.as_os_str().as_bytes())?;
+        let options = CString::new(format!("size={capacity},mode=0777"))?;
+        let fstype = c"tmpfs";
+        let flags = match current {
+            Some(_) => libc::MS_REMOUNT,
+            None => 0,
+        };
+        // SAFETY: valid C strings; a tmpfs mount on a folder of the runtime's own.
+        let done = unsafe {
+            libc::mount(
+                fstype.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                flags | libc::MS_NOSUID | libc::MS_NODEV,
+                options.as_ptr().cast(),
+            )
+        };
+        if done != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        bounded.insert(uid.to_owned(), capacity);
+        Ok(())
     }
 
     /// Whether this machine lets a container have its own mount namespace (as root, or in a
@@ -643,7 +711,13 @@ impl ProcessRuntime {
     ) -> Result<(PathBuf, PathBuf, bool), String> {
         let fail = |e: std::io::Error| format!("cannot mount {}: {e}", mount.path);
         let source = match &mount.source {
-            VolumeSource::Claim { uid } => self.claim_dir(uid),
+            VolumeSource::Claim { uid, capacity } => {
+                let dir = self.claim_dir(uid);
+                if let Some(capacity) = capacity {
+                    self.bound_claim(uid, &dir, *capacity).map_err(fail)?;
+                }
+                dir
+            }
             VolumeSource::EmptyDir { volume } => pod.join("volumes").join(volume),
             VolumeSource::Files { volume, files } => {
                 let name = context.container["name"].as_str().unwrap_or("container");
@@ -1065,7 +1139,11 @@ impl ContainerRuntime for ProcessRuntime {
     }
 
     fn forget_claim(&self, claim_uid: &str) {
-        remove_tree(&self.claim_dir(claim_uid));
+        let dir = self.claim_dir(claim_uid);
+        if self.lock_bounded().remove(claim_uid).is_some() {
+            unmount(&dir);
+        }
+        remove_tree(&dir);
     }
 }
 

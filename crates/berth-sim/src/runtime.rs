@@ -63,7 +63,12 @@ pub struct VolumeMount {
 pub enum VolumeSource {
     /// A claim's directory: the same for every pod that mounts the claim, on any node (a
     /// network volume), for as long as the claim lives.
-    Claim { uid: String },
+    Claim {
+        uid: String,
+        /// The claim's capacity in bytes (`status.capacity.storage`, else its request): where
+        /// a runtime that can bound a folder makes writes fail with `ENOSPC`.
+        capacity: Option<u64>,
+    },
     /// A directory of the pod's own (`emptyDir`), gone with the pod.
     EmptyDir { volume: String },
     /// Files the kubelet writes: a secret, config map, downward API or projected volume, by

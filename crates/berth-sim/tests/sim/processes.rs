@@ -968,6 +968,38 @@ async fn a_containers_end_says_its_termination_message_or_its_logs_end() {
     assert_eq!(message("custom").as_deref(), Some("custom\n"));
 }
 
+/// A claim is as big as it says: writing past its capacity fails with ENOSPC, in the pod
+/// and for the pod's command (where the sim runs as root; elsewhere claims are unbounded).
+#[tokio::test]
+async fn a_claim_fills_up_at_its_capacity() {
+    let Some((sim, runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    if !runtime.bounds_claims() {
+        eprintln!("skipped: claims are bounded only where the sim runs as root");
+        return;
+    }
+    let client = sim.client().await.unwrap();
+    create::<PersistentVolumeClaim>(&client, json!({
+        "metadata": {"name": "small"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}
+    }))
+    .await;
+    let mut filler = shell_pod(
+        "filler",
+        "head -c 500000 /dev/zero > /data/half && echo half written; head -c 2000000 /dev/zero > /data/big || echo big refused; exec sleep 3600",
+        json!({"volumeMounts": [{"name": "data", "mountPath": "/data"}]}),
+    );
+    filler["spec"]["volumes"] =
+        json!([{"name": "data", "persistentVolumeClaim": {"claimName": "small"}}]);
+    create::<Pod>(&client, filler).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    running(&pods, "filler").await;
+    let log = log_contains(&pods, "filler", "big refused").await;
+    assert!(log.contains("half written"), "{log}");
+    assert!(log.contains("No space left on device"), "{log}");
+}
+
 #[tokio::test]
 async fn a_container_over_its_memory_limit_is_oom_killed() {
     let Some((sim, _runtime, _data)) = process_cluster().await else {
