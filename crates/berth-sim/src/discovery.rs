@@ -79,6 +79,17 @@ fn subresource_entry(t: &ResourceType, sub: &str) -> Value {
             Some("autoscaling"),
             Some("v1"),
         ),
+        "exec" => ("PodExecOptions", vec!["create", "get"], None, None),
+        "attach" => ("PodAttachOptions", vec!["create", "get"], None, None),
+        "portforward" => ("PodPortForwardOptions", vec!["create", "get"], None, None),
+        "proxy" => {
+            let kind = match t.resource.as_str() {
+                "pods" => "PodProxyOptions",
+                "services" => "ServiceProxyOptions",
+                _ => "NodeProxyOptions",
+            };
+            (kind, vec!["create", "delete", "get", "patch", "update"], None, None)
+        }
         _ => (&t.kind, vec!["get"], None, None),
     };
     let mut entry = json!({

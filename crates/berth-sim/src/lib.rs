@@ -23,6 +23,7 @@ pub mod manifests;
 mod meta;
 mod network_policies;
 mod node_ports;
+mod node_proxy;
 mod nodes;
 mod openapi;
 mod openapi_proto;

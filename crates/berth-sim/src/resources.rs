@@ -243,7 +243,7 @@ fn builtin_types() -> Vec<ResourceType> {
             kind: "Node",
             namespaced: false,
             short: &["no"],
-            subresources: &["status"],
+            subresources: &["status", "proxy"],
             fields: &["spec.unschedulable"],
             behaviour: Stored,
         },

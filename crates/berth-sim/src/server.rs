@@ -87,34 +87,40 @@ pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
 }
 
 /// The requests that are not objects: exec, attach and port-forward (upgraded to streams) and
-/// the proxy subresources (passed on to a pod). The request back when it is none of them.
+/// the proxy subresources (passed on to a pod, or answered as a node's kubelet). The request
+/// back when it is none of them.
 async fn pass_through(sim: &Arc<Sim>, path: &str, request: Request) -> Result<Response, Request> {
     let stream = crate::streams::target(path);
     let proxied = stream
         .is_none()
         .then(|| crate::proxy::target(path))
         .flatten();
-    let (verb, resource, subresource) = match (&stream, &proxied) {
-        (Some(target), _) => ("create", "pods", target.subresource),
-        (None, Some(target)) => (
+    let node = crate::node_proxy::target(path);
+    let (verb, resource, subresource) = match (&stream, &proxied, &node) {
+        (Some(target), _, _) => ("create", "pods", target.subresource),
+        (None, Some(target), _) => (
             crate::proxy::verb(request.method()),
             target.resource,
             "proxy",
         ),
-        (None, None) => return Err(request),
+        (None, None, Some(_)) => (crate::proxy::verb(request.method()), "nodes", "proxy"),
+        (None, None, None) => return Err(request),
     };
     let (user, answer) = match authenticate(sim, request.headers()) {
         Err(e) => (String::new(), Err(e)),
         Ok(identity) => {
             let user = identity.username.clone();
-            let answer = match (stream, proxied) {
-                (Some(target), _) => {
+            let answer = match (stream, proxied, node) {
+                (Some(target), _, _) => {
                     crate::streams::serve(sim.clone(), identity, target, request).await
                 }
-                (None, Some(target)) => {
+                (None, Some(target), _) => {
                     crate::proxy::serve(sim.clone(), identity, target, request).await
                 }
-                (None, None) => Err(ApiError::no_such_path()),
+                (None, None, Some(target)) => {
+                    crate::node_proxy::serve(sim.clone(), identity, target, request).await
+                }
+                (None, None, None) => Err(ApiError::no_such_path()),
             };
             (user, answer)
         }

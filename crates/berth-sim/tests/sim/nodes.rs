@@ -1058,3 +1058,83 @@ async fn a_lost_reply_is_a_write_that_landed_with_an_error_for_an_answer() {
         "the delete landed"
     );
 }
+
+/// `kubectl get --raw /api/v1/nodes/NODE/proxy/...` reaches the node's kubelet: its health,
+/// the pods it runs, its configuration and its metrics; a path it does not serve is its 404;
+/// a user without `get` on `nodes/proxy` gets the real 403.
+#[tokio::test]
+async fn the_node_proxy_reaches_the_kubelets_endpoints() {
+    let sim = cluster_with_nodes().await;
+    let Some(kubectl) = crate::kubectl::Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    pods.create(
+        &PostParams::default(),
+        &pod_with("pinned", json!({"nodeName": "node-2"})),
+    )
+    .await
+    .unwrap();
+    phase_of(&pods, "pinned", "Running").await;
+    let raw = |path: &str| format!("/api/v1/nodes/{path}");
+    assert_eq!(
+        kubectl
+            .ok(&["get", "--raw", &raw("node-2/proxy/healthz")])
+            .await,
+        "ok"
+    );
+    let list: Value = serde_json::from_str(
+        &kubectl
+            .ok(&["get", "--raw", &raw("node-2/proxy/pods")])
+            .await,
+    )
+    .unwrap();
+    assert_eq!(list["kind"], "PodList");
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["pinned"]);
+    let other: Value = serde_json::from_str(
+        &kubectl
+            .ok(&["get", "--raw", &raw("node-1:10250/proxy/pods")])
+            .await,
+    )
+    .unwrap();
+    assert_eq!(other["items"], json!([]));
+    let config: Value = serde_json::from_str(
+        &kubectl
+            .ok(&["get", "--raw", &raw("node-2/proxy/configz")])
+            .await,
+    )
+    .unwrap();
+    assert_eq!(config["kubeletconfig"]["kind"], "KubeletConfiguration");
+    let metrics = kubectl
+        .ok(&["get", "--raw", &raw("node-2/proxy/metrics")])
+        .await;
+    assert!(metrics.contains("kubelet_running_pods 1\n"), "{metrics}");
+    let missing = kubectl
+        .fails(&["get", "--raw", &raw("node-2/proxy/no-such-endpoint")])
+        .await;
+    // The kubelet's 404 is plain text, which kubectl reports as any 404 without a Status.
+    assert!(
+        missing.contains("(NotFound): the server could not find the requested resource"),
+        "{missing}"
+    );
+    let missing = kubectl
+        .fails(&["get", "--raw", &raw("node-9/proxy/healthz")])
+        .await;
+    assert!(missing.contains("nodes \"node-9\" not found"), "{missing}");
+    let refused = kubectl
+        .fails(&["get", "--raw", &raw("node-2/proxy/pods"), "--as=nobody"])
+        .await;
+    assert!(
+        refused.contains(
+            "nodes \"node-2\" is forbidden: User \"nobody\" cannot get resource \"nodes/proxy\" in API group \"\" at the cluster scope"
+        ),
+        "{refused}"
+    );
+}
