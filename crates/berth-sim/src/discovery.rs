@@ -88,7 +88,12 @@ fn subresource_entry(t: &ResourceType, sub: &str) -> Value {
                 "services" => "ServiceProxyOptions",
                 _ => "NodeProxyOptions",
             };
-            (kind, vec!["create", "delete", "get", "patch", "update"], None, None)
+            (
+                kind,
+                vec!["create", "delete", "get", "patch", "update"],
+                None,
+                None,
+            )
         }
         _ => (&t.kind, vec!["get"], None, None),
     };

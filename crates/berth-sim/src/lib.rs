@@ -78,8 +78,8 @@ pub use faults::{ApiFault, Faults, Frequency, RequestMatch};
 pub use process::ProcessRuntime;
 pub use requests::{RequestCount, RequestKey};
 pub use runtime::{
-    BoxFuture, ContainerContext, ContainerLog, ContainerRuntime, ExecRequest, ExecSession,
-    IdleRuntime, LogLine, Reader, RunningContainer, SharedRuntime, VolumeMount, VolumeSource,
-    Writer,
+    AttachedInput, BoxFuture, ContainerContext, ContainerLog, ContainerRuntime, ExecRequest,
+    ExecSession, IdleRuntime, LogLine, Reader, RunningContainer, SharedRuntime, VolumeMount,
+    VolumeSource, Writer,
 };
 pub use tls::{Authority, TlsError};

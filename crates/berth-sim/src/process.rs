@@ -22,8 +22,8 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::runtime::{
-    BoxFuture, ContainerContext, ContainerRuntime, ExecRequest, ExecSession, IdleRuntime, Reader,
-    RunningContainer, VolumeMount, VolumeSource, Writer,
+    AttachedInput, BoxFuture, ContainerContext, ContainerRuntime, ExecRequest, ExecSession,
+    IdleRuntime, Reader, RunningContainer, VolumeMount, VolumeSource, Writer,
 };
 
 /// The host's folders a container shares, read-only but for the kernel's own.
@@ -81,6 +81,18 @@ struct Inner {
     image_files: Vec<ImageFile>,
     /// Claims whose folder is a filesystem of their size (as root), by UID: that size.
     bounded: Mutex<HashMap<String, u64>>,
+    /// The stdin of each running container whose spec asks for one, by (pod UID, container).
+    stdins: Mutex<HashMap<(String, String), ContainerStdin>>,
+}
+
+/// A running container's stdin: a pipe, or its terminal's controller side.
+struct ContainerStdin {
+    /// None for a terminal without stdin, kept for its size.
+    file: Option<std::fs::File>,
+    /// With a terminal, its controller side again, to set its size.
+    terminal: Option<Arc<std::fs::File>>,
+    /// `stdinOnce`: the first attach takes it, and closes it when it ends.
+    once: bool,
 }
 
 impl Drop for Inner {
@@ -460,6 +472,7 @@ impl ProcessRuntime {
                 layouts: Mutex::default(),
                 image_files: vec![],
                 bounded: Mutex::default(),
+                stdins: Mutex::default(),
             }),
         }
     }
@@ -863,9 +876,7 @@ impl ProcessRuntime {
                 // entered.
                 return IdleRuntime.start(context).await;
             }
-            let mut child = this.spawn_in(&layout, &argv, Stdio::null(), None)?;
-            log_output(child.stdout.take(), context.log.clone());
-            log_output(child.stderr.take(), context.log.clone());
+            let mut child = this.spawn_container(&context, &layout, &argv)?;
             let pid = child.id();
             if let Some(limit) = context.container["resources"]["limits"]["memory"]
                 .as_str()
@@ -875,6 +886,7 @@ impl ProcessRuntime {
             }
             let (exit_tx, exited) = oneshot::channel();
             let (stop, stop_rx) = oneshot::channel::<Duration>();
+            let stdins = this.clone();
             tokio::spawn(async move {
                 // However this task ends (the sim stopping drops it), the group goes with it.
                 let _group = Group(pid);
@@ -892,10 +904,76 @@ impl ProcessRuntime {
                         }
                     }
                 };
+                // Its stdin and terminal end with it.
+                stdins
+                    .inner
+                    .stdins
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&key);
                 let _ = exit_tx.send(exit_code(status));
             });
             Ok(RunningContainer { exited, stop })
         })
+    }
+
+    /// Starts a container's main process: its output to the log, its stdin a pipe or a
+    /// terminal when the spec asks (`stdin`, `tty`), kept for attaching.
+    fn spawn_container(
+        &self,
+        context: &ContainerContext,
+        layout: &Layout,
+        argv: &[String],
+    ) -> Result<tokio::process::Child, String> {
+        use std::os::fd::AsRawFd;
+        let wants_stdin = context.container["stdin"] == true;
+        let once = context.container["stdinOnce"] == true;
+        let key = key(context);
+        let stdins = |file: Option<std::fs::File>, terminal| {
+            self.inner
+                .stdins
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    key.clone(),
+                    ContainerStdin {
+                        file,
+                        terminal,
+                        once,
+                    },
+                );
+        };
+        if context.container["tty"] == true {
+            let terminal = open_terminal().map_err(|e| e.to_string())?;
+            let child = self.spawn_in(layout, argv, Stdio::null(), Some(&terminal.terminal))?;
+            drop(terminal.terminal);
+            set_size(terminal.controller.as_raw_fd(), 80, 24);
+            let controller = Arc::new(terminal.controller);
+            let reader = controller.try_clone().map_err(|e| e.to_string())?;
+            log_output(
+                Some(TerminalReader(tokio::fs::File::from_std(reader))),
+                context.log.clone(),
+            );
+            let writer = match wants_stdin {
+                true => Some(controller.try_clone().map_err(|e| e.to_string())?),
+                false => None,
+            };
+            stdins(writer, Some(controller));
+            return Ok(child);
+        }
+        let stdin = if wants_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        };
+        let mut child = self.spawn_in(layout, argv, stdin, None)?;
+        log_output(child.stdout.take(), context.log.clone());
+        log_output(child.stderr.take(), context.log.clone());
+        if let Some(input) = child.stdin.take() {
+            let fd = input.into_owned_fd().map_err(|e| e.to_string())?;
+            stdins(Some(std::fs::File::from(fd)), None);
+        }
+        Ok(child)
     }
 }
 
@@ -1113,6 +1191,25 @@ impl ContainerRuntime for ProcessRuntime {
         })
     }
 
+    fn attach(&self, context: &ContainerContext) -> Option<AttachedInput> {
+        let mut stdins = self.inner.stdins.lock().unwrap_or_else(|p| p.into_inner());
+        let stdin = stdins.get_mut(&key(context))?;
+        let file = match stdin.once {
+            true => stdin.file.take(),
+            false => stdin.file.as_ref().and_then(|f| f.try_clone().ok()),
+        };
+        let resize = stdin.terminal.clone().map(|terminal| {
+            Box::new(move |columns, rows| {
+                use std::os::fd::AsRawFd;
+                set_size(terminal.as_raw_fd(), columns, rows)
+            }) as Box<dyn Fn(u16, u16) + Send + Sync>
+        });
+        Some(AttachedInput {
+            stdin: file.map(|f| Box::pin(tokio::fs::File::from_std(f)) as Writer),
+            resize,
+        })
+    }
+
     fn exit_reason(&self, context: &ContainerContext) -> Option<String> {
         self.inner
             .oom_killed
@@ -1132,6 +1229,11 @@ impl ContainerRuntime for ProcessRuntime {
     fn forget_pod(&self, pod_uid: &str) {
         self.inner
             .layouts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(uid, _), _| uid != pod_uid);
+        self.inner
+            .stdins
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|(uid, _), _| uid != pod_uid);

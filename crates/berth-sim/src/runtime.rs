@@ -113,6 +113,14 @@ pub struct ExecSession {
     pub exited: oneshot::Receiver<i32>,
 }
 
+/// A running container's own stdin (`stdin: true` in its spec), as an attach writes to it.
+pub struct AttachedInput {
+    /// None once a `stdinOnce` stdin was taken, or for a terminal without stdin.
+    pub stdin: Option<Writer>,
+    /// Sets the size of the container's terminal (`tty: true`).
+    pub resize: Option<Box<dyn Fn(u16, u16) + Send + Sync>>,
+}
+
 /// A boxed future, as the runtime trait returns.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -144,6 +152,13 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// What the container wrote to its termination message file (`terminationMessagePath`),
     /// read once it exited; None where the runtime has no files.
     fn termination_message(&self, context: &ContainerContext) -> Option<Vec<u8>> {
+        let _ = context;
+        None
+    }
+
+    /// The running container's stdin for an attach, when its spec asks for one (`stdin`);
+    /// with `stdinOnce`, the first attach that ends closes it for good.
+    fn attach(&self, context: &ContainerContext) -> Option<AttachedInput> {
         let _ = context;
         None
     }

@@ -399,6 +399,10 @@ impl ContainerRuntime for PodProcessRuntime {
         }
     }
 
+    fn attach(&self, context: &ContainerContext) -> Option<berth_sim::AttachedInput> {
+        self.processes.as_ref()?.attach(context)
+    }
+
     fn exit_reason(&self, context: &ContainerContext) -> Option<String> {
         self.processes.as_ref()?.exit_reason(context)
     }

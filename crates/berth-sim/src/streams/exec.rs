@@ -10,7 +10,7 @@ use tokio::{
 
 use super::{ERROR, Input, Output, STDERR, STDOUT, Session};
 use crate::{
-    runtime::{ContainerLog, Reader},
+    runtime::{AttachedInput, ContainerLog, Reader},
     sim::Sim,
 };
 
@@ -105,13 +105,17 @@ pub(super) fn exec_id() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// An attach: the container's output from now on, until it exits or the client goes.
+/// An attach: the container's output from now on, until it exits or the client goes; the
+/// client's input to the container's own stdin and terminal, when it has them.
 pub(super) async fn attach(
     mut inputs: mpsc::Receiver<Input>,
     outputs: Output,
     session: Session,
-    (uid, container): (String, String),
-    log: Option<ContainerLog>,
+    ((uid, container), log, input): (
+        (String, String),
+        Option<ContainerLog>,
+        Option<AttachedInput>,
+    ),
     sim: Arc<Sim>,
 ) {
     let Some(log) = log else {
@@ -120,6 +124,10 @@ pub(super) async fn attach(
             .send((ERROR, session.status(Err(message), &[])))
             .await;
         return;
+    };
+    let (mut stdin, resize) = match input {
+        Some(AttachedInput { stdin, resize }) => (stdin, resize),
+        None => (None, None),
     };
     let channel = if session.options.stdout || session.options.tty {
         STDOUT
@@ -132,7 +140,27 @@ pub(super) async fn attach(
         tokio::select! {
             input = inputs.recv() => match input {
                 None => return,
-                Some(_) => continue,
+                Some(Input::Stdin(data)) => {
+                    if let Some(writer) = stdin.as_mut()
+                        && (writer.write_all(&data).await.is_err()
+                            || writer.flush().await.is_err())
+                    {
+                        stdin = None;
+                    }
+                    continue;
+                }
+                Some(Input::StdinEnd) => {
+                    if let Some(mut writer) = stdin.take() {
+                        let _ = writer.shutdown().await;
+                    }
+                    continue;
+                }
+                Some(Input::Resize { width, height }) => {
+                    if let Some(resize) = &resize {
+                        resize(width, height);
+                    }
+                    continue;
+                }
             },
             _ = tick.tick() => {}
         }

@@ -202,6 +202,7 @@ pub async fn serve(
                     key: (uid, container),
                     log,
                     sim,
+                    context,
                 }
             } else {
                 Work::Exec {
@@ -235,6 +236,7 @@ enum Work {
         key: (String, String),
         log: Option<ContainerLog>,
         sim: Arc<Sim>,
+        context: Option<Box<crate::runtime::ContainerContext>>,
     },
     PortForward {
         ip: String,
@@ -273,8 +275,18 @@ impl Work {
                 };
                 exec::exec(inputs, outputs, session, command, started).await
             }
-            Work::Attach { key, log, sim, .. } => {
-                exec::attach(inputs, outputs, session, key, log, sim).await
+            Work::Attach {
+                key,
+                log,
+                sim,
+                context,
+                ..
+            } => {
+                // The container's own stdin, when the client sends input and the spec has one.
+                let input = context
+                    .filter(|_| session.options.stdin)
+                    .and_then(|c| sim.config.runtime.attach(&c));
+                exec::attach(inputs, outputs, session, (key, log, input), sim).await
             }
             Work::PortForward { .. } => {}
         }

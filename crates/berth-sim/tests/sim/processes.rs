@@ -1027,6 +1027,81 @@ async fn a_container_over_its_memory_limit_is_oom_killed() {
     );
 }
 
+/// `kubectl attach -i` reaches the container's own stdin (`stdin: true`): with `stdinOnce`,
+/// the end of the client's input is the end of the container's, over WebSocket (kubectl 1.33)
+/// and SPDY (kubectl 1.27) alike; a container with a terminal takes the client's size.
+#[tokio::test]
+async fn attach_with_stdin_feeds_the_containers_own_input() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    for version in ["1.33", "1.27"] {
+        let Some(kubectl) = Kubectl::version(&sim, version) else {
+            continue;
+        };
+        let name = format!("reader-{}", version.replace('.', "-"));
+        let mut pod = shell_pod(
+            &name,
+            "while read line; do echo got $line; done; echo input ended",
+            json!({"stdin": true, "stdinOnce": true}),
+        );
+        pod["spec"]["restartPolicy"] = json!("Never");
+        create::<Pod>(&client, pod).await;
+        running(&pods, &name).await;
+        let output = kubectl
+            .run_with_input(&["attach", "-i", &name], "one\ntwo\n")
+            .await;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            stdout.contains("got one\ngot two\n"),
+            "kubectl {version}: {output:?}"
+        );
+        log_contains(&pods, &name, "input ended").await;
+    }
+    // A terminal: the container reads the size the client sets.
+    create::<Pod>(
+        &client,
+        shell_pod(
+            "terminal",
+            "while read line; do stty size; done",
+            json!({"stdin": true, "tty": true}),
+        ),
+    )
+    .await;
+    running(&pods, "terminal").await;
+    let mut attached = pods
+        .attach("terminal", &AttachParams::interactive_tty().stderr(false))
+        .await
+        .unwrap();
+    let mut size = attached.terminal_size().unwrap();
+    futures::SinkExt::send(
+        &mut size,
+        kube::api::TerminalSize {
+            width: 100,
+            height: 30,
+        },
+    )
+    .await
+    .unwrap();
+    // Each line asks for the size again, until the client's has arrived.
+    let mut stdin = attached.stdin().unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        stdin.write_all(b"go\n").await.unwrap();
+        let log = pods.logs("terminal", &LogParams::default()).await.unwrap();
+        if log.contains("30 100") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the size set: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn attach_streams_what_the_container_writes_from_then_on() {
     let Some((sim, _runtime, _data)) = process_cluster().await else {
