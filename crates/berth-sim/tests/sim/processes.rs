@@ -344,6 +344,20 @@ async fn no_process_outlives_its_pod_even_one_that_ignores_sigterm() {
     assert_eq!(processes_with(&marker), 0, "a process outlived its pod");
 }
 
+/// Sets the terminal of `process` to 100 columns and 30 rows, as a client's resize does.
+async fn set_size(process: &mut kube::api::AttachedProcess) {
+    let mut size = process.terminal_size().unwrap();
+    futures::SinkExt::send(
+        &mut size,
+        kube::api::TerminalSize {
+            width: 100,
+            height: 30,
+        },
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn a_terminal_has_a_size_the_client_sets() {
     let Some((sim, _runtime, _data)) = process_cluster().await else {
@@ -358,16 +372,7 @@ async fn a_terminal_has_a_size_the_client_sets() {
         .exec("term", vec!["sh", "-c", "read go; tty; stty size"], &params)
         .await
         .unwrap();
-    let mut size = process.terminal_size().unwrap();
-    futures::SinkExt::send(
-        &mut size,
-        kube::api::TerminalSize {
-            width: 100,
-            height: 30,
-        },
-    )
-    .await
-    .unwrap();
+    set_size(&mut process).await;
     let mut stdin = process.stdin().unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     stdin.write_all(b"go\n").await.unwrap();
@@ -1075,16 +1080,7 @@ async fn attach_with_stdin_feeds_the_containers_own_input() {
         .attach("terminal", &AttachParams::interactive_tty().stderr(false))
         .await
         .unwrap();
-    let mut size = attached.terminal_size().unwrap();
-    futures::SinkExt::send(
-        &mut size,
-        kube::api::TerminalSize {
-            width: 100,
-            height: 30,
-        },
-    )
-    .await
-    .unwrap();
+    set_size(&mut attached).await;
     // Each line asks for the size again, until the client's has arrived.
     let mut stdin = attached.stdin().unwrap();
     let start = std::time::Instant::now();
