@@ -77,8 +77,8 @@ struct Inner {
     oom_killed: Mutex<std::collections::HashSet<(String, String)>>,
     /// The layout of each running container, by (pod UID, container name), for exec.
     layouts: Mutex<HashMap<(String, String), Arc<Layout>>>,
-    /// Files an image provides beyond the host's: for the images `ImageFile::image` accepts.
-    image_files: Vec<ImageFile>,
+    /// Images that have what the host lacks: files, an entrypoint.
+    images: Vec<Image>,
     /// Claims whose folder is a filesystem of their size (as root), by UID: that size.
     bounded: Mutex<HashMap<String, u64>>,
     /// The stdin of each running container whose spec asks for one, by (pod UID, container).
@@ -113,12 +113,13 @@ fn unmount(dir: &Path) {
     }
 }
 
-/// A file of an image that the host does not have at that path: a program of the host's
-/// bound read-only where the image has it (as Berth's image has `/usr/local/bin/berth`).
-struct ImageFile {
-    image: Box<dyn Fn(&str) -> bool + Send + Sync>,
-    path: PathBuf,
-    host: PathBuf,
+/// What the images a matcher accepts have beyond the host: files (a host file bound read-only
+/// where the image has it, as Berth's image has `/usr/local/bin/berth`) and an entrypoint.
+struct Image {
+    matches: Box<dyn Fn(&str) -> bool + Send + Sync>,
+    /// (path in the container, relative; the host's file).
+    files: Vec<(PathBuf, PathBuf)>,
+    entrypoint: Vec<String>,
 }
 
 /// What a process of a container sees, prepared on the host before it forks.
@@ -470,31 +471,52 @@ impl ProcessRuntime {
                 data: data.into(),
                 oom_killed: Mutex::default(),
                 layouts: Mutex::default(),
-                image_files: vec![],
+                images: vec![],
                 bounded: Mutex::default(),
                 stdins: Mutex::default(),
             }),
         }
     }
 
-    /// Containers of the images `image` accepts find the host's file `host` at `path` (an
-    /// absolute path, read-only), as if their image had it. Call before starting containers.
-    pub fn with_image_file(
+    /// Containers of the images `image` accepts find each host file of `files` at its path
+    /// (absolute, read-only) and, without a `command`, run `entrypoint` before their `args`,
+    /// as if their image had them. Call before the runtime is shared.
+    pub fn with_image(
         self,
         image: impl Fn(&str) -> bool + Send + Sync + 'static,
-        path: &str,
-        host: impl Into<PathBuf>,
+        files: &[(&str, PathBuf)],
+        entrypoint: &[&str],
     ) -> Self {
         let mut inner = Arc::try_unwrap(self.inner)
-            .unwrap_or_else(|_| panic!("with_image_file is called before the runtime is shared"));
-        inner.image_files.push(ImageFile {
-            image: Box::new(image),
-            path: inside(path).unwrap_or_default(),
-            host: host.into(),
+            .unwrap_or_else(|_| panic!("with_image is called before the runtime is shared"));
+        inner.images.push(Image {
+            matches: Box::new(image),
+            files: files
+                .iter()
+                .map(|(path, host)| (inside(path).unwrap_or_default(), host.clone()))
+                .collect(),
+            entrypoint: entrypoint.iter().map(|s| (*s).to_owned()).collect(),
         });
         ProcessRuntime {
             inner: Arc::new(inner),
         }
+    }
+
+    fn image(&self, context: &ContainerContext) -> Option<&Image> {
+        let image = context.container["image"].as_str().unwrap_or_default();
+        self.inner.images.iter().find(|i| (i.matches)(image))
+    }
+
+    /// The container's command line: `command` then `args`, or without a command the image's
+    /// entrypoint (where known) then `args`.
+    fn command_line(&self, context: &ContainerContext) -> Vec<String> {
+        let mut words = argv(&context.container);
+        if context.container["command"].is_null()
+            && let Some(image) = self.image(context)
+        {
+            words.splice(0..0, image.entrypoint.iter().cloned());
+        }
+        words
     }
 
     fn pod_dir(&self, pod_uid: &str) -> PathBuf {
@@ -594,18 +616,15 @@ impl ProcessRuntime {
         let root = pod.join("containers").join(name).join("root");
         let fail = |what: &str, e: std::io::Error| format!("cannot {what}: {e}");
         std::fs::create_dir_all(&root).map_err(|e| fail("make the container's root", e))?;
-        let image = context.container["image"].as_str().unwrap_or_default();
-        let image_files: Vec<&ImageFile> = self
-            .inner
-            .image_files
-            .iter()
-            .filter(|f| (f.image)(image))
-            .collect();
+        let image_files: &[(PathBuf, PathBuf)] = self
+            .image(context)
+            .map(|i| i.files.as_slice())
+            .unwrap_or_default();
         let targets: Vec<PathBuf> = context
             .mounts
             .iter()
             .filter_map(|m| inside(&m.path))
-            .chain(image_files.iter().map(|f| f.path.clone()))
+            .chain(image_files.iter().map(|(path, _)| path.clone()))
             .collect();
         let mut binds = vec![];
         for (dir, read_only) in SYSTEM {
@@ -619,8 +638,8 @@ impl ProcessRuntime {
             )
             .map_err(|e| fail("share the host's system folders", e))?;
         }
-        for file in image_files {
-            let at = root.join(&file.path);
+        for (path, host) in image_files {
+            let at = root.join(path);
             if let Some(parent) = at.parent() {
                 std::fs::create_dir_all(parent)
                     .map_err(|e| fail("lay out the image's files", e))?;
@@ -628,7 +647,7 @@ impl ProcessRuntime {
             if std::fs::symlink_metadata(&at).is_err() {
                 std::fs::File::create(&at).map_err(|e| fail("lay out the image's files", e))?;
             }
-            binds.push((file.host.clone(), file.path.clone(), true));
+            binds.push((host.clone(), path.clone(), true));
         }
         // A `/dev` of its own: the usual devices, and the termination message file.
         std::fs::create_dir_all(root.join("dev")).map_err(|e| fail("make /dev", e))?;
@@ -1111,7 +1130,7 @@ fn probe_context() -> ContainerContext {
 
 impl ContainerRuntime for ProcessRuntime {
     fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
-        let argv = argv(&context.container);
+        let argv = self.command_line(&context);
         if argv.is_empty() && context.init {
             return IdleRuntime.start(context);
         }

@@ -399,19 +399,19 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
     // The operator runs as the install's Deployment (pods whose containers are real
     // `berth controller` processes), where this machine lets those processes have the
     // pod's files at the in-cluster paths; elsewhere inside this process, with the same RBAC.
-    let pods = crate::pod_process::PodProcessRuntime::new(
-        std::env::current_exe().map_err(|e| format!("cannot find its own binary: {e}"))?,
-    );
-    let isolation = pods.check_isolation().await;
     // Claims and pods' folders: they live as long as `berth dev`.
     let data = tempfile::Builder::new()
         .prefix("berth-dev-")
         .tempdir()
         .map_err(|e| format!("cannot make a folder for the cluster's volumes: {e}"))?;
+    let processes = berth_sim::ProcessRuntime::new(data.path());
+    let isolation = processes.check_isolation().await;
     let runtime: std::sync::Arc<dyn berth_sim::ContainerRuntime> = match &isolation {
-        Ok(()) => {
-            std::sync::Arc::new(pods.with_processes(berth_sim::ProcessRuntime::new(data.path())))
-        }
+        Ok(()) => std::sync::Arc::new(crate::pod_process::PodProcessRuntime::new(
+            std::env::current_exe().map_err(|e| format!("cannot find its own binary: {e}"))?,
+            Ok(processes),
+            true,
+        )),
         Err(_) => std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
     };
     let cluster = berth_sim::SimCluster::start(berth_sim::SimConfig {

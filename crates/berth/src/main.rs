@@ -54,8 +54,8 @@ enum Command {
     /// from a cluster: it is one. A container's command runs as a process of this machine (an
     /// image names nothing here: the machine's /usr, /bin, /lib and /etc stand in for it,
     /// read-only), with its volumes at their mount paths, in a mount namespace of its own
-    /// (root or unprivileged user namespaces; else such containers run nothing). Berth's own
-    /// operator runs as this binary, its agents inside the sim.
+    /// (root or unprivileged user namespaces; else such containers run nothing). Berth's image
+    /// has this binary at /usr/local/bin/berth (its entrypoint); its agents run inside the sim.
     #[cfg(feature = "sim")]
     Sim(SimArgs),
 }
@@ -301,18 +301,19 @@ async fn sim_runtime(
     containers: Containers,
 ) -> Result<berth_sim::SharedRuntime, String> {
     let binary = std::env::current_exe().map_err(|e| format!("cannot find its own binary: {e}"))?;
-    let pods = pod_process::PodProcessRuntime::new(binary);
-    if containers == Containers::Nothing {
-        return Ok(std::sync::Arc::new(pods));
-    }
     let processes = berth_sim::ProcessRuntime::new(data.path());
-    Ok(match processes.check_isolation().await {
-        Ok(()) => std::sync::Arc::new(pods.with_processes(processes)),
+    let processes = match processes.check_isolation().await {
+        Ok(()) => Ok(processes),
         Err(why) => {
-            eprintln!("berth sim: containers other than Berth's run nothing: {why}");
-            std::sync::Arc::new(pods)
+            eprintln!("berth sim: containers other than Berth's agents run nothing: {why}");
+            Err(why)
         }
-    })
+    };
+    Ok(std::sync::Arc::new(pod_process::PodProcessRuntime::new(
+        binary,
+        processes,
+        containers == Containers::Processes,
+    )))
 }
 
 /// `berth sim`: serve the simulated cluster until Ctrl-C or SIGTERM.

@@ -604,7 +604,7 @@ fn dev_runs_the_operator_inside_itself_where_pods_cannot_have_their_files() {
     let stdout = dev_examples(command);
     assert!(
         stdout.lines().next().is_some_and(|l| l.contains(
-            "with the Berth operator running inside berth dev (this machine allows no mount namespace for a pod's process: Operation not permitted"
+            "with the Berth operator running inside berth dev (this machine allows no mount namespace for a container's process: "
         )),
         "{stdout}"
     );
