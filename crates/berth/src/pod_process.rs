@@ -4,7 +4,8 @@
 //! controller` processes that find the pod's token where a pod does and take the in-cluster
 //! path, and Berth's init container really installs the agent for the workspace. An agent
 //! container runs the agent in-process beside its workspace command; where other containers
-//! should run nothing (`berth sim --containers nothing`), they go to the agent runtime.
+//! should run nothing (`berth sim --containers nothing`), they go to the agent runtime, and
+//! only the operator's containers are processes.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -85,13 +86,16 @@ fn is_berth_image(image: &str) -> bool {
 
 impl ContainerRuntime for PodProcessRuntime {
     fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
-        let berths = is_berth_image(context.container["image"].as_str().unwrap_or_default());
         let agent = !context.init && runs_agent(&context.container);
+        // Berth's operator: its containers run whatever the others do.
+        let operator = !context.init
+            && !agent
+            && is_berth_image(context.container["image"].as_str().unwrap_or_default());
         let processes = match &self.processes {
-            Ok(processes) if (berths && !agent) || self.others => processes.clone(),
+            Ok(processes) if operator || self.others => processes.clone(),
             // The operator needs its pod's files where a pod has them: without a mount
             // namespace its container cannot start, as on a node that cannot mount them.
-            Err(why) if berths && !agent => {
+            Err(why) if operator => {
                 let why = why.clone();
                 return Box::pin(async move { Err(why) });
             }
