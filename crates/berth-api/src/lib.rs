@@ -1,10 +1,12 @@
-//! Berth's API: the `Workspace` custom resource (`berth.dev/v1alpha1`), its status and
-//! conditions, the labels Berth puts on what it creates, and the CRD generated from these types.
+//! Berth's API: the `Workspace` and `WorkspaceKind` custom resources (`berth.dev/v1alpha1`),
+//! their status and conditions, the labels Berth puts on what it creates, and the CRDs
+//! generated from these types.
 
 pub mod condition;
 pub mod crd;
 pub mod duration;
 pub mod error;
+pub mod kind;
 pub mod labels;
 pub mod status;
 pub mod workspace;
@@ -12,6 +14,7 @@ pub mod workspace;
 pub use condition::{ConditionStatus, set_condition};
 pub use duration::{DurationString, parse_duration};
 pub use error::{Error, Result};
+pub use kind::{WorkspaceKind, WorkspaceKindSpec, WorkspaceKindStatus};
 pub use status::{AgentStatus, Phase, PodRef, WorkspaceStatus, summary};
 pub use workspace::{
     DataVolume, HomeVolume, Lifecycle, MountPath, PodRecreationPolicy, PodRecreationSpec,

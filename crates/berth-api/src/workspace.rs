@@ -89,13 +89,7 @@ pub struct WorkspaceSpec {
 
     /// Ports the workspace serves; when set, Berth exposes them through a ClusterIP Service.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32))]
-    #[x_kube(
-        validation = Rule::new("self.all(p, p.port != 50051)").message("ports: 50051 is the Berth agent's port in every workspace pod; pick another port"),
-        validation = Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message("each port name must be unique"),
-        validation = Rule::new("self.all(p, self.exists_one(q, q.port == p.port))").message("each port number must be unique"),
-        validation = Rule::new("self.all(p, p.name.matches('[a-z]'))").message("each port name must contain at least one letter (a-z), as Kubernetes requires of container port names")
-    )]
+    #[schemars(schema_with = "ports_schema")]
     pub ports: Vec<WorkspacePort>,
 
     /// `true` stops the workspace: the pod is deleted and the storage kept. `false` starts it again.
@@ -120,13 +114,30 @@ pub struct WorkspaceSpec {
     pub lifecycle: Option<Lifecycle>,
 }
 
+/// The schema of a port list (a Workspace's `ports`, a kind's image option's): at most 32,
+/// names and numbers unique, names with a letter, and never the agent's port.
+pub(crate) fn ports_schema(generator: &mut SchemaGenerator) -> Schema {
+    let items = generator.subschema_for::<WorkspacePort>();
+    json_schema!({
+        "type": "array",
+        "maxItems": 32,
+        "items": items,
+        "x-kubernetes-validations": [
+            {"rule": "self.all(p, p.port != 50051)", "message": "ports: 50051 is the Berth agent's port in every workspace pod; pick another port"},
+            {"rule": "self.all(p, self.exists_one(q, q.name == p.name))", "message": "each port name must be unique"},
+            {"rule": "self.all(p, self.exists_one(q, q.port == p.port))", "message": "each port number must be unique"},
+            {"rule": "self.all(p, p.name.matches('[a-z]'))", "message": "each port name must contain at least one letter (a-z), as Kubernetes requires of container port names"}
+        ]
+    })
+}
+
 /// The most environment variables a workspace may set (a bound for the CRD's rule costs).
 pub const MAX_ENV: u64 = 256;
 
 /// The schema of `spec.env`: core/v1 EnvVar items whose names follow the real API server's
 /// rule, and may not take the agent's `BERTH_` prefix (the agent's settings are the
 /// operator's, never the user's).
-fn env_schema(generator: &mut SchemaGenerator) -> Schema {
+pub(crate) fn env_schema(generator: &mut SchemaGenerator) -> Schema {
     let mut items = generator.subschema_for::<EnvVar>();
     if let Some(name) = items
         .get_mut("properties")
@@ -178,7 +189,7 @@ const OVERCOMMITTED: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
 /// `quantity(string(v))` is about 630 000, and the rules spend it sparingly: each value is
 /// checked on its own (bounded by [`MAX_RESOURCES`]), the comparison of a limit with its request
 /// names the resources it compares, and the rules over every key compare text.
-fn resources_schema(generator: &mut SchemaGenerator) -> Schema {
+pub(crate) fn resources_schema(generator: &mut SchemaGenerator) -> Schema {
     let mut schema = generator.subschema_for::<ResourceRequirements>();
     let value_rules = json!([
         {

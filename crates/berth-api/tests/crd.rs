@@ -139,9 +139,20 @@ fn every_field_has_a_description_for_kubectl_explain() {
         }
     }
     let mut missing = vec![];
-    let root = schema();
-    walk(&root["properties"]["spec"], "spec", &mut missing);
-    walk(&root["properties"]["status"], "status", &mut missing);
+    let kind = serde_json::to_value(berth_api::crd::workspace_kind_crd()).unwrap();
+    let kind = &kind["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+    for (root, name) in [(&schema(), "Workspace"), (kind, "WorkspaceKind")] {
+        walk(
+            &root["properties"]["spec"],
+            &format!("{name} spec"),
+            &mut missing,
+        );
+        walk(
+            &root["properties"]["status"],
+            &format!("{name} status"),
+            &mut missing,
+        );
+    }
     assert!(
         missing.is_empty(),
         "fields without a description: {missing:?}"

@@ -228,6 +228,10 @@ pub const INSTALL: &[(&str, &str)] = &[
         "crds/workspaces.berth.dev.yaml",
         include_str!("../../../deploy/crds/workspaces.berth.dev.yaml"),
     ),
+    (
+        "crds/workspacekinds.berth.dev.yaml",
+        include_str!("../../../deploy/crds/workspacekinds.berth.dev.yaml"),
+    ),
     ("rbac/berth-controller.yaml", rbac::OPERATOR),
     ("admission/workspaces-policy.yaml", rbac::ADMISSION_POLICY),
     (
@@ -338,9 +342,14 @@ async fn in_process_operator(
     client: &Client,
 ) -> Result<tokio::task::JoinHandle<Result<(), berth_controller::Error>>, String> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
-        .await
-        .map_err(|e| format!("cannot install the CRD: {e}"))?;
+    for crd in [
+        berth_api::crd::workspace_crd(),
+        berth_api::crd::workspace_kind_crd(),
+    ] {
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .map_err(|e| format!("cannot install the CRDs: {e}"))?;
+    }
     berth_sim::manifests::create_all(client, rbac::OPERATOR, "default")
         .await
         .map_err(|e| format!("cannot create the RBAC of deploy/rbac: {e}"))?;

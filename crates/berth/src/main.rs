@@ -44,8 +44,13 @@ enum Command {
         /// Where the copy goes, e.g. /opt/berth/berth.
         path: std::path::PathBuf,
     },
-    /// Print the Workspace CustomResourceDefinition as YAML (what `deploy/crds/` holds).
-    Crd,
+    /// Print a CustomResourceDefinition of Berth as YAML (what `deploy/crds/` holds): the
+    /// Workspace's, or with `workspacekinds` the WorkspaceKind's.
+    Crd {
+        /// Which CRD, by its plural name.
+        #[arg(default_value = "workspaces", value_parser = ["workspaces", "workspacekinds"])]
+        which: String,
+    },
     /// Serve a folder's files over HTTP: a real server for a workspace's port with nothing in
     /// its image but Berth (the agent's copy at /opt/berth/berth), as `berth dev`'s `web`
     /// example runs it.
@@ -161,7 +166,10 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     match cli.command {
-        Command::Crd => match berth_api::crd::workspace_crd_yaml() {
+        Command::Crd { which } => match match which.as_str() {
+            "workspacekinds" => berth_api::crd::workspace_kind_crd_yaml(),
+            _ => berth_api::crd::workspace_crd_yaml(),
+        } {
             Ok(yaml) => {
                 print!("{yaml}");
                 ExitCode::SUCCESS

@@ -8,15 +8,27 @@ use std::{
 const BERTH: &str = env!("CARGO_BIN_EXE_berth");
 
 #[test]
-fn crd_prints_the_committed_crd() {
-    let output = Command::new(BERTH).arg("crd").output().unwrap();
-    assert!(output.status.success());
-    let committed = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/crds/workspaces.berth.dev.yaml"
-    ))
-    .unwrap();
-    assert_eq!(String::from_utf8(output.stdout).unwrap(), committed);
+fn crd_prints_the_committed_crds() {
+    for (args, file) in [
+        (&["crd"][..], "workspaces.berth.dev.yaml"),
+        (
+            &["crd", "workspacekinds"][..],
+            "workspacekinds.berth.dev.yaml",
+        ),
+    ] {
+        let output = Command::new(BERTH).args(args).output().unwrap();
+        assert!(output.status.success());
+        let committed = std::fs::read_to_string(format!(
+            "{}/../../deploy/crds/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        assert_eq!(
+            String::from_utf8(output.stdout).unwrap(),
+            committed,
+            "{file}"
+        );
+    }
 }
 
 /// The init container's step: `berth install PATH` leaves a working, executable copy.

@@ -564,3 +564,152 @@ async fn a_date_time_field_refuses_what_is_not_a_time() {
         .await
         .unwrap();
 }
+
+/// A change to a kind under test.
+type Edit<'a> = Box<dyn FnOnce(&mut Value) + 'a>;
+
+/// A kind with one image option `py312` and one pod option `small`, changed by `edit`.
+fn kind(name: &str, edit: impl FnOnce(&mut Value)) -> Value {
+    let mut kind = json!({
+        "apiVersion": "berth.dev/v1alpha1", "kind": "WorkspaceKind",
+        "metadata": {"name": name},
+        "spec": {
+            "spawner": {"displayName": "Python"},
+            "options": {
+                "image": {"default": "py312", "values": [
+                    {"id": "py312", "displayName": "Python 3.12", "spec": {"image": "ghcr.io/example/py:3.12", "ports": [{"name": "http", "port": 8888}]}}
+                ]},
+                "pod": {"default": "small", "values": [
+                    {"id": "small", "displayName": "Small", "spec": {"resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}}
+                ]}
+            },
+            "home": {"mountPath": "/home/dev", "size": "10Gi"},
+            "lifecycle": {"idleTimeout": "2h", "maxIdleTimeout": "8h"}
+        }
+    });
+    edit(&mut kind);
+    kind
+}
+
+/// What a platform team publishes is checked by the API server: a kind's default must be one
+/// of its options, ids are unique, a redirect goes one hop to an option that does not redirect
+/// (so no chain and no cycle), and an option's spec is checked as a Workspace's is. `kubectl
+/// get wsk` shows the spawner's name, and `kubectl explain` documents the fields.
+#[tokio::test]
+async fn a_workspace_kind_is_refused_unless_its_options_hold_together() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(
+        &PostParams::default(),
+        &berth_api::crd::workspace_kind_crd(),
+    )
+    .await
+    .unwrap();
+    let kinds: Api<berth_api::WorkspaceKind> = Api::all(client.clone());
+    let create = |kind: Value| {
+        let kinds = kinds.clone();
+        async move {
+            kinds
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(kind).unwrap(),
+                )
+                .await
+        }
+    };
+    let redirect = json!({"id": "py311", "displayName": "Python 3.11", "redirect": {"to": "py312", "message": "3.11 is end of life"}, "spec": {"image": "ghcr.io/example/py:3.11"}});
+    create(kind("python", |k| {
+        k["spec"]["options"]["image"]["values"]
+            .as_array_mut()
+            .unwrap()
+            .push(redirect.clone())
+    }))
+    .await
+    .expect("a kind whose options hold together");
+
+    let refused: [(&str, Edit<'_>, &str); 6] = [
+        (
+            "no-default",
+            Box::new(|k| k["spec"]["options"]["pod"]["default"] = json!("large")),
+            "spec.options.pod: Invalid value: \"object\": default must be the id of one of the options in values",
+        ),
+        (
+            "twice",
+            Box::new(|k| {
+                let same = k["spec"]["options"]["image"]["values"][0].clone();
+                k["spec"]["options"]["image"]["values"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(same)
+            }),
+            "spec.options.image: Invalid value: \"object\": each option's id must be unique",
+        ),
+        (
+            "nowhere",
+            Box::new(|k| {
+                let mut gone = redirect.clone();
+                gone["redirect"]["to"] = json!("py313");
+                k["spec"]["options"]["image"]["values"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(gone)
+            }),
+            "spec.options.image: Invalid value: \"object\": a redirect must name another option of the list that does not redirect itself (one hop: no chains, no cycles)",
+        ),
+        (
+            "cycle",
+            Box::new(|k| {
+                let mut back = k["spec"]["options"]["image"]["values"][0].clone();
+                back["redirect"] = json!({"to": "py311"});
+                k["spec"]["options"]["image"]["values"] = json!([back, redirect.clone()]);
+            }),
+            "a redirect must name another option of the list that does not redirect itself",
+        ),
+        (
+            "agent-port",
+            Box::new(|k| {
+                k["spec"]["options"]["image"]["values"][0]["spec"]["ports"] =
+                    json!([{"name": "grpc", "port": 50051}])
+            }),
+            "ports: 50051 is the Berth agent's port in every workspace pod; pick another port",
+        ),
+        (
+            "negative",
+            Box::new(|k| {
+                k["spec"]["options"]["pod"]["values"][0]["spec"]["resources"]["limits"] =
+                    json!({"cpu": "-1"})
+            }),
+            "must not be negative",
+        ),
+    ];
+    for (name, edit, words) in refused {
+        let (code, reason, message) = api_error(create(kind(name, edit)).await);
+        assert_eq!(
+            (code, reason.as_str()),
+            (422, "Invalid"),
+            "{name}: {message}"
+        );
+        assert!(message.contains(words), "{name}: {message}");
+    }
+
+    if let Some(kubectl) = crate::kubectl::Kubectl::for_cluster(&sim) {
+        let table = kubectl.ok(&["get", "wsk"]).await;
+        let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+        assert_eq!(
+            header,
+            ["NAME", "DISPLAY-NAME", "WORKSPACES", "DEPRECATED", "AGE"]
+        );
+        assert!(
+            table.lines().nth(1).unwrap().starts_with("python "),
+            "{table}"
+        );
+        let explained = kubectl
+            .ok(&["explain", "wsk.spec.options.image.values.redirect"])
+            .await;
+        assert!(
+            explained.contains("applied at their next start, never behind their back"),
+            "{explained}"
+        );
+    }
+}
