@@ -2,6 +2,7 @@
 //! and actions (`state.rs`), the objects a workspace needs (`pod.rs`), the handshake with
 //! workspace agents (`agent.rs`), configuration and metrics.
 
+pub mod action;
 pub mod admission;
 pub mod agent;
 pub mod caches;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::{pod::is_owned_by, state::Action};
+use crate::{action::Action, pod::is_owned_by};
 
 /// The kinds of object Berth derives a name for, per workspace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

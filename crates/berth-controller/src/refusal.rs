@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use crate::state::Action;
+use crate::action::Action;
 
 /// The API server refused the operator's last attempt at an action. The pure core turns it into
 /// the status (phase `Error`, `Ready=False` with [`Refusal::reason`]), a Warning event while it

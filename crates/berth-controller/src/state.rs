@@ -21,6 +21,7 @@ use k8s_openapi::{
 };
 use kube::ResourceExt;
 
+pub use crate::action::Action;
 use crate::{
     config::{Policy, WarningClass},
     idle::ActivityCheck,
@@ -209,76 +210,6 @@ fn containers_running(pod: &Pod) -> bool {
 fn pod_is_ready(pod: &Pod) -> bool {
     pod_condition(pod, pod_conditions::READY) == Some(ConditionStatus::True)
         && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-}
-
-/// Something to do through the API.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Action {
-    CreateClaim,
-    /// Grow the home claim's storage request to the spec's `home.size` (the claim with this
-    /// UID: a precondition, so a claim of the same name made since is never changed).
-    ResizeClaim {
-        uid: String,
-    },
-    CreateService,
-    /// Set the ports and selector of the workspace's own service (this UID: a precondition,
-    /// so a service of the same name made since is never changed).
-    UpdateService {
-        uid: String,
-    },
-    /// Delete the workspace's own service (this UID: a precondition).
-    DeleteService {
-        uid: String,
-    },
-    CreatePod,
-    /// Delete the pod with this UID (a precondition, so a newer pod is never hit).
-    DeletePod {
-        uid: String,
-    },
-    /// Delete the pod at once (grace 0): its node is gone and will never stop it.
-    ForceDeletePod {
-        uid: String,
-    },
-    /// Stop an idle workspace: set its `spec.paused`, if its spec is still the one decided on.
-    Cull,
-}
-
-impl Action {
-    /// What the action does, as a person would say it: `create pod w-ws`.
-    pub fn describe(&self, workspace: &str) -> String {
-        match self {
-            Action::CreateClaim => format!("create claim {}", pod::claim_name(workspace)),
-            Action::ResizeClaim { .. } => format!("grow claim {}", pod::claim_name(workspace)),
-            Action::CreateService => format!("create service {}", pod::service_name(workspace)),
-            Action::UpdateService { .. } => {
-                format!("update service {}", pod::service_name(workspace))
-            }
-            Action::DeleteService { .. } => {
-                format!("delete service {}", pod::service_name(workspace))
-            }
-            Action::CreatePod => format!("create pod {}", pod::pod_name(workspace)),
-            Action::DeletePod { .. } | Action::ForceDeletePod { .. } => {
-                format!("delete pod {}", pod::pod_name(workspace))
-            }
-            Action::Cull => format!("pause idle workspace {workspace}"),
-        }
-    }
-
-    /// The reason of the Warning event published when the API server refuses the action, as
-    /// Kubernetes' own controllers name it.
-    pub fn refused_reason(&self) -> &'static str {
-        match self {
-            Action::CreateClaim | Action::CreateService | Action::CreatePod => {
-                event_reasons::FAILED_CREATE
-            }
-            Action::UpdateService { .. } | Action::ResizeClaim { .. } | Action::Cull => {
-                event_reasons::FAILED_UPDATE
-            }
-            Action::DeleteService { .. }
-            | Action::DeletePod { .. }
-            | Action::ForceDeletePod { .. } => event_reasons::FAILED_DELETE,
-        }
-    }
 }
 
 /// A pod replaced after a rejection or a lost node, for the metrics.
