@@ -18,6 +18,9 @@ pub enum ConditionType {
     Ready,
     /// Berth gave up until the spec changes or the user restarts the workspace.
     Stalled,
+    /// The workspace's kind now gives it something else than it started with; the next start
+    /// from stopped applies it (only on a workspace of a kind).
+    UpdateAvailable,
 }
 
 impl ConditionType {
@@ -30,6 +33,7 @@ impl ConditionType {
             ConditionType::PodRejected => "PodRejected",
             ConditionType::Ready => "Ready",
             ConditionType::Stalled => "Stalled",
+            ConditionType::UpdateAvailable => "UpdateAvailable",
         }
     }
 
@@ -41,7 +45,7 @@ impl ConditionType {
                 Scope::Pod
             }
             ConditionType::PodRejected | ConditionType::Stalled => Scope::Start,
-            ConditionType::Ready => Scope::Workspace,
+            ConditionType::Ready | ConditionType::UpdateAvailable => Scope::Workspace,
         }
     }
 
@@ -73,15 +77,17 @@ pub mod types {
     pub const POD_REJECTED: ConditionType = ConditionType::PodRejected;
     pub const READY: ConditionType = ConditionType::Ready;
     pub const STALLED: ConditionType = ConditionType::Stalled;
+    pub const UPDATE_AVAILABLE: ConditionType = ConditionType::UpdateAvailable;
 
     /// Every condition type, in the order Berth writes them.
-    pub const ALL: [ConditionType; 6] = [
+    pub const ALL: [ConditionType; 7] = [
         POD_SCHEDULED,
         POD_READY,
         AGENT_READY,
         POD_REJECTED,
         READY,
         STALLED,
+        UPDATE_AVAILABLE,
     ];
 }
 
@@ -208,6 +214,16 @@ reasons! {
     /// The admission policy that checks a spec's author may use what it names is not
     /// installed (or not enforcing); a workspace that names other objects gets no pod.
     AdmissionNotInstalled,
+    // UpdateAvailable
+    /// The workspace's kind gives what its record says (UpdateAvailable False).
+    UpToDate,
+    /// The workspace's kind changed since the workspace started (UpdateAvailable True).
+    KindChanged,
+    /// The workspace's kind does not exist: a running workspace keeps running as recorded, a
+    /// start waits for the kind (also Stalled's reason then).
+    KindNotFound,
+    /// The option a workspace picks is not one of its kind's (also Stalled's reason then).
+    OptionNotFound,
     /// The workspace's pod is on its way out (to be replaced, or the workspace is deleted):
     /// it is not usable, whatever the pod still says.
     PodStopping,

@@ -8,6 +8,7 @@ pub mod duration;
 pub mod error;
 pub mod kind;
 pub mod labels;
+pub mod resolution;
 pub mod status;
 pub mod workspace;
 
@@ -15,6 +16,7 @@ pub use condition::{ConditionStatus, set_condition};
 pub use duration::{DurationString, parse_duration};
 pub use error::{Error, Result};
 pub use kind::{WorkspaceKind, WorkspaceKindSpec, WorkspaceKindStatus};
+pub use resolution::{KindError, KindResolution, WorkspaceOptions};
 pub use status::{AgentStatus, Phase, PodRef, WorkspaceStatus, summary};
 pub use workspace::{
     DataVolume, HomeVolume, Lifecycle, MountPath, PodRecreationPolicy, PodRecreationSpec,

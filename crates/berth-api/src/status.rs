@@ -132,7 +132,8 @@ pub struct WorkspaceStatus {
     /// The `metadata.generation` this status was derived from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Conditions: PodScheduled, PodReady, AgentReady, PodRejected, Ready, Stalled.
+    /// Conditions: PodScheduled, PodReady, AgentReady, PodRejected, Ready, Stalled and, for a
+    /// workspace of a kind, UpdateAvailable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub conditions: Vec<Condition>,
@@ -158,6 +159,15 @@ pub struct WorkspaceStatus {
     /// What that use was: `Connection`, `Cpu`, `Heartbeat`, or `Started`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_activity_signal: Option<String>,
+    /// What the workspace's kind and options gave it when it last started from stopped: its
+    /// pods are built from this record until it next starts from stopped (resume), whatever
+    /// the kind says since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<crate::KindResolution>,
+    /// `true` when the kind now gives the workspace something else than its record: the
+    /// condition `UpdateAvailable` lists what, and the next start from stopped applies it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending_restart: bool,
 }
 
 /// The pod that currently serves a workspace.

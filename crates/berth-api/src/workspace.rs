@@ -56,15 +56,44 @@ pub const DNS1123_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase","description":"Where the workspace is in its lifecycle"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the workspace is usable"}"#,
     printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.summary","description":"What is wrong (or happening), in short; kubectl describe has the detail and the fix"}"#,
+    printcolumn = r#"{"name":"Update","type":"boolean","jsonPath":".status.pendingRestart","description":"The workspace's kind changed since it started: the next start from stopped applies it (condition UpdateAvailable lists what)"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Kind","type":"string","jsonPath":".spec.kind","priority":1,"description":"The WorkspaceKind the workspace is of"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".status.pod.name","priority":1,"description":"The workspace's current pod"}"#,
     printcolumn = r#"{"name":"Node","type":"string","jsonPath":".status.pod.nodeName","priority":1,"description":"The node of the current pod"}"#,
     printcolumn = r#"{"name":"Recreations","type":"integer","jsonPath":".status.podRecreations","priority":1,"description":"Pods replaced after kubelet rejection since the last start"}"#,
     printcolumn = r#"{"name":"Last-Active","type":"date","jsonPath":".status.lastActivity","priority":1,"description":"When the current pod was last used, as its agent saw it (empty until it is)"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.kind) || has(self.image)").message("spec.image is required unless spec.kind names a WorkspaceKind"),
+    validation = Rule::new("!has(self.kind) || !has(self.image)").message("spec.image: a workspace of a kind gets its image from the kind's image option (spec.options.image); leave spec.image out"),
+    validation = Rule::new("!has(self.kind) || !has(self.resources)").message("spec.resources: a workspace of a kind gets its resources from the kind's pod option (spec.options.pod); leave spec.resources out"),
+    validation = Rule::new("!has(self.kind) || !has(self.serviceAccountName)").message("spec.serviceAccountName: a workspace of a kind runs as the kind's service account; leave spec.serviceAccountName out"),
+    validation = Rule::new("!has(self.kind) || !has(self.podTemplate) || (!has(self.podTemplate.nodeSelector) && !has(self.podTemplate.tolerations) && !has(self.podTemplate.affinity))").message("spec.podTemplate: a workspace of a kind gets its node selector, tolerations and affinity from the kind's pod option (spec.options.pod); leave them out"),
+    validation = Rule::new("has(self.kind) || !has(self.options)").message("spec.options picks options of a WorkspaceKind: set spec.kind too")
+)]
 pub struct WorkspaceSpec {
-    /// The container image of the workspace, e.g. `ghcr.io/example/devbox:1.4`.
+    /// The WorkspaceKind the workspace is of (cluster-scoped; `kubectl get wsk` lists them):
+    /// its image, pod shape, home, env, probes, security context, service account and
+    /// lifecycle defaults come from the kind and the options picked. Picking a kind needs the
+    /// RBAC verb `use` on `workspacekinds/<name>` (group `berth.dev`). Absent, the spec says
+    /// everything itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub kind: Option<String>,
+
+    /// The kind's options the workspace picks (`spec.kind` must be set); the kind's defaults
+    /// for those it leaves out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<crate::resolution::WorkspaceOptions>,
+
+    /// The container image of the workspace, e.g. `ghcr.io/example/devbox:1.4`. Required
+    /// unless `kind` is set; a workspace of a kind gets its image from the kind.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 4096), regex(pattern = r"^\S+$"))]
     pub image: String,
 

@@ -91,7 +91,8 @@ fn committed_crd_parses_as_a_custom_resource_definition() {
 }
 
 #[test]
-fn printer_columns_are_phase_ready_message_age_and_wide_pod_node_recreations_last_active() {
+fn printer_columns_are_phase_ready_message_update_age_and_wide_kind_pod_node_recreations_last_active()
+ {
     let crd = workspace_crd();
     let columns = crd.spec.versions[0]
         .additional_printer_columns
@@ -111,7 +112,9 @@ fn printer_columns_are_phase_ready_message_age_and_wide_pod_node_recreations_las
                 0
             ),
             ("Message".into(), ".status.summary".into(), 0),
+            ("Update".into(), ".status.pendingRestart".into(), 0),
             ("Age".into(), ".metadata.creationTimestamp".into(), 0),
+            ("Kind".into(), ".spec.kind".into(), 1),
             ("Pod".into(), ".status.pod.name".into(), 1),
             ("Node".into(), ".status.pod.nodeName".into(), 1),
             ("Recreations".into(), ".status.podRecreations".into(), 1),
@@ -162,7 +165,13 @@ fn every_field_has_a_description_for_kubectl_explain() {
 #[test]
 fn spec_constraints_are_in_the_schema() {
     let s = schema();
-    assert_eq!(s["properties"]["spec"]["required"], json!(["image"]));
+    // The image is required unless a kind gives it (a rule: the two are exclusive).
+    assert!(s["properties"]["spec"]["required"].is_null());
+    let rules = s["properties"]["spec"]["x-kubernetes-validations"].to_string();
+    assert!(
+        rules.contains("has(self.kind) || has(self.image)"),
+        "{rules}"
+    );
 
     let image = at(&s, "spec.image");
     assert_eq!(image["minLength"], json!(1));

@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod event_index;
 pub mod idle;
+pub mod kinds;
 pub mod leader;
 pub mod metrics;
 pub mod ownership;

@@ -5,16 +5,16 @@
 use std::collections::BTreeMap;
 
 use berth_api::{
-    Workspace, WorkspaceSpec,
+    KindResolution, Workspace, WorkspaceSpec,
     labels::{self, bounded},
 };
 use k8s_openapi::{
     api::core::v1::{
         Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, GRPCAction,
         ObjectFieldSelector, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-        PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
-        ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
-        ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
+        PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe, ResourceRequirements,
+        SeccompProfile, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
+        TCPSocketAction, Volume, VolumeMount, VolumeResourceRequirements,
     },
     apimachinery::pkg::{
         api::resource::Quantity,
@@ -181,11 +181,35 @@ pub const SPEC_HASH_VERSION: &str = "v1";
 /// dependency that serializes an unset field differently, never changes it. When it changes,
 /// the pod must be replaced (rule C5).
 pub fn spec_hash(spec: &WorkspaceSpec) -> String {
-    fn to_value<T: serde::Serialize>(field: &T) -> serde_json::Value {
-        serde_json::to_value(field)
-            .expect("spec fields serialize to JSON: their maps have string keys")
-    }
+    shape_hash(spec, None)
+}
+
+fn to_value<T: serde::Serialize>(field: &T) -> serde_json::Value {
+    serde_json::to_value(field).expect("spec fields serialize to JSON: their maps have string keys")
+}
+
+/// What a workspace's kind record gives its pod beyond the spec it shapes (`KindResolution::
+/// apply`): the pull policy, probes and security context.
+fn kind_extras(record: Option<&KindResolution>) -> serde_json::Value {
+    record.map_or(serde_json::Value::Null, |r| {
+        serde_json::json!({
+            "imagePullPolicy": r.image.spec.image_pull_policy,
+            "probes": to_value(&r.probes),
+            "securityContext": to_value(&r.security_context),
+        })
+    })
+}
+
+/// The hash of the pod a workspace gets: its (shaped) spec's, and what its kind record adds.
+/// Without a kind it is the spec's hash, as it always was.
+pub fn pod_hash(workspace: &Workspace) -> String {
+    let record = workspace.status.as_ref().and_then(|s| s.resolved.as_ref());
+    shape_hash(&workspace.spec, record)
+}
+
+fn shape_hash(spec: &WorkspaceSpec, record: Option<&KindResolution>) -> String {
     let projection = serde_json::json!({
+        "kindExtras": kind_extras(record),
         "image": spec.image,
         "command": to_value(&spec.command),
         "env": to_value(&spec.env),
@@ -254,12 +278,12 @@ fn unversioned_spec_hash(spec: &WorkspaceSpec) -> String {
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
-/// Whether `pod` was built from this spec (rule C5): its hash annotation is the spec's, or
-/// the unversioned hash an older operator wrote.
-pub fn built_from(pod: &Pod, spec: &WorkspaceSpec) -> bool {
+/// Whether `pod` was built from this (shaped) workspace (rule C5): its hash annotation is the
+/// workspace's, or the unversioned hash an older operator wrote.
+pub fn built_from(pod: &Pod, workspace: &Workspace) -> bool {
     pod.annotations()
         .get(labels::SPEC_HASH)
-        .is_some_and(|h| *h == spec_hash(spec) || *h == unversioned_spec_hash(spec))
+        .is_some_and(|h| *h == pod_hash(workspace) || *h == unversioned_spec_hash(&workspace.spec))
 }
 
 /// What every container running the agent gets: who it serves, and a gRPC readiness probe on
@@ -374,6 +398,21 @@ fn restricted(non_root: bool) -> SecurityContext {
     }
 }
 
+/// The workspace container's security context: a kind's, with what "restricted" asks filled
+/// in where the kind says nothing.
+fn container_security(kind: Option<SecurityContext>, non_root: bool) -> SecurityContext {
+    let restricted = restricted(non_root);
+    let Some(mut context) = kind else {
+        return restricted;
+    };
+    context.allow_privilege_escalation = context
+        .allow_privilege_escalation
+        .or(restricted.allow_privilege_escalation);
+    context.capabilities = context.capabilities.or(restricted.capabilities);
+    context.run_as_non_root = context.run_as_non_root.or(restricted.run_as_non_root);
+    context
+}
+
 /// The workspace's pod, with the agent injected (rule C4): with a command, an init container
 /// copies `berth` into an `emptyDir` and the workspace container runs `berth agent -- <command>`,
 /// so the agent supervises it; without one, the image's own entrypoint runs untouched and the
@@ -384,7 +423,8 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
     let template = spec.pod_template.clone().unwrap_or_default();
     let template_meta = template.metadata.clone().unwrap_or_default();
     let mut annotations = template_meta.annotations.clone();
-    annotations.insert(labels::SPEC_HASH.to_owned(), spec_hash(spec));
+    annotations.insert(labels::SPEC_HASH.to_owned(), pod_hash(workspace));
+    let record = workspace.status.as_ref().and_then(|s| s.resolved.as_ref());
 
     let mut volumes = vec![];
     let mut mounts = vec![];
@@ -502,11 +542,16 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
             (None, None)
         }
     };
+    // A kind's probes: its readiness probe says when the workspace's app is ready (the
+    // agent is verified by WhoAmI anyway).
+    let probes = record.and_then(|r| r.probes.clone()).unwrap_or_default();
     let container = Container {
         name: CONTAINER.into(),
         image: Some(spec.image.clone()),
+        image_pull_policy: record.and_then(|r| r.image.spec.image_pull_policy.clone()),
         command,
-        readiness_probe: probe,
+        readiness_probe: probes.readiness.or(probe),
+        liveness_probe: probes.liveness,
         env: (!env.is_empty()).then_some(env),
         resources: spec.resources.clone(),
         ports: (!spec.ports.is_empty()).then(|| {
@@ -521,9 +566,19 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
                 .collect()
         }),
         volume_mounts: (!mounts.is_empty()).then_some(mounts),
-        security_context: Some(restricted(!agent.root_images)),
+        security_context: Some(container_security(
+            record.and_then(|r| r.security_context.as_ref()?.container.clone()),
+            !agent.root_images,
+        )),
         ..Default::default()
     };
+    let mut pod_security = record
+        .and_then(|r| r.security_context.as_ref()?.pod.clone())
+        .unwrap_or_default();
+    pod_security.seccomp_profile.get_or_insert(SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        localhost_profile: None,
+    });
     Pod {
         metadata: metadata(
             workspace,
@@ -541,13 +596,7 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
             tolerations: (!template.tolerations.is_empty()).then(|| template.tolerations.clone()),
             affinity: template.affinity.clone(),
             restart_policy: Some("Always".into()),
-            security_context: Some(PodSecurityContext {
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".into(),
-                    localhost_profile: None,
-                }),
-                ..Default::default()
-            }),
+            security_context: Some(pod_security),
             ..Default::default()
         }),
         status: None,
@@ -1037,17 +1086,17 @@ pub(crate) mod tests {
             json!({"image": "x:1", "ports": [{"name": "http", "port": 80}]}),
         );
         let mut pod = build_pod(&ws, &AgentConfig::default());
-        assert!(built_from(&pod, &ws.spec));
+        assert!(built_from(&pod, &ws));
         pod.metadata.annotations.as_mut().unwrap().insert(
             labels::SPEC_HASH.to_owned(),
             unversioned_spec_hash(&ws.spec),
         );
-        assert!(built_from(&pod, &ws.spec), "an upgrade restarts nothing");
+        assert!(built_from(&pod, &ws), "an upgrade restarts nothing");
         let changed = workspace(
             "a",
             json!({"image": "x:2", "ports": [{"name": "http", "port": 80}]}),
         );
-        assert!(!built_from(&pod, &changed.spec));
+        assert!(!built_from(&pod, &changed));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! (default: none), and keys that Berth and Kubernetes reserve never. Pure: the spec and the
 //! allow-lists in, the first violation out.
 
-use berth_api::WorkspaceSpec;
+use berth_api::{PodTemplate, WorkspaceSpec};
 use k8s_openapi::api::core::v1::{Affinity, NodeSelectorTerm, PodAffinityTerm};
 
 /// The operator's allow-lists.
@@ -50,8 +50,19 @@ fn allows(list: &[String], key: &str) -> bool {
 
 /// The first thing in `spec` that the policy does not allow, as a message that names the
 /// field, the value, and the operator setting that would allow it.
+/// A workspace of a kind is scheduled as its kind says (the admin's choice, which the API
+/// refuses the author to add to): only its metadata is the author's to check.
 pub fn violation(spec: &WorkspaceSpec, policy: &PodPolicy) -> Option<String> {
     let template = spec.pod_template.as_ref()?;
+    let authored = PodTemplate {
+        metadata: template.metadata.clone(),
+        ..Default::default()
+    };
+    let template = if spec.kind.is_some() {
+        &authored
+    } else {
+        template
+    };
     let not_allowed = |field: &str, what: String, flag: &str, list: &[String]| {
         format!(
             "spec.podTemplate.{field}: {what} is not allowed; the operator allows {flag}: {}",

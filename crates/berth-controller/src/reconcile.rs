@@ -5,7 +5,7 @@
 
 use std::{collections::HashMap, sync::Arc, time::Instant};
 
-use berth_api::{Workspace, WorkspaceStatus, condition::event_reasons, labels};
+use berth_api::{Workspace, WorkspaceKind, WorkspaceStatus, condition::event_reasons, labels};
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::{
@@ -51,6 +51,8 @@ pub struct Context {
     /// The admission policies and their bindings (the one of `deploy/admission/` matters).
     pub admission_policies: Store<ValidatingAdmissionPolicy>,
     pub admission_bindings: Store<ValidatingAdmissionPolicyBinding>,
+    /// The WorkspaceKinds (cluster-scoped): what a workspace of a kind is shaped by.
+    pub kinds: Store<WorkspaceKind>,
     /// Opens once every cache above has its first list.
     pub caches: CachesReady,
     /// The events in `events` by the UID of their pod.
@@ -358,6 +360,18 @@ async fn run_controller(
         .modify(crate::trim::managed_fields),
     )
     .touched_objects();
+    // The kinds: a change wakes every workspace of the kind (its update notice, or its start).
+    let (kinds, kinds_writer) = reflector::store::<WorkspaceKind>();
+    let kind_stream = reflector(
+        kinds_writer,
+        watcher(
+            Api::<WorkspaceKind>::all(client.clone()),
+            Default::default(),
+        )
+        .default_backoff()
+        .modify(crate::trim::managed_fields),
+    )
+    .touched_objects();
     let (workspace_store, workspaces_writer) = reflector::store::<Workspace>();
     let workspace_stream = reflector(
         workspaces_writer,
@@ -383,6 +397,7 @@ async fn run_controller(
             events.clone(),
         );
         let (policies, bindings) = (admission_policies.clone(), admission_bindings.clone());
+        let kinds = kinds.clone();
         // A store whose writer is gone counts as ready: the controller is stopping.
         CachesReady::spawn(async move {
             let _ = pods.wait_until_ready().await;
@@ -391,6 +406,7 @@ async fn run_controller(
             let _ = events.wait_until_ready().await;
             let _ = policies.wait_until_ready().await;
             let _ = bindings.wait_until_ready().await;
+            let _ = kinds.wait_until_ready().await;
         })
     };
     metrics.count_phases_with(phase_counter(workspace_store.clone()));
@@ -405,6 +421,7 @@ async fn run_controller(
         events,
         admission_policies,
         admission_bindings,
+        kinds,
         caches,
         event_index,
         workspaces: workspace_store.clone(),
@@ -454,7 +471,8 @@ async fn run_controller(
             }
         };
         waiting(Some(
-            "the first lists of pods, claims, services, events and admission policies".into(),
+            "the first lists of pods, claims, services, events, admission policies and kinds"
+                .into(),
         ));
         caches_filled.await;
         while let Err(error) = served
@@ -479,7 +497,8 @@ async fn run_controller(
         .owns_stream(service_stream)
         .watches_stream(event_stream, event_to_workspace)
         .watches_stream(policy_stream, naming_others(workspace_store.clone()))
-        .watches_stream(binding_stream, naming_others(workspace_store))
+        .watches_stream(binding_stream, naming_others(workspace_store.clone()))
+        .watches_stream(kind_stream, of_the_kind(workspace_store))
         .reconcile_on(agents_done)
         .graceful_shutdown_on(stopped(stop.clone()))
         .run(reconcile, error_policy, context)
@@ -635,6 +654,19 @@ fn naming_others<K>(store: Store<Workspace>) -> impl Fn(K) -> Vec<ObjectRef<Work
     }
 }
 
+/// Maps a change of a WorkspaceKind to the workspaces of that kind.
+fn of_the_kind(store: Store<Workspace>) -> impl Fn(WorkspaceKind) -> Vec<ObjectRef<Workspace>> {
+    move |kind| {
+        let name = kind.name_any();
+        store
+            .state()
+            .iter()
+            .filter(|w| w.spec.kind.as_deref() == Some(name.as_str()))
+            .map(|w| ObjectRef::from_obj(&**w))
+            .collect()
+    }
+}
+
 /// Counts the workspaces of `store` by phase, for the gauge at each scrape.
 fn phase_counter(store: Store<Workspace>) -> crate::metrics::PhaseCounter {
     Box::new(move || {
@@ -687,6 +719,15 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         None => vec![],
     };
     let warnings: Vec<&Event> = events.iter().map(|e| e.as_ref()).collect();
+    // The workspace as its kind's record shapes it: every decision and every object built
+    // below reads this one; the status it had is what a new one is compared with.
+    let old = workspace.status.clone().unwrap_or_default();
+    let kind = (workspace.spec.kind.as_deref()).and_then(|k| ctx.kinds.get(&ObjectRef::new(k)));
+    let own_pod = pod
+        .as_deref()
+        .is_some_and(|p| pod::is_owned_by(&p.metadata, &workspace));
+    let shaped = crate::kinds::shape(&workspace, kind.as_deref(), own_pod);
+    let workspace = Arc::new(shaped.workspace);
     // One clock reading per observation: every decision on it is taken at the same time.
     let now = Timestamp::now();
     let agent = ctx.agents.check(&workspace, pod.as_deref(), now).await;
@@ -727,10 +768,10 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         refusal: refusal.as_ref(),
         activity: activity.as_ref(),
         admission: admission_missing.as_deref(),
+        kind: &shaped.update,
         expectations,
     };
     let decision = state::derive(&observed, &ctx.config.policy, now);
-    let old = workspace.status.clone().unwrap_or_default();
 
     // The status is written before acting, conditionally on the cached resourceVersion: a
     // decision taken on a stale cache conflicts here and is retried on fresh data instead of
@@ -1180,6 +1221,7 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         refusal: None,
         activity: None,
         admission: None,
+        kind: &crate::kinds::NO_KIND,
         expectations: Default::default(),
     };
     let decision = state::derive(&observed, &ctx.config.policy, Timestamp::now());

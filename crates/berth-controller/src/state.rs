@@ -25,10 +25,27 @@ pub use crate::action::Action;
 use crate::{
     config::{Policy, WarningClass},
     idle::ActivityCheck,
+    kinds::KindUpdate,
     ownership::{Derived, Foreign},
     pod::{self, is_owned_by},
     refusal::Refusal,
 };
+
+/// The longest `UpdateAvailable` message: a kind's change lists every field that differs,
+/// and an affinity in JSON is long.
+const MAX_UPDATE_MESSAGE: usize = 4096;
+
+/// Cuts `text` to at most `max` bytes, at a character boundary, saying that it did.
+fn truncate(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut end = max - 3;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("...");
+    }
+}
 
 /// Container waiting reasons that mean something is wrong (the kubelet's own words).
 pub const ERROR_WAITING_REASONS: &[&str] = &[
@@ -68,6 +85,9 @@ pub struct Observed<'a> {
     /// What is missing of the admission policy that checks a spec's author may use what it
     /// names (`crate::admission`); `None` when it is installed and enforcing.
     pub admission: Option<&'a str>,
+    /// What the workspace's kind says of it (`crate::kinds`): the workspace above is already
+    /// shaped by the record in force.
+    pub kind: &'a KindUpdate,
     /// Creates the API server accepted that the caches do not show yet.
     pub expectations: Expectations,
 }
@@ -161,7 +181,7 @@ pub fn agent_to_check(workspace: &Workspace, pod: Option<&Pod>, port: u16) -> Op
         .as_ref()
         .and_then(|s| s.agent.as_ref())
         .and_then(|a| a.verified_pod_uid.as_deref());
-    let current = pod::built_from(pod, &workspace.spec);
+    let current = pod::built_from(pod, workspace);
     let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
     (workspace.metadata.deletion_timestamp.is_none()
         && pod.metadata.deletion_timestamp.is_none()
@@ -392,7 +412,12 @@ fn elapsed(since: Option<&Time>, now: Timestamp) -> Duration {
 
 /// The Stalled reasons that are verdicts on the spec (derived again on every reconcile), not
 /// a start that gave up.
-const SPEC_VERDICTS: [Reason; 2] = [Reason::InvalidSpec, Reason::Forbidden];
+const SPEC_VERDICTS: [Reason; 4] = [
+    Reason::InvalidSpec,
+    Reason::Forbidden,
+    Reason::KindNotFound,
+    Reason::OptionNotFound,
+];
 
 struct Builder<'a> {
     status: WorkspaceStatus,
@@ -433,6 +458,40 @@ impl Builder<'_> {
         );
         self.condition(types::READY, ConditionStatus::False, reason, &message);
         self.phase(phase, message);
+    }
+
+    /// `UpdateAvailable` and `pendingRestart`, from what the kind says of the record in force.
+    fn kind_update(&mut self, update: &KindUpdate) {
+        self.status.pending_restart = false;
+        let (status, reason, message) = match update {
+            KindUpdate::NoKind => {
+                let type_ = types::UPDATE_AVAILABLE.as_str();
+                self.status.conditions.retain(|c| c.type_ != type_);
+                return;
+            }
+            KindUpdate::UpToDate { kind } => (
+                ConditionStatus::False,
+                Reason::UpToDate,
+                format!("The workspace runs what WorkspaceKind {kind} gives"),
+            ),
+            KindUpdate::Changed { kind, differences } => {
+                self.status.pending_restart = true;
+                let mut message = format!(
+                    "WorkspaceKind {kind} changed since the workspace started; its next start from stopped (pause and resume) applies it: {}",
+                    differences.join("; ")
+                );
+                truncate(&mut message, MAX_UPDATE_MESSAGE);
+                (ConditionStatus::True, Reason::KindChanged, message)
+            }
+            KindUpdate::Gone { error, .. } => (
+                ConditionStatus::Unknown,
+                Reason::parse(error.reason()),
+                format!(
+                    "{error}; the workspace keeps what it started with, and cannot start again until the kind offers it"
+                ),
+            ),
+        };
+        self.condition(types::UPDATE_AVAILABLE, status, reason, &message);
     }
 
     /// A spec that can never work: Failed, Stalled=InvalidSpec, no retry storm (rule C19).
@@ -644,6 +703,19 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         let since = workspace.metadata.deletion_timestamp.as_ref();
         return stopping::deleting(b, owned_pod, &pod_name, policy.deletion_grace, since);
     }
+    // A workspace of a kind says what its kind gives it now; it cannot start from a kind or
+    // an option that is gone, and waits for it (the kind's watch wakes it).
+    b.kind_update(observed.kind);
+    if let KindUpdate::Gone {
+        error,
+        blocks_start: true,
+    } = observed.kind
+    {
+        b.status.ready_at = None;
+        let reason = Reason::parse(error.reason());
+        b.spec_verdict(Phase::Error, reason, format!("Cannot start: {error}"));
+        return b.finish(slow);
+    }
     // A spec that can never work waits for a change, without retries (rule C19).
     let lifecycle = match Lifecycle::of(workspace, policy) {
         Ok(lifecycle) => lifecycle,
@@ -681,7 +753,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
     if pod.metadata.deletion_timestamp.is_some() {
         return stopping::pod_stopping(b, &pod_name);
     }
-    if !pod::built_from(pod, &workspace.spec) {
+    if !pod::built_from(pod, workspace) {
         return replacing::spec_changed(b, current.uid, &pod_name);
     }
     // A pod its kubelet rejected is replaced, a bounded number of times (rules C10-C12).

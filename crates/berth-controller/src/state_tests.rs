@@ -55,6 +55,7 @@ fn only(ws: &Workspace) -> Observed<'_> {
         refusal: None,
         activity: None,
         admission: None,
+        kind: &crate::kinds::NO_KIND,
         expectations: Default::default(),
     }
 }
@@ -106,6 +107,7 @@ fn decide(ws: &Workspace, pod: Option<&Pod>, warnings: &[Event]) -> Decision {
             refusal: None,
             activity: None,
             admission: None,
+            kind: &crate::kinds::NO_KIND,
             expectations: Default::default(),
         },
         &Policy::default(),
@@ -264,6 +266,7 @@ fn decide_refused(ws: &Workspace, pod: Option<&Pod>, refusal: &Refusal) -> Decis
             refusal: Some(refusal),
             activity: None,
             admission: None,
+            kind: &crate::kinds::NO_KIND,
             expectations: Default::default(),
         },
         &Policy::default(),
@@ -1329,6 +1332,7 @@ proptest::proptest! {
                 refusal,
                 activity: None,
                 admission: unchecked.then_some("the ValidatingAdmissionPolicy workspaces.berth.dev is not installed"),
+                kind: &crate::kinds::NO_KIND,
                 expectations: Default::default(),
             },
             &Policy::default(),
@@ -1497,6 +1501,7 @@ fn without_the_admission_policy_only_a_workspace_that_names_nothing_gets_a_pod()
                 admission: Some(
                     "the ValidatingAdmissionPolicy workspaces.berth.dev is not installed",
                 ),
+                kind: &crate::kinds::NO_KIND,
                 expectations: Default::default(),
             },
             &Policy::default(),
@@ -2003,6 +2008,7 @@ fn a_workspace_a_taken_name_holds_never_says_it_is_ready() {
                 refusal: None,
                 activity: None,
                 admission: None,
+                kind: &crate::kinds::NO_KIND,
                 expectations: Default::default(),
             },
             &Policy::default(),
@@ -2310,6 +2316,7 @@ fn the_claim_and_service_follow_the_spec_and_only_the_workspaces_own_are_touched
                     refusal: None,
                     activity: None,
                     admission: None,
+                    kind: &crate::kinds::NO_KIND,
                     expectations: Default::default(),
                 },
                 &Policy::default(),
@@ -2619,4 +2626,124 @@ fn a_message_leads_with_what_is_wrong_however_long_the_words_it_quotes() {
         assert!(d.status.message.as_deref().unwrap().len() > 100);
         assert_eq!(d.status.summary.as_deref(), Some(lead));
     }
+}
+
+/// A workspace of kind `python` that started on `devbox:1.4`, running in its ready pod.
+fn running_of_a_kind() -> (Workspace, Pod) {
+    let ws = workspace(
+        json!({"image": "", "kind": "python", "command": ["sleep", "1d"]}),
+        started(10),
+    );
+    let kind = crate::kinds::tests::kind("devbox:1.4", false);
+    let mut shaped = crate::kinds::shape(&ws, Some(&kind), false).workspace;
+    shaped.status.as_mut().unwrap().phase = Some(Phase::Running);
+    let pod = ready_pod(&shaped);
+    (shaped, pod)
+}
+
+#[test]
+fn a_kinds_change_is_said_and_never_restarts_the_pod() {
+    let (ws, pod) = running_of_a_kind();
+    assert_eq!(
+        pod.spec.as_ref().unwrap().containers[0].image.as_deref(),
+        Some("devbox:1.4")
+    );
+    let changed = crate::kinds::tests::kind("devbox:1.4", true);
+    let shaped = crate::kinds::shape(&ws, Some(&changed), true);
+    let d = derive(
+        &Observed {
+            pod: Some(&pod),
+            agent: Some(&verified()),
+            kind: &shaped.update,
+            ..only(&shaped.workspace)
+        },
+        &Policy::default(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Some(Phase::Running));
+    assert!(!touches_the_pod(&d), "{:?}", d.actions);
+    assert!(d.status.pending_restart);
+    let update = condition_of(&d, "UpdateAvailable");
+    assert_eq!(
+        (update.status.as_str(), update.reason.as_str()),
+        ("True", "KindChanged")
+    );
+    assert!(
+        update.message.contains(r#"image: devbox:1.4 -> devbox:1.5 (option py311 redirects to py312: "3.11 is end of life")"#),
+        "{}",
+        update.message
+    );
+    // The same kind as recorded: up to date, nothing pending.
+    let same = crate::kinds::shape(
+        &ws,
+        Some(&crate::kinds::tests::kind("devbox:1.4", false)),
+        true,
+    );
+    let d = derive(
+        &Observed {
+            pod: Some(&pod),
+            agent: Some(&verified()),
+            kind: &same.update,
+            ..only(&same.workspace)
+        },
+        &Policy::default(),
+        now(),
+    );
+    assert!(!d.status.pending_restart);
+    assert_eq!(condition_of(&d, "UpdateAvailable").reason, "UpToDate");
+}
+
+#[test]
+fn a_start_from_a_missing_kind_waits_and_says_so_and_a_running_one_keeps_running() {
+    let ws = workspace(json!({"image": "", "kind": "python"}), Value::Null);
+    let shaped = crate::kinds::shape(&ws, None, false);
+    let d = derive(
+        &Observed {
+            kind: &shaped.update,
+            ..only(&shaped.workspace)
+        },
+        &Policy::default(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Some(Phase::Error));
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    let stalled = condition_of(&d, "Stalled");
+    assert_eq!(stalled.reason, "KindNotFound");
+    assert_eq!(
+        d.status.message.as_deref(),
+        Some(
+            r#"Cannot start: WorkspaceKind "python" does not exist (kubectl get workspacekinds lists those that do)"#
+        )
+    );
+    assert!(
+        notice_reasons(&d).contains(&"KindNotFound"),
+        "{:?}",
+        d.notices
+    );
+
+    let (running, pod) = running_of_a_kind();
+    let gone = crate::kinds::shape(&running, None, true);
+    let d = derive(
+        &Observed {
+            pod: Some(&pod),
+            agent: Some(&verified()),
+            kind: &gone.update,
+            ..only(&gone.workspace)
+        },
+        &Policy::default(),
+        now(),
+    );
+    assert_eq!(d.status.phase, Some(Phase::Running));
+    assert!(!touches_the_pod(&d), "{:?}", d.actions);
+    assert_eq!(condition_of(&d, "UpdateAvailable").status, "Unknown");
+}
+
+/// Whether a decision creates or deletes a pod (the claim and service are not observed here).
+fn touches_the_pod(d: &Decision) -> bool {
+    d.actions.iter().any(|a| {
+        matches!(
+            a,
+            Action::CreatePod | Action::DeletePod { .. } | Action::ForceDeletePod { .. }
+        )
+    })
 }

@@ -444,9 +444,9 @@ async fn run() {
     let admin = kube::Client::try_from(admin_config).unwrap();
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(admin.clone());
-    crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
-        .await
-        .unwrap();
+    for crd in berth_api::crd::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
     for manifest in [RBAC, WORKSPACE_ACCOUNT] {
         berth_sim::manifests::create_all(&admin, manifest, "default")
             .await

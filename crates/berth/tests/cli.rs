@@ -947,9 +947,9 @@ mod failover {
     async fn cluster() -> (SimCluster, tempfile::TempDir) {
         let sim = SimCluster::start(SimConfig::api_only()).await.unwrap();
         let crds: Api<CustomResourceDefinition> = Api::all(sim.client().await.unwrap());
-        crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
-            .await
-            .unwrap();
+        for crd in berth_api::crd::crds() {
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+        }
         let dir = tempfile::tempdir().unwrap();
         sim.write_kubeconfig(dir.path().join("kubeconfig")).unwrap();
         (sim, dir)

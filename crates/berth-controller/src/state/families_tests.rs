@@ -133,6 +133,7 @@ impl Case {
                 refusal: None,
                 activity: None,
                 admission: None,
+                kind: &crate::kinds::NO_KIND,
                 expectations: self.expectations,
             },
             &Policy::default(),

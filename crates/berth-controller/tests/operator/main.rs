@@ -6,6 +6,7 @@ mod support;
 mod admission;
 mod agent;
 mod culling;
+mod kinds;
 mod leader;
 mod lifecycle;
 mod observability;

@@ -31,9 +31,9 @@ async fn not_ready_until_the_crd_is_served() {
     let crds: kube::Api<
         k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
     > = kube::Api::all(client);
-    crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
-        .await
-        .unwrap();
+    for crd in berth_api::crd::crds() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
     eventually(
         Duration::from_secs(15),
         "ready once the CRD is served",
@@ -381,7 +381,7 @@ async fn kubectl_get_ws_shows_a_short_message_in_every_phase_family() {
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "PHASE", "READY", "MESSAGE", "AGE"],
+        ["NAME", "PHASE", "READY", "MESSAGE", "UPDATE", "AGE"],
         "{table}"
     );
     for line in table.lines() {
@@ -414,7 +414,9 @@ async fn kubectl_get_ws_shows_a_short_message_in_every_phase_family() {
             "PHASE",
             "READY",
             "MESSAGE",
+            "UPDATE",
             "AGE",
+            "KIND",
             "POD",
             "NODE",
             "RECREATIONS",

@@ -74,9 +74,9 @@ impl Harness {
         let sim = SimCluster::start(sim_config).await.expect("the sim starts");
         let client = sim.client().await.unwrap();
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        crds.create(&PostParams::default(), &berth_api::crd::workspace_crd())
-            .await
-            .unwrap();
+        for crd in berth_api::crd::crds() {
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+        }
         // The RBAC the README documents: the operator runs with exactly this.
         for manifest in [
             berth_controller::rbac::OPERATOR,

@@ -192,11 +192,14 @@ async fn kubectl_workflow_against_the_sim() {
             .contains("workspace.berth.dev/alice-dev created")
     );
 
-    // Table output with the CRD's printer columns (POD, NODE, RECREATIONS and LAST-ACTIVE
-    // only with -o wide).
+    // Table output with the CRD's printer columns (KIND, POD, NODE, RECREATIONS and
+    // LAST-ACTIVE only with -o wide).
     let table = kubectl.ok(&["get", "ws"]).await;
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(header, ["NAME", "PHASE", "READY", "MESSAGE", "AGE"]);
+    assert_eq!(
+        header,
+        ["NAME", "PHASE", "READY", "MESSAGE", "UPDATE", "AGE"]
+    );
     assert!(table.lines().nth(1).unwrap().starts_with("alice-dev"));
     let wide = kubectl.ok(&["get", "ws", "-o", "wide"]).await;
     assert!(wide.lines().next().unwrap().contains("LAST-ACTIVE"));

@@ -1,0 +1,384 @@
+//! Where a workspace's kind enters the reconcile (before everything else): the record of what
+//! the kind and options gave the workspace at its start is kept in force until the workspace
+//! next starts from stopped, and the spec the core and the builders read is the author's spec
+//! with that record applied. So a kind's change never restarts a pod; it is said instead
+//! (`pendingRestart`, `UpdateAvailable`). Pure: the workspace and its kind in, the shaped
+//! workspace and what the kind says of it out.
+
+use berth_api::{
+    ConditionStatus, KindError, KindResolution, Phase, Workspace, WorkspaceKind,
+    condition::{HasReason, Reason, types},
+    resolution,
+};
+
+/// What the kind says of a workspace, for the core's conditions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KindUpdate {
+    /// The workspace names no kind.
+    NoKind,
+    /// The record in force is what the kind gives now.
+    UpToDate { kind: String },
+    /// The kind gives something else now: what differs, field by field.
+    Changed {
+        kind: String,
+        differences: Vec<String>,
+    },
+    /// The kind, or the option picked, is gone. `blocks_start`: the workspace cannot start
+    /// from it (no record, or a start from stopped); else it keeps running as recorded.
+    Gone {
+        error: KindError,
+        blocks_start: bool,
+    },
+}
+
+/// What an observation of a workspace without a kind says.
+pub static NO_KIND: KindUpdate = KindUpdate::NoKind;
+
+/// The workspace as the core and the builders read it, and what its kind says.
+#[derive(Clone, Debug)]
+pub struct Shaped {
+    /// The spec with the record in force applied, and `status.resolved` the record.
+    pub workspace: Workspace,
+    pub update: KindUpdate,
+}
+
+/// Shapes `workspace` by its kind (`kind`: the cached WorkspaceKind its `spec.kind` names,
+/// `None` when there is none). `has_own_pod`: the workspace's own pod exists. The record is
+/// taken anew when the workspace starts from stopped (created, resumed: no pod of its own
+/// and a phase of Pending or Stopped), while it is paused (so a resume starts from the kind
+/// as it is), and when the author picks another kind or option; a pod replaced after a
+/// rejection or a lost node is built from the same record.
+pub fn shape(workspace: &Workspace, kind: Option<&WorkspaceKind>, has_own_pod: bool) -> Shaped {
+    let mut shaped = workspace.clone();
+    let spec = &workspace.spec;
+    let Some(name) = spec.kind.as_deref() else {
+        if let Some(status) = shaped.status.as_mut() {
+            status.resolved = None;
+        }
+        return Shaped {
+            workspace: shaped,
+            update: KindUpdate::NoKind,
+        };
+    };
+    let status = workspace.status.clone().unwrap_or_default();
+    // A start the kind held up (Stalled: KindNotFound, OptionNotFound) is still a start from
+    // stopped: the record of the run before it does not come back by itself.
+    let held_up = status.conditions.iter().any(|c| {
+        c.type_ == types::STALLED.as_str()
+            && c.status == ConditionStatus::True.as_str()
+            && [Reason::KindNotFound, Reason::OptionNotFound].contains(&c.reason())
+    });
+    let starts_from_stopped = !has_own_pod
+        && (held_up || matches!(status.phase, None | Some(Phase::Pending | Phase::Stopped)));
+    let fresh = spec.paused || starts_from_stopped;
+    let now = resolution::resolve(name, kind.map(|k| &k.spec), spec.options.as_ref());
+    let recorded = status.resolved.filter(|r| r.answers(spec));
+    let (record, update): (Option<KindResolution>, KindUpdate) = match (recorded, now) {
+        (Some(record), Ok(now)) if !fresh => {
+            let kind = kind.map(|k| &k.spec).expect("a kind resolved");
+            let differences = record.differences(&now, kind);
+            let update = if differences.is_empty() {
+                KindUpdate::UpToDate {
+                    kind: name.to_owned(),
+                }
+            } else {
+                KindUpdate::Changed {
+                    kind: name.to_owned(),
+                    differences,
+                }
+            };
+            (Some(record), update)
+        }
+        (_, Ok(now)) => (
+            Some(now),
+            KindUpdate::UpToDate {
+                kind: name.to_owned(),
+            },
+        ),
+        (recorded, Err(error)) => {
+            let blocks_start = recorded.is_none() || (fresh && !spec.paused);
+            (
+                recorded,
+                KindUpdate::Gone {
+                    error,
+                    blocks_start,
+                },
+            )
+        }
+    };
+    if let Some(record) = &record {
+        shaped.spec = record.apply(spec);
+    }
+    shaped.status.get_or_insert_with(Default::default).resolved = record;
+    Shaped {
+        workspace: shaped,
+        update,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// Kind `python`: image options py311 (`image`, maybe redirecting to py312) and py312
+    /// (`devbox:1.5`), pod option small, a home, an env variable and a service account.
+    pub(crate) fn kind(image: &str, redirect: bool) -> WorkspaceKind {
+        let mut py311 = json!({"id": "py311", "displayName": "3.11", "spec": {"image": image, "ports": [{"name": "http", "port": 8080}]}});
+        if redirect {
+            py311["redirect"] = json!({"to": "py312", "message": "3.11 is end of life"});
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "berth.dev/v1alpha1", "kind": "WorkspaceKind",
+            "metadata": {"name": "python"},
+            "spec": {
+                "spawner": {"displayName": "Python"},
+                "options": {
+                    "image": {"default": "py311", "values": [py311, {"id": "py312", "displayName": "3.12", "spec": {"image": "devbox:1.5"}}]},
+                    "pod": {"default": "small", "values": [{"id": "small", "displayName": "Small", "spec": {"resources": {"limits": {"cpu": "1"}}}}]}
+                },
+                "home": {"mountPath": "/home/dev", "size": "1Gi"},
+                "env": [{"name": "EDITOR", "value": "vi"}],
+                "serviceAccountName": "python-dev"
+            }
+        }))
+        .unwrap()
+    }
+
+    fn workspace(status: serde_json::Value) -> Workspace {
+        serde_json::from_value(json!({
+            "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+            "metadata": {"name": "w", "namespace": "n", "uid": "u-1"},
+            "spec": {"kind": "python", "env": [{"name": "EDITOR", "value": "emacs"}], "command": ["sleep", "1d"]},
+            "status": status
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_start_records_the_kind_and_the_spec_reads_it() {
+        let shaped = shape(
+            &workspace(json!({})),
+            Some(&kind("devbox:1.4", false)),
+            false,
+        );
+        assert_eq!(
+            shaped.update,
+            KindUpdate::UpToDate {
+                kind: "python".into()
+            }
+        );
+        let spec = &shaped.workspace.spec;
+        assert_eq!(spec.image, "devbox:1.4");
+        assert_eq!(spec.service_account_name.as_deref(), Some("python-dev"));
+        assert_eq!(spec.ports[0].port, 8080);
+        // The author's variable wins over the kind's of the same name.
+        assert_eq!(spec.env.len(), 1);
+        assert_eq!(spec.env[0].value.as_deref(), Some("emacs"));
+        let home = spec
+            .pod_template
+            .as_ref()
+            .unwrap()
+            .volumes
+            .as_ref()
+            .unwrap();
+        assert_eq!(home.home.as_ref().unwrap().mount_path.as_str(), "/home/dev");
+        let record = shaped.workspace.status.unwrap().resolved.unwrap();
+        assert_eq!(record.image.id, "py311");
+        assert_eq!(record.pod.id, "small");
+    }
+
+    #[test]
+    fn a_running_workspace_keeps_its_record_and_lists_what_changed() {
+        let started = shape(
+            &workspace(json!({})),
+            Some(&kind("devbox:1.4", false)),
+            false,
+        );
+        let mut status = started.workspace.status.clone().unwrap();
+        status.phase = Some(Phase::Running);
+        let running = workspace(serde_json::to_value(&status).unwrap());
+        let shaped = shape(&running, Some(&kind("devbox:1.4", true)), true);
+        assert_eq!(
+            shaped.workspace.spec.image, "devbox:1.4",
+            "no surprise upgrade"
+        );
+        assert_eq!(
+            shaped.update,
+            KindUpdate::Changed {
+                kind: "python".into(),
+                differences: vec![
+                    r#"image: devbox:1.4 -> devbox:1.5 (option py311 redirects to py312: "3.11 is end of life")"#.into(),
+                    r#"ports: [{"name":"http","port":8080}] -> none (option py311 redirects to py312: "3.11 is end of life")"#.into(),
+                ]
+            }
+        );
+        // A replacement pod (rejected, node lost: no pod, phase not Stopped) is the same shape.
+        let mut lost = running.clone();
+        lost.status.as_mut().unwrap().phase = Some(Phase::Starting);
+        let replaced = shape(&lost, Some(&kind("devbox:1.4", true)), false);
+        assert_eq!(replaced.workspace.spec.image, "devbox:1.4");
+        // A resume takes the kind as it is.
+        let mut stopped = running.clone();
+        stopped.status.as_mut().unwrap().phase = Some(Phase::Stopped);
+        let resumed = shape(&stopped, Some(&kind("devbox:1.4", true)), false);
+        assert_eq!(resumed.workspace.spec.image, "devbox:1.5");
+        let record = resumed.workspace.status.unwrap().resolved.unwrap();
+        assert_eq!(
+            (
+                record.image.id.as_str(),
+                record.image.redirected_from.as_deref()
+            ),
+            ("py312", Some("py311"))
+        );
+    }
+
+    #[test]
+    fn a_deleted_kind_leaves_a_running_workspace_running_and_blocks_a_start() {
+        let started = shape(
+            &workspace(json!({})),
+            Some(&kind("devbox:1.4", false)),
+            false,
+        );
+        let mut status = started.workspace.status.clone().unwrap();
+        status.phase = Some(Phase::Running);
+        let running = workspace(serde_json::to_value(&status).unwrap());
+        let shaped = shape(&running, None, true);
+        assert_eq!(shaped.workspace.spec.image, "devbox:1.4");
+        assert!(matches!(
+            shaped.update,
+            KindUpdate::Gone {
+                blocks_start: false,
+                ..
+            }
+        ));
+        // Held up at its start, it stays held up (the record of its last run does not start).
+        let mut held = running.clone();
+        let status = held.status.as_mut().unwrap();
+        status.phase = Some(Phase::Error);
+        status.conditions = vec![serde_json::from_value(json!({"type": "Stalled", "status": "True", "reason": "KindNotFound", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"})).unwrap()];
+        assert!(matches!(
+            shape(&held, None, false).update,
+            KindUpdate::Gone {
+                blocks_start: true,
+                ..
+            }
+        ));
+        let new = shape(&workspace(json!({})), None, false);
+        match new.update {
+            KindUpdate::Gone {
+                error,
+                blocks_start: true,
+            } => assert_eq!(error.reason(), "KindNotFound"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A kind of arbitrary options and common fields, from generated values.
+    fn generated_kind(
+        images: &[String],
+        cpus: &[u32],
+        default_image: usize,
+        redirect: bool,
+        env: &[(String, String)],
+        account: Option<String>,
+        home: Option<String>,
+    ) -> WorkspaceKind {
+        let image_values: Vec<serde_json::Value> = images
+            .iter()
+            .enumerate()
+            .map(|(i, image)| {
+                let mut option = json!({"id": format!("i{i}"), "displayName": image, "spec": {"image": image, "imagePullPolicy": "IfNotPresent", "ports": [{"name": "http", "port": 8000 + i}]}});
+                if redirect && i == 0 && images.len() > 1 {
+                    option["redirect"] = json!({"to": "i1", "message": "moved"});
+                }
+                option
+            })
+            .collect();
+        let pod_values: Vec<serde_json::Value> = cpus
+            .iter()
+            .enumerate()
+            .map(|(i, cpu)| json!({"id": format!("p{i}"), "displayName": "p", "spec": {"resources": {"limits": {"cpu": cpu.to_string()}}, "nodeSelector": {"pool": format!("p{i}")}}}))
+            .collect();
+        let mut spec = json!({
+            "spawner": {"displayName": "generated"},
+            "options": {
+                "image": {"default": format!("i{}", default_image % images.len()), "values": image_values},
+                "pod": {"default": "p0", "values": pod_values}
+            },
+            "env": env.iter().map(|(n, v)| json!({"name": n, "value": v})).collect::<Vec<_>>(),
+            "probes": {"liveness": {"tcpSocket": {"port": 8000}}},
+            "securityContext": {"pod": {"fsGroup": 1000}, "container": {"runAsUser": 1000}},
+            "lifecycle": {"idleTimeout": "2h", "maxIdleTimeout": "8h"}
+        });
+        if let Some(account) = account {
+            spec["serviceAccountName"] = json!(account);
+        }
+        if let Some(path) = home {
+            spec["home"] = json!({"mountPath": path, "size": "1Gi"});
+        }
+        serde_json::from_value(json!({"apiVersion": "berth.dev/v1alpha1", "kind": "WorkspaceKind", "metadata": {"name": "gen"}, "spec": spec})).unwrap()
+    }
+
+    fn kinds() -> impl proptest::strategy::Strategy<Value = WorkspaceKind> {
+        use proptest::prelude::*;
+        (
+            proptest::collection::vec("[a-z]{1,6}:[0-9]", 1..4),
+            proptest::collection::vec(1u32..8, 1..3),
+            0usize..4,
+            any::<bool>(),
+            proptest::collection::vec(("[A-Z]{1,4}", "[a-z]{0,4}"), 0..3),
+            proptest::option::of("[a-z]{1,8}"),
+            proptest::option::of("/home/[a-z]{1,6}"),
+        )
+            .prop_map(|(images, cpus, default, redirect, env, account, home)| {
+                generated_kind(&images, &cpus, default, redirect, &env, account, home)
+            })
+    }
+
+    proptest::proptest! {
+        /// The pod a workspace of a kind gets at its start is the pod built again from its
+        /// record (after the record went through the API as JSON), whatever the kind has
+        /// become since: a replaced pod is the same shape, and a kind's edit restarts nothing.
+        #[test]
+        fn a_pod_from_the_kind_and_options_is_the_pod_from_the_record(
+            at_start in kinds(),
+            later in kinds(),
+            pick_image in proptest::option::of(0usize..4),
+            pick_pod in proptest::option::of(0usize..3),
+        ) {
+            let agent = crate::config::AgentConfig::default();
+            let mut options = json!({});
+            if let Some(i) = pick_image.filter(|i| *i < at_start.spec.options.image.values.len()) {
+                options["image"] = json!(format!("i{i}"));
+            }
+            if let Some(i) = pick_pod.filter(|i| *i < at_start.spec.options.pod.values.len()) {
+                options["pod"] = json!(format!("p{i}"));
+            }
+            let mut ws = workspace(json!({}));
+            ws.spec.kind = Some("gen".into());
+            ws.spec.options = serde_json::from_value(options).unwrap();
+            let started = shape(&ws, Some(&at_start), false);
+            let first = crate::pod::build_pod(&started.workspace, &agent);
+
+            let mut running = ws.clone();
+            let mut status = started.workspace.status.clone().unwrap();
+            status.phase = Some(Phase::Running);
+            let through_the_api = serde_json::to_string(&status).unwrap();
+            running.status = Some(serde_json::from_str(&through_the_api).unwrap());
+            let again = shape(&running, Some(&later), true);
+            let rebuilt = crate::pod::build_pod(&again.workspace, &agent);
+            proptest::prop_assert_eq!(&first, &rebuilt);
+            proptest::prop_assert!(crate::pod::built_from(&first, &again.workspace));
+            // And the record says whether the kind changed: it did exactly when a start now
+            // would build another pod.
+            let mut stopped = running.clone();
+            stopped.status.as_mut().unwrap().phase = Some(Phase::Stopped);
+            let fresh = shape(&stopped, Some(&later), false);
+            let differs = crate::pod::build_pod(&fresh.workspace, &agent) != first;
+            let pending = matches!(again.update, KindUpdate::Changed { .. });
+            proptest::prop_assert!(!differs || pending, "{:?}", again.update);
+        }
+    }
+}
