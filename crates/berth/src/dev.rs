@@ -46,6 +46,7 @@ pub struct DevArgs {
 pub const EXAMPLES: &[(&str, &str)] = &[
     ("basic.yaml", include_str!("../../../examples/basic.yaml")),
     ("idle.yaml", include_str!("../../../examples/idle.yaml")),
+    ("kinds.yaml", include_str!("../../../examples/kinds.yaml")),
     (
         "missing-secret.yaml",
         include_str!("../../../examples/missing-secret.yaml"),

@@ -672,6 +672,9 @@ fn dev_examples(mut command: Command) -> String {
     assert!(last("basic", "Running").is_some(), "{stdout}");
     assert!(last("with-secret", "Running").is_some(), "{stdout}");
     assert!(last("web", "Running").is_some(), "{stdout}");
+    // Workspaces of the example kinds.
+    assert!(last("shell", "Running").is_some(), "{stdout}");
+    assert!(last("python", "Running").is_some(), "{stdout}");
     assert!(
         last("idle", "Running").is_some(),
         "stopped only after its minute: {stdout}"
