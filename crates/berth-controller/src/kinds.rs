@@ -5,9 +5,12 @@
 //! (`pendingRestart`, `UpdateAvailable`). Pure: the workspace and its kind in, the shaped
 //! workspace and what the kind says of it out.
 
+use std::collections::BTreeMap;
+
 use berth_api::{
     ConditionStatus, KindError, KindResolution, Phase, Workspace, WorkspaceKind,
     condition::{HasReason, Reason, types},
+    kind::{OptionUse, WorkspaceKindStatus},
     resolution,
 };
 
@@ -114,6 +117,53 @@ pub fn shape(workspace: &Workspace, kind: Option<&WorkspaceKind>, has_own_pod: b
         workspace: shaped,
         update,
     }
+}
+
+/// What each kind's status says (by kind name): how many workspaces name it, and how many use
+/// each of its options: the option in force (the record's) and the one the workspace picks,
+/// when it picks one (removing either would hold its next start).
+pub fn usage<'a>(
+    workspaces: impl IntoIterator<Item = &'a Workspace>,
+) -> BTreeMap<String, WorkspaceKindStatus> {
+    let mut out: BTreeMap<String, WorkspaceKindStatus> = BTreeMap::new();
+    for workspace in workspaces {
+        let Some(kind) = workspace.spec.kind.as_deref() else {
+            continue;
+        };
+        let status = out.entry(kind.to_owned()).or_default();
+        status.workspaces += 1;
+        let record = workspace
+            .status
+            .as_ref()
+            .and_then(|s| s.resolved.as_ref())
+            .filter(|r| r.kind == kind);
+        let picked = workspace.spec.options.clone().unwrap_or_default();
+        let options = status.options.get_or_insert_with(OptionUse::default);
+        for (counts, in_force, asked) in [
+            (
+                &mut options.image,
+                record.map(|r| &r.image.id),
+                picked.image.as_ref(),
+            ),
+            (
+                &mut options.pod,
+                record.map(|r| &r.pod.id),
+                picked.pod.as_ref(),
+            ),
+        ] {
+            let mut ids: Vec<&String> = in_force.into_iter().chain(asked).collect();
+            ids.dedup();
+            for id in ids {
+                *counts.entry(id.clone()).or_default() += 1;
+            }
+        }
+    }
+    for status in out.values_mut() {
+        if status.options.as_ref() == Some(&OptionUse::default()) {
+            status.options = None;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -380,5 +430,36 @@ pub(crate) mod tests {
             let pending = matches!(again.update, KindUpdate::Changed { .. });
             proptest::prop_assert!(!differs || pending, "{:?}", again.update);
         }
+    }
+
+    #[test]
+    fn a_kinds_use_counts_workspaces_and_the_options_they_run_and_pick() {
+        let started = shape(
+            &workspace(json!({})),
+            Some(&kind("devbox:1.4", true)),
+            false,
+        );
+        let mut redirected = started.workspace.clone();
+        redirected.spec = workspace(json!({})).spec;
+        redirected.spec.options = Some(berth_api::WorkspaceOptions {
+            image: Some("py311".into()),
+            pod: None,
+        });
+        let mut other = workspace(json!({}));
+        other.spec.kind = Some("other".into());
+        let plain = crate::pod::tests::workspace("p", json!({"image": "x:1"}));
+        let usage = usage([&started.workspace, &redirected, &other, &plain]);
+        assert_eq!(usage.len(), 2);
+        let python = &usage["python"];
+        assert_eq!(python.workspaces, 2);
+        let options = python.options.as_ref().unwrap();
+        // Both run py312 (py311 redirects); one picks py311 by name.
+        assert_eq!(
+            options.image,
+            [("py311".to_owned(), 1), ("py312".to_owned(), 2)].into()
+        );
+        assert_eq!(options.pod, [("small".to_owned(), 2)].into());
+        assert_eq!(usage["other"].workspaces, 1);
+        assert_eq!(usage["other"].options, None);
     }
 }

@@ -97,6 +97,8 @@ pub struct Metrics {
     pub workspaces: Family<PhaseLabel, Gauge>,
     pub start_seconds: Histogram,
     pub status_writes: Counter,
+    /// WorkspaceKind status writes (each kind's at most once per second).
+    pub kind_status_writes: Counter,
     pub pod_recreations: Family<RecreationLabels, Counter>,
     /// WhoAmI calls to agents, by result (`ok` or the failure's reason).
     pub agent_checks: Family<ResultLabel, Counter>,
@@ -142,6 +144,7 @@ impl Default for Metrics {
         let workspaces = Family::<PhaseLabel, Gauge>::default();
         let start_seconds = Histogram::new([1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]);
         let status_writes = Counter::default();
+        let kind_status_writes = Counter::default();
         let pod_recreations = Family::<RecreationLabels, Counter>::default();
         let agent_checks = Family::<ResultLabel, Counter>::default();
         let activity_checks = Family::<ResultLabel, Counter>::default();
@@ -166,6 +169,11 @@ impl Default for Metrics {
             "status_writes",
             "Workspace status writes",
             status_writes.clone(),
+        );
+        registry.register(
+            "kind_status_writes",
+            "WorkspaceKind status writes (the workspaces of each kind, at most once per second per kind)",
+            kind_status_writes.clone(),
         );
         registry.register(
             "pod_recreations",
@@ -200,6 +208,7 @@ impl Default for Metrics {
             workspaces,
             start_seconds,
             status_writes,
+            kind_status_writes,
             pod_recreations,
             agent_checks,
             activity_checks,

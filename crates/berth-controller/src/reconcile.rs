@@ -488,6 +488,8 @@ async fn run_controller(
             .store(true, std::sync::atomic::Ordering::Relaxed);
     });
 
+    // Each kind's use, in its status, at most once a second however many workspaces change.
+    let usage = tokio::spawn(write_kind_usage(client.clone(), context.clone()));
     let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stop.wait_for(|stopped| *stopped).await;
     };
@@ -519,7 +521,49 @@ async fn run_controller(
         () = running => {}
         () = overdue => {}
     }
+    usage.abort();
     Ok(())
+}
+
+/// How often a kind's status may be written, at most.
+const KIND_USAGE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Writes each kind's use (`kinds::usage`) into its status when it changed, once every
+/// [`KIND_USAGE_INTERVAL`] at most, from the caches: 10 000 workspaces of one kind changing
+/// at once make one write a second. The admission policy of `deploy/admission/` reads these
+/// counts to refuse deleting a kind, or removing an option, in use.
+async fn write_kind_usage(client: Client, ctx: Arc<Context>) {
+    caches_ready(&ctx).await;
+    let mut tick = tokio::time::interval(KIND_USAGE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let api: Api<WorkspaceKind> = Api::all(client);
+    let params = PatchParams::apply(&ctx.config.manager).force();
+    loop {
+        tick.tick().await;
+        let workspaces = ctx.workspaces.state();
+        let mut usage = crate::kinds::usage(workspaces.iter().map(|w| &**w));
+        for kind in ctx.kinds.state() {
+            let name = kind.name_any();
+            let wanted = usage.remove(&name).unwrap_or_default();
+            if kind.status.as_ref() == Some(&wanted) {
+                continue;
+            }
+            let body = json!({
+                "apiVersion": "berth.dev/v1alpha1",
+                "kind": "WorkspaceKind",
+                "status": wanted,
+            });
+            match api.patch_status(&name, &params, &Patch::Apply(&body)).await {
+                Ok(_) => {
+                    ctx.metrics.kind_status_writes.inc();
+                }
+                // Gone meanwhile, or refused: the next tick tries again.
+                Err(error) => {
+                    warn!(kind = %name, %error, "cannot write the WorkspaceKind's status")
+                }
+            }
+        }
+    }
 }
 
 /// No backoff of the controller's own over its merged trigger streams: each watch backs off

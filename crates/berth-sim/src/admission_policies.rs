@@ -5,7 +5,8 @@
 //! the sim's RBAC for the requesting user. A failed validation denies (`ValidatingAdmissionPolicy
 //! 'P' with binding 'B' denied request: MESSAGE`), warns or is dropped (audit: the sim keeps no
 //! audit log), as the binding's `validationActions` say; an error follows `failurePolicy`.
-//! Not simulated: DELETE and CONNECT, `matchPolicy: Equivalent` conversions, `auditAnnotations`,
+//! A DELETE is evaluated with `object` null and `oldObject` the object being deleted.
+//! Not simulated: CONNECT, `matchPolicy: Equivalent` conversions, `auditAnnotations`,
 //! the cost budget beyond the two authorizer checks an expression may make.
 
 use std::{
@@ -115,7 +116,8 @@ fn matches(sim: &Sim, constraints: &Value, request: &Request<'_>, binding: bool)
     }
     let object_selector = &constraints["objectSelector"];
     if !object_selector.is_null()
-        && !crate::apps::selects(object_selector, &labels(request.object))
+        && (request.object.is_null()
+            || !crate::apps::selects(object_selector, &labels(request.object)))
         && !request
             .old
             .is_some_and(|old| crate::apps::selects(object_selector, &labels(old)))
@@ -357,8 +359,27 @@ fn register_authorizer(context: &mut Context<'_>, sim: Arc<Sim>, checks: Arc<Ato
     });
 }
 
+/// A JSON value as the real server's CEL sees it: every integer an `int` (CEL's int64, as
+/// Kubernetes types integer fields), never a `uint`.
 fn to_cel(value: &Value) -> Cel {
-    kube_cel::cel::to_value(value).unwrap_or(Cel::Null)
+    match value {
+        Value::Null => Cel::Null,
+        Value::Bool(b) => Cel::Bool(*b),
+        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => Cel::Int(i),
+            (None, Some(f)) => Cel::Float(f),
+            (None, None) => Cel::Null,
+        },
+        Value::String(s) => Cel::String(Arc::new(s.clone())),
+        Value::Array(items) => Cel::List(Arc::new(items.iter().map(to_cel).collect())),
+        Value::Object(fields) => {
+            let map: HashMap<Key, Cel> = fields
+                .iter()
+                .map(|(k, v)| (Key::String(Arc::new(k.clone())), to_cel(v)))
+                .collect();
+            Cel::Map(Map { map: Arc::new(map) })
+        }
+    }
 }
 
 /// The `request` variable (absent fields left out, as the real server's unstructured form).
@@ -443,9 +464,7 @@ fn evaluate(
     failure_policy: &str,
 ) -> Vec<Outcome> {
     let spec = &policy["spec"];
-    let name = request.object["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default();
+    let name = request.name();
     let checks = Arc::new(AtomicU32::new(0));
     let mut context = Context::default();
     context.register_all();
@@ -642,9 +661,7 @@ pub fn validate(sim: &Arc<Sim>, request: &Request<'_>) -> ApiResult<Vec<String>>
             .as_str()
             .cmp(&b["metadata"]["name"].as_str())
     });
-    let name = request.object["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default();
+    let name = request.name();
     let mut warnings = vec![];
     let mut denied: Option<(String, String)> = None;
     let mut deny = |message: String, reason: String| {

@@ -710,6 +710,21 @@ async fn route(
             if let Some(policy) = query.get("propagationPolicy") {
                 options.propagation = Some(policy.clone());
             }
+            // The admission policies that take a DELETE see the object as it is.
+            if admission_policies::watched(sim, &rt, &["DELETE"])
+                && let Some(current) = sim.store.get(&rt.storage, namespace, name)
+            {
+                let request = webhooks::Admission {
+                    rt: &rt,
+                    operation: "DELETE",
+                    namespace,
+                    object: &Value::Null,
+                    old: Some(&current),
+                    user: &identity,
+                    dry_run: ctx.dry_run,
+                };
+                admission_policies::validate(sim, &request)?;
+            }
             let deleted = sim.delete(&rt, namespace, name, &options, &ctx)?;
             // As the real registries that return what they deleted (`ReturnDeletedObject`).
             let returns_object = !deleted.removed

@@ -24,13 +24,27 @@ use crate::{
 /// A request as the webhooks see it.
 pub struct Admission<'a> {
     pub rt: &'a ResourceType,
-    /// `CREATE` or `UPDATE`.
+    /// `CREATE`, `UPDATE` or (for admission policies) `DELETE`.
     pub operation: &'static str,
     pub namespace: &'a str,
     pub object: &'a Value,
     pub old: Option<&'a Value>,
     pub user: &'a Identity,
     pub dry_run: bool,
+}
+
+impl Admission<'_> {
+    /// The name of the object: the one written, or, for a DELETE, the one deleted.
+    pub fn name(&self) -> &str {
+        let named = |o: &Value| o["metadata"]["name"].as_str().map(str::to_owned);
+        match named(self.object) {
+            Some(_) => self.object["metadata"]["name"].as_str().unwrap_or_default(),
+            None => self
+                .old
+                .and_then(|o| o["metadata"]["name"].as_str())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 /// Whether any webhook may be asked about a write on `rt` (its main resource) that is one of

@@ -463,3 +463,92 @@ async fn a_kind_is_used_only_by_whom_rbac_allows_and_a_missing_one_is_said() {
     let ws = h.until_phase("early", Phase::Error).await;
     assert_eq!(condition(&ws, "Stalled").unwrap().reason, "KindNotFound");
 }
+
+/// What a platform admin sees: `kubectl get wsk` counts the workspaces of a kind, its status
+/// counts each option's use; deleting the kind, or removing an option, in use is refused
+/// saying how many use it; an unused option may go, and once its workspaces are gone the kind
+/// may too. However many workspaces change, the kind's status is written at most once a second.
+#[tokio::test]
+async fn a_kind_in_use_cannot_go_and_its_status_counts_its_workspaces() {
+    let h = Harness::start().await;
+    service_accounts(&h, &["python-dev"]).await;
+    create_kind(&h, python_kind()).await;
+    let writes_before = h.metric("berth_kind_status_writes_total");
+    let started = std::time::Instant::now();
+    for i in 0..12 {
+        let pod = if i % 3 == 0 { "large" } else { "small" };
+        h.create(
+            &format!("user-{i}"),
+            json!({"kind": "python", "options": {"pod": pod}, "command": ["sleep", "1d"]}),
+        )
+        .await;
+    }
+    let kind = crate::support::eventually(Duration::from_secs(20), "the kind's counts", || async {
+        let kind = kinds(&h).get("python").await.unwrap();
+        let status = kind.status.clone()?;
+        let options = status.options.clone()?;
+        (status.workspaces == 12 && options.image.get("py311") == Some(&12)).then_some(kind)
+    })
+    .await;
+    let options = kind.status.unwrap().options.unwrap();
+    assert_eq!(
+        options.pod,
+        [("large".to_owned(), 4), ("small".to_owned(), 8)].into()
+    );
+    // One write a second at most, however many workspaces changed.
+    let writes = h.metric("berth_kind_status_writes_total") - writes_before;
+    let seconds = started.elapsed().as_secs() + 1;
+    assert!(writes <= seconds, "{writes} writes in {seconds} s");
+
+    let denied = |result: Result<WorkspaceKind, kube::Error>| match result {
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let (code, message) = match kinds(&h).delete("python", &Default::default()).await {
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(code, 403);
+    assert_eq!(
+        message,
+        "workspacekinds.berth.dev \"python\" is forbidden: ValidatingAdmissionPolicy 'workspacekinds.berth.dev' with binding 'workspacekinds.berth.dev' denied request: WorkspaceKind python is used by 12 workspace(s); delete them or move them to another kind first (kubectl get ws -A -o wide shows the KIND of each), or set spec.spawner.deprecated so no new one picks it"
+    );
+    let remove_large = json!([{"op": "remove", "path": "/spec/options/pod/values/1"}]);
+    let (code, message) = denied(
+        kinds(&h)
+            .patch(
+                "python",
+                &PatchParams::default(),
+                &Patch::Json::<()>(serde_json::from_value(remove_large.clone()).unwrap()),
+            )
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.ends_with("denied request: spec.options.pod: option large is used by 4 workspace(s); keep it (a redirect moves them at their next start) or move them first"),
+        "{message}"
+    );
+    // An option nobody uses may go.
+    patch_kind(
+        &h,
+        json!([{"op": "remove", "path": "/spec/options/image/values/1"}]),
+    )
+    .await;
+
+    // Once the workspaces are gone, the kind may go too.
+    for i in 0..12 {
+        h.workspaces()
+            .delete(&format!("user-{i}"), &Default::default())
+            .await
+            .unwrap();
+    }
+    crate::support::eventually(Duration::from_secs(30), "the kind unused", || async {
+        let kind = kinds(&h).get("python").await.unwrap();
+        (kind.status.as_ref()?.workspaces == 0).then_some(())
+    })
+    .await;
+    kinds(&h)
+        .delete("python", &Default::default())
+        .await
+        .unwrap();
+}

@@ -96,6 +96,22 @@ async fn every_rule_granted_to_the_operator_is_used_and_nothing_is_refused() {
     .await;
     h.until_phase("full", Phase::Running).await;
 
+    // A kind: the operator counts its workspaces into its status.
+    let kinds: Api<berth_api::WorkspaceKind> = Api::all(h.client.clone());
+    kinds
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "apiVersion": "berth.dev/v1alpha1", "kind": "WorkspaceKind", "metadata": {"name": "plain"},
+            "spec": {"spawner": {"displayName": "Plain"}, "options": {
+                "image": {"default": "a", "values": [{"id": "a", "displayName": "A", "spec": {"image": "devbox:1"}}]},
+                "pod": {"default": "p", "values": [{"id": "p", "displayName": "P", "spec": {}}]}}}
+        })).unwrap())
+        .await
+        .unwrap();
+    eventually(WAIT, "the kind's status", || async {
+        kinds.get("plain").await.ok()?.status.map(|_| ())
+    })
+    .await;
+
     // Storage grows; the port changes, then goes.
     h.patch_spec(
         "full",

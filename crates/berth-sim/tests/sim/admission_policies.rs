@@ -300,3 +300,57 @@ async fn kubectl_shows_a_warn_binding_as_a_warning() {
         "{stderr}"
     );
 }
+
+/// A policy that takes DELETE sees the object being deleted as `oldObject` (and `object`
+/// null): it refuses deleting a protected config map in its words, through kube-rs and
+/// kubectl, and lets the others go.
+#[tokio::test]
+async fn a_delete_is_judged_on_the_object_it_would_delete() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    create_cluster_object(
+        &client,
+        "ValidatingAdmissionPolicy",
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy", "metadata": {"name": "keep"}, "spec": {
+            "matchConstraints": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "default"}},
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["DELETE"], "resources": ["configmaps"]}]
+            },
+            "validations": [{
+                "expression": "object == null && (!has(oldObject.data) || !('protected' in oldObject.data))",
+                "messageExpression": "'config map ' + oldObject.metadata.name + ' is protected (' + request.operation + ')'",
+                "reason": "Forbidden"
+            }]
+        }}),
+    )
+    .await;
+    create_cluster_object(
+        &client,
+        "ValidatingAdmissionPolicyBinding",
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": "keep"}, "spec": {"policyName": "keep", "validationActions": ["Deny"]}}),
+    )
+    .await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let post = PostParams::default();
+    maps.create(&post, &map("vault", json!({"protected": "yes"})))
+        .await
+        .unwrap();
+    maps.create(&post, &map("scratch", json!({})))
+        .await
+        .unwrap();
+    let (code, reason, message) = api_error(maps.delete("vault", &Default::default()).await);
+    assert_eq!((code, reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        message,
+        "configmaps \"vault\" is forbidden: ValidatingAdmissionPolicy 'keep' with binding 'keep' denied request: config map vault is protected (DELETE)"
+    );
+    assert!(maps.get_opt("vault").await.unwrap().is_some());
+    maps.delete("scratch", &Default::default()).await.unwrap();
+    if let Some(kubectl) = Kubectl::for_cluster(&sim) {
+        let refused = kubectl.fails(&["delete", "configmap", "vault"]).await;
+        assert!(
+            refused.contains("denied request: config map vault is protected (DELETE)"),
+            "{refused}"
+        );
+    }
+}
