@@ -10,18 +10,31 @@ use k8s_openapi::api::admissionregistration::v1::{
 /// The policy's (and its binding's) name.
 pub const POLICY: &str = "workspaces.berth.dev";
 
+/// The policy that keeps a workspace's kind record (`status.resolved`) the operator's: a
+/// workspace of a kind needs it too.
+pub const RECORD_POLICY: &str = "workspace-records.berth.dev";
+
 /// `None` when the policy is installed, fails closed and a binding of it denies; else what is
 /// missing, in words for the workspace's status.
 pub fn missing<'a>(
     policies: impl IntoIterator<Item = &'a ValidatingAdmissionPolicy>,
     bindings: impl IntoIterator<Item = &'a ValidatingAdmissionPolicyBinding>,
 ) -> Option<String> {
+    missing_policy(POLICY, policies, bindings)
+}
+
+/// [`missing`] for the policy named `name`.
+pub fn missing_policy<'a>(
+    name: &str,
+    policies: impl IntoIterator<Item = &'a ValidatingAdmissionPolicy>,
+    bindings: impl IntoIterator<Item = &'a ValidatingAdmissionPolicyBinding>,
+) -> Option<String> {
     let Some(policy) = policies
         .into_iter()
-        .find(|p| p.metadata.name.as_deref() == Some(POLICY))
+        .find(|p| p.metadata.name.as_deref() == Some(name))
     else {
         return Some(format!(
-            "the ValidatingAdmissionPolicy {POLICY} is not installed"
+            "the ValidatingAdmissionPolicy {name} is not installed"
         ));
     };
     let ignores = policy
@@ -31,17 +44,17 @@ pub fn missing<'a>(
         == Some("Ignore");
     if ignores {
         return Some(format!(
-            "the ValidatingAdmissionPolicy {POLICY} has failurePolicy Ignore, so it does not fail closed"
+            "the ValidatingAdmissionPolicy {name} has failurePolicy Ignore, so it does not fail closed"
         ));
     }
     let denies = bindings.into_iter().any(|b| {
         b.spec.as_ref().is_some_and(|s| {
-            s.policy_name.as_deref() == Some(POLICY)
+            s.policy_name.as_deref() == Some(name)
                 && s.validation_actions.iter().flatten().any(|a| a == "Deny")
         })
     });
     (!denies).then(|| {
-        format!("no ValidatingAdmissionPolicyBinding of {POLICY} has validationActions Deny")
+        format!("no ValidatingAdmissionPolicyBinding of {name} has validationActions Deny")
     })
 }
 

@@ -421,7 +421,7 @@ async fn run_controller(
         events,
         admission_policies,
         admission_bindings,
-        kinds,
+        kinds: kinds.clone(),
         caches,
         event_index,
         workspaces: workspace_store.clone(),
@@ -490,6 +490,7 @@ async fn run_controller(
 
     // Each kind's use, in its status, at most once a second however many workspaces change.
     let usage = tokio::spawn(write_kind_usage(client.clone(), context.clone()));
+    let kinds_for_triggers = kinds;
     let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stop.wait_for(|stopped| *stopped).await;
     };
@@ -500,7 +501,10 @@ async fn run_controller(
         .watches_stream(event_stream, event_to_workspace)
         .watches_stream(policy_stream, naming_others(workspace_store.clone()))
         .watches_stream(binding_stream, naming_others(workspace_store.clone()))
-        .watches_stream(kind_stream, of_the_kind(workspace_store))
+        .watches_stream(
+            kind_stream,
+            of_the_kind(workspace_store, kinds_for_triggers),
+        )
         .reconcile_on(agents_done)
         .graceful_shutdown_on(stopped(stop.clone()))
         .run(reconcile, error_policy, context)
@@ -685,23 +689,42 @@ fn error_policy(workspace: Arc<Workspace>, error: &Error, ctx: Arc<Context>) -> 
     Requeue::requeue(delay)
 }
 
-/// Maps any change to the workspaces that name other objects (what the admission policy
-/// decides about).
+/// Maps any change to the workspaces that name other objects or a kind (what the admission
+/// policies decide about).
 fn naming_others<K>(store: Store<Workspace>) -> impl Fn(K) -> Vec<ObjectRef<Workspace>> {
     move |_| {
         store
             .state()
             .iter()
-            .filter(|w| !w.spec.references().is_empty())
+            .filter(|w| w.spec.kind.is_some() || !w.spec.references().is_empty())
             .map(|w| ObjectRef::from_obj(&**w))
             .collect()
     }
 }
 
-/// Maps a change of a WorkspaceKind to the workspaces of that kind.
-fn of_the_kind(store: Store<Workspace>) -> impl Fn(WorkspaceKind) -> Vec<ObjectRef<Workspace>> {
+/// Maps a change of a WorkspaceKind's spec (a new generation, a new kind of the name, its
+/// deletion) to the workspaces of that kind. Its status changes (`write_kind_usage`, once a
+/// second) wake nobody: 10 000 workspaces of one kind would be reconciled every second.
+fn of_the_kind(
+    store: Store<Workspace>,
+    kinds: Store<WorkspaceKind>,
+) -> impl Fn(WorkspaceKind) -> Vec<ObjectRef<Workspace>> {
+    // By kind name: the UID and generation last seen.
+    type Seen = HashMap<String, (Option<String>, Option<i64>)>;
+    let seen: std::sync::Mutex<Seen> = Default::default();
     move |kind| {
         let name = kind.name_any();
+        let version = (kind.uid(), kind.metadata.generation);
+        // The reflector has applied the event: a deleted kind is no longer in the store.
+        let exists = kinds.get(&ObjectRef::new(&name)).is_some();
+        {
+            let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+            if !exists {
+                seen.remove(&name);
+            } else if seen.insert(name.clone(), version.clone()) == Some(version) {
+                return vec![];
+            }
+        }
         store
             .state()
             .iter()
@@ -792,10 +815,23 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     let reference = ObjectRef::from_obj(&*workspace);
     let refusal = ctx.refusal(&reference);
     let taken = ctx.taken(&reference);
-    let admission_missing = crate::admission::missing(
-        ctx.admission_policies.state().iter().map(|p| &**p),
-        ctx.admission_bindings.state().iter().map(|b| &**b),
+    let (policies, bindings) = (
+        ctx.admission_policies.state(),
+        ctx.admission_bindings.state(),
     );
+    let missing = |name: &str| {
+        crate::admission::missing_policy(
+            name,
+            policies.iter().map(|p| &**p),
+            bindings.iter().map(|b| &**b),
+        )
+    };
+    // A workspace of a kind also needs its record kept the operator's.
+    let admission_missing = missing(crate::admission::POLICY).or_else(|| {
+        (workspace.spec.kind.is_some())
+            .then(|| missing(crate::admission::RECORD_POLICY))
+            .flatten()
+    });
     let expectations = state::Expectations {
         pod: ctx.expected("pod", &namespace, &name),
         claim: ctx.expected("claim", &namespace, &name),
@@ -1290,4 +1326,49 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         .await?;
     }
     Ok(Some(Requeue::requeue(decision.requeue)))
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::{reflector::store, watcher::Event};
+    use serde_json::json;
+
+    use super::*;
+
+    fn kind(generation: i64, workspaces: u32) -> WorkspaceKind {
+        serde_json::from_value(json!({
+            "apiVersion": "berth.dev/v1alpha1", "kind": "WorkspaceKind",
+            "metadata": {"name": "k", "uid": "k-1", "generation": generation},
+            "spec": {"spawner": {"displayName": "K"}, "options": {
+                "image": {"default": "a", "values": [{"id": "a", "displayName": "A", "spec": {"image": "x:1"}}]},
+                "pod": {"default": "p", "values": [{"id": "p", "displayName": "P", "spec": {}}]}}},
+            "status": {"workspaces": workspaces}
+        }))
+        .unwrap()
+    }
+
+    /// The operator's own status writes to a kind (its use, once a second) wake none of its
+    /// workspaces; a change of its spec, or its deletion, wakes each of them.
+    #[test]
+    fn only_a_kinds_spec_or_its_deletion_wakes_its_workspaces() {
+        let (workspaces, mut workspaces_writer) = store::<Workspace>();
+        for name in ["a", "b"] {
+            let mut ws = crate::pod::tests::workspace(name, json!({"kind": "k"}));
+            ws.metadata.namespace = Some("n".into());
+            workspaces_writer.apply_watcher_event(&Event::Apply(ws));
+        }
+        let plain = crate::pod::tests::workspace("c", json!({"image": "x:1"}));
+        workspaces_writer.apply_watcher_event(&Event::Apply(plain));
+        let (kinds, mut kinds_writer) = store::<WorkspaceKind>();
+        let woken = of_the_kind(workspaces, kinds);
+        let mut apply = |k: WorkspaceKind| {
+            kinds_writer.apply_watcher_event(&Event::Apply(k.clone()));
+            woken(k).len()
+        };
+        assert_eq!(apply(kind(1, 0)), 2);
+        assert_eq!(apply(kind(1, 2)), 0, "a status write wakes nobody");
+        assert_eq!(apply(kind(2, 2)), 2);
+        kinds_writer.apply_watcher_event(&Event::Delete(kind(2, 2)));
+        assert_eq!(woken(kind(2, 2)).len(), 2, "a deletion wakes them");
+    }
 }

@@ -804,9 +804,13 @@ impl<'a> Builder<'a> {
             release: false,
             expectations: observed.expectations,
             taken: taken(observed),
+            // What a workspace of a kind gets rests on admission too (who may use the kind,
+            // and whose record its pods are built from).
             admission_missing: observed
                 .admission
-                .filter(|_| !workspace.spec.references().is_empty())
+                .filter(|_| {
+                    workspace.spec.kind.is_some() || !workspace.spec.references().is_empty()
+                })
                 .map(|missing| admission_message(workspace, missing)),
         }
     }
@@ -963,12 +967,15 @@ impl Builder<'_> {
 
 /// What a workspace that names other objects says while the admission policy is missing.
 fn admission_message(workspace: &Workspace, missing: &str) -> String {
-    let fields: Vec<String> = workspace
+    let mut fields: Vec<String> = workspace
         .spec
         .references()
         .into_iter()
         .map(|r| r.field)
         .collect();
+    if workspace.spec.kind.is_some() {
+        fields.insert(0, "spec.kind".to_owned());
+    }
     format!(
         "No pod until the admission policy is installed; nothing checked that this workspace's author may use what {} names ({missing}). Install it with kubectl apply -k deploy/ (Kubernetes 1.30+); the workspace then starts by itself.",
         fields.join(", ")

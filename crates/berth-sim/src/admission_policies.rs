@@ -43,9 +43,9 @@ fn stored(sim: &Sim, resource: &str) -> Vec<Arc<Value>> {
     }
 }
 
-/// Whether any bound policy could take a request on `rt` (so the request is previewed and
-/// evaluated).
-pub fn watched(sim: &Sim, rt: &ResourceType, operations: &[&str]) -> bool {
+/// Whether any bound policy could take a request on `rt` (its `subresource`, `""` for the
+/// main resource), so the request is previewed and evaluated.
+pub fn watched(sim: &Sim, rt: &ResourceType, subresource: &str, operations: &[&str]) -> bool {
     let bound: Vec<String> = stored(sim, "validatingadmissionpolicybindings")
         .iter()
         .filter_map(|b| b["spec"]["policyName"].as_str().map(str::to_owned))
@@ -58,6 +58,7 @@ pub fn watched(sim: &Sim, rt: &ResourceType, operations: &[&str]) -> bool {
                 rules_match(
                     &p["spec"]["matchConstraints"]["resourceRules"],
                     rt,
+                    subresource,
                     op,
                     true,
                 )
@@ -70,9 +71,18 @@ fn listed(list: &Value, wanted: &str) -> bool {
         .is_some_and(|l| l.iter().any(|x| x == "*" || x == wanted))
 }
 
-/// Whether one of `rules` takes an operation on `rt` (its main resource). An empty list takes
-/// everything when `empty_matches` (a binding's match resources), nothing otherwise.
-fn rules_match(rules: &Value, rt: &ResourceType, operation: &str, empty_matches: bool) -> bool {
+/// Whether one of `rules` takes an operation on `rt`'s `subresource` (`""`: the main
+/// resource). As the real server: `pods` is the main resource only, `pods/status` its status,
+/// `pods/*` every subresource of pods, `*/status` every status, `*` every main resource. An
+/// empty list takes everything when `empty_matches` (a binding's match resources), nothing
+/// otherwise.
+fn rules_match(
+    rules: &Value,
+    rt: &ResourceType,
+    subresource: &str,
+    operation: &str,
+    empty_matches: bool,
+) -> bool {
     let Some(rules) = rules.as_array().filter(|r| !r.is_empty()) else {
         return empty_matches;
     };
@@ -80,7 +90,8 @@ fn rules_match(rules: &Value, rt: &ResourceType, operation: &str, empty_matches:
         let resource = rule["resources"].as_array().is_some_and(|list| {
             list.iter().filter_map(Value::as_str).any(|r| {
                 let (res, sub) = r.split_once('/').unwrap_or((r, ""));
-                (res == "*" || res == rt.resource) && (sub.is_empty() || sub == "*")
+                (res == "*" || res == rt.resource)
+                    && (sub == subresource || (sub == "*" && !subresource.is_empty()))
             })
         });
         let scope = match rule["scope"].as_str().unwrap_or("*") {
@@ -127,6 +138,7 @@ fn matches(sim: &Sim, constraints: &Value, request: &Request<'_>, binding: bool)
     if rules_match(
         &constraints["excludeResourceRules"],
         request.rt,
+        request.subresource,
         request.operation,
         false,
     ) {
@@ -135,6 +147,7 @@ fn matches(sim: &Sim, constraints: &Value, request: &Request<'_>, binding: bool)
     rules_match(
         &constraints["resourceRules"],
         request.rt,
+        request.subresource,
         request.operation,
         binding,
     )
@@ -400,6 +413,10 @@ fn request_value(request: &Request<'_>, name: &str) -> Value {
     }
     if !name.is_empty() {
         value["name"] = json!(name);
+    }
+    if !request.subresource.is_empty() {
+        value["subResource"] = json!(request.subresource);
+        value["resource"]["subresource"] = json!(request.subresource);
     }
     if rt.namespaced {
         value["namespace"] = json!(request.namespace);

@@ -588,10 +588,14 @@ async fn route(
             match (rt.resource.as_str(), subresource) {
                 (_, "") => {
                     let mut warnings = vec![];
-                    if admitted(sim, &rt, &["CREATE"]) {
+                    if admitted(sim, &rt, "", &["CREATE"]) {
                         let preview = sim.create(&rt, namespace, body.clone(), &ctx.preview())?;
-                        warnings =
-                            admit(sim, &rt, namespace, None, &preview, &identity, &ctx).await?;
+                        let target = Target {
+                            rt: &rt,
+                            subresource: "",
+                            namespace,
+                        };
+                        warnings = admit(sim, target, None, &preview, &identity, &ctx).await?;
                     }
                     let mut written = sim.create(&rt, namespace, body, &ctx)?;
                     written.warnings.extend(warnings);
@@ -624,20 +628,16 @@ async fn route(
                 subresource
             };
             let mut warnings = vec![];
-            if sub.is_empty() && admitted(sim, &rt, &["CREATE", "UPDATE"]) {
+            if admitted(sim, &rt, sub, &["CREATE", "UPDATE"]) {
                 let old = sim.store.get(&rt.storage, namespace, name);
                 let preview =
                     sim.update(&rt, namespace, name, sub, body.clone(), &ctx.preview())?;
-                warnings = admit(
-                    sim,
-                    &rt,
+                let target = Target {
+                    rt: &rt,
+                    subresource: sub,
                     namespace,
-                    old.as_deref(),
-                    &preview,
-                    &identity,
-                    &ctx,
-                )
-                .await?;
+                };
+                warnings = admit(sim, target, old.as_deref(), &preview, &identity, &ctx).await?;
             }
             let mut written = sim.update(&rt, namespace, name, sub, body, &ctx)?;
             written.warnings.extend(warnings);
@@ -665,7 +665,7 @@ async fn route(
                 }
             }
             let mut warnings = vec![];
-            if subresource.is_empty() && admitted(sim, &rt, &["CREATE", "UPDATE"]) {
+            if admitted(sim, &rt, subresource, &["CREATE", "UPDATE"]) {
                 let old = sim.store.get(&rt.storage, namespace, name);
                 let preview = sim.patch(
                     &rt,
@@ -677,16 +677,12 @@ async fn route(
                     &ctx.preview(),
                     force,
                 )?;
-                warnings = admit(
-                    sim,
-                    &rt,
+                let target = Target {
+                    rt: &rt,
+                    subresource,
                     namespace,
-                    old.as_deref(),
-                    &preview,
-                    &identity,
-                    &ctx,
-                )
-                .await?;
+                };
+                warnings = admit(sim, target, old.as_deref(), &preview, &identity, &ctx).await?;
             }
             let mut written = sim.patch(
                 &rt,
@@ -711,12 +707,13 @@ async fn route(
                 options.propagation = Some(policy.clone());
             }
             // The admission policies that take a DELETE see the object as it is.
-            if admission_policies::watched(sim, &rt, &["DELETE"])
+            if admission_policies::watched(sim, &rt, "", &["DELETE"])
                 && let Some(current) = sim.store.get(&rt.storage, namespace, name)
             {
                 let request = webhooks::Admission {
                     rt: &rt,
                     operation: "DELETE",
+                    subresource: "",
                     namespace,
                     object: &Value::Null,
                     old: Some(&current),
@@ -783,10 +780,21 @@ fn written_response(rt: &ResourceType, written: Written, render: Render) -> Resp
 
 /// Asks the validating webhooks about a write that `preview` (its dry run) shows the result
 /// of; `old` is the object before it, if there was one.
+/// What a write is to: the resource, its subresource (`""` for the main one), the namespace.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    rt: &'a ResourceType,
+    subresource: &'a str,
+    namespace: &'a str,
+}
+
 async fn admit(
     sim: &Arc<Sim>,
-    rt: &ResourceType,
-    namespace: &str,
+    Target {
+        rt,
+        subresource,
+        namespace,
+    }: Target<'_>,
     old: Option<&Value>,
     preview: &Written,
     user: &Identity,
@@ -795,6 +803,7 @@ async fn admit(
     let request = webhooks::Admission {
         rt,
         operation: if preview.created { "CREATE" } else { "UPDATE" },
+        subresource,
         namespace,
         object: &preview.object,
         old,
@@ -803,13 +812,17 @@ async fn admit(
     };
     // Policies first, then webhooks, as the real server's validating admission runs them.
     let warnings = admission_policies::validate(sim, &request)?;
-    webhooks::validate(sim, request).await?;
+    if subresource.is_empty() {
+        webhooks::validate(sim, request).await?;
+    }
     Ok(warnings)
 }
 
-/// Whether a write on `rt` is previewed for admission: a webhook or a bound policy takes it.
-fn admitted(sim: &Sim, rt: &ResourceType, operations: &[&str]) -> bool {
-    webhooks::watched(sim, rt, operations) || admission_policies::watched(sim, rt, operations)
+/// Whether a write on `rt` (its `subresource`, `""` for the main resource) is previewed for
+/// admission: a webhook (main resources only) or a bound policy takes it.
+fn admitted(sim: &Sim, rt: &ResourceType, subresource: &str, operations: &[&str]) -> bool {
+    (subresource.is_empty() && webhooks::watched(sim, rt, operations))
+        || admission_policies::watched(sim, rt, subresource, operations)
 }
 
 fn success(rt: &ResourceType, name: &str, uid: &str) -> Value {

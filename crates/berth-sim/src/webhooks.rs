@@ -26,6 +26,9 @@ pub struct Admission<'a> {
     pub rt: &'a ResourceType,
     /// `CREATE`, `UPDATE` or (for admission policies) `DELETE`.
     pub operation: &'static str,
+    /// The subresource written (`status`), `""` for the main resource; webhooks are asked
+    /// about main resources only.
+    pub subresource: &'a str,
     pub namespace: &'a str,
     pub object: &'a Value,
     pub old: Option<&'a Value>,

@@ -6,7 +6,9 @@
 //!
 //! Run: `cargo bench -p berth --bench scale` (`BERTH_BENCH_WORKSPACES`, default 200;
 //! `BERTH_BENCH_IDLE_SECONDS`, default 30; `BERTH_BENCH_SIM_MAX_MIB`, default 16384: the run
-//! stops, saying how far it got, once the sim's memory passes it). Results go in
+//! stops, saying how far it got, once the sim's memory passes it; `BERTH_BENCH_KIND=1`: every
+//! workspace is of one WorkspaceKind, and the kind's status writes per second are shown,
+//! which the operator holds to one a second however many workspaces change). Results go in
 //! `bench/scale.md`. It first checks the hard limit of open files against what the sim needs
 //! for the count (saying what it needs), prints its progress every 10 s while the workspaces
 //! start, and stops, saying where it stood, after a minute without progress. For a heap
@@ -488,6 +490,30 @@ async fn run() {
     let reconciles_before = reconciles(metrics).await;
     let before = operator_requests(&admin).await;
 
+    // Of one kind, when asked: the workspaces' image and pod shape come from it.
+    let of_a_kind = setting("BERTH_BENCH_KIND", 0) == 1;
+    if of_a_kind {
+        let kinds: Api<berth_api::WorkspaceKind> = Api::all(admin.clone());
+        let kind = json!({
+            "apiVersion": "berth.dev/v1alpha1", "kind": "WorkspaceKind", "metadata": {"name": "bench"},
+            "spec": {"spawner": {"displayName": "Bench"}, "options": {
+                "image": {"default": "devbox", "values": [{"id": "devbox", "displayName": "Devbox", "spec": {"image": "ghcr.io/example/devbox:1.4"}}]},
+                "pod": {"default": "small", "values": [{"id": "small", "displayName": "Small", "spec": {"resources": {"requests": {"cpu": "1m"}}}}]}}}
+        });
+        kinds
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(kind).unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let spec = if of_a_kind {
+        json!({"kind": "bench", "command": ["sleep", "infinity"]})
+    } else {
+        json!({"image": "ghcr.io/example/devbox:1.4", "command": ["sleep", "infinity"]})
+    };
+
     let milestones = watch_milestones(&admin);
     // Start: n workspaces, 50 creates in flight.
     let workspaces: Api<Workspace> = Api::namespaced(admin.clone(), "default");
@@ -498,7 +524,7 @@ async fn run() {
             let workspaces = workspaces.clone();
             let body: Workspace = serde_json::from_value(json!({
                 "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": name},
-                "spec": {"image": "ghcr.io/example/devbox:1.4", "command": ["sleep", "infinity"]}
+                "spec": spec.clone()
             }))
             .unwrap();
             async move {
@@ -576,6 +602,7 @@ async fn run() {
     let (rss, cpu_after) = operator.usage();
     let reconciles_during = reconciles(metrics).await - reconciles_before;
     let start_counts = since(&operator_requests(&admin).await, &before);
+    let counted_over = started.elapsed();
 
     // Idle: nothing changes, nothing should be written.
     let idle_before = operator_requests(&admin).await;
@@ -641,6 +668,18 @@ async fn run() {
                 per(*count)
             );
         }
+    }
+    if of_a_kind {
+        let kind_writes: u64 = start_counts
+            .iter()
+            .filter(|((v, r, _), _)| v == "patch" && r == "workspacekinds/status")
+            .map(|(_, n)| n)
+            .sum();
+        println!(
+            "| the kind's status writes over the start ({:.1} s) / per second | {kind_writes} / {:.2} |",
+            counted_over.as_secs_f64(),
+            kind_writes as f64 / counted_over.as_secs_f64()
+        );
     }
     println!(
         "| refused (409) writes per start | {:.3} |",

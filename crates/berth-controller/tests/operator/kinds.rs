@@ -428,6 +428,25 @@ async fn a_kind_is_used_only_by_whom_rbac_allows_and_a_missing_one_is_said() {
         .await
         .unwrap();
     h.until_phase("m", Phase::Running).await;
+    // Its pods are built from its record: even one who may write the status cannot forge it
+    // (say, into another service account).
+    Api::<Role>::namespaced(h.client.clone(), "default")
+        .create(&post, &serde_json::from_value(json!({"metadata": {"name": "status-writer"},
+            "rules": [{"apiGroups": ["berth.dev"], "resources": ["workspaces/status"], "verbs": ["patch"]}]})).unwrap())
+        .await
+        .unwrap();
+    grant(&h, "mallory", "status-writer").await;
+    let forged = Patch::Merge(json!({"status": {"resolved": {"serviceAccountName": "deployer"}}}));
+    let (code, message) = refused(
+        as_mallory
+            .patch_status("m", &PatchParams::default(), &forged)
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.ends_with("denied request: status.resolved is the operator's record of what the workspace's kind gave it, from which its pods are built; only the operator writes it"),
+        "{message}"
+    );
 
     // A kind that does not exist (yet).
     h.create(

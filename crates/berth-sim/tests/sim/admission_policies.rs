@@ -354,3 +354,78 @@ async fn a_delete_is_judged_on_the_object_it_would_delete() {
         );
     }
 }
+
+/// A policy names a subresource as the real server reads it: `workspaces/status` takes status
+/// writes (and `request.subResource` says so), `workspaces` takes only the main resource.
+#[tokio::test]
+async fn a_policy_on_a_status_subresource_takes_status_writes_only() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    crate::support::install_workspace_crd(&client).await;
+    for (name, resource, expression) in [
+        (
+            "status-only",
+            "workspaces/status",
+            "!has(object.status) || !has(object.status.message) || object.status.message != 'forged' || request.subResource != 'status'",
+        ),
+        (
+            "main-only",
+            "workspaces",
+            "object.metadata.name != 'frozen' || request.operation == 'CREATE'",
+        ),
+    ] {
+        create_cluster_object(
+            &client,
+            "ValidatingAdmissionPolicy",
+            json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy", "metadata": {"name": name}, "spec": {
+                "matchConstraints": {"resourceRules": [{"apiGroups": ["berth.dev"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": [resource]}]},
+                "validations": [{"expression": expression, "message": format!("{name} says no"), "reason": "Forbidden"}]
+            }}),
+        )
+        .await;
+        create_cluster_object(
+            &client,
+            "ValidatingAdmissionPolicyBinding",
+            json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding", "metadata": {"name": name}, "spec": {"policyName": name, "validationActions": ["Deny"]}}),
+        )
+        .await;
+    }
+    let resource =
+        ApiResource::from_gvk(&GroupVersionKind::gvk("berth.dev", "v1alpha1", "Workspace"));
+    let workspaces: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &resource);
+    workspaces
+        .create(&PostParams::default(), &serde_json::from_value(json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": "frozen"}, "spec": {"image": "x:1"}})).unwrap())
+        .await
+        .unwrap();
+    let status = |message: &str| kube::api::Patch::Merge(json!({"status": {"message": message}}));
+    let params = kube::api::PatchParams::default();
+    // The main resource's policy does not take a status write.
+    workspaces
+        .patch_status("frozen", &params, &status("fine"))
+        .await
+        .unwrap();
+    let (code, _, message) = api_error(
+        workspaces
+            .patch_status("frozen", &params, &status("forged"))
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.ends_with("denied request: status-only says no"),
+        "{message}"
+    );
+    let (code, _, message) = api_error(
+        workspaces
+            .patch(
+                "frozen",
+                &params,
+                &kube::api::Patch::Merge(json!({"spec": {"image": "x:2"}})),
+            )
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.ends_with("denied request: main-only says no"),
+        "{message}"
+    );
+}
