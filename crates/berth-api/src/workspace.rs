@@ -66,12 +66,12 @@ pub const DNS1123_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("has(self.kind) || has(self.image)").message("spec.image is required unless spec.kind names a WorkspaceKind"),
-    validation = Rule::new("!has(self.kind) || !has(self.image)").message("spec.image: a workspace of a kind gets its image from the kind's image option (spec.options.image); leave spec.image out"),
-    validation = Rule::new("!has(self.kind) || !has(self.resources)").message("spec.resources: a workspace of a kind gets its resources from the kind's pod option (spec.options.pod); leave spec.resources out"),
-    validation = Rule::new("!has(self.kind) || !has(self.serviceAccountName)").message("spec.serviceAccountName: a workspace of a kind runs as the kind's service account; leave spec.serviceAccountName out"),
-    validation = Rule::new("!has(self.kind) || !has(self.podTemplate) || (!has(self.podTemplate.nodeSelector) && !has(self.podTemplate.tolerations) && !has(self.podTemplate.affinity))").message("spec.podTemplate: a workspace of a kind gets its node selector, tolerations and affinity from the kind's pod option (spec.options.pod); leave them out"),
-    validation = Rule::new("has(self.kind) || !has(self.options)").message("spec.options picks options of a WorkspaceKind: set spec.kind too")
+    validation = Rule::new("has(self.kind) || has(self.image)").field_path(".image").reason(kube::core::Reason::FieldValueRequired).message("set it, or name a WorkspaceKind in spec.kind"),
+    validation = Rule::new("!has(self.kind) || !has(self.image)").field_path(".image").reason(kube::core::Reason::FieldValueForbidden).message("a workspace of a kind gets its image from the kind's image option (spec.options.image); leave spec.image out"),
+    validation = Rule::new("!has(self.kind) || !has(self.resources)").field_path(".resources").reason(kube::core::Reason::FieldValueForbidden).message("a workspace of a kind gets its resources from the kind's pod option (spec.options.pod); leave spec.resources out"),
+    validation = Rule::new("!has(self.kind) || !has(self.serviceAccountName)").field_path(".serviceAccountName").reason(kube::core::Reason::FieldValueForbidden).message("a workspace of a kind runs as the kind's service account; leave spec.serviceAccountName out"),
+    validation = Rule::new("!has(self.kind) || !has(self.podTemplate) || (!has(self.podTemplate.nodeSelector) && !has(self.podTemplate.tolerations) && !has(self.podTemplate.affinity))").field_path(".podTemplate").reason(kube::core::Reason::FieldValueForbidden).message("a workspace of a kind gets its node selector, tolerations and affinity from the kind's pod option (spec.options.pod); leave them out"),
+    validation = Rule::new("has(self.kind) || !has(self.options)").field_path(".options").reason(kube::core::Reason::FieldValueForbidden).message("spec.options picks options of a WorkspaceKind: set spec.kind too")
 )]
 pub struct WorkspaceSpec {
     /// The WorkspaceKind the workspace is of (cluster-scoped; `kubectl get wsk` lists them):

@@ -82,9 +82,26 @@ impl CrdSchema {
                         }
                         _ => error.message.clone(),
                     };
+                    // A rule's `reason` words the cause as the real validator does.
+                    let (reason, message) = match error.reason.as_deref() {
+                        Some("FieldValueRequired") => {
+                            ("FieldValueRequired", format!("Required value: {detail}"))
+                        }
+                        Some("FieldValueForbidden") => {
+                            ("FieldValueForbidden", format!("Forbidden: {detail}"))
+                        }
+                        Some("FieldValueDuplicate") => (
+                            "FieldValueDuplicate",
+                            format!("Duplicate value: \"{value_type}\": {detail}"),
+                        ),
+                        _ => (
+                            "FieldValueInvalid",
+                            format!("Invalid value: \"{value_type}\": {detail}"),
+                        ),
+                    };
                     causes.push(Cause {
-                        reason: "FieldValueInvalid".to_owned(),
-                        message: format!("Invalid value: \"{value_type}\": {detail}"),
+                        reason: reason.to_owned(),
+                        message,
                         field,
                     });
                 }

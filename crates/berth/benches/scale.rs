@@ -33,6 +33,8 @@ const BERTH: &str = env!("CARGO_BIN_EXE_berth");
 const OPERATOR: &str = "system:serviceaccount:berth-system:berth-controller";
 const RBAC: &str = include_str!("../../../deploy/rbac/berth-controller.yaml");
 const WORKSPACE_ACCOUNT: &str = include_str!("../../../deploy/rbac/workspace-service-account.yaml");
+/// The admission policies: a workspace of a kind starts only while they enforce.
+const ADMISSION: &str = include_str!("../../../deploy/admission/workspaces-policy.yaml");
 
 fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -493,6 +495,9 @@ async fn run() {
     // Of one kind, when asked: the workspaces' image and pod shape come from it.
     let of_a_kind = setting("BERTH_BENCH_KIND", 0) == 1;
     if of_a_kind {
+        berth_sim::manifests::create_all(&admin, ADMISSION, "default")
+            .await
+            .unwrap();
         let kinds: Api<berth_api::WorkspaceKind> = Api::all(admin.clone());
         let kind = json!({
             "apiVersion": "berth.dev/v1alpha1", "kind": "WorkspaceKind", "metadata": {"name": "bench"},

@@ -413,7 +413,7 @@ async fn a_kind_is_used_only_by_whom_rbac_allows_and_a_missing_one_is_said() {
     assert_eq!(code, 422);
     assert!(
         message.contains(
-            "spec.image: a workspace of a kind gets its image from the kind's image option"
+            "spec.image: Forbidden: a workspace of a kind gets its image from the kind's image option"
         ),
         "{message}"
     );

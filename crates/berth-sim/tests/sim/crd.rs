@@ -102,7 +102,19 @@ async fn invalid_workspaces_are_refused_with_the_field_named() {
             json!({"image": "x", "ports": [{"name": "a", "port": 1}, {"name": "a", "port": 2}]}),
             "spec.ports: Invalid value: \"array\": each port name must be unique",
         ),
-        (json!({}), "spec.image: Required value"),
+        (
+            json!({}),
+            "spec.image: Required value: set it, or name a WorkspaceKind in spec.kind",
+        ),
+        // A rule's fieldPath and reason word the cause, as the real validator does.
+        (
+            json!({"kind": "python", "image": "x:1"}),
+            "spec.image: Forbidden: a workspace of a kind gets its image from the kind's image option (spec.options.image); leave spec.image out",
+        ),
+        (
+            json!({"image": "x:1", "options": {"pod": "large"}}),
+            "spec.options: Forbidden: spec.options picks options of a WorkspaceKind: set spec.kind too",
+        ),
         (
             json!({"image": "x", "podTemplate": {"volumes": {"home": {"size": "abc", "mountPath": "/home/dev"}}}}),
             "spec.podTemplate.volumes.home: Invalid value: \"object\": home.size must be a quantity greater than zero, such as 10Gi",
