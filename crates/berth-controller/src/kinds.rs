@@ -206,6 +206,18 @@ pub(crate) mod tests {
         .unwrap()
     }
 
+    /// A workspace that started on the kind as `kind("devbox:1.4", false)` gives, now Running.
+    fn running_on_devbox_1_4() -> Workspace {
+        let started = shape(
+            &workspace(json!({})),
+            Some(&kind("devbox:1.4", false)),
+            false,
+        );
+        let mut status = started.workspace.status.unwrap();
+        status.phase = Some(Phase::Running);
+        workspace(serde_json::to_value(&status).unwrap())
+    }
+
     #[test]
     fn a_start_records_the_kind_and_the_spec_reads_it() {
         let shaped = shape(
@@ -241,14 +253,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_running_workspace_keeps_its_record_and_lists_what_changed() {
-        let started = shape(
-            &workspace(json!({})),
-            Some(&kind("devbox:1.4", false)),
-            false,
-        );
-        let mut status = started.workspace.status.clone().unwrap();
-        status.phase = Some(Phase::Running);
-        let running = workspace(serde_json::to_value(&status).unwrap());
+        let running = running_on_devbox_1_4();
         let shaped = shape(&running, Some(&kind("devbox:1.4", true)), true);
         assert_eq!(
             shaped.workspace.spec.image, "devbox:1.4",
@@ -286,14 +291,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_deleted_kind_leaves_a_running_workspace_running_and_blocks_a_start() {
-        let started = shape(
-            &workspace(json!({})),
-            Some(&kind("devbox:1.4", false)),
-            false,
-        );
-        let mut status = started.workspace.status.clone().unwrap();
-        status.phase = Some(Phase::Running);
-        let running = workspace(serde_json::to_value(&status).unwrap());
+        let running = running_on_devbox_1_4();
         let shaped = shape(&running, None, true);
         assert_eq!(shaped.workspace.spec.image, "devbox:1.4");
         assert!(matches!(

@@ -19,6 +19,9 @@ pub struct PodPolicy {
     /// Prefixes (`sidecar.istio.io`) of the pod labels and annotations a workspace may set.
     /// Keys without a prefix are always allowed; reserved keys never.
     pub metadata_prefixes: Vec<String>,
+    /// The port the agent serves on in every workspace pod (`--agent-port`): a workspace may
+    /// not declare it (the CRD refuses only the default, 50051). 0: not checked.
+    pub agent_port: u16,
 }
 
 /// Whether Berth or Kubernetes reserves a label or annotation key: `app` (the selector of
@@ -53,6 +56,16 @@ fn allows(list: &[String], key: &str) -> bool {
 /// A workspace of a kind is scheduled as its kind says (the admin's choice, which the API
 /// refuses the author to add to): only its metadata is the author's to check.
 pub fn violation(spec: &WorkspaceSpec, policy: &PodPolicy) -> Option<String> {
+    let agent = i32::from(policy.agent_port);
+    if let Some(i) = spec
+        .ports
+        .iter()
+        .position(|p| p.port == agent && agent != 0)
+    {
+        return Some(format!(
+            "spec.ports[{i}]: port {agent} is the Berth agent's in every workspace pod (the operator's --agent-port); pick another port"
+        ));
+    }
     let template = spec.pod_template.as_ref()?;
     let authored = PodTemplate {
         metadata: template.metadata.clone(),
@@ -299,11 +312,31 @@ mod tests {
     }
 
     #[test]
+    fn the_agents_port_is_not_a_workspaces_whatever_the_operator_set_it_to() {
+        let policy = PodPolicy {
+            agent_port: 6000,
+            ..PodPolicy::default()
+        };
+        let spec = |port: i32| -> WorkspaceSpec {
+            serde_json::from_value(json!({"image": "x:1", "ports": [{"name": "a", "port": 80}, {"name": "b", "port": port}]})).unwrap()
+        };
+        assert_eq!(
+            violation(&spec(6000), &policy).as_deref(),
+            Some(
+                "spec.ports[1]: port 6000 is the Berth agent's in every workspace pod (the operator's --agent-port); pick another port"
+            )
+        );
+        assert_eq!(violation(&spec(6001), &policy), None);
+        assert_eq!(violation(&spec(6000), &PodPolicy::default()), None);
+    }
+
+    #[test]
     fn the_allow_lists_allow_exactly_what_they_name() {
         let policy = PodPolicy {
             tolerations: strings(&["nvidia.com/gpu"]),
             node_labels: strings(&["pool", "topology.kubernetes.io/zone"]),
             metadata_prefixes: strings(&["example.com"]),
+            ..PodPolicy::default()
         };
         let allowed = spec(json!({
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],

@@ -148,7 +148,7 @@ impl ControllerArgs {
                 progress_interval: self.status_progress_interval,
                 warnings: self.warning_reasons.clone(),
                 rejections: self.rejection_reasons.clone(),
-                pod: self.pod_policy.policy(),
+                pod: self.pod_policy.policy(self.agent_port),
                 deletion_grace: self.deletion_grace,
             },
             metrics_address: address(&self.metrics_address)?,
@@ -326,11 +326,13 @@ pub struct PodPolicyArgs {
 }
 
 impl PodPolicyArgs {
-    pub fn policy(&self) -> berth_controller::pod_policy::PodPolicy {
+    /// The allow-lists, and the agent's port (`--agent-port`), which no workspace may declare.
+    pub fn policy(&self, agent_port: u16) -> berth_controller::pod_policy::PodPolicy {
         berth_controller::pod_policy::PodPolicy {
             tolerations: self.allowed_tolerations.clone(),
             node_labels: self.allowed_node_labels.clone(),
             metadata_prefixes: self.allowed_metadata_prefixes.clone(),
+            agent_port,
         }
     }
 }

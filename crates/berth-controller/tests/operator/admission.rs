@@ -254,3 +254,49 @@ async fn without_the_admission_policy_a_workspace_naming_a_secret_gets_no_pod() 
         .unwrap();
     h.until_phase("named", Phase::Running).await;
 }
+
+/// An operator run with another `--agent-port`: the platform says so in the admission
+/// ConfigMap, and a workspace declaring that port is refused at the API; the operator refuses
+/// to start one the API let through (it was created before the ConfigMap said so).
+#[tokio::test]
+async fn the_agents_port_is_refused_whatever_the_operator_set_it_to() {
+    let mut config = crate::support::test_config();
+    config.policy.pod.agent_port = 6000;
+    let h = Harness::start_with(crate::support::sim_config(), config).await;
+    h.create(
+        "early",
+        json!({"image": "devbox:1", "ports": [{"name": "app", "port": 6000}]}),
+    )
+    .await;
+    let ws = h.until_phase("early", Phase::Error).await;
+    assert!(
+        crate::support::message_of(&ws).ends_with("spec.ports[0]: port 6000 is the Berth agent's in every workspace pod (the operator's --agent-port); pick another port"),
+        "{}",
+        crate::support::message_of(&ws)
+    );
+    let maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(h.client.clone(), "berth-system");
+    maps.patch(
+        "berth-admission",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"agent-port": "6000"}})),
+    )
+    .await
+    .unwrap();
+    let (code, message) = refused(
+        h.workspaces()
+            .create(
+                &PostParams::default(),
+                &workspace(
+                    "late",
+                    json!({"image": "devbox:1", "ports": [{"name": "app", "port": 6000}]}),
+                ),
+            )
+            .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.ends_with("denied request: spec.ports: port 6000 is where the Berth agent listens in every workspace pod (--agent-port; ConfigMap berth-system/berth-admission, agent-port); pick another port"),
+        "{message}"
+    );
+}
