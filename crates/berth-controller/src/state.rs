@@ -503,9 +503,15 @@ impl Builder<'_> {
     /// A spec the operator's policy forbids: Error, Stalled=Forbidden, Warning event; no pod
     /// is created for it. A pod from an earlier spec is left as it is (like an invalid spec):
     /// a verdict on the spec never destroys running work.
-    fn forbidden(mut self, message: String, requeue: Duration) -> Decision {
+    fn forbidden(self, message: String, requeue: Duration) -> Decision {
+        self.held(Reason::Forbidden, message, requeue)
+    }
+
+    /// A spec held up until what it asks changes or appears (`Forbidden`, `KindNotFound`,
+    /// `OptionNotFound`): Error, Stalled with the reason, a Warning event, no pod.
+    fn held(mut self, reason: Reason, message: String, requeue: Duration) -> Decision {
         self.status.ready_at = None;
-        self.spec_verdict(Phase::Error, Reason::Forbidden, message);
+        self.spec_verdict(Phase::Error, reason, message);
         self.finish(requeue)
     }
 
@@ -711,10 +717,8 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         blocks_start: true,
     } = observed.kind
     {
-        b.status.ready_at = None;
         let reason = Reason::parse(error.reason());
-        b.spec_verdict(Phase::Error, reason, format!("Cannot start: {error}"));
-        return b.finish(slow);
+        return b.held(reason, format!("Cannot start: {error}"), slow);
     }
     // A spec that can never work waits for a change, without retries (rule C19).
     let lifecycle = match Lifecycle::of(workspace, policy) {

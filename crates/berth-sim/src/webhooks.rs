@@ -39,14 +39,10 @@ pub struct Admission<'a> {
 impl Admission<'_> {
     /// The name of the object: the one written, or, for a DELETE, the one deleted.
     pub fn name(&self) -> &str {
-        let named = |o: &Value| o["metadata"]["name"].as_str().map(str::to_owned);
-        match named(self.object) {
-            Some(_) => self.object["metadata"]["name"].as_str().unwrap_or_default(),
-            None => self
-                .old
-                .and_then(|o| o["metadata"]["name"].as_str())
-                .unwrap_or_default(),
-        }
+        self.object["metadata"]["name"]
+            .as_str()
+            .or_else(|| self.old?["metadata"]["name"].as_str())
+            .unwrap_or_default()
     }
 }
 
