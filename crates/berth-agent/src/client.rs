@@ -8,8 +8,8 @@ use tonic::{
 };
 
 use crate::proto::{
-    GetActivityRequest, GetActivityResponse, HeartbeatRequest, WhoAmIRequest, WhoAmIResponse,
-    agent_client::AgentClient,
+    GetActivityRequest, GetActivityResponse, GetContentRequest, GetContentResponse,
+    HeartbeatRequest, WhoAmIRequest, WhoAmIResponse, agent_client::AgentClient,
 };
 
 /// Why a WhoAmI call failed, as the operator reports it.
@@ -58,6 +58,18 @@ pub async fn get_activity(
     let mut client = connect(address, timeout, tls).await?;
     let request = authorized(GetActivityRequest {}, address, token, timeout)?;
     answer(address, client.get_activity(request).await)
+}
+
+/// Asks the agent at `address` where the workspace's content stands (`GetContent`).
+pub async fn get_content(
+    address: &str,
+    token: &str,
+    timeout: std::time::Duration,
+    tls: Option<&ClientTls>,
+) -> Result<GetContentResponse, CallError> {
+    let mut client = connect(address, timeout, tls).await?;
+    let request = authorized(GetContentRequest {}, address, token, timeout)?;
+    answer(address, client.get_content(request).await)
 }
 
 /// Tells the agent at `address` that `source` uses the workspace (`Heartbeat`).

@@ -6,6 +6,10 @@
 pub mod activity;
 pub mod auth;
 pub mod client;
+pub mod content;
+pub mod git;
+#[cfg(feature = "sim")]
+pub mod git_server;
 pub mod server;
 #[cfg(feature = "sim")]
 pub mod sim_runtime;

@@ -25,9 +25,10 @@ use tonic::{
 use crate::{
     activity::Activity,
     auth::Authenticator,
+    content::Content,
     proto::{
-        GetActivityRequest, GetActivityResponse, HeartbeatRequest, HeartbeatResponse,
-        WhoAmIRequest, WhoAmIResponse,
+        GetActivityRequest, GetActivityResponse, GetContentRequest, GetContentResponse,
+        HeartbeatRequest, HeartbeatResponse, WhoAmIRequest, WhoAmIResponse,
         agent_server::{Agent, AgentServer},
     },
 };
@@ -36,11 +37,16 @@ use crate::{
 pub struct AgentService {
     auth: Arc<Authenticator>,
     activity: Arc<Activity>,
+    content: Arc<Content>,
 }
 
 impl AgentService {
-    pub fn new(auth: Arc<Authenticator>, activity: Arc<Activity>) -> Self {
-        AgentService { auth, activity }
+    pub fn new(auth: Arc<Authenticator>, activity: Arc<Activity>, content: Arc<Content>) -> Self {
+        AgentService {
+            auth,
+            activity,
+            content,
+        }
     }
 
     async fn caller<T>(&self, request: &Request<T>) -> Result<crate::auth::Caller, Status> {
@@ -107,6 +113,14 @@ impl Agent for AgentService {
         self.activity.heartbeat(&request.get_ref().source);
         Ok(Response::new(HeartbeatResponse {}))
     }
+
+    async fn get_content(
+        &self,
+        request: Request<GetContentRequest>,
+    ) -> Result<Response<GetContentResponse>, Status> {
+        self.caller(&request).await?;
+        Ok(Response::new(self.content.answer()))
+    }
 }
 
 /// The agent's TLS certificate (it must name [`crate::TLS_SERVER_NAME`]) and key, PEM.
@@ -123,6 +137,7 @@ pub async fn serve(
     auth: Arc<Authenticator>,
     tls: Option<TlsIdentity>,
     activity: Arc<Activity>,
+    content: Arc<Content>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let sampler = tokio::spawn(activity.clone().run());
@@ -144,7 +159,7 @@ pub async fn serve(
     }
     builder
         .add_service(health_service)
-        .add_service(AgentServer::new(AgentService::new(auth, activity)))
+        .add_service(AgentServer::new(AgentService::new(auth, activity, content)))
         .serve_with_incoming_shutdown(Incoming::new(listener), shutdown)
         .await
 }

@@ -6,7 +6,11 @@
 //! would), so a connection to the pod IP's port is activity exactly as in a real pod: the
 //! agent reads it from `/proc/net/tcp`. Other containers run nothing.
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, atomic::AtomicBool},
+};
 
 use base64::Engine;
 use berth_sim::{BoxFuture, ContainerContext, ContainerRuntime, IdleRuntime, RunningContainer};
@@ -20,12 +24,40 @@ use crate::{
     TLS_CERT_ENV, TLS_KEY_ENV,
     activity::{Activity, Settings},
     auth::{Authenticator, Mode, Scope},
+    content::{CONTENT_ENV, CREDENTIALS_DIR, Content, Credentials},
     server::TlsIdentity,
 };
 
-/// Runs the Berth agent for agent containers; nothing for the rest.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AgentRuntime;
+/// Runs the Berth agent for agent containers; nothing for the rest. With claim folders, an
+/// agent clones its workspace's content into its home claim's folder.
+#[derive(Clone, Default)]
+pub struct AgentRuntime {
+    claims: Option<ClaimDirs>,
+}
+
+/// Where a claim's files are on this machine, by the claim's UID.
+pub type ClaimDirs = Arc<dyn Fn(&str) -> PathBuf + Send + Sync>;
+
+impl AgentRuntime {
+    /// A runtime whose claims' files are in `dir/<claim uid>` (as `ProcessRuntime` keeps them).
+    pub fn with_claims(dir: PathBuf) -> Self {
+        AgentRuntime {
+            claims: Some(Arc::new(move |uid: &str| dir.join(uid))),
+        }
+    }
+
+    /// Where the claims' files are, if this runtime keeps them.
+    pub fn claim_dirs(&self) -> Option<&ClaimDirs> {
+        self.claims.as_ref()
+    }
+
+    /// A runtime whose claims' files are where `claims` says.
+    pub fn with_claim_dirs(claims: ClaimDirs) -> Self {
+        AgentRuntime {
+            claims: Some(claims),
+        }
+    }
+}
 
 /// A container's command, as strings.
 fn command(container: &Value) -> Vec<&str> {
@@ -179,18 +211,50 @@ impl ContainerRuntime for AgentRuntime {
         if context.init || !runs_agent(&context.container) {
             return IdleRuntime.start(context);
         }
-        start_agent(context, true)
+        let claims = self.claims.clone();
+        Box::pin(async move { Ok(start_agent(context, true, claims.as_ref()).await?.container) })
+    }
+}
+
+/// An agent started in-process: its container, and its content (ready before the workspace's
+/// command may start).
+pub struct StartedAgent {
+    pub container: RunningContainer,
+    pub content: Arc<Content>,
+}
+
+/// Where the agent's home volume has its files: the folder of the claim mounted at `home`.
+fn home_dir(
+    context: &ContainerContext,
+    home: &str,
+    claims: Option<&ClaimDirs>,
+) -> Result<PathBuf, String> {
+    let mount = context
+        .mounts
+        .iter()
+        .find(|m| m.path.trim_end_matches('/') == home.trim_end_matches('/'))
+        .ok_or_else(|| format!("no volume is mounted at {home}, where the content goes"))?;
+    match (&mount.source, claims) {
+        (berth_sim::VolumeSource::Claim { uid, .. }, Some(claims)) => Ok(claims(uid)),
+        (berth_sim::VolumeSource::Claim { .. }, None) => {
+            Err("this runtime keeps no files for claims, so no content can be cloned".to_owned())
+        }
+        _ => Err(format!("{home} is not a claim's volume")),
     }
 }
 
 /// Starts the agent of an agent container in-process; with `stand_ins`, also a stand-in for
 /// the workspace's server on each declared port (when the workspace's command does not run).
+/// A workspace with content gets its stand-ins once the content is in place.
 pub fn start_agent(
     context: ContainerContext,
     stand_ins: bool,
-) -> BoxFuture<Result<RunningContainer, String>> {
+    claims: Option<&ClaimDirs>,
+) -> BoxFuture<Result<StartedAgent, String>> {
+    let claims = claims.cloned();
     {
         Box::pin(async move {
+            let content = Content::from_env(env(&context.container, CONTENT_ENV).as_deref())?;
             let config = pod_config(&context).await?;
             let account = context.pod["spec"]["serviceAccountName"]
                 .as_str()
@@ -236,7 +300,31 @@ pub fn start_agent(
                 let listener = tokio::net::TcpListener::bind(address)
                     .await
                     .map_err(|e| format!("cannot listen on {address}: {e}"))?;
-                servers.push(tokio::spawn(serve_port(listener)));
+                let content = content.clone();
+                servers.push(tokio::spawn(async move {
+                    content.ready().await;
+                    serve_port(listener).await
+                }));
+            }
+            let stop_content = Arc::new(AtomicBool::new(false));
+            if let Some(spec) = content.spec() {
+                let home = home_dir(&context, &spec.home, claims.as_ref())?;
+                let files = context.files.clone();
+                let credentials = Arc::new(move || {
+                    Credentials::from_files(|key| {
+                        files.get(&format!("{CREDENTIALS_DIR}/{key}")).cloned()
+                    })
+                });
+                let fill = crate::content::fill(
+                    content.clone(),
+                    home,
+                    credentials,
+                    Arc::new(crate::git::clone),
+                    stop_content.clone(),
+                );
+                servers.push(tokio::spawn(async move {
+                    fill.await;
+                }));
             }
             // Pods share the sim's network namespace: only this pod's IP is this pod's.
             let activity = Arc::new(Activity::new(Settings {
@@ -247,15 +335,21 @@ pub fn start_agent(
             }));
             let (exit_tx, exited) = tokio::sync::oneshot::channel();
             let (stop, stop_rx) = tokio::sync::oneshot::channel::<std::time::Duration>();
+            let served = content.clone();
             tokio::spawn(async move {
-                let result = crate::server::serve(listener, auth, tls, activity, async {
+                let result = crate::server::serve(listener, auth, tls, activity, served, async {
                     let _ = stop_rx.await;
                 })
                 .await;
+                // As a killed process would, a stopped agent's clone goes no further.
+                stop_content.store(true, std::sync::atomic::Ordering::SeqCst);
                 servers.iter().for_each(|s| s.abort());
                 let _ = exit_tx.send(if result.is_ok() { 0 } else { 1 });
             });
-            Ok(RunningContainer { exited, stop })
+            Ok(StartedAgent {
+                container: RunningContainer { exited, stop },
+                content,
+            })
         })
     }
 }

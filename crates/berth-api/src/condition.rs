@@ -21,6 +21,9 @@ pub enum ConditionType {
     /// The workspace's kind now gives it something else than it started with; the next start
     /// from stopped applies it (only on a workspace of a kind).
     UpdateAvailable,
+    /// The home volume holds `spec.content` (only on a workspace with content): cloning, the
+    /// commit, or why not, in git's words.
+    ContentReady,
 }
 
 impl ConditionType {
@@ -34,6 +37,7 @@ impl ConditionType {
             ConditionType::Ready => "Ready",
             ConditionType::Stalled => "Stalled",
             ConditionType::UpdateAvailable => "UpdateAvailable",
+            ConditionType::ContentReady => "ContentReady",
         }
     }
 
@@ -41,9 +45,10 @@ impl ConditionType {
     /// new type cannot be added without deciding).
     pub fn scope(self) -> Scope {
         match self {
-            ConditionType::PodScheduled | ConditionType::PodReady | ConditionType::AgentReady => {
-                Scope::Pod
-            }
+            ConditionType::PodScheduled
+            | ConditionType::PodReady
+            | ConditionType::AgentReady
+            | ConditionType::ContentReady => Scope::Pod,
             ConditionType::PodRejected | ConditionType::Stalled => Scope::Start,
             ConditionType::Ready | ConditionType::UpdateAvailable => Scope::Workspace,
         }
@@ -78,12 +83,14 @@ pub mod types {
     pub const READY: ConditionType = ConditionType::Ready;
     pub const STALLED: ConditionType = ConditionType::Stalled;
     pub const UPDATE_AVAILABLE: ConditionType = ConditionType::UpdateAvailable;
+    pub const CONTENT_READY: ConditionType = ConditionType::ContentReady;
 
     /// Every condition type, in the order Berth writes them.
-    pub const ALL: [ConditionType; 7] = [
+    pub const ALL: [ConditionType; 8] = [
         POD_SCHEDULED,
         POD_READY,
         AGENT_READY,
+        CONTENT_READY,
         POD_REJECTED,
         READY,
         STALLED,
@@ -227,6 +234,26 @@ reasons! {
     /// The workspace's pod is on its way out (to be replaced, or the workspace is deleted):
     /// it is not usable, whatever the pod still says.
     PodStopping,
+    // ContentReady
+    /// The agent is cloning the workspace's repository (the message has git's progress).
+    Cloning,
+    /// The agent cloned the repository into the home volume (the message names the commit).
+    Cloned,
+    /// The checkout was already there (cloned by an earlier pod, or put there by the user):
+    /// it is left as it is.
+    ContentFound,
+    /// The repository refused the credentials (or asked for some and none were given).
+    AuthenticationFailed,
+    /// The remote has no such repository.
+    RepositoryNotFound,
+    /// The repository has no such branch, tag or commit.
+    RefNotFound,
+    /// The remote could not be reached (retried with backoff).
+    Unreachable,
+    /// The home volume is full.
+    NoSpace,
+    /// Cloning failed for another reason (git's words say which).
+    Failed,
 }
 
 impl Reason {
@@ -321,6 +348,10 @@ pub mod event_reasons {
     pub const FAILED_CREATE: &str = "FailedCreate";
     /// The API server refused to update an object the workspace owns.
     pub const FAILED_UPDATE: &str = "FailedUpdate";
+    /// The agent cannot put the workspace's content in place (once per failure series).
+    pub const CONTENT_FAILED: &str = "ContentFailed";
+    /// The workspace's content is in place (once per clone).
+    pub const CONTENT_READY: &str = "ContentReady";
     /// The API server refused to delete an object the workspace owns.
     pub const FAILED_DELETE: &str = "FailedDelete";
     /// A reconcile of the workspace failed (its status may be what cannot be written); it is

@@ -3,6 +3,7 @@
 //! generated from these types.
 
 pub mod condition;
+pub mod content;
 pub mod crd;
 pub mod duration;
 pub mod error;
@@ -13,6 +14,7 @@ pub mod status;
 pub mod workspace;
 
 pub use condition::{ConditionStatus, set_condition};
+pub use content::{ContentStatus, GitAuth, GitContent, WorkspaceContent};
 pub use duration::{DurationString, parse_duration};
 pub use error::{Error, Result};
 pub use kind::{WorkspaceKind, WorkspaceKindSpec, WorkspaceKindStatus};

@@ -168,6 +168,10 @@ pub struct WorkspaceStatus {
     /// condition `UpdateAvailable` lists what, and the next start from stopped applies it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pending_restart: bool,
+    /// What the agent found or cloned in the home volume for `spec.content` (the condition
+    /// `ContentReady` says how it went).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<crate::ContentStatus>,
 }
 
 /// The pod that currently serves a workspace.

@@ -34,7 +34,10 @@ pub const RESERVED_DIRS: [(&str, &str); 4] = [
         "the service-account token Kubernetes mounts",
     ),
     ("/opt/berth", "the Berth agent's binary"),
-    ("/etc/berth", "the Berth agent's TLS files"),
+    (
+        "/etc/berth",
+        "the Berth agent's TLS files and content credentials",
+    ),
 ];
 
 /// DNS-1123 label: lowercase alphanumerics and `-`, starting and ending alphanumeric.
@@ -71,6 +74,7 @@ pub const DNS1123_LABEL_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
     validation = Rule::new("!has(self.kind) || !has(self.resources)").field_path(".resources").reason(kube::core::Reason::FieldValueForbidden).message("a workspace of a kind gets its resources from the kind's pod option (spec.options.pod); leave spec.resources out"),
     validation = Rule::new("!has(self.kind) || !has(self.serviceAccountName)").field_path(".serviceAccountName").reason(kube::core::Reason::FieldValueForbidden).message("a workspace of a kind runs as the kind's service account; leave spec.serviceAccountName out"),
     validation = Rule::new("!has(self.kind) || !has(self.podTemplate) || (!has(self.podTemplate.nodeSelector) && !has(self.podTemplate.tolerations) && !has(self.podTemplate.affinity))").field_path(".podTemplate").reason(kube::core::Reason::FieldValueForbidden).message("a workspace of a kind gets its node selector, tolerations and affinity from the kind's pod option (spec.options.pod); leave them out"),
+    validation = Rule::new("!has(self.content) || has(self.kind) || (has(self.podTemplate) && has(self.podTemplate.volumes) && has(self.podTemplate.volumes.home))").field_path(".podTemplate.volumes.home").reason(kube::core::Reason::FieldValueRequired).message("spec.content is cloned into the home volume: set spec.podTemplate.volumes.home too"),
     validation = Rule::new("has(self.kind) || !has(self.options)").field_path(".options").reason(kube::core::Reason::FieldValueForbidden).message("spec.options picks options of a WorkspaceKind: set spec.kind too")
 )]
 pub struct WorkspaceSpec {
@@ -141,6 +145,12 @@ pub struct WorkspaceSpec {
     /// How long a start may make no progress, and how rejected pods are replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<Lifecycle>,
+
+    /// What the home volume starts with: a git repository the in-pod agent clones before the
+    /// workspace's command starts (needs a home volume). Cloned once: a later start finds the
+    /// checkout and leaves it, and the user's work in it, alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<crate::content::WorkspaceContent>,
 }
 
 /// The schema of a port list (a Workspace's `ports`, a kind's image option's): at most 32,

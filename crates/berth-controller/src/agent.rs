@@ -13,7 +13,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use berth_agent::client::{CallError, ClientTls, get_activity, token_rejected, who_am_i};
+use berth_agent::client::{
+    CallError, ClientTls, get_activity, get_content, token_rejected, who_am_i,
+};
 use berth_api::{Workspace, condition::Reason};
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use jiff::Timestamp;
@@ -27,6 +29,7 @@ use tracing::{Instrument, info, warn};
 
 use crate::{
     config::AgentConfig,
+    content::{ContentCheck, ContentOutcome},
     idle::{self, ActivityCheck, ActivityOutcome},
     metrics::{Metrics, ResultLabel},
     state::{self, AgentCheck, AgentOutcome},
@@ -93,6 +96,20 @@ enum ActivityAsk {
     },
 }
 
+/// The state of a workspace's content asks.
+enum ContentAsk {
+    /// A `GetContent` to the agent of `pod_uid` runs; the answer before it still stands.
+    InFlight {
+        pod_uid: String,
+        previous: Option<ContentCheck>,
+    },
+    /// The last answer.
+    Done {
+        check: ContentCheck,
+        delivered: bool,
+    },
+}
+
 /// What the background calls share with the reconcile loop.
 struct Shared {
     client: Client,
@@ -101,6 +118,7 @@ struct Shared {
     tokens: tokio::sync::Mutex<Tokens>,
     attempts: Mutex<HashMap<Key, Attempt>>,
     activity: Mutex<HashMap<Key, ActivityAsk>>,
+    content: Mutex<HashMap<Key, ContentAsk>>,
     /// Wakes a workspace whose check finished in the background.
     wake: UnboundedSender<ObjectRef<Workspace>>,
 }
@@ -125,6 +143,7 @@ impl AgentChecker {
             tokens: Default::default(),
             attempts: Default::default(),
             activity: Default::default(),
+            content: Default::default(),
             wake,
         };
         (
@@ -257,6 +276,75 @@ impl AgentChecker {
         );
         self.shared.attempts().remove(&key);
         self.shared.activity().remove(&key);
+        self.shared.contents().remove(&key);
+    }
+
+    /// The last `GetContent` answer from the agent of the workspace's pod while its content is
+    /// not in place, asking again when `interval` has passed since the last ask (in the
+    /// background past a short wait, waking the workspace when it ends).
+    pub async fn content(
+        &self,
+        workspace: &Workspace,
+        pod: Option<&Pod>,
+        now: Timestamp,
+        interval: Duration,
+    ) -> Option<ContentCheck> {
+        let shared = &self.shared;
+        let key = (
+            workspace.namespace().unwrap_or_default(),
+            workspace.name_any(),
+        );
+        let pod = pod.filter(|p| crate::content::wanted(workspace, Some(p)));
+        let Some(pod) = pod else {
+            shared.contents().remove(&key);
+            return None;
+        };
+        let pod_uid = pod.uid().unwrap_or_default();
+        let ip = pod.status.as_ref()?.pod_ip.clone()?;
+        let address = match ip.parse::<std::net::IpAddr>() {
+            Ok(ip) => std::net::SocketAddr::new(ip, shared.config.port).to_string(),
+            Err(_) => format!("{ip}:{}", shared.config.port),
+        };
+        let last = match shared.contents().get_mut(&key) {
+            Some(ContentAsk::InFlight {
+                pod_uid: uid,
+                previous,
+            }) if *uid == pod_uid => return previous.clone(),
+            Some(ContentAsk::Done { check, delivered }) if check.pod_uid == pod_uid => {
+                let fresh = !*delivered;
+                *delivered = true;
+                Some(ContentCheck {
+                    fresh,
+                    ..check.clone()
+                })
+            }
+            _ => None,
+        };
+        if !crate::content::ask_due(last.as_ref(), &pod_uid, now, interval) {
+            return last;
+        }
+        let tls = crate::pod::serves_agent_tls(pod);
+        let mut done = Shared::ask_content(
+            shared,
+            key.clone(),
+            pod_uid.clone(),
+            address,
+            tls,
+            last.clone(),
+        );
+        let _ = tokio::time::timeout(INLINE_WAIT, done.wait_for(|d| *d)).await;
+        match shared.contents().get_mut(&key) {
+            Some(ContentAsk::Done { check, delivered }) if check.pod_uid == pod_uid => {
+                let fresh = !*delivered;
+                *delivered = true;
+                Some(ContentCheck {
+                    fresh,
+                    ..check.clone()
+                })
+            }
+            // Still asking: the answer before stands (the workspace is woken when it comes).
+            _ => last,
+        }
     }
 }
 
@@ -279,6 +367,105 @@ impl Shared {
 
     fn activity(&self) -> std::sync::MutexGuard<'_, HashMap<Key, ActivityAsk>> {
         self.activity.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn contents(&self) -> std::sync::MutexGuard<'_, HashMap<Key, ContentAsk>> {
+        self.content.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a `GetContent` in the background; returns what turns true when its answer is
+    /// stored (and the workspace woken).
+    fn ask_content(
+        shared: &Arc<Shared>,
+        key: Key,
+        pod_uid: String,
+        address: String,
+        tls: bool,
+        previous: Option<ContentCheck>,
+    ) -> watch::Receiver<bool> {
+        let (done_tx, done) = watch::channel(false);
+        shared.contents().insert(
+            key.clone(),
+            ContentAsk::InFlight {
+                pod_uid: pod_uid.clone(),
+                previous: previous.map(|p| ContentCheck { fresh: false, ..p }),
+            },
+        );
+        let shared = shared.clone();
+        tokio::spawn(
+            async move {
+                let asked_at = jiff::Timestamp::now();
+                let outcome = shared.call_content(&address, tls, &key.0).await;
+                let mut asks = shared.contents();
+                let still_wanted = matches!(asks.get(&key), Some(ContentAsk::InFlight { pod_uid: uid, .. }) if *uid == pod_uid);
+                if still_wanted {
+                    asks.insert(
+                        key.clone(),
+                        ContentAsk::Done {
+                            check: ContentCheck {
+                                pod_uid,
+                                asked_at,
+                                outcome,
+                                fresh: true,
+                            },
+                            delivered: false,
+                        },
+                    );
+                    drop(asks);
+                    let _ = done_tx.send(true);
+                    let (namespace, name) = &key;
+                    let _ = shared
+                        .wake
+                        .unbounded_send(ObjectRef::new(name).within(namespace));
+                }
+            }
+            .in_current_span(),
+        );
+        done
+    }
+
+    /// One `GetContent`, with the operator's token for the namespace.
+    async fn call_content(&self, address: &str, tls: bool, namespace: &str) -> ContentOutcome {
+        let unasked = |reason: Reason, message: String| ContentOutcome::Unasked { reason, message };
+        let timeout = self.config.timeout;
+        let answer = match self
+            .with_token(namespace, tls, |token, client_tls| async move {
+                get_content(address, &token, timeout, client_tls.as_ref()).await
+            })
+            .await
+        {
+            Ok(answer) => answer,
+            Err(message) => return unasked(Reason::Unknown, message),
+        };
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(e @ CallError::Unreachable { .. }) => {
+                return unasked(Reason::AgentUnreachable, e.to_string());
+            }
+            Err(CallError::Refused(status)) => {
+                return unasked(refusal_reason(status.code()), status.message().to_owned());
+            }
+        };
+        let reference = (!answer.r#ref.is_empty()).then(|| answer.r#ref.clone());
+        match answer.state.as_str() {
+            "Cloning" => ContentOutcome::Cloning {
+                progress: answer.message,
+            },
+            "Ready" => ContentOutcome::Ready {
+                reason: Reason::parse(&answer.reason),
+                url: answer.url,
+                reference,
+                commit: answer.commit,
+                message: answer.message,
+            },
+            "Failed" => ContentOutcome::Failed {
+                reason: Reason::parse(&answer.reason),
+                message: answer.message,
+                retry_in: (answer.retry_in_seconds > 0)
+                    .then(|| Duration::from_secs(answer.retry_in_seconds.into())),
+            },
+            _ => ContentOutcome::Waiting,
+        }
     }
 
     /// Starts a `GetActivity` in the background; returns what turns true when its answer is

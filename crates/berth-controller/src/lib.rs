@@ -7,6 +7,7 @@ pub mod admission;
 pub mod agent;
 pub mod caches;
 pub mod config;
+pub mod content;
 pub mod error;
 pub mod event_index;
 pub mod idle;

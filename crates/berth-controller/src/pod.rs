@@ -39,6 +39,9 @@ pub const AGENT_DIR: &str = "/opt/berth";
 /// The agent's TLS secret volume, and where it is mounted.
 pub const AGENT_TLS_VOLUME: &str = "berth-agent-tls";
 pub const AGENT_TLS_DIR: &str = "/etc/berth/agent-tls";
+/// The volume of the content's credentials secret (`spec.content.git.auth`), mounted at
+/// `berth_agent::content::CREDENTIALS_DIR` in the agent's container only.
+pub const CONTENT_AUTH_VOLUME: &str = "berth-content-auth";
 
 /// Whether the pod's agent serves TLS (the pod was built with the TLS secret; pods made before
 /// TLS was turned on keep plaintext until they are replaced).
@@ -284,6 +287,57 @@ pub fn built_from(pod: &Pod, workspace: &Workspace) -> bool {
     pod.annotations()
         .get(labels::SPEC_HASH)
         .is_some_and(|h| *h == pod_hash(workspace) || *h == unversioned_spec_hash(&workspace.spec))
+        && content_current(pod, workspace)
+}
+
+/// What the agent is to clone, and where (`spec.content` and the home volume): no secret, only
+/// whether one is mounted.
+pub fn content_spec(workspace: &Workspace) -> Option<berth_agent::content::ContentSpec> {
+    let git = &workspace.spec.content.as_ref()?.git;
+    let home = workspace
+        .spec
+        .pod_template
+        .as_ref()?
+        .volumes
+        .as_ref()?
+        .home
+        .as_ref()?;
+    Some(berth_agent::content::ContentSpec {
+        url: git.url.clone(),
+        reference: git.reference.clone(),
+        path: git.directory(),
+        depth: git.depth(),
+        home: home.mount_path.as_str().to_owned(),
+        auth: git.auth.is_some(),
+    })
+}
+
+/// Whether `pod` was given the content the spec asks for now: a pod whose agent still has to
+/// clone is replaced when the spec's content changes (a wrong ref fixed); once the content is
+/// in place, a change restarts nothing (the checkout is never cloned over, and
+/// `ContentReady` says so).
+fn content_current(pod: &Pod, workspace: &Workspace) -> bool {
+    let in_place = workspace
+        .status
+        .as_ref()
+        .is_some_and(|s| s.content.is_some());
+    if in_place {
+        return true;
+    }
+    let given = pod
+        .spec
+        .as_ref()
+        .and_then(|s| {
+            s.containers.iter().find_map(|c| {
+                c.env
+                    .as_ref()?
+                    .iter()
+                    .find(|e| e.name == berth_agent::content::CONTENT_ENV)
+            })
+        })
+        .and_then(|e| e.value.as_deref())
+        .and_then(|v| serde_json::from_str::<berth_agent::content::ContentSpec>(v).ok());
+    given == content_spec(workspace)
 }
 
 /// What every container running the agent gets: who it serves, and a gRPC readiness probe on
@@ -331,6 +385,12 @@ fn agent_env(workspace: &Workspace, agent: &AgentConfig) -> Vec<EnvVar> {
             .collect();
         value(berth_agent::ACTIVITY_PORTS_ENV, ports.join(","))
     }))
+    .chain(content_spec(workspace).map(|content| {
+        value(
+            berth_agent::content::CONTENT_ENV,
+            serde_json::to_string(&content).unwrap_or_default(),
+        )
+    }))
     .chain(agent.tls.iter().flat_map(|_| {
         [
             value(
@@ -377,6 +437,26 @@ fn agent_tls_mount(agent: &AgentConfig, volumes: &mut Vec<Volume>) -> Option<Vol
     Some(VolumeMount {
         name: AGENT_TLS_VOLUME.into(),
         mount_path: AGENT_TLS_DIR.into(),
+        read_only: Some(true),
+        ..Default::default()
+    })
+}
+
+/// The content's credentials secret, for the agent's container.
+fn content_auth_mount(workspace: &Workspace, volumes: &mut Vec<Volume>) -> Option<VolumeMount> {
+    let auth = workspace.spec.content.as_ref()?.git.auth.as_ref()?;
+    volumes.push(Volume {
+        name: CONTENT_AUTH_VOLUME.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(auth.secret_name.clone()),
+            default_mode: Some(0o400),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    Some(VolumeMount {
+        name: CONTENT_AUTH_VOLUME.into(),
+        mount_path: berth_agent::content::CREDENTIALS_DIR.into(),
         read_only: Some(true),
         ..Default::default()
     })
@@ -499,6 +579,7 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
             };
             mounts.push(mount(true));
             mounts.extend(agent_tls_mount(agent, &mut volumes));
+            mounts.extend(content_auth_mount(workspace, &mut volumes));
             init_containers.push(Container {
                 name: INSTALL_CONTAINER.into(),
                 image: Some(agent.image.clone()),

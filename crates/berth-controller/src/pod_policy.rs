@@ -22,6 +22,9 @@ pub struct PodPolicy {
     /// The port the agent serves on in every workspace pod (`--agent-port`): a workspace may
     /// not declare it (the CRD refuses only the default, 50051). 0: not checked.
     pub agent_port: u16,
+    /// The URL schemes `spec.content.git.url` may use (`--allowed-content-schemes`); empty:
+    /// `berth_api::content::DEFAULT_SCHEMES`.
+    pub content_schemes: Vec<String>,
 }
 
 /// Whether Berth or Kubernetes reserves a label or annotation key: `app` (the selector of
@@ -65,6 +68,37 @@ pub fn violation(spec: &WorkspaceSpec, policy: &PodPolicy) -> Option<String> {
         return Some(format!(
             "spec.ports[{i}]: port {agent} is the Berth agent's in every workspace pod (the operator's --agent-port); pick another port"
         ));
+    }
+    if let Some(git) = spec.content.as_ref().map(|c| &c.git) {
+        let defaults = berth_api::content::DEFAULT_SCHEMES.map(str::to_owned);
+        let allowed = match policy.content_schemes.is_empty() {
+            true => &defaults[..],
+            false => &policy.content_schemes[..],
+        };
+        if !allowed.iter().any(|s| s == git.scheme()) {
+            return Some(format!(
+                "spec.content.git.url: the scheme {:?} is not allowed; the operator allows content from (--allowed-content-schemes): {}",
+                git.scheme(),
+                listed(allowed)
+            ));
+        }
+        let home = spec
+            .pod_template
+            .as_ref()
+            .and_then(|t| t.volumes.as_ref())
+            .and_then(|v| v.home.as_ref());
+        if spec.command.as_ref().is_none_or(|c| c.is_empty()) {
+            return Some("spec.content: the agent clones the repository before it starts spec.command, and a workspace without one runs its image's entrypoint, which cannot wait for it; set spec.command".to_owned());
+        }
+        if home.is_none() {
+            return Some(format!(
+                "spec.content: the repository is cloned into the home volume, and the workspace has none{}; set spec.podTemplate.volumes.home",
+                match &spec.kind {
+                    Some(kind) => format!(" (its kind {kind} gives none)"),
+                    None => String::new(),
+                }
+            ));
+        }
     }
     let template = spec.pod_template.as_ref()?;
     let authored = PodTemplate {
@@ -328,6 +362,55 @@ mod tests {
         );
         assert_eq!(violation(&spec(6001), &policy), None);
         assert_eq!(violation(&spec(6000), &PodPolicy::default()), None);
+    }
+
+    #[test]
+    fn content_comes_only_from_allowed_schemes_into_a_home() {
+        let content = |url: &str, home: bool| -> WorkspaceSpec {
+            let mut spec = json!({"image": "x:1", "command": ["sleep", "1d"], "content": {"git": {"url": url}}});
+            if home {
+                spec["podTemplate"] =
+                    json!({"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}});
+            }
+            serde_json::from_value(spec).unwrap()
+        };
+        let policy = PodPolicy::default();
+        for url in [
+            "https://h/r.git",
+            "ssh://git@h/r.git",
+            "git@h:r.git",
+            "git://h/r",
+        ] {
+            assert_eq!(violation(&content(url, true), &policy), None, "{url}");
+        }
+        assert_eq!(
+            violation(&content("file:///srv/r.git", true), &policy).unwrap(),
+            "spec.content.git.url: the scheme \"file\" is not allowed; the operator allows content from (--allowed-content-schemes): https, ssh, git"
+        );
+        let with_file = PodPolicy {
+            content_schemes: strings(&["https", "file"]),
+            ..PodPolicy::default()
+        };
+        assert_eq!(
+            violation(&content("file:///srv/r.git", true), &with_file),
+            None
+        );
+        assert!(
+            violation(&content("git://h/r", true), &with_file)
+                .unwrap()
+                .contains("allows content from (--allowed-content-schemes): https, file")
+        );
+        assert_eq!(
+            violation(&content("https://h/r.git", false), &policy).unwrap(),
+            "spec.content: the repository is cloned into the home volume, and the workspace has none; set spec.podTemplate.volumes.home"
+        );
+        let mut entrypoint = content("https://h/r.git", true);
+        entrypoint.command = None;
+        assert!(
+            violation(&entrypoint, &policy)
+                .unwrap()
+                .ends_with("which cannot wait for it; set spec.command")
+        );
     }
 
     #[test]

@@ -799,6 +799,14 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
     let now = Timestamp::now();
     let agent = ctx.agents.check(&workspace, pod.as_deref(), now).await;
     let activity = ctx.agents.activity(&workspace, pod.as_deref(), now).await;
+    let content = (ctx.agents)
+        .content(
+            &workspace,
+            pod.as_deref(),
+            now,
+            ctx.config.policy.progress_interval,
+        )
+        .await;
     // What the caches show no longer needs an expectation.
     if pod.is_some() {
         ctx.forget("pod", &namespace, &name);
@@ -847,6 +855,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         agent: agent.as_ref(),
         refusal: refusal.as_ref(),
         activity: activity.as_ref(),
+        content: content.as_ref(),
         admission: admission_missing.as_deref(),
         kind: &shaped.update,
         expectations,
@@ -1300,6 +1309,7 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         agent: None,
         refusal: None,
         activity: None,
+        content: None,
         admission: None,
         kind: &crate::kinds::NO_KIND,
         expectations: Default::default(),

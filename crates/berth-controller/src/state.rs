@@ -82,6 +82,9 @@ pub struct Observed<'a> {
     /// The last `GetActivity` to the current pod's agent, when the workspace has an idle
     /// timeout.
     pub activity: Option<&'a ActivityCheck>,
+    /// The last `GetContent` to the current pod's agent, while the workspace's content is not
+    /// in place for it.
+    pub content: Option<&'a crate::content::ContentCheck>,
     /// What is missing of the admission policy that checks a spec's author may use what it
     /// names (`crate::admission`); `None` when it is installed and enforcing.
     pub admission: Option<&'a str>,
@@ -772,13 +775,7 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
     if pod_is_ready(pod) {
         return running::running(b, &current, observed, &lifecycle, policy);
     }
-    starting::starting(
-        b,
-        &current,
-        observed.warnings,
-        lifecycle.start_timeout,
-        policy,
-    )
+    starting::starting(b, &current, observed, lifecycle.start_timeout, policy)
 }
 
 impl<'a> Builder<'a> {
@@ -1256,6 +1253,7 @@ impl Builder<'_> {
     }
 }
 
+mod content;
 mod replacing;
 mod running;
 mod starting;

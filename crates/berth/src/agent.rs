@@ -61,6 +61,10 @@ pub struct AgentArgs {
     /// How often connections and CPU are sampled (e.g. `5s`).
     #[arg(long, env = "BERTH_AGENT_ACTIVITY_INTERVAL", default_value = "5s", value_parser = parse_interval)]
     pub activity_interval: std::time::Duration,
+    /// The workspace's content to clone into its home volume before its command starts (JSON,
+    /// set by the operator). Default: none.
+    #[arg(long, env = berth_agent::content::CONTENT_ENV, hide_env_values = true)]
+    pub content: Option<String>,
     /// The workspace's command, run and supervised by the agent.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -111,6 +115,22 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
         cpu_threshold: args.activity_cpu,
         interval: args.activity_interval,
     }));
+    let content = berth_agent::content::Content::from_env(args.content.as_deref())?;
+    let stop_content = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Some(spec) = content.spec() {
+        let dir = std::path::PathBuf::from(berth_agent::content::CREDENTIALS_DIR);
+        let auth = spec.auth;
+        tokio::spawn(berth_agent::content::fill(
+            content.clone(),
+            std::path::PathBuf::from(&spec.home),
+            Arc::new(move || match auth {
+                true => berth_agent::content::Credentials::from_dir(&dir),
+                false => berth_agent::content::Credentials::None,
+            }),
+            Arc::new(berth_agent::git::clone),
+            stop_content.clone(),
+        ));
+    }
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.address, args.port))
         .await
         .map_err(|e| format!("cannot listen on {}:{}: {e}", args.address, args.port))?;
@@ -121,6 +141,7 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
             auth,
             tls,
             activity,
+            content,
             crate::wait_for_shutdown_signal(),
         )
         .await
@@ -132,8 +153,19 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
         auth,
         tls,
         activity.clone(),
+        content.clone(),
         std::future::pending(),
     ));
+    // The workspace's command starts once its content is in place (SIGTERM meanwhile ends
+    // the agent, and the clone with it).
+    tokio::select! {
+        _ = content.ready() => {}
+        _ = crate::wait_for_shutdown_signal() => {
+            stop_content.store(true, std::sync::atomic::Ordering::SeqCst);
+            server.abort();
+            return Ok(143);
+        }
+    }
     let code = berth_agent::supervisor::supervise(&args.command, |pid| activity.supervise(pid))
         .await
         .map_err(|e| e.to_string())?;

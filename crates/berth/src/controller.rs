@@ -323,6 +323,15 @@ pub struct PodPolicyArgs {
     /// app.kubernetes.io/*, *kubernetes.io/*, *k8s.io/*) never. Default: none.
     #[arg(long, env = "BERTH_ALLOWED_METADATA_PREFIXES", value_delimiter = ',')]
     pub allowed_metadata_prefixes: Vec<String>,
+    /// URL schemes `spec.content.git.url` may use (comma-separated), e.g. add `file` for
+    /// repositories on the nodes' disks or `http` for a plain-text server.
+    #[arg(
+        long,
+        env = "BERTH_ALLOWED_CONTENT_SCHEMES",
+        value_delimiter = ',',
+        default_value = "https,ssh,git"
+    )]
+    pub allowed_content_schemes: Vec<String>,
 }
 
 impl PodPolicyArgs {
@@ -333,6 +342,7 @@ impl PodPolicyArgs {
             node_labels: self.allowed_node_labels.clone(),
             metadata_prefixes: self.allowed_metadata_prefixes.clone(),
             agent_port,
+            content_schemes: self.allowed_content_schemes.clone(),
         }
     }
 }

@@ -422,7 +422,7 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
             Ok(processes),
             true,
         )),
-        Err(_) => std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
+        Err(_) => std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime::default()),
     };
     let cluster = berth_sim::SimCluster::start(berth_sim::SimConfig {
         nodes: berth_sim::NodeConfig::several(args.nodes),

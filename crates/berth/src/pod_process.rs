@@ -40,25 +40,55 @@ impl PodProcessRuntime {
                 &[BINARY_IN_IMAGE],
             )
         });
+        // Agents clone content into their home claim's folder, where the processes see it.
+        let agents = match &processes {
+            Ok(processes) => {
+                let processes = processes.clone();
+                AgentRuntime::with_claim_dirs(std::sync::Arc::new(move |uid: &str| {
+                    processes.claim_dir(uid)
+                }))
+            }
+            Err(_) => AgentRuntime::default(),
+        };
         PodProcessRuntime {
-            agents: AgentRuntime,
+            agents,
             processes,
             others,
         }
     }
 }
 
-/// One container of two parts: the in-process agent and the workspace's command, which ends
-/// the container when it exits (as the real agent exits with its command's code).
-fn agent_and_command(agent: RunningContainer, command: RunningContainer) -> RunningContainer {
+/// One container of two parts: the in-process agent and the workspace's command, started once
+/// the agent put the content in place, which ends the container when it exits (as the real
+/// agent exits with its command's code).
+fn agent_and_command(
+    agent: RunningContainer,
+    command: impl std::future::Future<Output = Result<RunningContainer, String>> + Send + 'static,
+) -> RunningContainer {
     let (exit_tx, exited) = tokio::sync::oneshot::channel();
-    let (stop, stop_rx) = tokio::sync::oneshot::channel::<Duration>();
+    let (stop, mut stop_rx) = tokio::sync::oneshot::channel::<Duration>();
     tokio::spawn(async move {
-        let (agent_exited, agent_stop) = (agent.exited, agent.stop);
+        let (mut agent_exited, agent_stop) = (agent.exited, agent.stop);
+        let started = tokio::select! {
+            started = command => started,
+            code = &mut agent_exited => return exit_tx.send(code.unwrap_or(137)).unwrap_or_default(),
+            grace = &mut stop_rx => {
+                let _ = agent_stop.send(grace.unwrap_or_default());
+                return exit_tx.send(143).unwrap_or_default();
+            }
+        };
+        let command = match started {
+            Ok(command) => command,
+            Err(why) => {
+                tracing::warn!(%why, "the workspace's command did not start");
+                let _ = agent_stop.send(Duration::ZERO);
+                return exit_tx.send(128).unwrap_or_default();
+            }
+        };
         let (command_exited, command_stop) = (command.exited, command.stop);
         let code = tokio::select! {
             code = command_exited => code.unwrap_or(137),
-            code = agent_exited => {
+            code = &mut agent_exited => {
                 let _ = command_stop.send(Duration::ZERO);
                 code.unwrap_or(137)
             }
@@ -102,11 +132,16 @@ impl ContainerRuntime for PodProcessRuntime {
             _ => return self.agents.start(context),
         };
         if agent {
+            let claims = self.agents.claim_dirs().cloned();
             return Box::pin(async move {
                 let command = workspace_command(&context.container);
-                let agent = start_agent(context.clone(), false).await?;
-                let command = processes.run(context, command).await?;
-                Ok(agent_and_command(agent, command))
+                let agent = start_agent(context.clone(), false, claims.as_ref()).await?;
+                let content = agent.content.clone();
+                let command = async move {
+                    content.ready().await;
+                    processes.run(context, command).await
+                };
+                Ok(agent_and_command(agent.container, command))
             });
         }
         processes.start(context)

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 
 mod connections;
+mod content;
 
 /// The audience of the operator's tokens for agents in namespace `default`.
 const AUDIENCE: &str = "berth-agent/default";
@@ -115,6 +116,7 @@ impl Setup {
             auth.clone(),
             tls,
             activity,
+            berth_agent::content::Content::new(None),
             std::future::pending(),
         ));
         (address, auth)
@@ -379,7 +381,7 @@ async fn over_tls_an_agent_is_trusted_by_its_ca_and_name() {
 #[tokio::test]
 async fn a_pod_running_the_agent_in_the_sim_answers_at_its_ip() {
     let config = SimConfig {
-        runtime: Arc::new(berth_agent::sim_runtime::AgentRuntime),
+        runtime: Arc::new(berth_agent::sim_runtime::AgentRuntime::default()),
         ..SimConfig::fast()
     };
     let sim = SimCluster::start(config).await.unwrap();

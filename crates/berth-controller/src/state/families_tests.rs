@@ -132,6 +132,7 @@ impl Case {
                 agent: self.agent.as_ref(),
                 refusal: None,
                 activity: None,
+                content: None,
                 admission: None,
                 kind: &crate::kinds::NO_KIND,
                 expectations: self.expectations,

@@ -111,6 +111,16 @@ pub(super) fn running(
             }
         }
     }
+    // Ready only once the content is in place (the agent clones before the command starts).
+    if let Some(wait) = b.content_holds(
+        observed.workspace,
+        observed.content,
+        uid,
+        pod_name,
+        policy.progress_interval,
+    ) {
+        return b.finish(wait);
+    }
     b.condition(
         types::READY,
         ConditionStatus::True,

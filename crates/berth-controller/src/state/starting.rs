@@ -10,10 +10,10 @@ use berth_api::{
         ConditionType, HasReason, HasStatus, Reason, find_condition, pod_conditions, types,
     },
 };
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 
 use super::{
-    Action, Builder, Current, Decision, Notice, containers_running, elapsed, human,
+    Action, Builder, Current, Decision, Notice, Observed, containers_running, elapsed, human,
     requeue_interval, signal, waiting,
 };
 use crate::config::Policy;
@@ -75,10 +75,11 @@ const START_STEPS: [ConditionType; 4] = [
 pub(super) fn starting(
     mut b: Builder<'_>,
     current: &Current<'_>,
-    warnings: &[&Event],
+    observed: &Observed<'_>,
     start_timeout: Duration,
     policy: &Policy,
 ) -> Decision {
+    let (warnings, workspace, content) = (observed.warnings, observed.workspace, observed.content);
     let Current {
         pod,
         name: pod_name,
@@ -138,6 +139,20 @@ pub(super) fn starting(
         None => message.clone(),
     };
 
+    // A running pod whose agent is still putting the content in place says so.
+    if ended.is_none()
+        && signal.is_none()
+        && containers_running(pod)
+        && let Some(wait) = b.content_holds(
+            workspace,
+            content,
+            &current.uid,
+            pod_name,
+            policy.progress_interval,
+        )
+    {
+        return b.finish(wait);
+    }
     // (A pod in phase Unknown never comes here: its node is lost, `replacing::node_lost`.)
     match &signal {
         _ if ended.is_some() => b.phase(Phase::Error, message.clone()),

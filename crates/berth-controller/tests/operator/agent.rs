@@ -517,7 +517,7 @@ impl ContainerRuntime for Tampered {
         let hang = agent_of(&context, "hang");
         let slow = agent_of(&context, "slow");
         if !hang && !slow && !agent_of(&context, "unreachable") {
-            return berth_agent::sim_runtime::AgentRuntime.start(context);
+            return berth_agent::sim_runtime::AgentRuntime::default().start(context);
         }
         Box::pin(async move {
             let address = (context.pod_ip, berth_agent::DEFAULT_PORT);

@@ -259,7 +259,7 @@ impl ContainerRuntime for Partitioned {
                     .any(|e| e["name"] == "BERTH_WORKSPACE_NAME" && e["value"] == "cut")
             });
         if !agent {
-            return berth_agent::sim_runtime::AgentRuntime.start(context);
+            return berth_agent::sim_runtime::AgentRuntime::default().start(context);
         }
         let real = berth_agent::DEFAULT_PORT + 1;
         for e in context.container["env"]
@@ -276,7 +276,7 @@ impl ContainerRuntime for Partitioned {
             let listener = tokio::net::TcpListener::bind((ip, berth_agent::DEFAULT_PORT))
                 .await
                 .map_err(|e| e.to_string())?;
-            let container = berth_agent::sim_runtime::AgentRuntime
+            let container = berth_agent::sim_runtime::AgentRuntime::default()
                 .start(context)
                 .await?;
             let proxy = tokio::spawn(async move {

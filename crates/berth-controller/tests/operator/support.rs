@@ -18,7 +18,7 @@ pub const OPERATOR: &str = "system:serviceaccount:berth-system:berth-controller"
 /// The fast sim, with the Berth agent running in-process in workspace pods.
 pub fn sim_config() -> SimConfig {
     SimConfig {
-        runtime: std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime),
+        runtime: std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime::default()),
         ..SimConfig::fast()
     }
 }

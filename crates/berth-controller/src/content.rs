@@ -1,0 +1,145 @@
+//! The workspace's content as the operator sees it (pure): what an agent's `GetContent`
+//! answer means, and when to ask again. The agent clones (`berth_agent::content`); the
+//! operator asks the pod's agent where it stands until it says the content is in place,
+//! at most once per `--status-progress-interval`, and says it in `ContentReady`.
+
+use std::time::Duration;
+
+use berth_api::{Workspace, condition::Reason};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+/// What the operator's last `GetContent` to a pod's agent found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContentCheck {
+    pub pod_uid: String,
+    /// When the agent was asked.
+    pub asked_at: Timestamp,
+    pub outcome: ContentOutcome,
+    /// First handed to a reconcile now.
+    pub fresh: bool,
+}
+
+/// The answer of a `GetContent`, or why there is none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ContentOutcome {
+    /// The agent has not started cloning yet (or has no content: an agent older than the spec).
+    Waiting,
+    /// Cloning: git's progress in words.
+    Cloning { progress: String },
+    /// In place: `Cloned` now, or `ContentFound` from earlier; what is on disk (url, ref and
+    /// commit of Berth's clone, empty for the user's own directory) and the agent's words.
+    Ready {
+        reason: Reason,
+        url: String,
+        reference: Option<String>,
+        commit: String,
+        message: String,
+    },
+    /// The last attempt failed, in git's words; the agent tries again after `retry_in`
+    /// (None: once the credentials change).
+    Failed {
+        reason: Reason,
+        message: String,
+        retry_in: Option<Duration>,
+    },
+    /// The agent could not be asked.
+    Unasked { reason: Reason, message: String },
+}
+
+/// Whether the workspace's pod is to be asked about its content: the workspace has content,
+/// the pod is its own and current, runs, and has not said its content is in place.
+pub fn wanted(workspace: &Workspace, pod: Option<&Pod>) -> bool {
+    let Some(pod) = pod else {
+        return false;
+    };
+    let confirmed = workspace
+        .status
+        .as_ref()
+        .and_then(|s| s.content.as_ref())
+        .is_some_and(|c| Some(c.pod_uid.as_str()) == pod.metadata.uid.as_deref());
+    let running = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        });
+    let has_ip = pod
+        .status
+        .as_ref()
+        .is_some_and(|s| s.pod_ip.as_deref().is_some_and(|ip| !ip.is_empty()));
+    workspace.spec.content.is_some()
+        && !workspace.spec.paused
+        && workspace.metadata.deletion_timestamp.is_none()
+        && pod.metadata.deletion_timestamp.is_none()
+        && crate::pod::is_owned_by(&pod.metadata, workspace)
+        && crate::pod::built_from(pod, workspace)
+        && running
+        && has_ip
+        && !confirmed
+        && !pod.uid().unwrap_or_default().is_empty()
+}
+
+/// Whether the last answer is old enough to ask again (at most once per `interval`).
+pub fn ask_due(
+    last: Option<&ContentCheck>,
+    pod_uid: &str,
+    now: Timestamp,
+    interval: Duration,
+) -> bool {
+    match last.filter(|c| c.pod_uid == pod_uid) {
+        None => true,
+        Some(check) => {
+            let since = Duration::try_from(now.duration_since(check.asked_at)).unwrap_or_default();
+            since >= interval
+        }
+    }
+}
+
+/// What the author can do about a failure, by its reason.
+pub fn remedy(reason: &Reason, workspace: &Workspace) -> String {
+    let git = workspace.spec.content.as_ref().map(|c| &c.git);
+    let secret = git
+        .and_then(|g| g.auth.as_ref())
+        .map(|a| a.secret_name.clone());
+    match (reason, secret) {
+        (Reason::AuthenticationFailed, Some(secret)) => format!(
+            "check the credentials in Secret {secret} (spec.content.git.auth.secretName); Berth tries again when the Secret changes"
+        ),
+        (Reason::AuthenticationFailed, None) => "the repository asks for credentials: name a Secret in spec.content.git.auth.secretName".to_owned(),
+        (Reason::RepositoryNotFound, _) => "check spec.content.git.url (a private repository may also say it does not exist to a caller without the right credentials)".to_owned(),
+        (Reason::RefNotFound, _) => "fix spec.content.git.ref (a branch, a tag or a full commit id), or leave it out for the default branch".to_owned(),
+        (Reason::NoSpace, _) => "grow spec.podTemplate.volumes.home.size".to_owned(),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn asked_at_most_once_per_interval_and_at_once_for_a_new_pod() {
+        let t0: Timestamp = "2026-12-04T10:00:00Z".parse().unwrap();
+        let check = ContentCheck {
+            pod_uid: "a".into(),
+            asked_at: t0,
+            outcome: ContentOutcome::Waiting,
+            fresh: false,
+        };
+        let second = Duration::from_secs(1);
+        assert!(ask_due(None, "a", t0, second));
+        assert!(!ask_due(Some(&check), "a", t0, second));
+        let later = t0 + jiff::SignedDuration::from_millis(999);
+        assert!(!ask_due(Some(&check), "a", later, second));
+        let later = t0 + jiff::SignedDuration::from_millis(1000);
+        assert!(ask_due(Some(&check), "a", later, second));
+        assert!(
+            ask_due(Some(&check), "b", t0, second),
+            "a new pod is asked at once"
+        );
+    }
+}

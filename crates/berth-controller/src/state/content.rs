@@ -1,0 +1,164 @@
+//! The content family's step: a workspace with `spec.content` is Ready only once its pod's
+//! agent says the content is in place; meanwhile `ContentReady` and the phase say where the
+//! clone stands, in git's words, and a failure is an `Error` with a Warning event once per
+//! failure series. The pod is never touched for it: the agent retries by itself.
+
+use std::time::Duration;
+
+use berth_api::{
+    ConditionStatus, ContentStatus, Phase, Workspace,
+    condition::{HasReason, HasStatus, Reason, event_reasons, find_condition, types},
+};
+
+use super::{Builder, Notice};
+use crate::content::{ContentCheck, ContentOutcome, remedy};
+
+impl Builder<'_> {
+    /// Says where the content of the pod `uid` stands; the requeue when the workspace waits
+    /// for it (the caller finishes then), None when it is in place (or there is none).
+    pub(super) fn content_holds(
+        &mut self,
+        workspace: &Workspace,
+        check: Option<&ContentCheck>,
+        uid: &str,
+        pod_name: &str,
+        interval: Duration,
+    ) -> Option<Duration> {
+        let git = &workspace.spec.content.as_ref()?.git;
+        let place = format!("{} ({})", git.directory(), git.url);
+        if let Some(content) = self.status.content.clone().filter(|c| c.pod_uid == uid) {
+            // In place for this pod: a changed spec changes nothing on disk, and says so.
+            let cloned_by_berth = !content.url.is_empty();
+            if cloned_by_berth && (content.url != git.url || content.reference != git.reference) {
+                let at = |r: &Option<String>| {
+                    r.clone().unwrap_or_else(|| "its default branch".to_owned())
+                };
+                let message = format!(
+                    "spec.content.git now asks for {} at {}, but {} holds {} at {} (commit {}): Berth never clones over a checkout, so nothing on disk changed. Move {} away and restart the workspace to clone again",
+                    git.url,
+                    at(&git.reference),
+                    content.path,
+                    content.url,
+                    at(&content.reference),
+                    content.commit,
+                    content.path
+                );
+                self.condition(
+                    types::CONTENT_READY,
+                    ConditionStatus::True,
+                    Reason::ContentFound,
+                    &message,
+                );
+            }
+            return None;
+        }
+        let check = check.filter(|c| c.pod_uid == uid);
+        let waiting = |b: &mut Self, reason: Reason, status: ConditionStatus, text: String| {
+            b.condition(types::CONTENT_READY, status, reason.clone(), &text);
+            b.condition(types::READY, ConditionStatus::False, reason, &text);
+            b.status.ready_at = None;
+            b.phase(Phase::Starting, text);
+            Some(interval)
+        };
+        match check.map(|c| (&c.outcome, c.fresh)) {
+            None | Some((ContentOutcome::Waiting, _)) => waiting(
+                self,
+                Reason::Unknown,
+                ConditionStatus::Unknown,
+                format!("Pod {pod_name} is running; waiting for its agent to clone {place}"),
+            ),
+            Some((ContentOutcome::Unasked { reason, message }, _)) => waiting(
+                self,
+                Reason::Unknown,
+                ConditionStatus::Unknown,
+                format!(
+                    "Pod {pod_name} is running; its agent cannot be asked about cloning {place} yet ({reason}: {message})"
+                ),
+            ),
+            Some((ContentOutcome::Cloning { progress }, _)) => waiting(
+                self,
+                Reason::Cloning,
+                ConditionStatus::False,
+                progress.clone(),
+            ),
+            Some((
+                ContentOutcome::Failed {
+                    reason,
+                    message,
+                    retry_in,
+                },
+                fresh,
+            )) => {
+                let remedy = remedy(reason, workspace);
+                let next = match retry_in {
+                    Some(wait) => {
+                        format!("the agent tries again in {}", crate::state::human(*wait))
+                    }
+                    None => {
+                        "the agent tries again once the credentials or the spec change".to_owned()
+                    }
+                };
+                let text = match remedy.is_empty() {
+                    true => format!(
+                        "Cannot clone {} into {} ({reason}): {message}; {next}. The pod is kept",
+                        git.url,
+                        git.directory()
+                    ),
+                    false => format!(
+                        "Cannot clone {} into {} ({reason}): {message}; {remedy}; {next}. The pod is kept",
+                        git.url,
+                        git.directory()
+                    ),
+                };
+                // Once per failure series: the condition did not say this reason already.
+                let said = find_condition(&self.old.conditions, types::CONTENT_READY)
+                    .is_some_and(|c| c.is(ConditionStatus::False) && c.has_reason(reason));
+                if fresh && !said {
+                    self.notices
+                        .push(Notice::warning(event_reasons::CONTENT_FAILED, text.clone()));
+                }
+                self.condition(
+                    types::CONTENT_READY,
+                    ConditionStatus::False,
+                    reason.clone(),
+                    &text,
+                );
+                self.condition(types::READY, ConditionStatus::False, reason.clone(), &text);
+                self.status.ready_at = None;
+                self.phase(Phase::Error, text);
+                Some(interval)
+            }
+            Some((
+                ContentOutcome::Ready {
+                    reason,
+                    url,
+                    reference,
+                    commit,
+                    message,
+                },
+                _,
+            )) => {
+                self.status.content = Some(ContentStatus {
+                    path: git.directory(),
+                    url: url.clone(),
+                    reference: reference.clone(),
+                    commit: commit.clone(),
+                    pod_uid: uid.to_owned(),
+                });
+                if *reason == Reason::Cloned {
+                    self.notices.push(Notice::normal(
+                        event_reasons::CONTENT_READY,
+                        message.clone(),
+                    ));
+                }
+                self.condition(
+                    types::CONTENT_READY,
+                    ConditionStatus::True,
+                    reason.clone(),
+                    message,
+                );
+                None
+            }
+        }
+    }
+}
