@@ -35,14 +35,14 @@ pub struct AgentRuntime {
     claims: Option<ClaimDirs>,
 }
 
-/// Where a claim's files are on this machine, by the claim's UID.
-pub type ClaimDirs = Arc<dyn Fn(&str) -> PathBuf + Send + Sync>;
+/// Where a claim's files are on this machine, by the claim's UID and capacity.
+pub type ClaimDirs = Arc<dyn Fn(&str, Option<u64>) -> Result<PathBuf, String> + Send + Sync>;
 
 impl AgentRuntime {
     /// A runtime whose claims' files are in `dir/<claim uid>` (as `ProcessRuntime` keeps them).
     pub fn with_claims(dir: PathBuf) -> Self {
         AgentRuntime {
-            claims: Some(Arc::new(move |uid: &str| dir.join(uid))),
+            claims: Some(Arc::new(move |uid: &str, _| Ok(dir.join(uid)))),
         }
     }
 
@@ -235,7 +235,7 @@ fn home_dir(
         .find(|m| m.path.trim_end_matches('/') == home.trim_end_matches('/'))
         .ok_or_else(|| format!("no volume is mounted at {home}, where the content goes"))?;
     match (&mount.source, claims) {
-        (berth_sim::VolumeSource::Claim { uid, .. }, Some(claims)) => Ok(claims(uid)),
+        (berth_sim::VolumeSource::Claim { uid, capacity }, Some(claims)) => claims(uid, *capacity),
         (berth_sim::VolumeSource::Claim { .. }, None) => {
             Err("this runtime keeps no files for claims, so no content can be cloned".to_owned())
         }

@@ -12,6 +12,8 @@ pub const NAME_VALUE: &str = "workspace";
 pub const WORKSPACE: &str = "berth.dev/workspace";
 /// Pod annotation: hash of the pod-affecting part of the workspace spec (rule C5).
 pub const SPEC_HASH: &str = "berth.dev/spec-hash";
+/// Pod annotation: hash of the content its agent was given to clone (`spec.content`).
+pub const CONTENT_HASH: &str = "berth.dev/content-hash";
 /// The finalizer that lets the operator stop the pod before the workspace goes (rule C18).
 pub const FINALIZER: &str = "berth.dev/cleanup";
 

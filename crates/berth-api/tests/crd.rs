@@ -610,7 +610,7 @@ mod cel_semantics {
             ("//opt//berth/bin", "/opt/berth or below it"),
             (
                 "/etc/berth/agent-tls",
-                "mountPath must not be /etc/berth or below it (the Berth agent's TLS files)",
+                "mountPath must not be /etc/berth or below it (the Berth agent's TLS files and content credentials)",
             ),
             ("/opt/./berth", "mountPath must not contain a '.' segment"),
         ];

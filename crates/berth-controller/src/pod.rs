@@ -321,23 +321,14 @@ fn content_current(pod: &Pod, workspace: &Workspace) -> bool {
         .status
         .as_ref()
         .is_some_and(|s| s.content.is_some());
-    if in_place {
-        return true;
-    }
-    let given = pod
-        .spec
-        .as_ref()
-        .and_then(|s| {
-            s.containers.iter().find_map(|c| {
-                c.env
-                    .as_ref()?
-                    .iter()
-                    .find(|e| e.name == berth_agent::content::CONTENT_ENV)
-            })
-        })
-        .and_then(|e| e.value.as_deref())
-        .and_then(|v| serde_json::from_str::<berth_agent::content::ContentSpec>(v).ok());
-    given == content_spec(workspace)
+    in_place || pod.annotations().get(labels::CONTENT_HASH) == content_hash(workspace).as_ref()
+}
+
+/// The hash of [`content_spec`], a pod's [`labels::CONTENT_HASH`].
+fn content_hash(workspace: &Workspace) -> Option<String> {
+    let content = serde_json::to_string(&content_spec(workspace)?).unwrap_or_default();
+    let digest = Sha256::digest(content.as_bytes());
+    Some(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
 }
 
 /// What every container running the agent gets: who it serves, and a gRPC readiness probe on
@@ -504,6 +495,9 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
     let template_meta = template.metadata.clone().unwrap_or_default();
     let mut annotations = template_meta.annotations.clone();
     annotations.insert(labels::SPEC_HASH.to_owned(), pod_hash(workspace));
+    if let Some(hash) = content_hash(workspace) {
+        annotations.insert(labels::CONTENT_HASH.to_owned(), hash);
+    }
     let record = workspace.status.as_ref().and_then(|s| s.resolved.as_ref());
 
     let mut volumes = vec![];

@@ -43,7 +43,9 @@ pub fn pod(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
     pod.metadata.labels = None;
     if let Some(annotations) = pod.metadata.annotations.as_mut() {
-        annotations.retain(|key, _| key == berth_api::labels::SPEC_HASH);
+        annotations.retain(|key, _| {
+            key == berth_api::labels::SPEC_HASH || key == berth_api::labels::CONTENT_HASH
+        });
     }
     let tls = crate::pod::serves_agent_tls(pod);
     pod.spec = pod.spec.take().map(|spec| PodSpec {

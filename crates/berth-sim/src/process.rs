@@ -536,6 +536,18 @@ impl ProcessRuntime {
         self.inner.data.join("claims").join(claim_uid)
     }
 
+    /// A claim's folder as a container mounting it sees it: bounded to its capacity first
+    /// where claims are (so what is written before the container's processes start is not
+    /// hidden under the filesystem they get).
+    pub fn claim_folder(&self, claim_uid: &str, capacity: Option<u64>) -> std::io::Result<PathBuf> {
+        let dir = self.claim_dir(claim_uid);
+        match capacity {
+            Some(capacity) => self.bound_claim(claim_uid, &dir, capacity)?,
+            None => std::fs::create_dir_all(&dir)?,
+        }
+        Ok(dir)
+    }
+
     /// Whether a claim fills up at its capacity (`ENOSPC`): where the sim runs as root, a
     /// claim's folder is a filesystem of the claim's size. Elsewhere claims are plain folders.
     pub fn bounds_claims(&self) -> bool {

@@ -45,6 +45,10 @@ pub struct DevArgs {
 /// A test checks that this list is the folder's.
 pub const EXAMPLES: &[(&str, &str)] = &[
     ("basic.yaml", include_str!("../../../examples/basic.yaml")),
+    (
+        "content.yaml",
+        include_str!("../../../examples/content.yaml"),
+    ),
     ("idle.yaml", include_str!("../../../examples/idle.yaml")),
     ("kinds.yaml", include_str!("../../../examples/kinds.yaml")),
     (
@@ -101,6 +105,53 @@ fn examples(folder: Option<&PathBuf>) -> Result<Vec<(String, String)>, String> {
             Ok((file.display().to_string(), text))
         })
         .collect()
+}
+
+/// The host the content examples name for `berth dev`'s own git server.
+pub const DEV_GIT_HOST: &str = "git://berth-dev-git/";
+
+/// `berth dev`'s git server for the content examples: `git daemon` on a free loopback port,
+/// serving `hello.git` (made here, under `data`); the URL prefix that replaces
+/// [`DEV_GIT_HOST`], or why there is none (no git on this machine).
+fn content_server(data: &std::path::Path) -> Result<(tokio::process::Child, String), String> {
+    let root = data.join("git");
+    std::fs::create_dir_all(&root).map_err(|e| format!("cannot make {}: {e}", root.display()))?;
+    berth_agent::git_server::create_repository(
+        &root,
+        "hello",
+        &[
+            (
+                "README.md",
+                "# hello\n\nCloned into the workspace by its agent before the command started.\n",
+            ),
+            (
+                "hello.sh",
+                "#!/bin/sh\necho hello from the workspace's own code\n",
+            ),
+        ],
+    )?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("cannot find a free port: {e}"))?
+        .port();
+    let child = tokio::process::Command::new("git")
+        .arg("daemon")
+        .arg("--reuseaddr")
+        .arg("--export-all")
+        .arg("--informative-errors")
+        .arg(format!("--base-path={}", root.display()))
+        .arg("--listen=127.0.0.1")
+        .arg(format!("--port={port}"))
+        .arg(&root)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot run git daemon: {e}"))?;
+    Ok((child, format!("git://127.0.0.1:{port}/")))
 }
 
 /// Creates every object of every manifest, in order.
@@ -422,7 +473,10 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
             Ok(processes),
             true,
         )),
-        Err(_) => std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime::default()),
+        // Claims are plain folders: agents still clone content into them.
+        Err(_) => std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime::with_claims(
+            data.path().join("claims"),
+        )),
     };
     let cluster = berth_sim::SimCluster::start(berth_sim::SimConfig {
         nodes: berth_sim::NodeConfig::several(args.nodes),
@@ -461,6 +515,22 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot create deploy/rbac/workspace-service-account.yaml: {e}"))?;
 
+    // The content examples clone from a git server of berth dev's own.
+    let (_git_daemon, git_url, git_hint) = match content_server(data.path()) {
+        Ok((daemon, url)) => {
+            let hint = format!("berth dev: the content examples clone {url}hello.git (git daemon)");
+            (Some(daemon), url, hint)
+        }
+        Err(why) => (
+            None,
+            DEV_GIT_HOST.to_owned(),
+            format!("berth dev: the content examples cannot clone: {why}"),
+        ),
+    };
+    let manifests: Vec<(String, String)> = manifests
+        .into_iter()
+        .map(|(name, text)| (name, text.replace(DEV_GIT_HOST, &git_url)))
+        .collect();
     let applied = apply_examples(&client, &manifests).await?;
     let interactive = std::io::stdout().is_terminal();
     let kubeconfig = args.kubeconfig.display();
@@ -470,6 +540,7 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
             cluster.url()
         ),
         format!("berth dev: applied {}", applied.join(", ")),
+        git_hint,
         format!("berth dev: in another terminal:  kubectl --kubeconfig {kubeconfig} get ws -o wide"),
         format!(
             "berth dev: make node-1 reject its next pod:  kubectl --kubeconfig {kubeconfig} annotate node node-1 sim.berth.dev/reject-next=1:OutOfcpu"

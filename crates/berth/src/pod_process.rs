@@ -44,8 +44,9 @@ impl PodProcessRuntime {
         let agents = match &processes {
             Ok(processes) => {
                 let processes = processes.clone();
-                AgentRuntime::with_claim_dirs(std::sync::Arc::new(move |uid: &str| {
-                    processes.claim_dir(uid)
+                AgentRuntime::with_claim_dirs(std::sync::Arc::new(move |uid: &str, capacity| {
+                    (processes.claim_folder(uid, capacity))
+                        .map_err(|e| format!("cannot prepare claim {uid}'s folder: {e}"))
                 }))
             }
             Err(_) => AgentRuntime::default(),

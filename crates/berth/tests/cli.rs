@@ -675,6 +675,11 @@ fn dev_examples(mut command: Command) -> String {
     // Workspaces of the example kinds.
     assert!(last("shell", "Running").is_some(), "{stdout}");
     assert!(last("python", "Running").is_some(), "{stdout}");
+    // A workspace that starts with its code, cloned from berth dev's own git server, and one
+    // whose ref does not exist, in git's words.
+    assert!(last("hello-code", "Running").is_some(), "{stdout}");
+    let wrong = last("wrong-ref", "Error").unwrap_or_else(|| panic!("{stdout}"));
+    assert!(wrong.contains("(RefNotFound)"), "{wrong}");
     assert!(
         last("idle", "Running").is_some(),
         "stopped only after its minute: {stdout}"

@@ -106,6 +106,10 @@ async fn a_workspace_grants_nothing_its_author_does_not_already_have() {
             "get secrets \"payments-db\" in the namespace \"default\", which spec.podTemplate.volumes.secrets[mountPath=/s] names",
         ),
         (
+            json!({"image": "devbox:1", "command": ["sh"], "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}}, "content": {"git": {"url": "https://example.com/org/app.git", "auth": {"secretName": "payments-db"}}}}),
+            "get secrets \"payments-db\" in the namespace \"default\", which spec.content.git.auth.secretName names",
+        ),
+        (
             json!({"image": "devbox:1", "podTemplate": {"volumes": {"data": [{"claimName": "bob-home", "mountPath": "/data"}]}}}),
             "get persistentvolumeclaims \"bob-home\" in the namespace \"default\", which spec.podTemplate.volumes.data[mountPath=/data] names",
         ),

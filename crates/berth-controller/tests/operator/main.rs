@@ -5,6 +5,7 @@ mod support;
 
 mod admission;
 mod agent;
+mod content;
 mod culling;
 mod kinds;
 mod leader;
