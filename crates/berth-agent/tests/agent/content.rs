@@ -3,7 +3,7 @@
 //! server down then up; a clone interrupted mid-way; and what is in place never touched.
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     sync::{Arc, atomic::AtomicBool},
     time::Duration,
 };
@@ -98,7 +98,7 @@ fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
-fn head(checkout: &PathBuf) -> String {
+fn head(checkout: &Path) -> String {
     git_server::git(checkout, &["rev-parse", "HEAD"]).unwrap()
 }
 
