@@ -20,6 +20,7 @@ use axum::{
     response::Response,
 };
 use base64::Engine;
+use futures::StreamExt;
 use tokio::{io::AsyncWriteExt, sync::watch};
 
 /// What the server asks and does.
@@ -33,6 +34,9 @@ struct Inner {
     packs: AtomicUsize,
     /// Requests refused for their credentials.
     refused: AtomicUsize,
+    /// Milliseconds between 4 KiB pieces of a pack (0: all at once), so a clone's progress
+    /// can be watched.
+    trickle: AtomicUsize,
 }
 
 /// A git server over HTTP on a loopback port, serving the repositories under its root.
@@ -55,6 +59,7 @@ impl GitServer {
                 held: watch::channel(false).0,
                 packs: AtomicUsize::new(0),
                 refused: AtomicUsize::new(0),
+                trickle: AtomicUsize::new(0),
             }),
             address,
             serving: Arc::new(Mutex::new(None)),
@@ -100,6 +105,12 @@ impl GitServer {
     /// Holds pack downloads (true) or lets them go (false).
     pub fn hold(&self, held: bool) {
         self.inner.held.send_replace(held);
+    }
+
+    /// Sends packs in 4 KiB pieces `every` apart (zero: at once).
+    pub fn trickle(&self, every: std::time::Duration) {
+        let millis = usize::try_from(every.as_millis()).unwrap_or(usize::MAX);
+        self.inner.trickle.store(millis, Ordering::SeqCst);
     }
 
     /// How many pack downloads arrived so far.
@@ -238,19 +249,35 @@ async fn handle(State(inner): State<Arc<Inner>>, request: Request) -> Response {
         Ok(body) => body,
         Err(e) => return plain(StatusCode::BAD_REQUEST, &e.to_string()),
     };
-    match cgi(
+    let pack = parts.method == axum::http::Method::POST && path.ends_with("/git-upload-pack");
+    let query = parts.uri.query();
+    let response = match cgi(
         &inner.root,
         &parts.method,
         &path,
-        parts.uri.query(),
+        query,
         &parts.headers,
         body,
     )
     .await
     {
         Ok(response) => response,
-        Err(e) => plain(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        Err(e) => return plain(StatusCode::INTERNAL_SERVER_ERROR, &e),
+    };
+    let every = inner.trickle.load(Ordering::SeqCst);
+    if !pack || every == 0 {
+        return response;
     }
+    let (parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return plain(StatusCode::INTERNAL_SERVER_ERROR, "cannot read the pack");
+    };
+    let pieces: Vec<Bytes> = bytes.chunks(4096).map(Bytes::copy_from_slice).collect();
+    let stream = futures::stream::iter(pieces).then(move |piece| async move {
+        tokio::time::sleep(std::time::Duration::from_millis(every as u64)).await;
+        Ok::<_, std::io::Error>(piece)
+    });
+    Response::from_parts(parts, Body::from_stream(stream))
 }
 
 /// Runs `git http-backend` for one request (CGI: the request in variables and stdin, the

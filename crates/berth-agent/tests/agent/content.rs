@@ -352,3 +352,96 @@ async fn a_clone_interrupted_midway_leaves_nothing_in_place_and_the_next_starts_
     assert_eq!(entries(&home.path().join("src")), ["demo"]);
     assert_eq!(head(&home.path().join("src/demo")), second);
 }
+
+#[tokio::test]
+async fn a_clone_reports_gits_progress_and_holds_the_command_until_it_is_done() {
+    let root = tempfile::tempdir().unwrap();
+    let files = incompressible(300);
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, t)| (p.as_str(), t.as_str()))
+        .collect();
+    git_server::create_repository(root.path(), "big", &files).unwrap();
+    let server = GitServer::start(root.path(), None).await.unwrap();
+    server.trickle(Duration::from_millis(20));
+    let home = tempfile::tempdir().unwrap();
+    let run = start(
+        spec(&server.url("big"), None),
+        home.path(),
+        Credentials::None,
+    );
+    let mut seen = vec![];
+    while !run.task.is_finished() {
+        if let Report::Cloning { progress } = run.content.report()
+            && !seen.contains(&progress)
+        {
+            // The workspace's command waits meanwhile.
+            assert!(
+                futures::FutureExt::now_or_never(run.content.ready()).is_none(),
+                "ready while {progress}"
+            );
+            seen.push(progress);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(run.task.await.unwrap());
+    let url = server.url("big");
+    let counted = seen.iter().find(|p| {
+        p.strip_prefix(&format!("Cloning {url}: receiving objects "))
+            .is_some_and(|rest| rest.contains(" % (") && rest.ends_with(')'))
+    });
+    assert!(counted.is_some(), "git's progress in words: {seen:#?}");
+    assert!(futures::FutureExt::now_or_never(run.content.ready()).is_some());
+}
+
+/// A repository of `count` files that do not compress away (a few hundred KiB for 300).
+fn incompressible(count: usize) -> Vec<(String, String)> {
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    (0..count)
+        .map(|i| {
+            let text: String = (0..256)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    format!("{seed:016x}")
+                })
+                .collect();
+            (format!("data/{i}.txt"), text)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_full_home_is_no_space_in_its_own_words_and_retried() {
+    // A home of 64 KiB, as the sim bounds a claim (a tmpfs of its size: root only).
+    let data = tempfile::tempdir().unwrap();
+    let runtime = berth_sim::ProcessRuntime::new(data.path());
+    if !runtime.bounds_claims() {
+        assert_ne!(
+            std::env::var("BERTH_REQUIRE_PROCESSES").as_deref(),
+            Ok("1"),
+            "claims must be bounded here (root): a full home is tested only then"
+        );
+        eprintln!("skipped: bounding a home to its size needs root");
+        return;
+    }
+    let home = runtime.claim_folder("tiny", Some(64 * 1024)).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let files = incompressible(300);
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, t)| (p.as_str(), t.as_str()))
+        .collect();
+    git_server::create_repository(root.path(), "big", &files).unwrap();
+    let server = GitServer::start(root.path(), None).await.unwrap();
+    let run = start(spec(&server.url("big"), None), &home, Credentials::None);
+    let (reason, message, retry) =
+        failed(&report(&run.content, |r| failed(r).is_some()).await).unwrap();
+    assert_eq!(reason, "NoSpace", "{message}");
+    assert!(message.contains("No space left on device"), "{message}");
+    assert!(retry.is_some(), "a volume may be grown: retried");
+    run.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(!run.task.await.unwrap());
+    assert!(!home.join("src/demo").exists());
+}
