@@ -445,3 +445,119 @@ async fn a_full_home_is_no_space_in_its_own_words_and_retried() {
     assert!(!run.task.await.unwrap());
     assert!(!home.join("src/demo").exists());
 }
+
+/// An sshd on a loopback port letting the current user in with `client_key` only; its
+/// `known_hosts` line. None (the test says so) where sshd is not installed.
+struct Sshd {
+    _child: tokio::process::Child,
+    port: u16,
+    known_hosts: String,
+    key: Vec<u8>,
+    other_key: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+fn keygen(path: &Path) -> Vec<u8> {
+    let done = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(done.success());
+    std::fs::read(path).unwrap()
+}
+
+async fn sshd() -> Option<Sshd> {
+    let sshd = Path::new("/usr/sbin/sshd");
+    if !sshd.exists() {
+        assert_ne!(
+            std::env::var("BERTH_REQUIRE_SSHD").as_deref(),
+            Ok("1"),
+            "CI installs openssh-server for the ssh clone test"
+        );
+        eprintln!("skipped: no sshd (Debian's openssh-server)");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    keygen(&d.join("host_key"));
+    let key = keygen(&d.join("client_key"));
+    let other_key = keygen(&d.join("other_key"));
+    std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _ = std::fs::create_dir_all("/run/sshd");
+    let config = format!(
+        "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\nStrictModes no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin prohibit-password\nUsePAM no\nLogLevel ERROR\n",
+        d = d.display()
+    );
+    std::fs::write(d.join("sshd_config"), config).unwrap();
+    let child = tokio::process::Command::new(sshd)
+        .arg("-D")
+        .arg("-f")
+        .arg(d.join("sshd_config"))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let host = std::fs::read_to_string(d.join("host_key.pub")).unwrap();
+    let known_hosts = format!("[127.0.0.1]:{port} {}", host.trim());
+    // Listening once a connection is taken.
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Some(Sshd {
+        _child: child,
+        port,
+        known_hosts,
+        key,
+        other_key,
+        _dir: dir,
+    })
+}
+
+#[tokio::test]
+async fn over_ssh_the_secrets_key_is_used_and_a_wrong_one_refused() {
+    let Some(sshd) = sshd().await else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let commit =
+        git_server::create_repository(root.path(), "demo", &[("README.md", "ssh\n")]).unwrap();
+    let user = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap();
+    let url = format!(
+        "ssh://{user}@127.0.0.1:{}{}/demo.git",
+        sshd.port,
+        root.path().display()
+    );
+    let home = tempfile::tempdir().unwrap();
+    let wrong = Credentials::Ssh {
+        key: sshd.other_key.clone(),
+        known_hosts: Some(sshd.known_hosts.clone().into_bytes()),
+    };
+    let run = start(spec(&url, None), home.path(), wrong);
+    let (reason, message, retry) =
+        failed(&report(&run.content, |r| failed(r).is_some()).await).unwrap();
+    assert_eq!(reason, "AuthenticationFailed", "{message}");
+    assert_eq!(retry, None);
+    run.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(!run.task.await.unwrap());
+    let right = Credentials::Ssh {
+        key: sshd.key.clone(),
+        known_hosts: Some(sshd.known_hosts.clone().into_bytes()),
+    };
+    let run = start(spec(&url, None), home.path(), right);
+    assert!(run.task.await.unwrap(), "{:?}", run.content.report());
+    assert_eq!(head(&home.path().join("src/demo")), commit);
+    // The key was only beside the clone while it ran.
+    assert_eq!(entries(&home.path().join("src")), ["demo"]);
+}
