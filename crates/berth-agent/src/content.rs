@@ -182,6 +182,8 @@ pub enum Report {
 pub struct Content {
     spec: Option<ContentSpec>,
     report: watch::Sender<Report>,
+    /// Whether a `GetContent` was answered that the content is in place.
+    told: watch::Sender<bool>,
 }
 
 impl Content {
@@ -194,6 +196,7 @@ impl Content {
         Arc::new(Content {
             spec,
             report: watch::channel(first).0,
+            told: watch::channel(false).0,
         })
     }
 
@@ -223,6 +226,14 @@ impl Content {
             .await;
     }
 
+    /// Resolves once the content is in place and the operator was told so (the init
+    /// container's agent waits for it, up to `patience`, before it exits).
+    pub async fn told_ready(&self, patience: Duration) {
+        self.ready().await;
+        let mut told = self.told.subscribe();
+        let _ = tokio::time::timeout(patience, told.wait_for(|t| *t)).await;
+    }
+
     fn set(&self, report: Report) {
         self.report.send_replace(report);
     }
@@ -244,6 +255,7 @@ impl Content {
                 record,
                 note,
             } => {
+                self.told.send_replace(true);
                 answer.commit = record.commit;
                 answer.url = record.url;
                 answer.r#ref = record.reference.unwrap_or_default();
@@ -263,6 +275,10 @@ impl Content {
         answer
     }
 }
+
+/// How long the init container's agent waits, once the content is in place, for the operator
+/// to ask (so it hears `Cloned` from the pod that cloned) before it exits.
+pub const TELL_PATIENCE: Duration = Duration::from_secs(10);
 
 /// The backoff before the `attempt`th retry of a transient failure: 1 s doubling to 30 s.
 pub fn backoff(attempt: u32) -> Duration {
@@ -320,7 +336,7 @@ fn found(spec: &ContentSpec, target: &Path) -> Option<Report> {
     let at = |r: &Option<String>| r.clone().unwrap_or_else(|| "its default branch".to_owned());
     let note = if record.url == spec.url && record.reference == spec.reference {
         format!(
-            "{path} holds {} at {} (commit {}), cloned by an earlier pod; it is left as it is",
+            "{path} holds {} at {} (commit {}), cloned before; it is left as it is",
             record.url,
             at(&record.reference),
             record.commit

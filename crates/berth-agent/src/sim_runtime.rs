@@ -208,12 +208,42 @@ pub fn workspace_command(container: &Value) -> Vec<String> {
 
 impl ContainerRuntime for AgentRuntime {
     fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
-        if context.init || !runs_agent(&context.container) {
+        if !runs_agent(&context.container) {
             return IdleRuntime.start(context);
         }
         let claims = self.claims.clone();
+        if context.init {
+            return Box::pin(async move {
+                let agent = start_agent(context, false, claims.as_ref()).await?;
+                Ok(until_content(agent))
+            });
+        }
         Box::pin(async move { Ok(start_agent(context, true, claims.as_ref()).await?.container) })
     }
+}
+
+/// The init container's agent (`berth agent --until-content`): it exits 0 once the content
+/// is in place.
+pub fn until_content(agent: StartedAgent) -> RunningContainer {
+    let (exit_tx, exited) = tokio::sync::oneshot::channel();
+    let (stop, stop_rx) = tokio::sync::oneshot::channel::<std::time::Duration>();
+    tokio::spawn(async move {
+        let (mut agent_exited, agent_stop) = (agent.container.exited, agent.container.stop);
+        let code = tokio::select! {
+            _ = agent.content.told_ready(crate::content::TELL_PATIENCE) => {
+                let _ = agent_stop.send(std::time::Duration::ZERO);
+                let _ = (&mut agent_exited).await;
+                0
+            }
+            code = &mut agent_exited => code.unwrap_or(137),
+            grace = stop_rx => {
+                let _ = agent_stop.send(grace.unwrap_or_default());
+                143
+            }
+        };
+        let _ = exit_tx.send(code);
+    });
+    RunningContainer { exited, stop }
 }
 
 /// An agent started in-process: its container, and its content (ready before the workspace's

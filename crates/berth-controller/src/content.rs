@@ -59,14 +59,7 @@ pub fn wanted(workspace: &Workspace, pod: Option<&Pod>) -> bool {
         .as_ref()
         .and_then(|s| s.content.as_ref())
         .is_some_and(|c| Some(c.pod_uid.as_str()) == pod.metadata.uid.as_deref());
-    let running = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
-        });
+    let running = agent_running(pod);
     let has_ip = pod
         .status
         .as_ref()
@@ -81,6 +74,25 @@ pub fn wanted(workspace: &Workspace, pod: Option<&Pod>) -> bool {
         && has_ip
         && !confirmed
         && !pod.uid().unwrap_or_default().is_empty()
+}
+
+/// Whether an agent of the pod may be running: a container runs, or the content's init
+/// container does (for a workspace that runs its image's entrypoint).
+pub fn agent_running(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    let runs = |statuses: Option<&Vec<k8s_openapi::api::core::v1::ContainerStatus>>, init: bool| {
+        statuses.is_some_and(|cs| {
+            cs.iter().any(|c| {
+                (!init || c.name == crate::pod::CONTENT_CONTAINER)
+                    && c.state.as_ref().is_some_and(|s| s.running.is_some())
+            })
+        })
+    };
+    runs(status.and_then(|s| s.container_statuses.as_ref()), false)
+        || runs(
+            status.and_then(|s| s.init_container_statuses.as_ref()),
+            true,
+        )
 }
 
 /// Whether the last answer is old enough to ask again (at most once per `interval`).

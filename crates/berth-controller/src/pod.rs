@@ -33,6 +33,9 @@ pub const CONTAINER: &str = "workspace";
 pub const AGENT_CONTAINER: &str = "berth-agent";
 /// The init container that copies `berth` into the pod.
 pub const INSTALL_CONTAINER: &str = "berth-install";
+/// The init container of a workspace with content that runs its image's entrypoint: the
+/// agent, until the content is in place.
+pub const CONTENT_CONTAINER: &str = "berth-content";
 /// The `emptyDir` the agent binary is copied into, and where it is mounted.
 pub const AGENT_VOLUME: &str = "berth-agent";
 pub const AGENT_DIR: &str = "/opt/berth";
@@ -594,12 +597,39 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
         }
         _ => {
             let tls_mount = agent_tls_mount(agent, &mut volumes);
+            // The image's entrypoint cannot wait for the content: the agent puts it in place
+            // first, as the pod's init container (the sidecar then finds it there).
+            let home_mount = mounts
+                .iter()
+                .find(|m| m.name == "home")
+                .filter(|_| workspace.spec.content.is_some())
+                .cloned();
+            if let Some(home_mount) = &home_mount {
+                let mut content_mounts = vec![home_mount.clone()];
+                content_mounts.extend(tls_mount.clone());
+                content_mounts.extend(content_auth_mount(workspace, &mut volumes));
+                init_containers.push(Container {
+                    name: CONTENT_CONTAINER.into(),
+                    image: Some(agent.image.clone()),
+                    command: Some(vec![
+                        agent.binary.clone(),
+                        "agent".into(),
+                        "--until-content".into(),
+                    ]),
+                    env: Some(agent_env(workspace, agent)),
+                    volume_mounts: Some(content_mounts),
+                    security_context: Some(restricted(true)),
+                    ..Default::default()
+                });
+            }
+            let sidecar_mounts: Vec<VolumeMount> =
+                tls_mount.into_iter().chain(home_mount).collect();
             sidecars.push(Container {
                 name: AGENT_CONTAINER.into(),
                 image: Some(agent.image.clone()),
                 command: Some(vec![agent.binary.clone(), "agent".into()]),
                 env: Some(agent_env(workspace, agent)),
-                volume_mounts: tls_mount.map(|m| vec![m]),
+                volume_mounts: (!sidecar_mounts.is_empty()).then_some(sidecar_mounts),
                 readiness_probe: Some(agent_probe(agent)),
                 security_context: Some(restricted(true)),
                 resources: Some(ResourceRequirements {
@@ -1114,6 +1144,67 @@ pub(crate) mod tests {
                 "kubelet gRPC probes cannot speak TLS"
             );
         }
+    }
+
+    #[test]
+    fn the_agent_that_clones_gets_the_home_and_the_credentials_and_no_secret_in_its_spec() {
+        let home = json!({"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}});
+        let content = json!({"git": {"url": "https://h/org/app.git", "ref": "main", "auth": {"secretName": "git-creds"}}});
+        let agent = AgentConfig::default();
+        let auth_mount = json!({"name": "berth-content-auth", "mountPath": "/etc/berth/content-auth", "readOnly": true});
+        let home_mount = json!({"name": "home", "mountPath": "/home/dev"});
+        let given = json!({"url": "https://h/org/app.git", "ref": "main", "path": "app", "depth": 1, "home": "/home/dev", "auth": true});
+        // The agent wrapping the command clones in the workspace container.
+        let ws = workspace(
+            "t",
+            json!({"image": "devbox:1", "command": ["sleep", "1"], "podTemplate": home, "content": content}),
+        );
+        let pod = build_pod(&ws, &agent);
+        assert!(pod.annotations().contains_key(labels::CONTENT_HASH));
+        let spec = serde_json::to_value(pod.spec.unwrap()).unwrap();
+        assert!(spec["volumes"].as_array().unwrap().contains(&json!({"name": "berth-content-auth", "secret": {"secretName": "git-creds", "defaultMode": 256}})));
+        let workspace_container = &spec["containers"][0];
+        assert!(
+            workspace_container["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .contains(&auth_mount)
+        );
+        let env = workspace_container["env"].as_array().unwrap();
+        let content_env = env.iter().find(|e| e["name"] == "BERTH_CONTENT").unwrap();
+        let parsed: serde_json::Value =
+            serde_json::from_str(content_env["value"].as_str().unwrap()).unwrap();
+        assert_eq!(parsed, given);
+        // An entrypoint workspace: the agent clones first, as the init container.
+        let ws = workspace(
+            "t",
+            json!({"image": "devbox:1", "podTemplate": home, "content": content}),
+        );
+        let spec = serde_json::to_value(build_pod(&ws, &agent).spec.unwrap()).unwrap();
+        let init = &spec["initContainers"][0];
+        assert_eq!(init["name"], "berth-content");
+        assert_eq!(
+            init["command"],
+            json!(["/usr/local/bin/berth", "agent", "--until-content"])
+        );
+        let mounts = init["volumeMounts"].as_array().unwrap();
+        assert!(
+            mounts.contains(&auth_mount) && mounts.contains(&home_mount),
+            "{mounts:?}"
+        );
+        assert_eq!(init["securityContext"]["allowPrivilegeEscalation"], false);
+        let sidecar = &spec["containers"][1];
+        let mounts = sidecar["volumeMounts"].as_array().unwrap();
+        assert!(
+            mounts.contains(&home_mount) && !mounts.contains(&auth_mount),
+            "{mounts:?}"
+        );
+        // Without content, nothing of it.
+        let ws = workspace("t", json!({"image": "devbox:1", "podTemplate": home}));
+        let pod = build_pod(&ws, &agent);
+        assert!(!pod.annotations().contains_key(labels::CONTENT_HASH));
+        let text = serde_json::to_string(&pod).unwrap();
+        assert!(!text.contains("BERTH_CONTENT") && !text.contains("berth-content"));
     }
 
     /// Golden: the hash of this spec must never change, or every running workspace restarts

@@ -87,9 +87,6 @@ pub fn violation(spec: &WorkspaceSpec, policy: &PodPolicy) -> Option<String> {
             .as_ref()
             .and_then(|t| t.volumes.as_ref())
             .and_then(|v| v.home.as_ref());
-        if spec.command.as_ref().is_none_or(|c| c.is_empty()) {
-            return Some("spec.content: the agent clones the repository before it starts spec.command, and a workspace without one runs its image's entrypoint, which cannot wait for it; set spec.command".to_owned());
-        }
         if home.is_none() {
             return Some(format!(
                 "spec.content: the repository is cloned into the home volume, and the workspace has none{}; set spec.podTemplate.volumes.home",
@@ -403,13 +400,6 @@ mod tests {
         assert_eq!(
             violation(&content("https://h/r.git", false), &policy).unwrap(),
             "spec.content: the repository is cloned into the home volume, and the workspace has none; set spec.podTemplate.volumes.home"
-        );
-        let mut entrypoint = content("https://h/r.git", true);
-        entrypoint.command = None;
-        assert!(
-            violation(&entrypoint, &policy)
-                .unwrap()
-                .ends_with("which cannot wait for it; set spec.command")
         );
     }
 

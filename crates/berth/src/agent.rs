@@ -65,6 +65,10 @@ pub struct AgentArgs {
     /// set by the operator). Default: none.
     #[arg(long, env = berth_agent::content::CONTENT_ENV, hide_env_values = true)]
     pub content: Option<String>,
+    /// Serve only until the content is in place, then exit 0: the pod's init container when
+    /// the workspace runs its image's entrypoint, which cannot wait for the content itself.
+    #[arg(long)]
+    pub until_content: bool,
     /// The workspace's command, run and supervised by the agent.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -135,6 +139,20 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
         .await
         .map_err(|e| format!("cannot listen on {}:{}: {e}", args.address, args.port))?;
     tracing::info!(address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "berth agent serving");
+    if args.until_content {
+        let ready = content.clone();
+        berth_agent::server::serve(listener, auth, tls, activity, content, async move {
+            tokio::select! {
+                _ = ready.told_ready(berth_agent::content::TELL_PATIENCE) => {}
+                _ = crate::wait_for_shutdown_signal() => {
+                    stop_content.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        return Ok(0);
+    }
     if args.command.is_empty() {
         berth_agent::server::serve(
             listener,

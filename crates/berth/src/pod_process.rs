@@ -117,6 +117,10 @@ fn is_berth_image(image: &str) -> bool {
 
 impl ContainerRuntime for PodProcessRuntime {
     fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
+        // The content's init container is the agent, in-process as every agent.
+        if context.init && runs_agent(&context.container) {
+            return self.agents.start(context);
+        }
         let agent = !context.init && runs_agent(&context.container);
         // Berth's operator: its containers run whatever the others do.
         let operator = !context.init

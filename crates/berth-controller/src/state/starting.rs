@@ -142,7 +142,7 @@ pub(super) fn starting(
     // A running pod whose agent is still putting the content in place says so.
     if ended.is_none()
         && signal.is_none()
-        && containers_running(pod)
+        && crate::content::agent_running(pod)
         && let Some(wait) = b.content_holds(
             workspace,
             content,

@@ -390,3 +390,52 @@ async fn content_is_refused_at_the_api_where_it_cannot_work() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn a_workspace_running_its_images_entrypoint_gets_its_content_first() {
+    let s = setup().await;
+    let h = &s.h;
+    s.server.hold(true);
+    let mut entrypoint = spec(&s.server.url("demo"), Some("v1"));
+    entrypoint.as_object_mut().unwrap().remove("command");
+    h.create("ide", entrypoint).await;
+    // The agent clones as the pod's init container: the entrypoint has not started.
+    let cloning = h
+        .until("ide", "cloning in the init container", |ws| {
+            content_ready(ws).is_some_and(|(_, r, _)| r == "Cloning")
+        })
+        .await;
+    assert_eq!(phase_of(&cloning), Some(Phase::Starting));
+    let pods: Api<Pod> = Api::namespaced(h.client.clone(), "default");
+    let pod = pods.get("ide-ws").await.unwrap();
+    let spec = pod.spec.as_ref().unwrap();
+    let init = spec.init_containers.as_ref().unwrap();
+    assert_eq!(init[0].name, "berth-content");
+    let statuses = pod
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        statuses
+            .iter()
+            .all(|c| c.state.as_ref().is_none_or(|s| s.running.is_none())),
+        "no container runs before the content is in place: {statuses:?}"
+    );
+    s.server.hold(false);
+    let running = h.until_phase("ide", Phase::Running).await;
+    let (status, reason, message) = content_ready(&running).unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "Cloned"),
+        "{message}"
+    );
+    assert_eq!(running.status.unwrap().content.unwrap().commit, s.first);
+    let checkout = s.home("ide").await.join("demo");
+    assert_eq!(
+        git_server::git(&checkout, &["rev-parse", "HEAD"]).unwrap(),
+        s.first
+    );
+}
