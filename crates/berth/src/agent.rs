@@ -67,7 +67,8 @@ pub struct AgentArgs {
     pub content: Option<String>,
     /// Serve only until the content is in place, then exit 0: the pod's init container when
     /// the workspace runs its image's entrypoint, which cannot wait for the content itself.
-    #[arg(long)]
+    /// Default: off (serve until stopped, or until the command exits).
+    #[arg(long, env = "BERTH_AGENT_UNTIL_CONTENT")]
     pub until_content: bool,
     /// The workspace's command, run and supervised by the agent.
     #[arg(last = true)]

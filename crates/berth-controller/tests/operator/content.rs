@@ -439,3 +439,42 @@ async fn a_workspace_running_its_images_entrypoint_gets_its_content_first() {
         s.first
     );
 }
+
+#[tokio::test]
+async fn a_node_lost_mid_clone_moves_the_workspace_and_ends_with_one_checkout() {
+    let s = setup().await;
+    let h = &s.h;
+    s.server.hold(true);
+    h.create("moving", spec(&s.server.url("demo"), None)).await;
+    let cloning = h
+        .until("moving", "cloning", |ws| {
+            content_ready(ws).is_some_and(|(_, r, _)| r == "Cloning")
+        })
+        .await;
+    while s.server.packs() == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let node = cloning.status.unwrap().pod.unwrap().node_name.unwrap();
+    h.sim.faults().set_unreachable(&node, true);
+    // The replacement, on another node, clones again (held too); then both are let go.
+    h.until("moving", "a pod on another node", |ws| {
+        ws.status
+            .as_ref()
+            .and_then(|s| s.pod.as_ref())
+            .and_then(|p| p.node_name.as_deref())
+            .is_some_and(|n| n != node)
+    })
+    .await;
+    while s.server.packs() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.server.hold(false);
+    let running = h.until_phase("moving", Phase::Running).await;
+    assert_eq!(content_ready(&running).unwrap().1, "Cloned");
+    let home = s.home("moving").await;
+    assert_eq!(entries(&home), ["demo"]);
+    assert_eq!(
+        git_server::git(&home.join("demo"), &["rev-parse", "HEAD"]).unwrap(),
+        s.second
+    );
+}
