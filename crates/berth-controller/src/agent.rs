@@ -81,33 +81,88 @@ enum Attempt {
     },
 }
 
-/// The state of a workspace's activity asks.
-enum ActivityAsk {
-    /// A `GetActivity` to the agent of `pod_uid` runs; the answer before it still stands.
+/// The state of a workspace's asks of one kind to its pod's agent (`GetActivity`,
+/// `GetContent`).
+enum Ask<C> {
+    /// A call to the agent of `pod_uid` runs; the answer before it still stands.
     InFlight {
         pod_uid: String,
-        previous: Option<ActivityCheck>,
+        previous: Option<C>,
     },
     /// The last answer, and the failures in a row before it.
     Done {
-        check: ActivityCheck,
+        check: C,
         failures: u32,
         delivered: bool,
     },
 }
 
-/// The state of a workspace's content asks.
-enum ContentAsk {
-    /// A `GetContent` to the agent of `pod_uid` runs; the answer before it still stands.
-    InFlight {
-        pod_uid: String,
-        previous: Option<ContentCheck>,
-    },
-    /// The last answer.
-    Done {
-        check: ContentCheck,
-        delivered: bool,
-    },
+/// An answer of an agent that a reconcile reads, fresh the first time.
+trait Answer: Clone {
+    fn pod_uid(&self) -> &str;
+    fn with_fresh(self, fresh: bool) -> Self;
+}
+
+impl Answer for ActivityCheck {
+    fn pod_uid(&self) -> &str {
+        &self.pod_uid
+    }
+    fn with_fresh(self, fresh: bool) -> Self {
+        ActivityCheck { fresh, ..self }
+    }
+}
+
+impl Answer for ContentCheck {
+    fn pod_uid(&self) -> &str {
+        &self.pod_uid
+    }
+    fn with_fresh(self, fresh: bool) -> Self {
+        ContentCheck { fresh, ..self }
+    }
+}
+
+/// What is stored of the asks about the pod `pod_uid`.
+enum Stored<C> {
+    /// One runs; the answer before it.
+    Asking(Option<C>),
+    /// The last answer (marked delivered), and the failures in a row before it.
+    Answered(C, u32),
+    Nothing,
+}
+
+fn stored<C: Answer>(asks: &mut HashMap<Key, Ask<C>>, key: &Key, pod_uid: &str) -> Stored<C> {
+    match asks.get_mut(key) {
+        Some(Ask::InFlight {
+            pod_uid: uid,
+            previous,
+        }) if uid == pod_uid => Stored::Asking(previous.clone()),
+        Some(Ask::Done {
+            check,
+            failures,
+            delivered,
+        }) if check.pod_uid() == pod_uid => {
+            let fresh = !*delivered;
+            *delivered = true;
+            Stored::Answered(check.clone().with_fresh(fresh), *failures)
+        }
+        _ => Stored::Nothing,
+    }
+}
+
+/// Marks an ask of the agent of `pod_uid` running, the answer before it still standing.
+fn asking<C: Answer>(
+    asks: &mut HashMap<Key, Ask<C>>,
+    key: &Key,
+    pod_uid: &str,
+    previous: Option<C>,
+) {
+    asks.insert(
+        key.clone(),
+        Ask::InFlight {
+            pod_uid: pod_uid.to_owned(),
+            previous: previous.map(|p| p.with_fresh(false)),
+        },
+    );
 }
 
 /// What the background calls share with the reconcile loop.
@@ -117,8 +172,8 @@ struct Shared {
     metrics: Arc<Metrics>,
     tokens: tokio::sync::Mutex<Tokens>,
     attempts: Mutex<HashMap<Key, Attempt>>,
-    activity: Mutex<HashMap<Key, ActivityAsk>>,
-    content: Mutex<HashMap<Key, ContentAsk>>,
+    activity: Mutex<HashMap<Key, Ask<ActivityCheck>>>,
+    content: Mutex<HashMap<Key, Ask<ContentCheck>>>,
     /// Wakes a workspace whose check finished in the background.
     wake: UnboundedSender<ObjectRef<Workspace>>,
 }
@@ -217,28 +272,10 @@ impl AgentChecker {
             .as_ref()
             .and_then(|s| s.agent.as_ref())
             .and_then(|a| a.address.clone())?;
-        let (last, failures) = match shared.activity().get_mut(&key) {
-            Some(ActivityAsk::InFlight {
-                pod_uid: uid,
-                previous,
-                ..
-            }) if *uid == pod_uid => return previous.clone(),
-            Some(ActivityAsk::Done {
-                check,
-                failures,
-                delivered,
-            }) if check.pod_uid == pod_uid => {
-                let fresh = !*delivered;
-                *delivered = true;
-                (
-                    Some(ActivityCheck {
-                        fresh,
-                        ..check.clone()
-                    }),
-                    *failures,
-                )
-            }
-            _ => (None, 0),
+        let (last, failures) = match stored(&mut shared.activity(), &key, &pod_uid) {
+            Stored::Asking(previous) => return previous,
+            Stored::Answered(check, failures) => (Some(check), failures),
+            Stored::Nothing => (None, 0),
         };
         let status = workspace.status.clone().unwrap_or_default();
         let since = idle::idle_since(&status, last.as_ref())?;
@@ -256,13 +293,8 @@ impl AgentChecker {
             last.clone(),
         );
         let _ = tokio::time::timeout(INLINE_WAIT, done.wait_for(|d| *d)).await;
-        match shared.activity().get_mut(&key) {
-            Some(ActivityAsk::Done {
-                check, delivered, ..
-            }) if check.pod_uid == pod_uid => {
-                *delivered = true;
-                Some(check.clone())
-            }
+        match stored(&mut shared.activity(), &key, &pod_uid) {
+            Stored::Answered(check, _) => Some(check),
             // Still asking: the answer before stands (the workspace is woken when it comes).
             _ => last,
         }
@@ -305,20 +337,10 @@ impl AgentChecker {
             Ok(ip) => std::net::SocketAddr::new(ip, shared.config.port).to_string(),
             Err(_) => format!("{ip}:{}", shared.config.port),
         };
-        let last = match shared.contents().get_mut(&key) {
-            Some(ContentAsk::InFlight {
-                pod_uid: uid,
-                previous,
-            }) if *uid == pod_uid => return previous.clone(),
-            Some(ContentAsk::Done { check, delivered }) if check.pod_uid == pod_uid => {
-                let fresh = !*delivered;
-                *delivered = true;
-                Some(ContentCheck {
-                    fresh,
-                    ..check.clone()
-                })
-            }
-            _ => None,
+        let last = match stored(&mut shared.contents(), &key, &pod_uid) {
+            Stored::Asking(previous) => return previous,
+            Stored::Answered(check, _) => Some(check),
+            Stored::Nothing => None,
         };
         if !crate::content::ask_due(last.as_ref(), &pod_uid, now, interval) {
             return last;
@@ -333,15 +355,8 @@ impl AgentChecker {
             last.clone(),
         );
         let _ = tokio::time::timeout(INLINE_WAIT, done.wait_for(|d| *d)).await;
-        match shared.contents().get_mut(&key) {
-            Some(ContentAsk::Done { check, delivered }) if check.pod_uid == pod_uid => {
-                let fresh = !*delivered;
-                *delivered = true;
-                Some(ContentCheck {
-                    fresh,
-                    ..check.clone()
-                })
-            }
+        match stored(&mut shared.contents(), &key, &pod_uid) {
+            Stored::Answered(check, _) => Some(check),
             // Still asking: the answer before stands (the workspace is woken when it comes).
             _ => last,
         }
@@ -365,12 +380,43 @@ impl Shared {
         self.attempts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn activity(&self) -> std::sync::MutexGuard<'_, HashMap<Key, ActivityAsk>> {
+    fn activity(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Ask<ActivityCheck>>> {
         self.activity.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn contents(&self) -> std::sync::MutexGuard<'_, HashMap<Key, ContentAsk>> {
+    fn contents(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Ask<ContentCheck>>> {
         self.content.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores the answer of an ask, unless the workspace went or moved to another pod
+    /// meanwhile, and wakes the workspace.
+    fn answered<C: Answer>(
+        &self,
+        asks: &Mutex<HashMap<Key, Ask<C>>>,
+        key: &Key,
+        check: C,
+        failures: u32,
+        done: &watch::Sender<bool>,
+    ) {
+        let mut asks = asks.lock().unwrap_or_else(|p| p.into_inner());
+        let still_wanted = matches!(asks.get(key), Some(Ask::InFlight { pod_uid, .. }) if pod_uid == check.pod_uid());
+        if !still_wanted {
+            return;
+        }
+        asks.insert(
+            key.clone(),
+            Ask::Done {
+                check,
+                failures,
+                delivered: false,
+            },
+        );
+        drop(asks);
+        let _ = done.send(true);
+        let (namespace, name) = key;
+        let _ = self
+            .wake
+            .unbounded_send(ObjectRef::new(name).within(namespace));
     }
 
     /// Starts a `GetContent` in the background; returns what turns true when its answer is
@@ -384,40 +430,19 @@ impl Shared {
         previous: Option<ContentCheck>,
     ) -> watch::Receiver<bool> {
         let (done_tx, done) = watch::channel(false);
-        shared.contents().insert(
-            key.clone(),
-            ContentAsk::InFlight {
-                pod_uid: pod_uid.clone(),
-                previous: previous.map(|p| ContentCheck { fresh: false, ..p }),
-            },
-        );
+        asking(&mut shared.contents(), &key, &pod_uid, previous);
         let shared = shared.clone();
         tokio::spawn(
             async move {
                 let asked_at = jiff::Timestamp::now();
                 let outcome = shared.call_content(&address, tls, &key.0).await;
-                let mut asks = shared.contents();
-                let still_wanted = matches!(asks.get(&key), Some(ContentAsk::InFlight { pod_uid: uid, .. }) if *uid == pod_uid);
-                if still_wanted {
-                    asks.insert(
-                        key.clone(),
-                        ContentAsk::Done {
-                            check: ContentCheck {
-                                pod_uid,
-                                asked_at,
-                                outcome,
-                                fresh: true,
-                            },
-                            delivered: false,
-                        },
-                    );
-                    drop(asks);
-                    let _ = done_tx.send(true);
-                    let (namespace, name) = &key;
-                    let _ = shared
-                        .wake
-                        .unbounded_send(ObjectRef::new(name).within(namespace));
-                }
+                let check = ContentCheck {
+                    pod_uid,
+                    asked_at,
+                    outcome,
+                    fresh: true,
+                };
+                shared.answered(&shared.content, &key, check, 0, &done_tx);
             }
             .in_current_span(),
         );
@@ -480,13 +505,7 @@ impl Shared {
         previous: Option<ActivityCheck>,
     ) -> watch::Receiver<bool> {
         let (done_tx, done) = watch::channel(false);
-        shared.activity().insert(
-            key.clone(),
-            ActivityAsk::InFlight {
-                pod_uid: pod_uid.clone(),
-                previous: previous.map(|p| ActivityCheck { fresh: false, ..p }),
-            },
-        );
+        asking(&mut shared.activity(), &key, &pod_uid, previous);
         let shared = shared.clone();
         tokio::spawn(
             async move {
@@ -509,30 +528,14 @@ impl Shared {
                     0 => Duration::ZERO,
                     n => state::agent_backoff(n, shared.config.backoff_base, shared.config.backoff_max),
                 };
-                let mut asks = shared.activity();
-                let still_wanted = matches!(asks.get(&key), Some(ActivityAsk::InFlight { pod_uid: uid, .. }) if *uid == pod_uid);
-                if still_wanted {
-                    asks.insert(
-                        key.clone(),
-                        ActivityAsk::Done {
-                            check: ActivityCheck {
-                                pod_uid,
-                                asked_at,
-                                outcome,
-                                fresh: true,
-                                retry_in,
-                            },
-                            failures,
-                            delivered: false,
-                        },
-                    );
-                    drop(asks);
-                    let _ = done_tx.send(true);
-                    let (namespace, name) = &key;
-                    let _ = shared
-                        .wake
-                        .unbounded_send(ObjectRef::new(name).within(namespace));
-                }
+                let check = ActivityCheck {
+                    pod_uid,
+                    asked_at,
+                    outcome,
+                    fresh: true,
+                    retry_in,
+                };
+                shared.answered(&shared.activity, &key, check, failures, &done_tx);
             }
             .in_current_span(),
         );

@@ -297,14 +297,7 @@ pub fn built_from(pod: &Pod, workspace: &Workspace) -> bool {
 /// whether one is mounted.
 pub fn content_spec(workspace: &Workspace) -> Option<berth_agent::content::ContentSpec> {
     let git = &workspace.spec.content.as_ref()?.git;
-    let home = workspace
-        .spec
-        .pod_template
-        .as_ref()?
-        .volumes
-        .as_ref()?
-        .home
-        .as_ref()?;
+    let home = home_volume(workspace)?;
     Some(berth_agent::content::ContentSpec {
         url: git.url.clone(),
         reference: git.reference.clone(),
@@ -419,41 +412,42 @@ fn agent_probe(agent: &AgentConfig) -> Probe {
 /// The agent's TLS secret, mounted where its variables point.
 fn agent_tls_mount(agent: &AgentConfig, volumes: &mut Vec<Volume>) -> Option<VolumeMount> {
     let tls = agent.tls.as_ref()?;
-    volumes.push(Volume {
-        name: AGENT_TLS_VOLUME.into(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(tls.secret.clone()),
-            default_mode: Some(0o400),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    Some(VolumeMount {
-        name: AGENT_TLS_VOLUME.into(),
-        mount_path: AGENT_TLS_DIR.into(),
-        read_only: Some(true),
-        ..Default::default()
-    })
+    Some(private_secret(
+        volumes,
+        AGENT_TLS_VOLUME,
+        &tls.secret,
+        AGENT_TLS_DIR,
+    ))
 }
 
-/// The content's credentials secret, for the agent's container.
+/// The content's credentials secret, for the container whose agent clones.
 fn content_auth_mount(workspace: &Workspace, volumes: &mut Vec<Volume>) -> Option<VolumeMount> {
     let auth = workspace.spec.content.as_ref()?.git.auth.as_ref()?;
+    Some(private_secret(
+        volumes,
+        CONTENT_AUTH_VOLUME,
+        &auth.secret_name,
+        berth_agent::content::CREDENTIALS_DIR,
+    ))
+}
+
+/// A secret volume only its owner may read (0400), and its read-only mount at `path`.
+fn private_secret(volumes: &mut Vec<Volume>, name: &str, secret: &str, path: &str) -> VolumeMount {
     volumes.push(Volume {
-        name: CONTENT_AUTH_VOLUME.into(),
+        name: name.into(),
         secret: Some(SecretVolumeSource {
-            secret_name: Some(auth.secret_name.clone()),
+            secret_name: Some(secret.to_owned()),
             default_mode: Some(0o400),
             ..Default::default()
         }),
         ..Default::default()
     });
-    Some(VolumeMount {
-        name: CONTENT_AUTH_VOLUME.into(),
-        mount_path: berth_agent::content::CREDENTIALS_DIR.into(),
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
         read_only: Some(true),
         ..Default::default()
-    })
+    }
 }
 
 /// What every container Berth puts in a workspace pod runs with, as Pod Security
@@ -708,16 +702,21 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
     }
 }
 
-/// The home claim, when the spec asks for one.
-pub fn build_claim(workspace: &Workspace) -> Option<PersistentVolumeClaim> {
-    let home = workspace
+/// The workspace's home volume, when its (shaped) spec has one.
+fn home_volume(workspace: &Workspace) -> Option<&berth_api::HomeVolume> {
+    workspace
         .spec
         .pod_template
         .as_ref()?
         .volumes
         .as_ref()?
         .home
-        .clone()?;
+        .as_ref()
+}
+
+/// The home claim, when the spec asks for one.
+pub fn build_claim(workspace: &Workspace) -> Option<PersistentVolumeClaim> {
+    let home = home_volume(workspace)?.clone();
     Some(PersistentVolumeClaim {
         metadata: metadata(
             workspace,

@@ -355,14 +355,7 @@ async fn a_clone_interrupted_midway_leaves_nothing_in_place_and_the_next_starts_
 
 #[tokio::test]
 async fn a_clone_reports_gits_progress_and_holds_the_command_until_it_is_done() {
-    let root = tempfile::tempdir().unwrap();
-    let files = incompressible(300);
-    let files: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(p, t)| (p.as_str(), t.as_str()))
-        .collect();
-    git_server::create_repository(root.path(), "big", &files).unwrap();
-    let server = GitServer::start(root.path(), None).await.unwrap();
+    let (server, _root) = big_repository().await;
     server.trickle(Duration::from_millis(20));
     let home = tempfile::tempdir().unwrap();
     let run = start(
@@ -394,10 +387,10 @@ async fn a_clone_reports_gits_progress_and_holds_the_command_until_it_is_done() 
     assert!(futures::FutureExt::now_or_never(run.content.ready()).is_some());
 }
 
-/// A repository of `count` files that do not compress away (a few hundred KiB for 300).
-fn incompressible(count: usize) -> Vec<(String, String)> {
+/// A server of the repository `big`: 300 files that do not compress away (a few hundred KiB).
+async fn big_repository() -> (GitServer, tempfile::TempDir) {
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    (0..count)
+    let files: Vec<(String, String)> = (0..300)
         .map(|i| {
             let text: String = (0..256)
                 .map(|_| {
@@ -409,7 +402,15 @@ fn incompressible(count: usize) -> Vec<(String, String)> {
                 .collect();
             (format!("data/{i}.txt"), text)
         })
-        .collect()
+        .collect();
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(p, t)| (p.as_str(), t.as_str()))
+        .collect();
+    let root = tempfile::tempdir().unwrap();
+    git_server::create_repository(root.path(), "big", &files).unwrap();
+    let server = GitServer::start(root.path(), None).await.unwrap();
+    (server, root)
 }
 
 #[tokio::test]
@@ -427,14 +428,7 @@ async fn a_full_home_is_no_space_in_its_own_words_and_retried() {
         return;
     }
     let home = runtime.claim_folder("tiny", Some(64 * 1024)).unwrap();
-    let root = tempfile::tempdir().unwrap();
-    let files = incompressible(300);
-    let files: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(p, t)| (p.as_str(), t.as_str()))
-        .collect();
-    git_server::create_repository(root.path(), "big", &files).unwrap();
-    let server = GitServer::start(root.path(), None).await.unwrap();
+    let (server, _root) = big_repository().await;
     let run = start(spec(&server.url("big"), None), &home, Credentials::None);
     let (reason, message, retry) =
         failed(&report(&run.content, |r| failed(r).is_some()).await).unwrap();
