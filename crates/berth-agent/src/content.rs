@@ -184,6 +184,8 @@ pub struct Content {
     report: watch::Sender<Report>,
     /// Whether a `GetContent` was answered that the content is in place.
     told: watch::Sender<bool>,
+    /// Since when attempts fail without progress in between.
+    failing_since: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Content {
@@ -197,6 +199,7 @@ impl Content {
             spec,
             report: watch::channel(first).0,
             told: watch::channel(false).0,
+            failing_since: std::sync::Mutex::new(None),
         })
     }
 
@@ -234,7 +237,28 @@ impl Content {
         let _ = tokio::time::timeout(patience, told.wait_for(|t| *t)).await;
     }
 
+    /// Sets the report; a failure starts a failure series (unless one runs), progress or the
+    /// content in place ends it.
     fn set(&self, report: Report) {
+        let mut since = self.failing_since.lock().unwrap_or_else(|p| p.into_inner());
+        match &report {
+            Report::Failed { .. } => {
+                since.get_or_insert_with(std::time::Instant::now);
+            }
+            Report::Ready { .. } => *since = None,
+            _ => {}
+        }
+        drop(since);
+        self.set_report(report);
+    }
+
+    /// Git's progress: the failure series, if any, is over.
+    fn progressed(&self, report: Report) {
+        *self.failing_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.set_report(report);
+    }
+
+    fn set_report(&self, report: Report) {
         self.report.send_replace(report);
     }
 
@@ -265,6 +289,12 @@ impl Content {
             Report::Failed { failure, retry_in } => {
                 answer.retry_in_seconds = retry_in
                     .map(|d| d.as_secs().max(1) as u32)
+                    .unwrap_or_default();
+                answer.failing_for_seconds = self
+                    .failing_since
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .map(|t| t.elapsed().as_secs())
                     .unwrap_or_default();
                 ("Failed", failure.kind.as_str(), failure.message)
             }
@@ -483,7 +513,7 @@ fn clone_once(
     }
     let url = spec.url.clone();
     let progress = |words: String| {
-        content.set(Report::Cloning {
+        content.progressed(Report::Cloning {
             progress: format!("Cloning {url}: {words}"),
         })
     };

@@ -488,6 +488,7 @@ impl Shared {
                 message: answer.message,
                 retry_in: (answer.retry_in_seconds > 0)
                     .then(|| Duration::from_secs(answer.retry_in_seconds.into())),
+                failing_for: Duration::from_secs(answer.failing_for_seconds),
             },
             _ => ContentOutcome::Waiting,
         }

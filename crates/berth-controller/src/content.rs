@@ -38,11 +38,13 @@ pub enum ContentOutcome {
         message: String,
     },
     /// The last attempt failed, in git's words; the agent tries again after `retry_in`
-    /// (None: once the credentials change).
+    /// (None: once the credentials change). Attempts have failed for `failing_for` without
+    /// progress in between.
     Failed {
         reason: Reason,
         message: String,
         retry_in: Option<Duration>,
+        failing_for: Duration,
     },
     /// The agent could not be asked.
     Unasked { reason: Reason, message: String },

@@ -11,19 +11,28 @@ use berth_api::{
 };
 
 use super::{Builder, Notice};
+
+/// What the content asks of the start.
+pub(super) enum Hold {
+    /// Wait, and look again after this long.
+    Wait(Duration),
+    /// Give the start up (rule C9): it failed without progress for `startTimeout`; the words.
+    GiveUp(String),
+}
 use crate::content::{ContentCheck, ContentOutcome, remedy};
 
 impl Builder<'_> {
-    /// Says where the content of the pod `uid` stands; the requeue when the workspace waits
-    /// for it (the caller finishes then), None when it is in place (or there is none).
+    /// Says where the content of the pod `uid` stands; what the start must do while it is not
+    /// in place (the caller finishes then), None when it is (or there is none). A clone that
+    /// keeps failing without progress for `start_timeout` ends the start (rule C9).
     pub(super) fn content_holds(
         &mut self,
         workspace: &Workspace,
         check: Option<&ContentCheck>,
         uid: &str,
         pod_name: &str,
-        interval: Duration,
-    ) -> Option<Duration> {
+        (interval, start_timeout): (Duration, Duration),
+    ) -> Option<Hold> {
         let git = &workspace.spec.content.as_ref()?.git;
         let place = format!("{} ({})", git.directory(), git.url);
         if let Some(content) = self.status.content.clone().filter(|c| c.pod_uid == uid) {
@@ -58,7 +67,7 @@ impl Builder<'_> {
             b.condition(types::READY, ConditionStatus::False, reason, &text);
             b.status.ready_at = None;
             b.phase(Phase::Starting, text);
-            Some(interval)
+            Some(Hold::Wait(interval))
         };
         match check.map(|c| (&c.outcome, c.fresh)) {
             None | Some((ContentOutcome::Waiting, _)) => waiting(
@@ -86,6 +95,7 @@ impl Builder<'_> {
                     reason,
                     message,
                     retry_in,
+                    failing_for,
                 },
                 fresh,
             )) => {
@@ -123,10 +133,16 @@ impl Builder<'_> {
                     reason.clone(),
                     &text,
                 );
+                if *failing_for >= start_timeout {
+                    return Some(Hold::GiveUp(format!(
+                        "No progress for {} while cloning: {text}",
+                        crate::state::human(start_timeout)
+                    )));
+                }
                 self.condition(types::READY, ConditionStatus::False, reason.clone(), &text);
                 self.status.ready_at = None;
                 self.phase(Phase::Error, text);
-                Some(interval)
+                Some(Hold::Wait(interval))
             }
             Some((
                 ContentOutcome::Ready {

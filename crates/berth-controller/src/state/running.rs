@@ -11,7 +11,10 @@ use berth_api::{
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::{Action, AgentOutcome, Builder, Current, Decision, Lifecycle, Notice, Observed, human};
+use super::{
+    Action, AgentOutcome, Builder, Current, Decision, Lifecycle, Notice, Observed, content::Hold,
+    human,
+};
 use crate::config::Policy;
 use crate::idle::{self, ActivityCheck, ActivityOutcome};
 
@@ -112,14 +115,19 @@ pub(super) fn running(
         }
     }
     // Ready only once the content is in place (the agent clones before the command starts).
-    if let Some(wait) = b.content_holds(
+    match b.content_holds(
         observed.workspace,
         observed.content,
         uid,
         pod_name,
-        policy.progress_interval,
+        (policy.progress_interval, lifecycle.start_timeout),
     ) {
-        return b.finish(wait);
+        Some(Hold::Wait(wait)) => return b.finish(wait),
+        Some(Hold::GiveUp(text)) => {
+            b.actions.push(Action::DeletePod { uid: uid.clone() });
+            return b.start_timed_out(text, slow);
+        }
+        None => {}
     }
     b.condition(
         types::READY,

@@ -13,8 +13,8 @@ use berth_api::{
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{
-    Action, Builder, Current, Decision, Notice, Observed, containers_running, elapsed, human,
-    requeue_interval, signal, waiting,
+    Action, Builder, Current, Decision, Notice, Observed, containers_running, content::Hold,
+    elapsed, human, requeue_interval, signal, waiting,
 };
 use crate::config::Policy;
 
@@ -140,18 +140,18 @@ pub(super) fn starting(
     };
 
     // A running pod whose agent is still putting the content in place says so.
-    if ended.is_none()
-        && signal.is_none()
-        && crate::content::agent_running(pod)
-        && let Some(wait) = b.content_holds(
-            workspace,
-            content,
-            &current.uid,
-            pod_name,
-            policy.progress_interval,
-        )
-    {
-        return b.finish(wait);
+    if ended.is_none() && signal.is_none() && crate::content::agent_running(pod) {
+        let timing = (policy.progress_interval, start_timeout);
+        match b.content_holds(workspace, content, &current.uid, pod_name, timing) {
+            Some(Hold::Wait(wait)) => return b.finish(wait),
+            Some(Hold::GiveUp(text)) => {
+                b.actions.push(Action::DeletePod {
+                    uid: current.uid.clone(),
+                });
+                return b.start_timed_out(text, slow);
+            }
+            None => {}
+        }
     }
     // (A pod in phase Unknown never comes here: its node is lost, `replacing::node_lost`.)
     match &signal {

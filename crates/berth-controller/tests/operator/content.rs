@@ -292,6 +292,27 @@ async fn a_clone_that_fails_explains_itself_once_keeps_its_pod_and_heals_when_fi
         s.first
     );
 
+    // A clone failing without progress for the start timeout ends the start (rule C9): the
+    // pod goes, the workspace is Failed until its spec changes or it is restarted.
+    let mut brief = spec(&url, Some("no-such-branch"));
+    brief["lifecycle"] = json!({"startTimeout": "1s"});
+    h.create("brief", brief).await;
+    let gave_up = h.until_phase("brief", Phase::Failed).await;
+    let stalled = condition(&gave_up, "Stalled").unwrap();
+    assert_eq!(
+        (stalled.status.as_str(), stalled.reason.as_str()),
+        ("True", "StartTimeout")
+    );
+    assert!(
+        message_of(&gave_up).starts_with("No progress for 1s while cloning: Cannot clone"),
+        "{}",
+        message_of(&gave_up)
+    );
+    crate::support::eventually(crate::support::WAIT, "the pod gone", || async {
+        s.pod_uid("brief").await.is_none().then_some(())
+    })
+    .await;
+
     // The server down: Unreachable, retried by the agent, cloned once it is back.
     s.server.down();
     h.create("later", spec(&url, None)).await;
