@@ -295,3 +295,41 @@ pub fn classify(error: &gix::Error) -> Failure {
     });
     Failure { kind, message: all }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ssh_key_is_a_private_file_and_only_its_path_is_in_an_argument() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let into = dir.path().join(".app.berth-partial.1-2");
+        let key = b"-----BEGIN OPENSSH PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n-----END OPENSSH PRIVATE KEY-----\n";
+        let overrides = ssh_overrides(&into, key, Some(b"[h]:22 ssh-ed25519 AAAA")).unwrap();
+        let command = &overrides[0];
+        assert!(
+            command.starts_with("core.sshCommand=ssh -F /dev/null -i "),
+            "{command}"
+        );
+        assert!(command.contains("StrictHostKeyChecking=yes"), "{command}");
+        for line in &overrides {
+            assert!(
+                !line.contains("c2VjcmV0LWtleS1ieXRlcw"),
+                "the key is in an argument: {line}"
+            );
+        }
+        let file = ssh_dir(&into).join("id");
+        assert_eq!(std::fs::read(&file).unwrap(), key);
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // Beside the clone and named like it: what an interrupted clone left goes with it.
+        assert!(
+            ssh_dir(&into)
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".app.berth-partial.")
+        );
+    }
+}

@@ -315,6 +315,10 @@ async fn a_server_down_is_retried_with_backoff_and_then_cloned() {
 async fn a_clone_interrupted_midway_leaves_nothing_in_place_and_the_next_starts_again() {
     let (server, _root, _, second) = server(None).await;
     let home = tempfile::tempdir().unwrap();
+    // What a process killed mid-clone left (it could not clean up after itself).
+    let killed = home.path().join("src/.demo.berth-partial.1-1");
+    std::fs::create_dir_all(killed.join(".git/objects")).unwrap();
+    std::fs::write(killed.join("README.md"), "half\n").unwrap();
     server.hold(true);
     let first = start(
         spec(&server.url("demo"), None),
@@ -327,7 +331,12 @@ async fn a_clone_interrupted_midway_leaves_nothing_in_place_and_the_next_starts_
     }
     assert!(matches!(first.content.report(), Report::Cloning { .. }));
     let partials = entries(&home.path().join("src"));
-    assert_eq!(partials.len(), 1, "{partials:?}");
+    assert_eq!(
+        partials.len(),
+        1,
+        "the killed clone's leftover is gone: {partials:?}"
+    );
+    assert!(!killed.exists());
     assert!(
         partials[0].starts_with(".demo.berth-partial."),
         "{partials:?}"

@@ -36,6 +36,11 @@ struct Setup {
 async fn setup() -> Setup {
     let claims = tempfile::tempdir().unwrap();
     let mut config = test_config();
+    // A rejected pod is replaced quickly.
+    config.policy.recreation = berth_api::PodRecreationPolicy {
+        max: 3,
+        delay: Duration::from_millis(200),
+    };
     config.policy.pod.content_schemes = vec!["https".into(), "http".into()];
     config.policy.progress_interval = Duration::from_millis(200);
     let sim = berth_sim::SimConfig {
@@ -493,6 +498,55 @@ async fn a_node_lost_mid_clone_moves_the_workspace_and_ends_with_one_checkout() 
     let running = h.until_phase("moving", Phase::Running).await;
     assert_eq!(content_ready(&running).unwrap().1, "Cloned");
     let home = s.home("moving").await;
+    assert_eq!(entries(&home), ["demo"]);
+    assert_eq!(
+        git_server::git(&home.join("demo"), &["rev-parse", "HEAD"]).unwrap(),
+        s.second
+    );
+}
+
+#[tokio::test]
+async fn a_clone_cut_short_then_a_pod_the_kubelet_rejects_still_ends_with_one_checkout() {
+    // Gitpod's question: what happens to a half-done clone when a rejected pod is created
+    // again? The clone's pod goes mid-clone, its replacement is rejected by its kubelet
+    // (before any container runs, as a kubelet rejects), the next one cleans up and clones.
+    let s = setup().await;
+    let h = &s.h;
+    s.server.hold(true);
+    h.create("bumpy", spec(&s.server.url("demo"), None)).await;
+    h.until("bumpy", "cloning", |ws| {
+        content_ready(ws).is_some_and(|(_, r, _)| r == "Cloning")
+    })
+    .await;
+    while s.server.packs() == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let home = s.home("bumpy").await;
+    assert!(
+        entries(&home)
+            .iter()
+            .any(|e| e.starts_with(".demo.berth-partial."))
+    );
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(h.client.clone());
+    for node in nodes.list(&Default::default()).await.unwrap() {
+        h.sim.faults().reject_next(&node.name_any(), 1, "OutOfcpu");
+    }
+    let pods: Api<Pod> = Api::namespaced(h.client.clone(), "default");
+    pods.delete("bumpy-ws", &DeleteParams::default())
+        .await
+        .unwrap();
+    let rejected = h
+        .until("bumpy", "a pod rejected, and replaced", |ws| {
+            ws.status.as_ref().and_then(|s| s.pod_recreations) == Some(1)
+        })
+        .await;
+    assert!(condition(&rejected, "PodRejected").is_some());
+    while s.server.packs() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    s.server.hold(false);
+    let running = h.until_phase("bumpy", Phase::Running).await;
+    assert_eq!(content_ready(&running).unwrap().1, "Cloned");
     assert_eq!(entries(&home), ["demo"]);
     assert_eq!(
         git_server::git(&home.join("demo"), &["rev-parse", "HEAD"]).unwrap(),
