@@ -2755,3 +2755,318 @@ fn touches_the_pod(d: &Decision) -> bool {
         )
     })
 }
+
+/// Content from git (issue 31): a ready pod whose agent authenticated the operator, whose
+/// workspace clones `https://h/org/app.git` at `main` into `app`.
+mod content {
+    use super::*;
+    use crate::content::{ContentCheck, ContentOutcome};
+    use berth_api::condition::Reason;
+
+    const URL: &str = "https://h/org/app.git";
+
+    fn spec(reference: &str) -> Value {
+        json!({
+            "image": "x:1", "command": ["sh"],
+            "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}},
+            "content": {"git": {"url": URL, "ref": reference, "auth": {"secretName": "git-creds"}}}
+        })
+    }
+
+    /// The workspace after its agent was verified, and its pod.
+    fn verified_workspace() -> (Workspace, Pod) {
+        let unverified = workspace(spec("main"), started(100));
+        let pod = ready_pod(&unverified);
+        let first = decide_checked(&unverified, &pod, &verified());
+        let mut ws = workspace(spec("main"), json!({}));
+        ws.status = Some(first.status);
+        (ws, pod)
+    }
+
+    fn asked(outcome: ContentOutcome, fresh: bool) -> ContentCheck {
+        ContentCheck {
+            pod_uid: "pod-1".into(),
+            asked_at: now(),
+            outcome,
+            fresh,
+        }
+    }
+
+    fn failed(
+        reason: Reason,
+        message: &str,
+        retry_in: Option<u64>,
+        failing_for: u64,
+    ) -> ContentOutcome {
+        ContentOutcome::Failed {
+            reason,
+            message: message.into(),
+            retry_in: retry_in.map(Duration::from_secs),
+            failing_for: Duration::from_secs(failing_for),
+        }
+    }
+
+    fn decide_with(ws: &Workspace, pod: &Pod, content: Option<&ContentCheck>) -> Decision {
+        // The home claim, bound.
+        let mut claim = pod::build_claim(ws).expect("a home");
+        claim.status = serde_json::from_value(json!({"phase": "Bound"})).unwrap();
+        derive(
+            &Observed {
+                pod: Some(pod),
+                claim: Some(&claim),
+                content,
+                ..only(ws)
+            },
+            &Policy::default(),
+            now(),
+        )
+    }
+
+    /// The workspace with `d`'s status, as the next reconcile reads it.
+    fn after(ws: &Workspace, d: &Decision) -> Workspace {
+        let mut next = ws.clone();
+        next.status = Some(d.status.clone());
+        next
+    }
+
+    #[test]
+    fn a_workspace_is_ready_only_once_its_content_is_in_place() {
+        let (ws, pod) = verified_workspace();
+        let progress = format!("Cloning {URL}: receiving objects 43 % (1203/2790)");
+        for (outcome, status, reason, message) in [
+            (
+                None,
+                "Unknown",
+                "Unknown",
+                format!("Pod w-ws is running; waiting for its agent to clone app ({URL})"),
+            ),
+            (
+                Some(ContentOutcome::Waiting),
+                "Unknown",
+                "Unknown",
+                format!("Pod w-ws is running; waiting for its agent to clone app ({URL})"),
+            ),
+            (
+                Some(ContentOutcome::Cloning {
+                    progress: progress.clone(),
+                }),
+                "False",
+                "Cloning",
+                progress.clone(),
+            ),
+        ] {
+            let check = outcome.map(|o| asked(o, true));
+            let d = decide_with(&ws, &pod, check.as_ref());
+            assert_eq!(d.status.phase, Some(Phase::Starting), "{message}");
+            assert_eq!(d.status.message.as_deref(), Some(message.as_str()));
+            let content = condition_of(&d, "ContentReady");
+            assert_eq!(
+                (content.status.as_str(), content.reason.as_str()),
+                (status, reason)
+            );
+            assert_eq!(condition_of(&d, "Ready").status, "False");
+            assert_eq!(
+                d.requeue,
+                Policy::default().progress_interval,
+                "asked again then"
+            );
+            assert!(d.actions.is_empty(), "the pod is kept: {:?}", d.actions);
+        }
+        let cloned = ContentOutcome::Ready {
+            reason: Reason::Cloned,
+            url: URL.into(),
+            reference: Some("main".into()),
+            commit: "abc123".into(),
+            message: "Cloned https://h/org/app.git at main (commit abc123) into app".into(),
+        };
+        let d = decide_with(&ws, &pod, Some(&asked(cloned, true)));
+        assert_eq!(d.status.phase, Some(Phase::Running));
+        let content = condition_of(&d, "ContentReady");
+        assert_eq!(
+            (content.status.as_str(), content.reason.as_str()),
+            ("True", "Cloned")
+        );
+        assert!(content.message.contains("abc123"));
+        let recorded = d.status.content.clone().unwrap();
+        assert_eq!(
+            (
+                recorded.path.as_str(),
+                recorded.reference.as_deref(),
+                recorded.commit.as_str(),
+                recorded.pod_uid.as_str()
+            ),
+            ("app", Some("main"), "abc123", "pod-1")
+        );
+        assert!(
+            notice_reasons(&d).contains(&"ContentReady"),
+            "{:?}",
+            d.notices
+        );
+        // In place for this pod: nothing more to ask or say.
+        let d = decide_with(&after(&ws, &d), &pod, None);
+        assert_eq!(d.status.phase, Some(Phase::Running));
+        assert!(!notice_reasons(&d).contains(&"ContentReady"));
+    }
+
+    #[test]
+    fn a_failed_clone_is_an_error_with_the_remedy_said_once_per_failure_series() {
+        let (ws, pod) = verified_workspace();
+        let missing = "The remote didn't have any ref that matched 'main'";
+        let d = decide_with(
+            &ws,
+            &pod,
+            Some(&asked(failed(Reason::RefNotFound, missing, None, 0), true)),
+        );
+        assert_eq!(d.status.phase, Some(Phase::Error));
+        assert_eq!(
+            d.status.message.as_deref(),
+            Some(format!("Cannot clone {URL} into app (RefNotFound): {missing}; fix spec.content.git.ref (a branch, a tag or a full commit id), or leave it out for the default branch; the agent tries again once the credentials or the spec change. The pod is kept").as_str())
+        );
+        assert_eq!(condition_of(&d, "ContentReady").reason, "RefNotFound");
+        assert_eq!(condition_of(&d, "Ready").reason, "RefNotFound");
+        assert_eq!(notice_reasons(&d), ["ContentFailed"]);
+        assert!(d.actions.is_empty(), "the pod is kept: {:?}", d.actions);
+        // Asked again, the same failure: not said again.
+        let again = after(&ws, &d);
+        let d = decide_with(
+            &again,
+            &pod,
+            Some(&asked(failed(Reason::RefNotFound, missing, None, 2), true)),
+        );
+        assert_eq!(d.status.phase, Some(Phase::Error));
+        assert!(
+            !notice_reasons(&d).contains(&"ContentFailed"),
+            "{:?}",
+            d.notices
+        );
+        // Another failure is a new series; its remedy names the Secret; a transient one its retry.
+        let d = decide_with(
+            &again,
+            &pod,
+            Some(&asked(
+                failed(
+                    Reason::AuthenticationFailed,
+                    "Received HTTP status 401",
+                    None,
+                    3,
+                ),
+                true,
+            )),
+        );
+        assert_eq!(notice_reasons(&d), ["ContentFailed"]);
+        assert!(d.status.message.as_deref().unwrap().contains(
+            "check the credentials in Secret git-creds (spec.content.git.auth.secretName)"
+        ));
+        let d = decide_with(
+            &again,
+            &pod,
+            Some(&asked(
+                failed(Reason::Unreachable, "Connection refused", Some(4), 3),
+                true,
+            )),
+        );
+        assert!(
+            d.status
+                .message
+                .as_deref()
+                .unwrap()
+                .ends_with("Connection refused; the agent tries again in 4s. The pod is kept"),
+            "{:?}",
+            d.status.message
+        );
+        // A failure handed to a reconcile before (not fresh) is not said again either.
+        let d = decide_with(
+            &ws,
+            &pod,
+            Some(&asked(
+                failed(Reason::Unreachable, "Connection refused", Some(4), 3),
+                false,
+            )),
+        );
+        assert!(d.notices.iter().all(|n| n.reason != "ContentFailed"));
+    }
+
+    #[test]
+    fn a_clone_failing_without_progress_for_the_start_timeout_ends_the_start() {
+        let (ws, pod) = verified_workspace();
+        let timeout = Policy::default().start_timeout.as_secs();
+        let d = decide_with(
+            &ws,
+            &pod,
+            Some(&asked(
+                failed(
+                    Reason::Unreachable,
+                    "Connection refused",
+                    Some(30),
+                    timeout - 1,
+                ),
+                true,
+            )),
+        );
+        assert_eq!(d.status.phase, Some(Phase::Error));
+        let d = decide_with(
+            &ws,
+            &pod,
+            Some(&asked(
+                failed(Reason::Unreachable, "Connection refused", Some(30), timeout),
+                true,
+            )),
+        );
+        assert_eq!(d.status.phase, Some(Phase::Failed));
+        assert!(d.status.message.as_deref().unwrap().starts_with(&format!(
+            "No progress for 10m while cloning: Cannot clone {URL}"
+        )));
+        assert_eq!(condition_of(&d, "Stalled").reason, "StartTimeout");
+        assert_eq!(
+            d.actions,
+            vec![Action::DeletePod {
+                uid: "pod-1".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn once_in_place_a_changed_content_spec_changes_nothing_and_says_so_before_it_replaces_the_pod()
+    {
+        let (ws, pod) = verified_workspace();
+        let cloned = ContentOutcome::Ready {
+            reason: Reason::Cloned,
+            url: URL.into(),
+            reference: Some("main".into()),
+            commit: "abc123".into(),
+            message: "Cloned".into(),
+        };
+        let d = decide_with(&ws, &pod, Some(&asked(cloned, true)));
+        let mut changed = after(&ws, &d);
+        changed.spec = workspace(spec("v2"), json!({})).spec;
+        let d = decide_with(&changed, &pod, None);
+        assert_eq!(
+            d.status.phase,
+            Some(Phase::Running),
+            "{:?}",
+            d.status.message
+        );
+        assert!(d.actions.is_empty(), "no restart: {:?}", d.actions);
+        let content = condition_of(&d, "ContentReady");
+        assert_eq!(
+            (content.status.as_str(), content.reason.as_str()),
+            ("True", "ContentFound")
+        );
+        assert!(
+            content.message.starts_with(&format!("spec.content.git now asks for {URL} at v2, but app holds {URL} at main (commit abc123): Berth never clones over a checkout, so nothing on disk changed")),
+            "{}",
+            content.message
+        );
+        // Before the content is in place, the pod given the old content is replaced.
+        let mut changed = ws.clone();
+        changed.spec = workspace(spec("v2"), json!({})).spec;
+        let d = decide_with(&changed, &pod, None);
+        assert!(
+            d.actions
+                .iter()
+                .any(|a| matches!(a, Action::DeletePod { .. })),
+            "{:?}",
+            d.actions
+        );
+    }
+}
