@@ -134,6 +134,113 @@ pub fn remedy(reason: &Reason, workspace: &Workspace) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn spec(content: bool) -> serde_json::Value {
+        let mut spec = json!({
+            "image": "x:1", "command": ["sh"],
+            "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}}
+        });
+        if content {
+            spec["content"] = json!({"git": {"url": "https://h/org/app.git"}});
+        }
+        spec
+    }
+
+    /// The workspace's own pod, its workspace container in `state`, at an IP.
+    fn pod(ws: &Workspace, state: serde_json::Value) -> Pod {
+        let mut pod = crate::pod::build_pod(ws, &Default::default());
+        pod.metadata.uid = Some("pod-1".into());
+        pod.status = serde_json::from_value(json!({
+            "phase": "Running", "podIP": "10.0.0.7",
+            "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": state}]
+        }))
+        .unwrap();
+        pod
+    }
+
+    #[test]
+    fn the_agent_is_asked_about_the_content_of_its_running_current_pod_until_it_is_in_place() {
+        let running = json!({"running": {}});
+        let ws = crate::pod::tests::workspace("w", spec(true));
+        let current = pod(&ws, running.clone());
+        assert!(wanted(&ws, Some(&current)));
+        assert!(!wanted(&ws, None));
+        let plain = crate::pod::tests::workspace("w", spec(false));
+        assert!(
+            !wanted(&plain, Some(&pod(&plain, running.clone()))),
+            "no content"
+        );
+        let mut paused = ws.clone();
+        paused.spec.paused = true;
+        assert!(!wanted(&paused, Some(&current)), "paused");
+        let mut going = ws.clone();
+        going.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+        );
+        assert!(
+            !wanted(&going, Some(&current)),
+            "the workspace is being deleted"
+        );
+        let mut stopping = current.clone();
+        stopping.metadata.deletion_timestamp = going.metadata.deletion_timestamp.clone();
+        assert!(!wanted(&ws, Some(&stopping)), "the pod is being deleted");
+        let mut foreign = current.clone();
+        foreign.metadata.owner_references = None;
+        assert!(!wanted(&ws, Some(&foreign)), "not the workspace's own pod");
+        let mut other = ws.clone();
+        other.spec.content.as_mut().unwrap().git.reference = Some("v2".into());
+        assert!(
+            !wanted(&other, Some(&current)),
+            "a pod given other content is replaced, not asked"
+        );
+        assert!(
+            !wanted(
+                &ws,
+                Some(&pod(
+                    &ws,
+                    json!({"waiting": {"reason": "ContainerCreating"}})
+                ))
+            ),
+            "nothing runs yet"
+        );
+        let mut no_ip = current.clone();
+        no_ip.status.as_mut().unwrap().pod_ip = None;
+        assert!(!wanted(&ws, Some(&no_ip)), "no address yet");
+        let mut nameless = current.clone();
+        nameless.metadata.uid = None;
+        assert!(!wanted(&ws, Some(&nameless)));
+        // Confirmed for this pod: asked no more; for another pod: asked again.
+        let mut confirmed = ws.clone();
+        confirmed.status =
+            serde_json::from_value(json!({"content": {"path": "app", "podUID": "pod-1"}})).unwrap();
+        assert!(!wanted(&confirmed, Some(&current)));
+        confirmed.status =
+            serde_json::from_value(json!({"content": {"path": "app", "podUID": "pod-0"}})).unwrap();
+        assert!(wanted(&confirmed, Some(&current)));
+    }
+
+    #[test]
+    fn an_agent_runs_in_a_running_container_or_the_content_init_container() {
+        let ws = crate::pod::tests::workspace("w", spec(true));
+        let mut pod = pod(&ws, json!({"running": {}}));
+        assert!(agent_running(&pod));
+        let status = pod.status.as_mut().unwrap();
+        status.container_statuses = Some(vec![serde_json::from_value(json!({"name": "workspace", "image": "x", "imageID": "", "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 0}}})).unwrap()]);
+        assert!(!agent_running(&pod), "a container that ended");
+        let init = |name: &str, state: serde_json::Value| {
+            serde_json::from_value(json!({"name": name, "image": "x", "imageID": "", "ready": false, "restartCount": 0, "state": state})).unwrap()
+        };
+        pod.status.as_mut().unwrap().init_container_statuses =
+            Some(vec![init("berth-install", json!({"running": {}}))]);
+        assert!(!agent_running(&pod), "another init container");
+        pod.status.as_mut().unwrap().init_container_statuses =
+            Some(vec![init("berth-content", json!({"waiting": {}}))]);
+        assert!(!agent_running(&pod), "not running yet");
+        pod.status.as_mut().unwrap().init_container_statuses =
+            Some(vec![init("berth-content", json!({"running": {}}))]);
+        assert!(agent_running(&pod), "the content's init container");
+    }
 
     #[test]
     fn asked_at_most_once_per_interval_and_at_once_for_a_new_pod() {
@@ -155,5 +262,44 @@ mod tests {
             ask_due(Some(&check), "b", t0, second),
             "a new pod is asked at once"
         );
+    }
+
+    #[test]
+    fn each_failure_has_its_remedy() {
+        let with = crate::pod::tests::workspace(
+            "w",
+            json!({"image": "x:1", "content": {"git": {"url": "https://h/r.git", "auth": {"secretName": "git-creds"}}}}),
+        );
+        let without = crate::pod::tests::workspace("w", spec(true));
+        for (reason, ws, words) in [
+            (
+                Reason::AuthenticationFailed,
+                &with,
+                "check the credentials in Secret git-creds",
+            ),
+            (
+                Reason::AuthenticationFailed,
+                &without,
+                "the repository asks for credentials: name a Secret",
+            ),
+            (
+                Reason::RepositoryNotFound,
+                &with,
+                "check spec.content.git.url",
+            ),
+            (Reason::RefNotFound, &with, "fix spec.content.git.ref"),
+            (
+                Reason::NoSpace,
+                &with,
+                "grow spec.podTemplate.volumes.home.size",
+            ),
+        ] {
+            assert!(
+                remedy(&reason, ws).starts_with(words),
+                "{reason}: {}",
+                remedy(&reason, ws)
+            );
+        }
+        assert_eq!(remedy(&Reason::Unreachable, &with), "");
     }
 }

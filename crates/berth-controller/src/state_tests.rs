@@ -2906,6 +2906,25 @@ mod content {
         let d = decide_with(&after(&ws, &d), &pod, None);
         assert_eq!(d.status.phase, Some(Phase::Running));
         assert!(!notice_reasons(&d).contains(&"ContentReady"));
+        assert_eq!(
+            condition_of(&d, "ContentReady").reason,
+            "Cloned",
+            "the spec did not change"
+        );
+        // A directory the user made is theirs whatever the spec says (no record to compare).
+        let found = ContentOutcome::Ready {
+            reason: Reason::ContentFound,
+            url: String::new(),
+            reference: None,
+            commit: String::new(),
+            message: "app was already in the home volume, not cloned by Berth".into(),
+        };
+        let d = decide_with(&ws, &pod, Some(&asked(found, true)));
+        let d = decide_with(&after(&ws, &d), &pod, None);
+        assert_eq!(
+            condition_of(&d, "ContentReady").message,
+            "app was already in the home volume, not cloned by Berth"
+        );
     }
 
     #[test]
@@ -3067,6 +3086,53 @@ mod content {
                 .any(|a| matches!(a, Action::DeletePod { .. })),
             "{:?}",
             d.actions
+        );
+    }
+
+    #[test]
+    fn a_pod_cloning_in_its_init_container_says_so_unless_the_kubelet_says_worse() {
+        let mut spec = spec("main");
+        spec.as_object_mut().unwrap().remove("command");
+        let ws = workspace(spec, started(20));
+        let pod = pod_of(
+            &ws,
+            json!({
+                "phase": "Pending", "podIP": "127.1.0.1", "conditions": [scheduled()],
+                "initContainerStatuses": [{"name": "berth-content", "image": "berth", "imageID": "", "ready": false, "restartCount": 0, "state": {"running": {}}}],
+                "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}]
+            }),
+        );
+        let progress = format!("Cloning {URL}: receiving objects 12 % (3/25)");
+        let cloning = asked(
+            ContentOutcome::Cloning {
+                progress: progress.clone(),
+            },
+            true,
+        );
+        let d = decide_with(&ws, &pod, Some(&cloning));
+        assert_eq!(d.status.phase, Some(Phase::Starting));
+        assert_eq!(d.status.message.as_deref(), Some(progress.as_str()));
+        // The kubelet's own trouble with the pod comes first.
+        let missing = "MountVolume.SetUp failed for volume \"berth-content-auth\" : secret \"git-creds\" not found";
+        let warnings = [warning("pod-1", "FailedMount", missing, 2, 1)];
+        let refs: Vec<&Event> = warnings.iter().collect();
+        let mut claim = pod::build_claim(&ws).expect("a home");
+        claim.status = serde_json::from_value(json!({"phase": "Bound"})).unwrap();
+        let d = derive(
+            &Observed {
+                pod: Some(&pod),
+                claim: Some(&claim),
+                warnings: &refs,
+                content: Some(&cloning),
+                ..only(&ws)
+            },
+            &Policy::default(),
+            now(),
+        );
+        assert_eq!(d.status.phase, Some(Phase::Error));
+        assert_eq!(
+            d.status.message.as_deref(),
+            Some(format!("FailedMount: {missing}").as_str())
         );
     }
 }
