@@ -420,6 +420,39 @@ fn agent_tls_mount(agent: &AgentConfig, volumes: &mut Vec<Volume>) -> Option<Vol
     ))
 }
 
+/// Berth's init container `berth-install`, which copies the agent into an empty volume for
+/// a container of the workspace's image to run; that volume's read-only mount.
+fn install_agent(
+    agent: &AgentConfig,
+    volumes: &mut Vec<Volume>,
+    init_containers: &mut Vec<Container>,
+) -> VolumeMount {
+    volumes.push(Volume {
+        name: AGENT_VOLUME.into(),
+        empty_dir: Some(Default::default()),
+        ..Default::default()
+    });
+    let mount = |read_only: bool| VolumeMount {
+        name: AGENT_VOLUME.into(),
+        mount_path: AGENT_DIR.into(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    };
+    init_containers.push(Container {
+        name: INSTALL_CONTAINER.into(),
+        image: Some(agent.image.clone()),
+        command: Some(vec![
+            agent.binary.clone(),
+            "install".into(),
+            format!("{AGENT_DIR}/berth"),
+        ]),
+        volume_mounts: Some(vec![mount(false)]),
+        security_context: Some(restricted(true)),
+        ..Default::default()
+    });
+    mount(true)
+}
+
 /// The content's credentials secret, for the container whose agent clones.
 fn content_auth_mount(workspace: &Workspace, volumes: &mut Vec<Volume>) -> Option<VolumeMount> {
     let auth = workspace.spec.content.as_ref()?.git.auth.as_ref()?;
@@ -557,32 +590,9 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
     let mut env = spec.env.clone();
     let (command, probe) = match &spec.command {
         Some(command) if !command.is_empty() => {
-            volumes.push(Volume {
-                name: AGENT_VOLUME.into(),
-                empty_dir: Some(Default::default()),
-                ..Default::default()
-            });
-            let mount = |read_only: bool| VolumeMount {
-                name: AGENT_VOLUME.into(),
-                mount_path: AGENT_DIR.into(),
-                read_only: read_only.then_some(true),
-                ..Default::default()
-            };
-            mounts.push(mount(true));
+            mounts.push(install_agent(agent, &mut volumes, &mut init_containers));
             mounts.extend(agent_tls_mount(agent, &mut volumes));
             mounts.extend(content_auth_mount(workspace, &mut volumes));
-            init_containers.push(Container {
-                name: INSTALL_CONTAINER.into(),
-                image: Some(agent.image.clone()),
-                command: Some(vec![
-                    agent.binary.clone(),
-                    "install".into(),
-                    format!("{AGENT_DIR}/berth"),
-                ]),
-                volume_mounts: Some(vec![mount(false)]),
-                security_context: Some(restricted(true)),
-                ..Default::default()
-            });
             // The agent's variables come last: they win over the spec's.
             env.extend(agent_env(workspace, agent));
             let mut wrapped = vec![format!("{AGENT_DIR}/berth"), "agent".into(), "--".into()];
@@ -599,20 +609,29 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
                 .filter(|_| workspace.spec.content.is_some())
                 .cloned();
             if let Some(home_mount) = &home_mount {
-                let mut content_mounts = vec![home_mount.clone()];
+                let mut content_mounts = vec![
+                    home_mount.clone(),
+                    install_agent(agent, &mut volumes, &mut init_containers),
+                ];
                 content_mounts.extend(tls_mount.clone());
                 content_mounts.extend(content_auth_mount(workspace, &mut volumes));
+                // The workspace's image and security context, so the checkout's files are the
+                // workspace's user's, as they would be had it cloned them itself.
                 init_containers.push(Container {
                     name: CONTENT_CONTAINER.into(),
-                    image: Some(agent.image.clone()),
+                    image: Some(spec.image.clone()),
+                    image_pull_policy: record.and_then(|r| r.image.spec.image_pull_policy.clone()),
                     command: Some(vec![
-                        agent.binary.clone(),
+                        format!("{AGENT_DIR}/berth"),
                         "agent".into(),
                         "--until-content".into(),
                     ]),
                     env: Some(agent_env(workspace, agent)),
                     volume_mounts: Some(content_mounts),
-                    security_context: Some(restricted(true)),
+                    security_context: Some(container_security(
+                        record.and_then(|r| r.security_context.as_ref()?.container.clone()),
+                        !agent.root_images,
+                    )),
                     ..Default::default()
                 });
             }
@@ -1180,18 +1199,27 @@ pub(crate) mod tests {
             json!({"image": "devbox:1", "podTemplate": home, "content": content}),
         );
         let spec = serde_json::to_value(build_pod(&ws, &agent).spec.unwrap()).unwrap();
-        let init = &spec["initContainers"][0];
+        assert_eq!(spec["initContainers"][0]["name"], "berth-install");
+        let init = &spec["initContainers"][1];
         assert_eq!(init["name"], "berth-content");
+        // The workspace's image and user: the files it clones are the workspace's.
+        assert_eq!(init["image"], "devbox:1");
+        assert_eq!(
+            init["securityContext"],
+            spec["containers"][0]["securityContext"]
+        );
         assert_eq!(
             init["command"],
-            json!(["/usr/local/bin/berth", "agent", "--until-content"])
+            json!(["/opt/berth/berth", "agent", "--until-content"])
         );
         let mounts = init["volumeMounts"].as_array().unwrap();
         assert!(
             mounts.contains(&auth_mount) && mounts.contains(&home_mount),
             "{mounts:?}"
         );
-        assert_eq!(init["securityContext"]["allowPrivilegeEscalation"], false);
+        let agent_mount =
+            json!({"name": "berth-agent", "mountPath": "/opt/berth", "readOnly": true});
+        assert!(mounts.contains(&agent_mount), "{mounts:?}");
         let sidecar = &spec["containers"][1];
         let mounts = sidecar["volumeMounts"].as_array().unwrap();
         assert!(

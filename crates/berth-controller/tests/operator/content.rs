@@ -436,7 +436,13 @@ async fn a_workspace_running_its_images_entrypoint_gets_its_content_first() {
     let pod = pods.get("ide-ws").await.unwrap();
     let spec = pod.spec.as_ref().unwrap();
     let init = spec.init_containers.as_ref().unwrap();
-    assert_eq!(init[0].name, "berth-content");
+    let names: Vec<&str> = init.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["berth-install", "berth-content"]);
+    assert_eq!(
+        init[1].image.as_deref(),
+        Some("devbox:1"),
+        "the workspace's image and user"
+    );
     let statuses = pod
         .status
         .as_ref()
