@@ -2939,10 +2939,15 @@ mod content {
         assert_eq!(d.status.phase, Some(Phase::Error));
         assert_eq!(
             d.status.message.as_deref(),
-            Some(format!("Cannot clone {URL} into app (RefNotFound): {missing}; fix spec.content.git.ref (a branch, a tag or a full commit id), or leave it out for the default branch; the agent tries again once the credentials or the spec change. The pod is kept").as_str())
+            Some(format!("Cannot clone {URL} into app (RefNotFound); git said: {missing}; fix spec.content.git.ref (a branch, a tag or a full commit id), or leave it out for the default branch; the agent tries again once the credentials or the spec change. The pod is kept").as_str())
         );
         assert_eq!(condition_of(&d, "ContentReady").reason, "RefNotFound");
         assert_eq!(condition_of(&d, "Ready").reason, "RefNotFound");
+        // What `kubectl get ws` shows: what is wrong, the detail in the message.
+        assert_eq!(
+            d.status.summary.as_deref(),
+            Some(format!("Cannot clone {URL} into app (RefNotFound)").as_str())
+        );
         assert_eq!(notice_reasons(&d), ["ContentFailed"]);
         assert!(d.actions.is_empty(), "the pod is kept: {:?}", d.actions);
         // Asked again, the same failure: not said again.

@@ -110,12 +110,12 @@ impl Builder<'_> {
                 };
                 let text = match remedy.is_empty() {
                     true => format!(
-                        "Cannot clone {} into {} ({reason}): {message}; {next}. The pod is kept",
+                        "Cannot clone {} into {} ({reason}); git said: {message}; {next}. The pod is kept",
                         git.url,
                         git.directory()
                     ),
                     false => format!(
-                        "Cannot clone {} into {} ({reason}): {message}; {remedy}; {next}. The pod is kept",
+                        "Cannot clone {} into {} ({reason}); git said: {message}; {remedy}; {next}. The pod is kept",
                         git.url,
                         git.directory()
                     ),
