@@ -333,10 +333,7 @@ impl AgentChecker {
         };
         let pod_uid = pod.uid().unwrap_or_default();
         let ip = pod.status.as_ref()?.pod_ip.clone()?;
-        let address = match ip.parse::<std::net::IpAddr>() {
-            Ok(ip) => std::net::SocketAddr::new(ip, shared.config.port).to_string(),
-            Err(_) => format!("{ip}:{}", shared.config.port),
-        };
+        let address = state::agent_address(&ip, shared.config.port);
         let last = match stored(&mut shared.contents(), &key, &pod_uid) {
             Stored::Asking(previous) => return previous,
             Stored::Answered(check, _) => Some(check),

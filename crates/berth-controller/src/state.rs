@@ -192,11 +192,15 @@ pub fn agent_to_check(workspace: &Workspace, pod: Option<&Pod>, port: u16) -> Op
         && current
         && pod_is_ready(pod)
         && verified != pod.metadata.uid.as_deref())
-    .then(|| match ip.parse::<std::net::IpAddr>() {
-        // `[fd00::1]:50051` for IPv6 pods.
+    .then(|| agent_address(ip, port))
+}
+
+/// Where a pod's agent is called: `ip:port`, `[fd00::1]:50051` for IPv6 pods.
+pub fn agent_address(ip: &str, port: u16) -> String {
+    match ip.parse::<std::net::IpAddr>() {
         Ok(ip) => std::net::SocketAddr::new(ip, port).to_string(),
         Err(_) => format!("{ip}:{port}"),
-    })
+    }
 }
 
 /// What a growing claim says: its size to be, and its own words (the condition that holds).
