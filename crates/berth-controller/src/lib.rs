@@ -1,30 +1,24 @@
-//! The Berth operator: the reconcile loop (`reconcile.rs`), the pure core that derives status
-//! and actions (`state.rs`), the objects a workspace needs (`pod.rs`), the handshake with
-//! workspace agents (`agent.rs`), configuration and metrics.
+//! The Berth operator: the reconcile loop (`reconcile.rs`), which reads the cluster and
+//! carries out what the pure core (`berth-core`: status and actions, the objects a workspace
+//! needs) decides; the handshake with workspace agents (`agent.rs`), events, configuration and
+//! metrics.
 
-pub mod action;
 pub mod admission;
 pub mod agent;
 pub mod caches;
 pub mod config;
-pub mod content;
 pub mod error;
 pub mod event_index;
-pub mod idle;
-pub mod kinds;
 pub mod leader;
 pub mod metrics;
-pub mod ownership;
-pub mod pod;
-pub mod pod_policy;
 pub mod rbac;
 pub mod reconcile;
 pub mod recorder;
-pub mod refusal;
-pub mod rejection;
-pub mod state;
-pub mod trim;
 
+// The pure core, under the paths the operator has always used.
+pub use berth_core::{
+    action, content, idle, kinds, ownership, pod, pod_policy, refusal, rejection, state, trim,
+};
 pub use config::{Config, Policy, WarningPolicy};
 pub use error::{Error, Result};
 pub use reconcile::{run, run_until, run_with_metrics};

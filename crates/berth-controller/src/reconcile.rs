@@ -1357,17 +1357,26 @@ mod tests {
         .unwrap()
     }
 
+    fn workspace(name: &str, spec: serde_json::Value) -> Workspace {
+        serde_json::from_value(json!({
+            "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+            "metadata": {"name": name, "namespace": "team-a", "uid": format!("uid-{name}")},
+            "spec": spec
+        }))
+        .expect("a valid workspace")
+    }
+
     /// The operator's own status writes to a kind (its use, once a second) wake none of its
     /// workspaces; a change of its spec, or its deletion, wakes each of them.
     #[test]
     fn only_a_kinds_spec_or_its_deletion_wakes_its_workspaces() {
         let (workspaces, mut workspaces_writer) = store::<Workspace>();
         for name in ["a", "b"] {
-            let mut ws = crate::pod::tests::workspace(name, json!({"kind": "k"}));
+            let mut ws = workspace(name, json!({"kind": "k"}));
             ws.metadata.namespace = Some("n".into());
             workspaces_writer.apply_watcher_event(&Event::Apply(ws));
         }
-        let plain = crate::pod::tests::workspace("c", json!({"image": "x:1"}));
+        let plain = workspace("c", json!({"image": "x:1"}));
         workspaces_writer.apply_watcher_event(&Event::Apply(plain));
         let (kinds, mut kinds_writer) = store::<WorkspaceKind>();
         let woken = of_the_kind(workspaces, kinds);

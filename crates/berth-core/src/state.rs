@@ -86,7 +86,7 @@ pub struct Observed<'a> {
     /// in place for it.
     pub content: Option<&'a crate::content::ContentCheck>,
     /// What is missing of the admission policy that checks a spec's author may use what it
-    /// names (`crate::admission`); `None` when it is installed and enforcing.
+    /// names (`berth_controller::admission`); `None` when it is installed and enforcing.
     pub admission: Option<&'a str>,
     /// What the workspace's kind says of it (`crate::kinds`): the workspace above is already
     /// shaped by the record in force.
