@@ -2,8 +2,8 @@
 //! `berth agent ...` runs the agent in-process, bound to the pod's IP, authenticating with the
 //! pod's service-account token against the sim's API server (what a projected token, `ca.crt`
 //! and `KUBERNETES_SERVICE_HOST` give it in a cluster). Such a container also serves its
-//! declared ports on the pod IP (holding every connection, as the workspace's own server
-//! would), so a connection to the pod IP's port is activity exactly as in a real pod: the
+//! declared ports on the pod IP with a stand-in HTTP server (`stand_in`: it holds every
+//! connection, as the workspace's own server would), so a connection to the pod IP's port is activity exactly as in a real pod: the
 //! agent reads it from `/proc/net/tcp`. Other containers run nothing.
 
 use std::{
@@ -131,15 +131,62 @@ fn activity_ports(container: &Value) -> Vec<u16> {
 
 /// Stands in for the workspace's own server on `port`: accepts and holds connections until
 /// the peer closes them.
-async fn serve_port(listener: tokio::net::TcpListener) {
-    let mut incoming = crate::server::Incoming::new(listener);
-    loop {
-        let mut connection = incoming.accept().await;
-        tokio::spawn(async move {
-            let mut sink = tokio::io::sink();
-            let _ = tokio::io::copy(&mut connection, &mut sink).await;
-        });
-    }
+async fn serve_port(listener: tokio::net::TcpListener, pod: String) {
+    let port = listener.local_addr().map_or(0, |a| a.port());
+    let _ = axum::serve(listener, stand_in(pod, port)).await;
+}
+
+/// The stand-in for a workspace's own server on one declared port: an HTTP server (1.1 and 2)
+/// that says which pod and port answered and what it was asked (method, path, headers), echoes
+/// WebSocket messages at `/echo`, and streams `n` bytes at `/bytes/<n>`. A connection that
+/// sends nothing is held open, as a real server holds it.
+pub fn stand_in(pod: String, port: u16) -> axum::Router {
+    use axum::{
+        extract::{Path, Request, ws::WebSocketUpgrade},
+        routing::get,
+    };
+    let described = move |request: Request| {
+        let pod = pod.clone();
+        async move {
+            let headers: serde_json::Map<String, Value> = request
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.to_string(), Value::from(v.to_str().unwrap_or_default())))
+                .collect();
+            axum::Json(serde_json::json!({
+                "pod": pod,
+                "port": port,
+                "method": request.method().as_str(),
+                "path": request.uri().path_and_query().map_or("/", |p| p.as_str()),
+                "headers": headers,
+            }))
+        }
+    };
+    axum::Router::new()
+        .route(
+            "/echo",
+            get(|ws: WebSocketUpgrade| async move {
+                ws.on_upgrade(|mut socket| async move {
+                    while let Some(Ok(message)) = socket.recv().await {
+                        if socket.send(message).await.is_err() {
+                            break;
+                        }
+                    }
+                })
+            }),
+        )
+        .route(
+            "/bytes/{n}",
+            get(|Path(n): Path<u64>| async move {
+                const CHUNK: u64 = 64 * 1024;
+                let chunks = futures::stream::iter((0..n.div_ceil(CHUNK)).map(move |i| {
+                    let len = CHUNK.min(n - i * CHUNK) as usize;
+                    Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![b'x'; len]))
+                }));
+                axum::body::Body::from_stream(chunks)
+            }),
+        )
+        .fallback(described)
 }
 
 /// Whether the agent is given `--auth none`: as with the real binary, only its command line
@@ -331,9 +378,10 @@ pub fn start_agent(
                     .await
                     .map_err(|e| format!("cannot listen on {address}: {e}"))?;
                 let content = content.clone();
+                let pod = context.pod_name.clone();
                 servers.push(tokio::spawn(async move {
                     content.ready().await;
-                    serve_port(listener).await
+                    serve_port(listener, pod).await
                 }));
             }
             let stop_content = Arc::new(AtomicBool::new(false));

@@ -39,6 +39,9 @@ pub struct DevArgs {
     /// How many simulated nodes.
     #[arg(long, env = "BERTH_DEV_NODES", default_value_t = 3)]
     pub nodes: usize,
+    /// Port of the gateway into workspaces (`berth gateway`) on 127.0.0.1; 0 picks a free one.
+    #[arg(long, env = "BERTH_DEV_GATEWAY_PORT", default_value_t = 0)]
+    pub gateway_port: u16,
 }
 
 /// The repository's `examples/`, built into the binary so an installed `berth dev` has them.
@@ -360,6 +363,41 @@ fn install_manifests() -> Result<Vec<(&'static str, String)>, String> {
         .collect()
 }
 
+/// The gateway (`berth gateway`), in this process, as its own service account with the RBAC
+/// of `deploy/gateway/`: its address.
+async fn gateway(
+    cluster: &berth_sim::SimCluster,
+    client: &kube::Client,
+    port: u16,
+) -> Result<std::net::SocketAddr, String> {
+    berth_sim::manifests::create_all(client, berth_gateway::RBAC, "default")
+        .await
+        .map_err(|e| format!("cannot create deploy/gateway/rbac.yaml: {e}"))?;
+    let token = cluster
+        .issue_token(
+            "berth-system",
+            "berth-gateway",
+            &[],
+            Duration::from_secs(365 * 24 * 3600),
+        )
+        .map_err(|e| format!("cannot issue the gateway's token: {e}"))?;
+    let gateway_client = cluster
+        .client_with_token(&token)
+        .await
+        .map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("cannot listen on 127.0.0.1:{port} for the gateway: {e}"))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    let gateway = berth_gateway::Gateway::new(gateway_client, berth_gateway::Config::default());
+    tokio::spawn(berth_gateway::serve(
+        listener,
+        gateway,
+        std::future::pending(),
+    ));
+    Ok(address)
+}
+
 /// kustomize's `images:` transformer: a container image named `name` gets `newName`,
 /// `newTag` or `digest`.
 fn set_images(deployment: &mut serde_json::Value, images: &serde_json::Value) {
@@ -515,6 +553,8 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot create deploy/rbac/workspace-service-account.yaml: {e}"))?;
 
+    let gateway = gateway(&cluster, &client, args.gateway_port).await?;
+
     // The content examples clone from a git server of berth dev's own.
     let (_git_daemon, git_url, git_hint) = match content_server(data.path()) {
         Ok((daemon, url)) => {
@@ -542,6 +582,9 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         format!("berth dev: applied {}", applied.join(", ")),
         git_hint,
         format!("berth dev: in another terminal:  kubectl --kubeconfig {kubeconfig} get ws -o wide"),
+        format!(
+            "berth dev: the gateway into workspaces:  curl -H \"Authorization: Bearer $(kubectl --kubeconfig {kubeconfig} config view --raw -o jsonpath='{{.users[0].user.token}}')\" http://{gateway}/w/default/web/http/"
+        ),
         format!(
             "berth dev: make node-1 reject its next pod:  kubectl --kubeconfig {kubeconfig} annotate node node-1 sim.berth.dev/reject-next=1:OutOfcpu"
         ),

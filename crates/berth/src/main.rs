@@ -1,13 +1,16 @@
 //! `berth`: the one binary. Each subcommand is one of Berth's jobs: the operator, the in-pod
-//! agent, the simulated cluster, the CRD printer, and the no-cluster dev environment.
+//! agent, the gateway into workspaces, the simulated cluster, the CRD printer, and the
+//! no-cluster dev environment.
 
 mod agent;
 mod controller;
 #[cfg(feature = "sim")]
 mod dev;
+mod gateway;
 #[cfg(feature = "sim")]
 mod pod_process;
 mod serve;
+mod workspaces;
 
 use std::process::ExitCode;
 
@@ -38,6 +41,20 @@ enum Command {
     /// its pod's service account to create TokenReviews and SubjectAccessReviews
     /// (`system:auth-delegator`).
     Agent(Box<agent::AgentArgs>),
+    /// List your workspaces with their phase and message (kubectl's kubeconfig, context and
+    /// namespace; -A for every namespace).
+    Ls(workspaces::LsArgs),
+    /// Start a stopped workspace (spec.paused: false) and wait until it is Running, saying
+    /// each phase and message on the way.
+    Start(workspaces::SwitchArgs),
+    /// Stop a workspace (spec.paused: true: its pod goes, its home stays) and wait until it
+    /// is Stopped.
+    Stop(workspaces::SwitchArgs),
+    /// Serve workspaces' ports to the people allowed into them: HTTP and WebSocket at
+    /// /w/<namespace>/<workspace>/<port>/, for a caller whose bearer token the API server
+    /// accepts (TokenReview) and who may `create` `workspaces/connect` on that workspace
+    /// (SubjectAccessReview). Needs the RBAC of `deploy/gateway/`.
+    Gateway(gateway::GatewayArgs),
     /// Copy this binary to PATH (executable): how the init container puts the agent into a
     /// workspace pod, since the image has no shell or `cp`.
     Install {
@@ -156,7 +173,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "sim")]
         // The table shows what agent checks find; their warnings would repeat it.
         Command::Dev(_) => Some("warn,berth_agent::auth=error,berth_controller::agent=error"),
-        Command::Controller(_) | Command::Agent(_) => Some("info"),
+        Command::Controller(_) | Command::Agent(_) | Command::Gateway(_) => Some("info"),
         _ => None,
     };
     if let Some(default) = logs
@@ -201,6 +218,10 @@ fn main() -> ExitCode {
         #[cfg(feature = "sim")]
         Command::Sim(args) => run_sim(args),
         Command::Serve(args) => block_on("serve", serve::run(args)),
+        Command::Gateway(args) => block_on("gateway", gateway::run(args)),
+        Command::Ls(args) => block_on("ls", workspaces::ls(args)),
+        Command::Start(args) => block_on("start", workspaces::switch(args, true)),
+        Command::Stop(args) => block_on("stop", workspaces::switch(args, false)),
         Command::Install { path } => match install(&path) {
             Ok(()) => {
                 println!("berth install: copied to {}", path.display());

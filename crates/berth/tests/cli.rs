@@ -314,7 +314,18 @@ fn orphaned_grandchildren_are_reaped() {
 fn help_explains_each_subcommand() {
     let output = Command::new(BERTH).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&output.stdout);
-    for subcommand in ["dev", "controller", "agent", "crd", "sim", "serve"] {
+    for subcommand in [
+        "dev",
+        "controller",
+        "agent",
+        "crd",
+        "sim",
+        "serve",
+        "gateway",
+        "ls",
+        "start",
+        "stop",
+    ] {
         assert!(
             help.lines().any(|l| l.trim_start().starts_with(subcommand)),
             "{subcommand} missing from:\n{help}"
@@ -778,6 +789,20 @@ fn dev_is_a_place_to_use_a_workspace() {
         .unwrap();
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(dev.stdout.take().unwrap()));
     let first = lines.next().unwrap().unwrap();
+    // The gateway's address, from its hint line (none when berth dev says it cannot run pods).
+    let mut gateway = None;
+    if !first.contains("allows no mount namespace") {
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            if let Some(at) = line
+                .strip_prefix("berth dev: the gateway into workspaces:")
+                .and_then(|rest| rest.split("http://").nth(1))
+            {
+                gateway = at.split('/').next().map(str::to_owned);
+                break;
+            }
+        }
+    }
     // Keep reading, so berth dev never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     let stop = |dev: &mut std::process::Child| {
@@ -837,17 +862,61 @@ fn dev_is_a_place_to_use_a_workspace() {
     let _ = forward.kill();
     let _ = forward.wait();
 
-    for (paused, phase_after) in [("true", "Stopped"), ("false", "Running")] {
-        let patch = format!("{{\"spec\":{{\"paused\":{paused}}}}}");
-        let output = dev_kubectl(
-            dir.path(),
-            &["patch", "ws", "web", "--type=merge", "-p", &patch],
+    // The developer's subcommands, with berth dev's kubeconfig as kubectl takes it.
+    let berth = |args: &[&str]| {
+        let output = Command::new(BERTH)
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(dir.path().join("berth-dev.kubeconfig"))
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "berth {args:?}: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
         );
-        assert!(output.status.success(), "{output:?}");
-        poll(Duration::from_secs(60), phase_after, || {
-            (phase(dir.path()) == phase_after).then_some(())
-        });
-    }
+        stdout
+    };
+    let listed = berth(&["ls"]);
+    assert!(listed.starts_with("NAME "), "{listed}");
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.split_whitespace().take(2).eq(["web", "Running"])),
+        "{listed}"
+    );
+    let stopped = berth(&["stop", "web"]);
+    assert!(
+        stopped
+            .trim_end()
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("workspace default/web: Stopped")),
+        "berth stop waits until Stopped: {stopped}"
+    );
+    assert_eq!(phase(dir.path()), "Stopped");
+    let started = berth(&["start", "web"]);
+    assert!(
+        started
+            .trim_end()
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("workspace default/web: Running")),
+        "berth start waits until Running: {started}"
+    );
+    assert_eq!(phase(dir.path()), "Running");
+    let refused = Command::new(BERTH)
+        .args(["start", "no-such-workspace", "--kubeconfig"])
+        .arg(dir.path().join("berth-dev.kubeconfig"))
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&refused.stderr).trim_end(),
+        "berth start: cannot start workspace no-such-workspace: workspaces.berth.dev \"no-such-workspace\" not found"
+    );
     // A new pod, the same home: the file is served again, here through the pod proxy.
     let body = poll(Duration::from_secs(30), "the server back", || {
         let output = dev_kubectl(
@@ -864,7 +933,49 @@ fn dev_is_a_place_to_use_a_workspace() {
             .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
     });
     assert_eq!(body, "hello from home\n");
+    // And through the gateway, with the kubeconfig's own credential.
+    let gateway = gateway.expect("berth dev names its gateway");
+    let token = dev_kubectl(
+        dir.path(),
+        &[
+            "config",
+            "view",
+            "--raw",
+            "-o",
+            "jsonpath={.users[0].user.token}",
+        ],
+    );
+    let token = String::from_utf8_lossy(&token.stdout).into_owned();
+    let through = request(
+        &gateway,
+        &format!(
+            "GET /w/default/web/http/ HTTP/1.0\r\nHost: {gateway}\r\nAuthorization: Bearer {token}\r\n\r\n"
+        ),
+    );
+    assert!(
+        through.starts_with("HTTP/1.0 200") || through.starts_with("HTTP/1.1 200"),
+        "{through}"
+    );
+    assert!(through.ends_with("\r\n\r\nhello from home\n"), "{through}");
+    let anonymous = request(&gateway, "GET /w/default/web/http/ HTTP/1.0\r\n\r\n");
+    assert!(
+        anonymous.starts_with("HTTP/1.0 401") || anonymous.starts_with("HTTP/1.1 401"),
+        "{anonymous}"
+    );
     stop(&mut dev);
+}
+
+/// Sends `text` to `address` and reads the whole answer.
+fn request(address: &str, text: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(text.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
 }
 
 /// Two `berth controller` processes with leader election against one cluster, as two replicas

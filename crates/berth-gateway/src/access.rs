@@ -1,0 +1,194 @@
+//! Who a caller is (TokenReview) and whether they may connect to a workspace
+//! (SubjectAccessReview of `create` on `workspaces/connect` for that workspace's name), both
+//! asked of the API server and remembered briefly, as the API server's own webhook
+//! authenticator and authorizer do.
+
+use std::{
+    collections::HashMap,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::{
+    authentication::v1::{TokenReview, TokenReviewSpec, UserInfo},
+    authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+};
+use kube::{Api, Client, api::PostParams};
+use sha2::{Digest, Sha256};
+
+/// The API group, resource, subresource and verb a caller needs on a workspace, by name:
+/// what README tells a platform to grant.
+pub const GROUP: &str = "berth.dev";
+pub const RESOURCE: &str = "workspaces";
+pub const SUBRESOURCE: &str = "connect";
+pub const VERB: &str = "create";
+
+/// How many callers and decisions are remembered at most; beyond, the oldest are forgotten.
+const MAX_REMEMBERED: usize = 10_000;
+
+/// A caller the API server vouched for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct User {
+    pub username: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// Why a caller is not let through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The token is not one the API server accepts (401); its words.
+    Unauthenticated(String),
+    /// The user may not connect to the workspace (403): what is missing, and the authorizer's
+    /// reason if it gave one.
+    Forbidden { user: String, reason: String },
+    /// The API server could not be asked (503); its words.
+    Unavailable(String),
+}
+
+/// Answers by key, with when they were given.
+type Remembered<K, V> = Mutex<HashMap<K, (Instant, V)>>;
+
+/// Asks the API server, and remembers its answers for `ttl`.
+pub struct Access {
+    client: Client,
+    ttl: Duration,
+    users: Remembered<[u8; 32], Result<User, String>>,
+    decisions: Remembered<(String, String, String), Result<(), String>>,
+}
+
+impl Access {
+    pub fn new(client: Client, ttl: Duration) -> Self {
+        Access {
+            client,
+            ttl,
+            users: Mutex::default(),
+            decisions: Mutex::default(),
+        }
+    }
+
+    /// The user a bearer token belongs to, per TokenReview (which also covers the
+    /// exec-plugin credentials of managed clusters: they end in a bearer token).
+    pub async fn authenticate(&self, token: &str) -> Result<User, Refusal> {
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        if let Some(known) = remembered(&self.users, &key, self.ttl) {
+            return known.map_err(Refusal::Unauthenticated);
+        }
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_owned()),
+                audiences: None,
+            },
+            ..Default::default()
+        };
+        let answer = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| Refusal::Unavailable(format!("TokenReview failed: {e}")))?;
+        let status = answer.status.unwrap_or_default();
+        let outcome = match (status.authenticated, status.user) {
+            (Some(true), Some(user)) => Ok(user_of(user)),
+            _ => Err(status
+                .error
+                .filter(|e| !e.is_empty())
+                .unwrap_or_else(|| "the API server does not accept this token".to_owned())),
+        };
+        remember(&self.users, key, outcome.clone());
+        outcome.map_err(Refusal::Unauthenticated)
+    }
+
+    /// Whether `user` may connect to workspace `namespace/name`.
+    pub async fn authorize(&self, user: &User, namespace: &str, name: &str) -> Result<(), Refusal> {
+        let key = (identity_key(user), namespace.to_owned(), name.to_owned());
+        let forbidden = |reason: String| Refusal::Forbidden {
+            user: user.username.clone(),
+            reason,
+        };
+        if let Some(known) = remembered(&self.decisions, &key, self.ttl) {
+            return known.map_err(forbidden);
+        }
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.username.clone()),
+                uid: (!user.uid.is_empty()).then(|| user.uid.clone()),
+                groups: Some(user.groups.clone()),
+                extra: (!user.extra.is_empty()).then(|| user.extra.clone()),
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some(GROUP.to_owned()),
+                    resource: Some(RESOURCE.to_owned()),
+                    subresource: Some(SUBRESOURCE.to_owned()),
+                    verb: Some(VERB.to_owned()),
+                    namespace: Some(namespace.to_owned()),
+                    name: Some(name.to_owned()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = Api::<SubjectAccessReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| Refusal::Unavailable(format!("SubjectAccessReview failed: {e}")))?;
+        let status = answer.status.unwrap_or_default();
+        let outcome = if status.allowed && status.denied != Some(true) {
+            Ok(())
+        } else {
+            Err(status.reason.unwrap_or_default())
+        };
+        remember(&self.decisions, key, outcome.clone());
+        outcome.map_err(forbidden)
+    }
+}
+
+fn user_of(info: UserInfo) -> User {
+    User {
+        username: info.username.unwrap_or_default(),
+        uid: info.uid.unwrap_or_default(),
+        groups: info.groups.unwrap_or_default(),
+        extra: info.extra.unwrap_or_default(),
+    }
+}
+
+/// A user's decisions are remembered under all that the authorizer sees of them.
+fn identity_key(user: &User) -> String {
+    format!(
+        "{}\n{}\n{}\n{:?}",
+        user.username,
+        user.uid,
+        user.groups.join(","),
+        user.extra
+    )
+}
+
+fn remembered<K: std::hash::Hash + Eq, V: Clone>(
+    map: &Remembered<K, V>,
+    key: &K,
+    ttl: Duration,
+) -> Option<V> {
+    let map = map.lock().unwrap();
+    map.get(key)
+        .filter(|(at, _)| at.elapsed() < ttl)
+        .map(|(_, v)| v.clone())
+}
+
+fn remember<K: std::hash::Hash + Eq, V>(map: &Remembered<K, V>, key: K, value: V) {
+    let mut map = map.lock().unwrap();
+    if map.len() >= MAX_REMEMBERED {
+        let now = Instant::now();
+        map.retain(|_, (at, _)| now.duration_since(*at) < Duration::from_secs(1));
+        if map.len() >= MAX_REMEMBERED {
+            map.clear();
+        }
+    }
+    map.insert(key, (Instant::now(), value));
+}
+
+/// What a refused caller needs, as a person with the cluster's RBAC would grant it.
+pub fn missing_permission(user: &str, namespace: &str, name: &str) -> String {
+    format!(
+        "User \"{user}\" cannot {VERB} resource \"{RESOURCE}/{SUBRESOURCE}\" in API group \"{GROUP}\" for workspace \"{name}\" in the namespace \"{namespace}\". \
+         Ask for a Role in {namespace} with apiGroups [\"{GROUP}\"], resources [\"{RESOURCE}/{SUBRESOURCE}\"], verbs [\"{VERB}\"] (resourceNames [\"{name}\"] for this workspace only), bound to {user}."
+    )
+}

@@ -1,0 +1,480 @@
+//! Which workspace port a request is for, from its path (`/w/<namespace>/<workspace>/<port>/`)
+//! or its host (`<port>--<workspace>--<namespace>.<domain>`), and what is forwarded of it. Pure:
+//! no client, no I/O.
+
+use http::{HeaderMap, HeaderName, HeaderValue, header};
+
+/// The path prefix of workspace routes.
+pub const PREFIX: &str = "/w/";
+/// The gateway's own browser-session cookie: never forwarded to a workspace.
+pub const SESSION_COOKIE: &str = "berth_session";
+
+/// A workspace port a request is for, and the path the workspace's server is asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub namespace: String,
+    pub workspace: String,
+    pub port: String,
+    /// The path and query sent to the workspace (always starting with `/`).
+    pub path: String,
+    /// The prefix the gateway removed (`/w/ns/ws/port`), empty for a host route: sent as
+    /// `X-Forwarded-Prefix` so an app can build its links.
+    pub prefix: String,
+}
+
+/// Why a request names no workspace port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NoTarget {
+    /// Not a workspace route at all (e.g. `/healthz`, `/`).
+    Elsewhere,
+    /// A workspace route that is malformed; the text says how.
+    Malformed(String),
+    /// `/w/ns/ws/port` without its trailing slash: redirect to this location, as a browser
+    /// resolves relative links against the folder.
+    Redirect(String),
+}
+
+/// The target of a request: its host when a base domain is set and the host is under it, else
+/// its path.
+pub fn target(
+    host: Option<&str>,
+    path_and_query: &str,
+    domain: Option<&str>,
+) -> Result<Target, NoTarget> {
+    if let (Some(host), Some(domain)) = (host, domain) {
+        let host = host
+            .rsplit_once(':')
+            .filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit()))
+            .map_or(host, |(h, _)| h);
+        if let Some(label) = host
+            .strip_suffix(domain.trim_start_matches('.'))
+            .and_then(|h| h.strip_suffix('.'))
+        {
+            return host_target(label, path_and_query);
+        }
+    }
+    path_target(path_and_query)
+}
+
+fn host_target(label: &str, path_and_query: &str) -> Result<Target, NoTarget> {
+    let parts: Vec<&str> = label.split("--").collect();
+    let [port, workspace, namespace] = parts[..] else {
+        return Err(NoTarget::Malformed(format!(
+            "the host {label:?} is not <port>--<workspace>--<namespace> under the gateway's domain"
+        )));
+    };
+    check_names(namespace, workspace, port)?;
+    let path = if path_and_query.starts_with('/') {
+        path_and_query.to_owned()
+    } else {
+        format!("/{path_and_query}")
+    };
+    Ok(Target {
+        namespace: namespace.to_owned(),
+        workspace: workspace.to_owned(),
+        port: port.to_owned(),
+        path,
+        prefix: String::new(),
+    })
+}
+
+fn path_target(path_and_query: &str) -> Result<Target, NoTarget> {
+    let Some(rest) = path_and_query.strip_prefix(PREFIX) else {
+        return Err(NoTarget::Elsewhere);
+    };
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    let mut parts = path.splitn(4, '/');
+    let (Some(namespace), Some(workspace), Some(port)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(NoTarget::Malformed(format!(
+            "{path_and_query} is not {PREFIX}<namespace>/<workspace>/<port>/"
+        )));
+    };
+    check_names(namespace, workspace, port)?;
+    let prefix = format!("{PREFIX}{namespace}/{workspace}/{port}");
+    let Some(inner) = parts.next() else {
+        let query = query.map(|q| format!("?{q}")).unwrap_or_default();
+        return Err(NoTarget::Redirect(format!("{prefix}/{query}")));
+    };
+    let mut path = format!("/{inner}");
+    if let Some(query) = query {
+        path.push('?');
+        path.push_str(query);
+    }
+    Ok(Target {
+        namespace: namespace.to_owned(),
+        workspace: workspace.to_owned(),
+        port: port.to_owned(),
+        path,
+        prefix,
+    })
+}
+
+/// Names as the API server accepts them: a namespace and a port name are DNS labels, a
+/// workspace name a DNS subdomain. Anything else cannot name a workspace, so is refused before
+/// any lookup.
+fn check_names(namespace: &str, workspace: &str, port: &str) -> Result<(), NoTarget> {
+    let label = |s: &str, max: usize| {
+        !s.is_empty()
+            && s.len() <= max
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+    };
+    let subdomain = |s: &str| s.len() <= 253 && s.split('.').all(|l| label(l, 63));
+    if !label(namespace, 63) {
+        return Err(NoTarget::Malformed(format!(
+            "{namespace:?} is not a namespace name"
+        )));
+    }
+    if !subdomain(workspace) {
+        return Err(NoTarget::Malformed(format!(
+            "{workspace:?} is not a workspace name"
+        )));
+    }
+    if !label(port, 15) {
+        return Err(NoTarget::Malformed(format!("{port:?} is not a port name")));
+    }
+    Ok(())
+}
+
+/// Headers that belong to one hop (RFC 9110, 7.6.1), never forwarded as they are.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authenticate",
+];
+
+/// The request headers the workspace receives: without the caller's credentials
+/// (`Authorization`, `Proxy-Authorization`, the gateway's session cookie) and without
+/// hop-by-hop headers, except the `Upgrade` a WebSocket needs; with `X-Forwarded-*` saying
+/// where the request came in.
+pub fn forwarded_request_headers(
+    incoming: &HeaderMap,
+    upgrade: bool,
+    prefix: &str,
+    proto: &str,
+    peer: Option<std::net::IpAddr>,
+) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(incoming.len() + 4);
+    let listed = connection_listed(incoming);
+    for (name, value) in incoming {
+        let lower = name.as_str();
+        if lower == "authorization" || lower == "proxy-authorization" || lower == "cookie" {
+            continue;
+        }
+        if HOP_BY_HOP.contains(&lower) || listed.iter().any(|l| l == lower) {
+            continue;
+        }
+        if lower.starts_with("x-forwarded-") {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    if let Some(cookies) = without_session_cookie(incoming) {
+        out.insert(header::COOKIE, cookies);
+    }
+    if upgrade && let Some(protocol) = incoming.get(header::UPGRADE) {
+        out.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        out.insert(header::UPGRADE, protocol.clone());
+    }
+    if let Some(host) = incoming.get(header::HOST) {
+        out.insert(HeaderName::from_static("x-forwarded-host"), host.clone());
+    }
+    out.insert(
+        HeaderName::from_static("x-forwarded-proto"),
+        HeaderValue::from_str(proto).unwrap_or(HeaderValue::from_static("http")),
+    );
+    if let Some(peer) = peer
+        && let Ok(value) = HeaderValue::from_str(&peer.to_string())
+    {
+        out.insert(HeaderName::from_static("x-forwarded-for"), value);
+    }
+    if !prefix.is_empty()
+        && let Ok(value) = HeaderValue::from_str(prefix)
+    {
+        out.insert(HeaderName::from_static("x-forwarded-prefix"), value);
+    }
+    out
+}
+
+/// The response headers the caller receives: without hop-by-hop headers, except those of a
+/// switch to WebSocket.
+pub fn forwarded_response_headers(incoming: &HeaderMap, upgrade: bool) -> HeaderMap {
+    let listed = connection_listed(incoming);
+    let mut out = HeaderMap::with_capacity(incoming.len());
+    for (name, value) in incoming {
+        let lower = name.as_str();
+        if HOP_BY_HOP.contains(&lower) || listed.iter().any(|l| l == lower) {
+            continue;
+        }
+        out.append(name.clone(), value.clone());
+    }
+    if upgrade && let Some(protocol) = incoming.get(header::UPGRADE) {
+        out.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        out.insert(header::UPGRADE, protocol.clone());
+    }
+    out
+}
+
+/// Header names a `Connection` header lists (they are hop-by-hop too).
+fn connection_listed(headers: &HeaderMap) -> Vec<String> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty() && s != "upgrade" && s != "keep-alive" && s != "close")
+        .collect()
+}
+
+/// The caller's cookies without the gateway's own; None when none is left.
+fn without_session_cookie(headers: &HeaderMap) -> Option<HeaderValue> {
+    let kept: Vec<&str> = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .filter(|c| c.split('=').next().map(str::trim) != Some(SESSION_COOKIE))
+        .collect();
+    (!kept.is_empty())
+        .then(|| HeaderValue::from_str(&kept.join("; ")).ok())
+        .flatten()
+}
+
+/// Whether a request asks to switch protocols (a WebSocket).
+pub fn wants_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// The caller's bearer token, if it sent one.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty()).then(|| token.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(t: Result<Target, NoTarget>) -> (String, String, String, String) {
+        let t = t.expect("a target");
+        (t.namespace, t.workspace, t.port, t.path)
+    }
+
+    #[test]
+    fn a_path_names_the_namespace_workspace_and_port_and_the_rest_goes_to_the_workspace() {
+        assert_eq!(
+            ok(target(
+                None,
+                "/w/team-a/alice.dev/http/index.html?x=1",
+                None
+            )),
+            (
+                "team-a".into(),
+                "alice.dev".into(),
+                "http".into(),
+                "/index.html?x=1".into()
+            )
+        );
+        assert_eq!(ok(target(None, "/w/team-a/alice/http/", None)).3, "/");
+        let t = target(None, "/w/team-a/alice/http/a/b", None).unwrap();
+        assert_eq!(t.prefix, "/w/team-a/alice/http");
+        assert_eq!(
+            target(None, "/w/team-a/alice/http?x=1", None),
+            Err(NoTarget::Redirect("/w/team-a/alice/http/?x=1".into()))
+        );
+        assert_eq!(target(None, "/healthz", None), Err(NoTarget::Elsewhere));
+        assert_eq!(target(None, "/", None), Err(NoTarget::Elsewhere));
+    }
+
+    #[test]
+    fn names_the_api_server_would_refuse_name_nothing() {
+        for path in [
+            "/w/team-a/alice",
+            "/w/Team-A/alice/http/",
+            "/w/team-a/../http/",
+            "/w/team-a/alice/../",
+            "/w/team-a/alice/a-port-name-too-long/",
+            "/w/team-a/%2e%2e/http/",
+            "/w//alice/http/",
+            "/w/team-a/alice/-http/",
+        ] {
+            assert!(
+                matches!(target(None, path, None), Err(NoTarget::Malformed(_))),
+                "{path}: {:?}",
+                target(None, path, None)
+            );
+        }
+    }
+
+    #[test]
+    fn under_the_base_domain_the_host_names_the_port() {
+        let domain = Some("ws.example.com");
+        assert_eq!(
+            ok(target(
+                Some("http--alice--team-a.ws.example.com"),
+                "/x?y",
+                domain
+            )),
+            (
+                "team-a".into(),
+                "alice".into(),
+                "http".into(),
+                "/x?y".into()
+            )
+        );
+        assert_eq!(
+            ok(target(
+                Some("http--alice--team-a.ws.example.com:8443"),
+                "/",
+                domain
+            ))
+            .1,
+            "alice"
+        );
+        assert!(matches!(
+            target(Some("alice--team-a.ws.example.com"), "/", domain),
+            Err(NoTarget::Malformed(_))
+        ));
+        // Another host, or no domain configured: the path decides.
+        assert_eq!(
+            ok(target(Some("gateway.example.com"), "/w/n/w/p/", domain)).0,
+            "n"
+        );
+        assert_eq!(
+            target(Some("http--alice--team-a.ws.example.com"), "/", None),
+            Err(NoTarget::Elsewhere)
+        );
+        assert_eq!(
+            target(Some("evil-ws.example.com"), "/", domain),
+            Err(NoTarget::Elsewhere)
+        );
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn the_callers_credentials_and_hop_headers_are_never_forwarded() {
+        let incoming = headers(&[
+            ("authorization", "Bearer secret"),
+            ("proxy-authorization", "Basic x"),
+            ("cookie", "berth_session=abc; theme=dark"),
+            ("cookie", "lang=en"),
+            ("connection", "keep-alive, x-private"),
+            ("x-private", "1"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("host", "gw.example.com"),
+            ("accept", "text/html"),
+        ]);
+        let out = forwarded_request_headers(
+            &incoming,
+            false,
+            "/w/n/w/p",
+            "https",
+            Some([10, 0, 0, 1].into()),
+        );
+        assert!(out.get("authorization").is_none());
+        assert!(out.get("proxy-authorization").is_none());
+        assert_eq!(out.get("cookie").unwrap(), "theme=dark; lang=en");
+        for gone in [
+            "connection",
+            "x-private",
+            "keep-alive",
+            "transfer-encoding",
+            "upgrade",
+        ] {
+            assert!(out.get(gone).is_none(), "{gone}");
+        }
+        assert_eq!(
+            out.get("x-forwarded-for").unwrap(),
+            "10.0.0.1",
+            "the caller cannot forge it"
+        );
+        assert_eq!(out.get("x-forwarded-host").unwrap(), "gw.example.com");
+        assert_eq!(out.get("x-forwarded-proto").unwrap(), "https");
+        assert_eq!(out.get("x-forwarded-prefix").unwrap(), "/w/n/w/p");
+        assert_eq!(out.get("accept").unwrap(), "text/html");
+        assert_eq!(out.get("host").unwrap(), "gw.example.com");
+
+        let only_session = headers(&[("cookie", "berth_session=abc")]);
+        assert!(
+            forwarded_request_headers(&only_session, false, "", "http", None)
+                .get("cookie")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_websocket_keeps_its_upgrade_and_nothing_else_of_the_hop() {
+        let incoming = headers(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-key", "k"),
+            ("sec-websocket-version", "13"),
+        ]);
+        assert!(wants_upgrade(&incoming));
+        let out = forwarded_request_headers(&incoming, true, "", "http", None);
+        assert_eq!(out.get("connection").unwrap(), "upgrade");
+        assert_eq!(out.get("upgrade").unwrap(), "websocket");
+        assert_eq!(out.get("sec-websocket-key").unwrap(), "k");
+        assert!(!wants_upgrade(&headers(&[("upgrade", "websocket")])));
+        let response = headers(&[
+            ("connection", "upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-accept", "a"),
+        ]);
+        let back = forwarded_response_headers(&response, true);
+        assert_eq!(back.get("upgrade").unwrap(), "websocket");
+        assert!(
+            forwarded_response_headers(&response, false)
+                .get("upgrade")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn only_a_bearer_token_is_a_credential() {
+        assert_eq!(
+            bearer(&headers(&[("authorization", "Bearer abc")])),
+            Some("abc")
+        );
+        assert_eq!(
+            bearer(&headers(&[("authorization", "bearer  abc ")])),
+            Some("abc")
+        );
+        assert_eq!(bearer(&headers(&[("authorization", "Basic abc")])), None);
+        assert_eq!(bearer(&headers(&[("authorization", "Bearer ")])), None);
+        assert_eq!(bearer(&HeaderMap::new()), None);
+    }
+}

@@ -1,0 +1,56 @@
+//! `berth gateway`: the authenticated way into workspaces (crates/berth-gateway).
+
+use std::{net::SocketAddr, time::Duration};
+
+use crate::controller::duration;
+
+/// Options of `berth gateway`.
+#[derive(clap::Args, Debug)]
+pub struct GatewayArgs {
+    /// Where to listen for callers (behind an Ingress or a LoadBalancer that terminates TLS).
+    #[arg(long, default_value = "0.0.0.0:8080", env = "BERTH_GATEWAY_LISTEN")]
+    pub listen: SocketAddr,
+    /// Also serve `<port>--<workspace>--<namespace>.<domain>` (a wildcard DNS name and
+    /// certificate for `*.<domain>` point at the gateway).
+    #[arg(long, env = "BERTH_GATEWAY_DOMAIN")]
+    pub domain: Option<String>,
+    /// How long an answer of TokenReview or SubjectAccessReview is used before asking again
+    /// (a revoked RoleBinding takes effect within it).
+    #[arg(long, default_value = "10s", value_parser = duration, env = "BERTH_GATEWAY_REVIEW_TTL")]
+    pub review_ttl: Duration,
+}
+
+/// Serves until SIGTERM or Ctrl-C, with the kubeconfig's or the pod's credentials.
+pub async fn run(args: GatewayArgs) -> Result<(), String> {
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("cannot reach the API server: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let config = berth_gateway::Config {
+        base_domain: args.domain,
+        review_ttl: args.review_ttl,
+        ..Default::default()
+    };
+    tracing::info!(address = %args.listen, "serving workspaces at /w/<namespace>/<workspace>/<port>/");
+    berth_gateway::serve(
+        listener,
+        berth_gateway::Gateway::new(client, config),
+        shutdown(),
+    )
+    .await
+    .map_err(|e| format!("serving failed: {e}"))
+}
+
+/// SIGTERM (the kubelet stopping the pod) or Ctrl-C.
+async fn shutdown() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
