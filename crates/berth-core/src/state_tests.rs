@@ -3141,3 +3141,21 @@ mod content {
         );
     }
 }
+
+/// A message over its limit (a kind's change listing every field that differs) is cut at a
+/// character boundary, never inside one, and ends with `...` so a reader knows; one within
+/// its limit, to the byte, is left whole.
+#[test]
+fn a_long_message_is_cut_at_a_character_boundary_and_says_so() {
+    let cut = |text: &str, max: usize| {
+        let mut text = text.to_owned();
+        truncate(&mut text, max);
+        text
+    };
+    assert_eq!(cut("abcdefgh", 8), "abcdefgh");
+    assert_eq!(cut("abcdefghij", 8), "abcde...");
+    // "é" is two bytes: 7 is inside the fourth, so the cut is at 6.
+    assert_eq!(cut(&"é".repeat(10), 10), "ééé...");
+    assert_eq!(cut(&"é".repeat(10), 20), "é".repeat(10));
+    assert_eq!(cut(&"x".repeat(5000), 4096).len(), 4096);
+}

@@ -887,6 +887,32 @@ fn dev_is_a_place_to_use_a_workspace() {
             .any(|l| l.split_whitespace().take(2).eq(["web", "Running"])),
         "{listed}"
     );
+    // The same binary as a kubectl plugin: `kubectl berth ...` runs `kubectl-berth` on the PATH.
+    let plugins = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(BERTH, plugins.path().join("kubectl-berth")).unwrap();
+    let plugin = Command::new("kubectl")
+        .args(["berth", "ls", "--kubeconfig"])
+        .arg(dir.path().join("berth-dev.kubeconfig"))
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                plugins.path().display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let plugin_listed = String::from_utf8_lossy(&plugin.stdout);
+    assert!(plugin.status.success(), "{plugin:?}");
+    assert!(
+        plugin_listed.starts_with("NAME ")
+            && plugin_listed
+                .lines()
+                .any(|l| l.split_whitespace().take(2).eq(["web", "Running"])),
+        "{plugin_listed}"
+    );
     let stopped = berth(&["stop", "web"]);
     assert!(
         stopped

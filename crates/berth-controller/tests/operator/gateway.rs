@@ -288,8 +288,8 @@ async fn only_a_caller_allowed_on_the_workspace_reaches_it_and_their_credentials
     );
 }
 
-/// A user would see: a WebSocket to the workspace echoes through the gateway, and a 20 MB
-/// download arrives whole.
+/// A user would see: a WebSocket to the workspace echoes through the gateway, a 20 MB
+/// download arrives whole, and HTTP/2 works as HTTP/1.1 does.
 #[tokio::test]
 async fn a_websocket_and_a_large_download_stream_through_the_gateway() {
     let h = Harness::start().await;
@@ -328,6 +328,25 @@ async fn a_websocket_and_a_large_download_stream_through_the_gateway() {
     .await;
     assert_eq!(download.status, StatusCode::OK);
     assert_eq!(download.body.len(), size);
+
+    // HTTP/2 (prior knowledge, as a TLS-terminating proxy may speak it) reaches it too.
+    let h2 = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Empty<Bytes>>();
+    let response = h2
+        .request(
+            Request::get(format!("http://{gateway}/w/default/web/http/h2"))
+                .header("authorization", format!("Bearer {alice}"))
+                .body(Empty::new())
+                .unwrap(),
+        )
+        .await
+        .expect("the gateway speaks HTTP/2");
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    let seen: Value =
+        serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(seen["path"], "/h2");
 }
 
 /// A user would see: a workspace that is not Running shows its phase and message (refreshed
