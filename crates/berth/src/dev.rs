@@ -583,7 +583,7 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         git_hint,
         format!("berth dev: in another terminal:  kubectl --kubeconfig {kubeconfig} get ws -o wide"),
         format!(
-            "berth dev: the gateway into workspaces:  curl -H \"Authorization: Bearer $(kubectl --kubeconfig {kubeconfig} config view --raw -o jsonpath='{{.users[0].user.token}}')\" http://{gateway}/w/default/web/http/"
+            "berth dev: the gateway into workspaces:  curl -H \"Authorization: Bearer $(kubectl --kubeconfig {kubeconfig} config view --raw -o jsonpath='{{.users[0].user.token}}')\" http://{gateway}/w/default/web/http/   (web serves its home: write index.html first, as README shows)"
         ),
         format!(
             "berth dev: make node-1 reject its next pod:  kubectl --kubeconfig {kubeconfig} annotate node node-1 sim.berth.dev/reject-next=1:OutOfcpu"
