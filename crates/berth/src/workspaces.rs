@@ -61,7 +61,7 @@ async fn connect(target: &Target) -> Result<(Client, String), String> {
     let config = match &target.kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                .map_err(|e| format!("cannot load the kubeconfig: {e}"))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &options)
                 .await
                 .map_err(|e| e.to_string())

@@ -299,9 +299,15 @@ async fn a_clone_that_fails_explains_itself_once_keeps_its_pod_and_heals_when_fi
 
     // A clone failing without progress for the start timeout ends the start (rule C9): the
     // pod goes, the workspace is Failed until its spec changes or it is restarted.
-    let mut brief = spec(&url, Some("no-such-branch"));
-    brief["lifecycle"] = json!({"startTimeout": "1s"});
-    h.create("brief", brief).await;
+    // The short timeout is set once the clone has failed, so how long scheduling takes on a
+    // busy machine cannot end the start first (the lifecycle is not in the pod's hash).
+    h.create("brief", spec(&url, Some("no-such-branch"))).await;
+    h.until("brief", "the clone to fail", |ws| {
+        condition(ws, "ContentReady").is_some_and(|c| c.reason == "RefNotFound")
+    })
+    .await;
+    h.patch_spec("brief", json!({"lifecycle": {"startTimeout": "1s"}}))
+        .await;
     let gave_up = h.until_phase("brief", Phase::Failed).await;
     let stalled = condition(&gave_up, "Stalled").unwrap();
     assert_eq!(
