@@ -116,7 +116,7 @@ pub const DEV_GIT_HOST: &str = "git://berth-dev-git/";
 /// `berth dev`'s git server for the content examples: `git daemon` on a free loopback port,
 /// serving `hello.git` (made here, under `data`); the URL prefix that replaces
 /// [`DEV_GIT_HOST`], or why there is none (no git on this machine).
-fn content_server(data: &std::path::Path) -> Result<(tokio::process::Child, String), String> {
+fn content_server(data: &std::path::Path) -> Result<(GitDaemon, String), String> {
     let root = data.join("git");
     std::fs::create_dir_all(&root).map_err(|e| format!("cannot make {}: {e}", root.display()))?;
     berth_agent::git_server::create_repository(
@@ -151,10 +151,44 @@ fn content_server(data: &std::path::Path) -> Result<(tokio::process::Child, Stri
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
+        // `git daemon` runs `git-daemon` as a child of its own: a group of their own, so
+        // both go when berth dev does.
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot run git daemon: {e}"))?;
-    Ok((child, format!("git://127.0.0.1:{port}/")))
+    Ok((GitDaemon(child), format!("git://127.0.0.1:{port}/")))
+}
+
+/// The git daemon's process group, killed when dropped.
+struct GitDaemon(tokio::process::Child);
+
+impl Drop for GitDaemon {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.id().and_then(|p| i32::try_from(p).ok()) {
+            // SAFETY: a signal to the group this process made; at worst it is gone (ESRCH).
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Removes berth dev's folder of volumes once the cluster is down. Its runtime's tasks may
+/// still be finishing (a container killed a moment ago, a clone cut short), so it tries
+/// again for a few seconds; a folder it cannot remove is said, never left silently.
+async fn remove_data(data: tempfile::TempDir) {
+    let path = data.keep();
+    let mut last = None;
+    for _ in 0..50 {
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if let Some(e) = last {
+        eprintln!("berth dev: cannot remove {}: {e}", path.display());
+    }
 }
 
 /// Creates every object of every manifest, in order.
@@ -663,6 +697,8 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         operator.abort();
     }
     cluster.shutdown();
+    drop(_git_daemon);
+    remove_data(data).await;
     println!("berth dev: stopped");
     Ok(())
 }

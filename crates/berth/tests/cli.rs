@@ -780,9 +780,13 @@ fn dev_is_a_place_to_use_a_workspace() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    // berth dev's folder of volumes and its git server's repositories go here.
+    let scratch = dir.path().join("tmp");
+    std::fs::create_dir(&scratch).unwrap();
     let mut dev = Command::new(BERTH)
         .args(["dev", "--for", "170s"])
         .current_dir(dir.path())
+        .env("TMPDIR", &scratch)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -989,6 +993,21 @@ fn dev_is_a_place_to_use_a_workspace() {
         "{anonymous}"
     );
     stop(&mut dev);
+    // Stopped, berth dev leaves nothing behind: not its folder of volumes (pods' files, a copy
+    // of berth per pod), nor a process of its own (`git daemon` forks `git-daemon`).
+    let left: Vec<_> = std::fs::read_dir(&scratch)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let needle = scratch.to_string_lossy().into_owned();
+    let still_running: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&needle))
+        .collect();
+    assert!(still_running.is_empty(), "still running: {still_running:?}");
 }
 
 /// Sends `text` to `address` and reads the whole answer.
