@@ -31,30 +31,10 @@ use tokio::sync::watch;
 
 use crate::proto::GetContentResponse;
 
-/// The variable carrying the content to clone (a [`ContentSpec`] as JSON), set by the operator.
-pub const CONTENT_ENV: &str = "BERTH_CONTENT";
-/// Where the credentials' secret is mounted in the workspace container.
-pub const CREDENTIALS_DIR: &str = "/etc/berth/content-auth";
+pub use berth_api::agent::{CONTENT_ENV, CREDENTIALS_DIR, ContentSpec};
+
 /// The record of a clone, inside its `.git` directory.
 pub const RECORD: &str = "berth-content.json";
-
-/// What to clone, and where: the operator's words to the agent (no secret in it).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct ContentSpec {
-    pub url: String,
-    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
-    pub reference: Option<String>,
-    /// Relative to the home volume.
-    pub path: String,
-    /// Commits of history; None: all of it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub depth: Option<u32>,
-    /// Where the home volume is mounted in the container.
-    pub home: String,
-    /// Whether a credentials secret is mounted at [`CREDENTIALS_DIR`].
-    #[serde(default)]
-    pub auth: bool,
-}
 
 /// The record a clone leaves in its `.git` directory.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]

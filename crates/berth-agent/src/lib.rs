@@ -28,8 +28,7 @@ pub const AUDIENCE: &str = "berth-agent";
 pub fn audience(namespace: &str) -> String {
     format!("{AUDIENCE}/{namespace}")
 }
-/// The port the agent serves on.
-pub const DEFAULT_PORT: u16 = 50051;
+pub use berth_api::agent::{ACTIVITY_PORTS_ENV, DEFAULT_PORT, TLS_CERT_ENV, TLS_KEY_ENV};
 /// The name an agent's TLS certificate must carry; the operator verifies it, not the pod IP.
 pub const TLS_SERVER_NAME: &str = "berth-agent";
 /// Metadata of an `Unauthenticated` answer when the token itself was rejected (expired, wrong
@@ -38,12 +37,6 @@ pub const TOKEN_REJECTED: &str = "berth-token-rejected";
 /// Metadata of an `Unavailable` answer the agent itself gave (a review API did not answer),
 /// as opposed to a transport failure, which tonic also reports as `Unavailable`.
 pub const REVIEW_UNAVAILABLE: &str = "berth-review-unavailable";
-/// The variables naming the agent's TLS certificate and key files (both, or neither).
-pub const TLS_CERT_ENV: &str = "BERTH_AGENT_TLS_CERT";
-pub const TLS_KEY_ENV: &str = "BERTH_AGENT_TLS_KEY";
-/// The variable naming the workspace's declared ports (comma-separated), whose connections
-/// are activity.
-pub const ACTIVITY_PORTS_ENV: &str = "BERTH_AGENT_ACTIVITY_PORTS";
 
 /// Parses a comma-separated list of ports; empty items are skipped.
 pub fn parse_ports(text: &str) -> Result<Vec<u16>, String> {

@@ -2,6 +2,7 @@
 //! their status and conditions, the labels Berth puts on what it creates, and the CRDs
 //! generated from these types.
 
+pub mod agent;
 pub mod condition;
 pub mod content;
 pub mod crd;

@@ -20,5 +20,8 @@ pub use berth_core::{
     action, content, idle, kinds, ownership, pod, pod_policy, refusal, rejection, state, trim,
 };
 pub use config::{Config, Policy, WarningPolicy};
+
+#[cfg(test)]
+mod pod_names_tests;
 pub use error::{Error, Result};
 pub use reconcile::{run, run_until, run_with_metrics};

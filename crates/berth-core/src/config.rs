@@ -209,7 +209,7 @@ impl Default for AgentConfig {
         AgentConfig {
             image: DEFAULT_AGENT_IMAGE.to_owned(),
             binary: "/usr/local/bin/berth".to_owned(),
-            port: berth_agent::DEFAULT_PORT,
+            port: berth_api::agent::DEFAULT_PORT,
             service_account: ServiceAccountRef {
                 namespace: "berth-system".to_owned(),
                 name: "berth-controller".to_owned(),

@@ -43,7 +43,7 @@ pub const AGENT_DIR: &str = "/opt/berth";
 pub const AGENT_TLS_VOLUME: &str = "berth-agent-tls";
 pub const AGENT_TLS_DIR: &str = "/etc/berth/agent-tls";
 /// The volume of the content's credentials secret (`spec.content.git.auth`), mounted at
-/// `berth_agent::content::CREDENTIALS_DIR` in the agent's container only.
+/// `berth_api::agent::CREDENTIALS_DIR` in the agent's container only.
 pub const CONTENT_AUTH_VOLUME: &str = "berth-content-auth";
 
 /// Whether the pod's agent serves TLS (the pod was built with the TLS secret; pods made before
@@ -295,10 +295,10 @@ pub fn built_from(pod: &Pod, workspace: &Workspace) -> bool {
 
 /// What the agent is to clone, and where (`spec.content` and the home volume): no secret, only
 /// whether one is mounted.
-pub fn content_spec(workspace: &Workspace) -> Option<berth_agent::content::ContentSpec> {
+pub fn content_spec(workspace: &Workspace) -> Option<berth_api::agent::ContentSpec> {
     let git = &workspace.spec.content.as_ref()?.git;
     let home = home_volume(workspace)?;
-    Some(berth_agent::content::ContentSpec {
+    Some(berth_api::agent::ContentSpec {
         url: git.url.clone(),
         reference: git.reference.clone(),
         path: git.directory(),
@@ -370,21 +370,24 @@ fn agent_env(workspace: &Workspace, agent: &AgentConfig) -> Vec<EnvVar> {
             .iter()
             .map(|p| p.port.to_string())
             .collect();
-        value(berth_agent::ACTIVITY_PORTS_ENV, ports.join(","))
+        value(berth_api::agent::ACTIVITY_PORTS_ENV, ports.join(","))
     }))
     .chain(content_spec(workspace).map(|content| {
         value(
-            berth_agent::content::CONTENT_ENV,
+            berth_api::agent::CONTENT_ENV,
             serde_json::to_string(&content).unwrap_or_default(),
         )
     }))
     .chain(agent.tls.iter().flat_map(|_| {
         [
             value(
-                berth_agent::TLS_CERT_ENV,
+                berth_api::agent::TLS_CERT_ENV,
                 format!("{AGENT_TLS_DIR}/tls.crt"),
             ),
-            value(berth_agent::TLS_KEY_ENV, format!("{AGENT_TLS_DIR}/tls.key")),
+            value(
+                berth_api::agent::TLS_KEY_ENV,
+                format!("{AGENT_TLS_DIR}/tls.key"),
+            ),
         ]
     }))
     .collect()
@@ -460,7 +463,7 @@ fn content_auth_mount(workspace: &Workspace, volumes: &mut Vec<Volume>) -> Optio
         volumes,
         CONTENT_AUTH_VOLUME,
         &auth.secret_name,
-        berth_agent::content::CREDENTIALS_DIR,
+        berth_api::agent::CREDENTIALS_DIR,
     ))
 }
 
@@ -847,41 +850,6 @@ pub(crate) mod tests {
         assert!(service_name(&"b".repeat(100)).len() <= 63);
     }
 
-    /// Each name Berth derives from a workspace name, per kind.
-    fn derived_names(workspace: &str) -> [(&'static str, String); 4] {
-        [
-            ("pod", pod_name(workspace)),
-            ("claim", claim_name(workspace)),
-            ("service", service_name(workspace)),
-            ("label", labels::workspace_label_value(workspace)),
-        ]
-    }
-
-    /// A workspace name as the API server accepts one (a DNS-1123 subdomain of at most 253
-    /// characters), reaching the lengths where derived names are cut.
-    fn workspace_names() -> impl proptest::strategy::Strategy<Value = String> {
-        use proptest::prelude::*;
-        let label = "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?";
-        (
-            proptest::collection::vec(label, 1..6),
-            proptest::sample::select(vec![
-                1usize, 60, 61, 62, 63, 64, 200, 247, 248, 249, 250, 251, 253,
-            ]),
-        )
-            .prop_map(|(labels, want)| {
-                let mut name = labels.join(".");
-                // Grow to about `want` characters with letters, keeping the name valid.
-                while name.len() < want {
-                    name.push('x');
-                }
-                name.truncate(253);
-                name.trim_end_matches(['-', '.']).to_owned()
-            })
-            .prop_filter("a valid workspace name", |n| {
-                !n.is_empty() && berth_sim::validation::check_subdomain("name", n).is_none()
-            })
-    }
-
     #[test]
     fn names_that_derive_alike_today_derive_apart() {
         // A leading digit or a dot maps to `ws-...`, which another workspace may be named.
@@ -891,26 +859,6 @@ pub(crate) mod tests {
         let cut = pod_name(&long[..253]);
         let spelled = cut.strip_suffix("-ws").unwrap();
         assert_ne!(pod_name(spelled), cut);
-    }
-
-    proptest::proptest! {
-        /// Two workspace names of a namespace never derive the same name of any kind: a name
-        /// used as it is is shorter than the kind's limit, a cut or mapped one is exactly that
-        /// long and carries a hash of the full name. The second name is also the hardest one
-        /// an attacker could pick: the first's derived name spelled as a workspace name.
-        #[test]
-        fn derived_names_never_collide(a in workspace_names(), b in workspace_names()) {
-            let attacks: Vec<String> = derived_names(&a)
-                .into_iter()
-                .map(|(_, n)| n.trim_end_matches("-ws").trim_end_matches("-home").to_owned())
-                .filter(|n| berth_sim::validation::check_subdomain("name", n).is_none())
-                .collect();
-            for other in attacks.iter().chain([&b]).filter(|o| **o != a) {
-                for ((kind, mine), (_, theirs)) in derived_names(&a).into_iter().zip(derived_names(other)) {
-                    proptest::prop_assert_ne!(&mine, &theirs, "{} names of {:?} and {:?}", kind, a, other);
-                }
-            }
-        }
     }
 
     #[test]
@@ -1304,91 +1252,7 @@ pub(crate) mod tests {
         assert_ne!(spec_hash(&a.spec), spec_hash(&other.spec));
     }
 
-    /// Every rule a real API server applies to what Berth derives from `ws`: object names per
-    /// kind, label keys and values, the service selector, container, volume and port names, and
-    /// environment variable names. The rules are the sim's, which enforces them too.
-    fn derived_violations(ws: &Workspace) -> Vec<String> {
-        use berth_sim::validation::*;
-        let mut causes = vec![];
-        let pod = serde_json::to_value(build_pod(ws, &AgentConfig::default())).unwrap();
-        let name = ws.name_any();
-        causes.extend(check_subdomain("pod", &pod_name(&name)));
-        causes.extend(check_subdomain("claim", &claim_name(&name)));
-        causes.extend(check_dns1035_label("service", &service_name(&name)));
-        let mut labelled = vec![pod["metadata"]["labels"].clone()];
-        if let Some(claim) = build_claim(ws) {
-            labelled.push(serde_json::to_value(claim).unwrap()["metadata"]["labels"].clone());
-        }
-        if let Some(service) = build_service(ws) {
-            let service = serde_json::to_value(service).unwrap();
-            labelled.push(service["metadata"]["labels"].clone());
-            labelled.push(service["spec"]["selector"].clone());
-        }
-        for labels in labelled {
-            for (key, value) in labels.as_object().unwrap() {
-                causes.extend(check_qualified_name("label", key));
-                causes.extend(check_label_value("label", value.as_str().unwrap()));
-            }
-        }
-        for volume in pod["spec"]["volumes"].as_array().into_iter().flatten() {
-            causes.extend(check_dns1123_label(
-                "volume",
-                volume["name"].as_str().unwrap(),
-            ));
-        }
-        for list in ["initContainers", "containers"] {
-            for container in pod["spec"][list].as_array().into_iter().flatten() {
-                causes.extend(check_dns1123_label(
-                    "container",
-                    container["name"].as_str().unwrap(),
-                ));
-                for port in container["ports"].as_array().into_iter().flatten() {
-                    causes.extend(check_port_name("port", port["name"].as_str().unwrap()));
-                }
-                for env in container["env"].as_array().into_iter().flatten() {
-                    causes.extend(check_env_var_name("env", env["name"].as_str().unwrap()));
-                }
-            }
-        }
-        causes
-            .into_iter()
-            .map(|c| format!("{}: {}", c.field, c.message))
-            .collect()
-    }
-
-    #[test]
-    fn a_253_character_name_and_a_leading_digit_derive_valid_names_and_labels() {
-        let long = format!("{}.{}", "a".repeat(126), "b".repeat(126));
-        for name in [long.as_str(), "1abc", "9.dots.in.name", "x"] {
-            let ws = workspace(
-                name,
-                json!({"image": "x:1", "ports": [{"name": "http", "port": 80}],
-                "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"}}}}),
-            );
-            assert_eq!(derived_violations(&ws), Vec::<String>::new(), "{name}");
-        }
-        // The label names the workspace when it can, and the ownerReference always does.
-        let ws = workspace(&long, json!({"image": "x:1"}));
-        let pod = build_pod(&ws, &AgentConfig::default());
-        assert_eq!(pod.labels()[labels::WORKSPACE].len(), 63);
-        assert_eq!(pod.owner_references()[0].name, long);
-    }
-
     proptest::proptest! {
-        #[test]
-        fn every_derived_name_and_label_is_valid_for_its_kind(
-            name in "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?){0,3}",
-            port_name in "[a-z]{1,3}(-?[a-z0-9]){0,6}",
-            env_name in "[-._a-zA-Z][-._a-zA-Z0-9]{0,20}",
-        ) {
-            let ws = workspace(&name, json!({"image": "x:1", "command": ["sleep", "1"],
-                "env": [{"name": env_name, "value": "v"}],
-                "ports": [{"name": port_name, "port": 8080}],
-                "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/h"},
-                    "secrets": [{"secretName": "s", "mountPath": "/s"}], "data": [{"claimName": "d", "mountPath": "/d"}]}}}));
-            proptest::prop_assert_eq!(derived_violations(&ws), Vec::<String>::new());
-        }
-
         #[test]
         fn building_twice_gives_the_same_pod(image in "[a-z]{1,10}:[0-9]{1,3}", port in 1i32..65535, mode in 0i32..512) {
             let ws = workspace("p", json!({"image": image, "ports": [{"name": "p", "port": port}],
