@@ -27,11 +27,14 @@ pub const VERB: &str = "create";
 const MAX_REMEMBERED: usize = 10_000;
 
 /// A caller the API server vouched for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct User {
     pub username: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub uid: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
@@ -100,7 +103,34 @@ impl Access {
 
     /// Whether `user` may connect to workspace `namespace/name`.
     pub async fn authorize(&self, user: &User, namespace: &str, name: &str) -> Result<(), Refusal> {
-        let key = (identity_key(user), namespace.to_owned(), name.to_owned());
+        self.review(user, VERB, Some(SUBRESOURCE), namespace, name)
+            .await
+    }
+
+    /// Whether `user` may start or stop workspace `namespace/name` (`patch` on it, as
+    /// `berth start` needs).
+    pub async fn may_patch(&self, user: &User, namespace: &str, name: &str) -> Result<(), Refusal> {
+        self.review(user, "patch", None, namespace, name).await
+    }
+
+    /// SubjectAccessReview of `verb` on workspace `namespace/name` (or its `subresource`).
+    async fn review(
+        &self,
+        user: &User,
+        verb: &str,
+        subresource: Option<&str>,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), Refusal> {
+        let key = (
+            format!(
+                "{}\n{verb} {}",
+                identity_key(user),
+                subresource.unwrap_or_default()
+            ),
+            namespace.to_owned(),
+            name.to_owned(),
+        );
         let forbidden = |reason: String| Refusal::Forbidden {
             user: user.username.clone(),
             reason,
@@ -117,8 +147,8 @@ impl Access {
                 resource_attributes: Some(ResourceAttributes {
                     group: Some(GROUP.to_owned()),
                     resource: Some(RESOURCE.to_owned()),
-                    subresource: Some(SUBRESOURCE.to_owned()),
-                    verb: Some(VERB.to_owned()),
+                    subresource: subresource.map(str::to_owned),
+                    verb: Some(verb.to_owned()),
                     namespace: Some(namespace.to_owned()),
                     name: Some(name.to_owned()),
                     ..Default::default()
@@ -183,6 +213,14 @@ fn remember<K: std::hash::Hash + Eq, V>(map: &Remembered<K, V>, key: K, value: V
         }
     }
     map.insert(key, (Instant::now(), value));
+}
+
+/// What a caller refused the start button needs.
+pub fn missing_patch(user: &str, namespace: &str, name: &str) -> String {
+    format!(
+        "User \"{user}\" cannot patch resource \"{RESOURCE}\" in API group \"{GROUP}\" for workspace \"{name}\" in the namespace \"{namespace}\", so cannot start it. \
+         Ask for a Role in {namespace} with apiGroups [\"{GROUP}\"], resources [\"{RESOURCE}\"], verbs [\"patch\"] (resourceNames [\"{name}\"]), or ask its owner to run berth start."
+    )
 }
 
 /// What a refused caller needs, as a person with the cluster's RBAC would grant it.

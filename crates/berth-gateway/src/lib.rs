@@ -12,8 +12,10 @@
 pub const RBAC: &str = include_str!("../../../deploy/gateway/rbac.yaml");
 
 pub mod access;
+pub mod login;
 pub mod pages;
 pub mod route;
+pub mod session;
 
 use std::{
     future::Future,
@@ -40,9 +42,10 @@ use hyper_util::{
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 
-use access::{Access, Refusal};
-use pages::Page;
-use route::{NoTarget, Target};
+use access::{Access, Refusal, User};
+use pages::{Form, Page};
+use route::{NoTarget, Own, Target};
+use session::{Claims, Key};
 
 /// How long an unused connection to a workspace's port is kept open (for reuse, and so the
 /// agent's sampling of connections sees every request as activity).
@@ -57,6 +60,11 @@ pub struct Config {
     pub review_ttl: Duration,
     /// How long connecting to a workspace's port may take.
     pub connect_timeout: Duration,
+    /// The gateway's namespace: where the Secret with its session key and the records of used
+    /// login links are.
+    pub namespace: String,
+    /// How long a browser session lasts (it is still authorized on every request).
+    pub session_ttl: Duration,
 }
 
 impl Default for Config {
@@ -65,6 +73,8 @@ impl Default for Config {
             base_domain: None,
             review_ttl: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
+            namespace: "berth-system".to_owned(),
+            session_ttl: Duration::from_secs(12 * 3600),
         }
     }
 }
@@ -78,12 +88,20 @@ struct Inner {
     config: Config,
     access: Access,
     upstream: HttpClient<HttpConnector, Body>,
+    key: Key,
 }
 
 impl Gateway {
     /// A gateway that asks the API server `client` talks to, as the gateway's own service
-    /// account (`deploy/gateway/`).
-    pub fn new(client: Client, config: Config) -> Self {
+    /// account (`deploy/gateway/`), with the session key of its namespace's Secret (made when
+    /// there is none).
+    pub async fn start(client: Client, config: Config) -> Result<Self, String> {
+        let key = login::load_key(&client, &config.namespace).await?;
+        Ok(Gateway::new(client, config, key))
+    }
+
+    /// A gateway that signs sessions with `key`.
+    pub fn new(client: Client, config: Config, key: Key) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
@@ -99,6 +117,7 @@ impl Gateway {
             client,
             config,
             upstream,
+            key,
         }))
     }
 
@@ -140,6 +159,13 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
+    let domain = gateway.0.config.base_domain.as_deref();
+    if let Some(own) = route::own(host.as_deref(), &path, domain) {
+        return gateway.own_page(own, request).await;
+    }
+    if path.split('?').next() == Some(TICKETS) {
+        return gateway.mint_ticket(&path, request).await;
+    }
     let target = match route::target(
         host.as_deref(),
         &path,
@@ -167,26 +193,20 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
             return response;
         }
     };
-    let Some(token) = route::bearer(&headers) else {
-        return Page::new(StatusCode::UNAUTHORIZED, "Sign in to reach this workspace")
-            .line(format!(
-                "Workspace {}/{} needs a Kubernetes credential: send your bearer token (Authorization: Bearer ...), as kubectl does.",
-                target.namespace, target.workspace
-            ))
-            .answer(&headers);
+    let (_, session) = match gateway.caller(&headers, &target).await {
+        Ok(caller) => caller,
+        Err(refused) => return refused,
     };
-    let access = &gateway.0.access;
-    let refused = match access.authenticate(token).await {
-        Err(refusal) => Some(refusal),
-        Ok(user) => access
-            .authorize(&user, &target.namespace, &target.workspace)
-            .await
-            .err(),
-    };
-    if let Some(refusal) = refused {
-        return refusal_page(refusal, &target).answer(&headers);
-    }
-    let backend = match gateway.backend(&target).await {
+    // A browser session may start a stopped workspace from its page.
+    let start = session.map(|s| Form {
+        action: format!("{}{}/start", route::session_base(&target), route::OWN),
+        fields: vec![
+            ("csrf".to_owned(), gateway.0.key.csrf(&s)),
+            ("port".to_owned(), target.port.clone()),
+        ],
+        button: "Start this workspace".to_owned(),
+    });
+    let backend = match gateway.backend(&target, start).await {
         Ok(backend) => backend,
         Err(page) => return page.answer(&headers),
     };
@@ -195,6 +215,495 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     gateway.forward(request, &target, backend, peer).await
+}
+
+/// Where `berth open` asks for a login link (POST, with the user's bearer token, the
+/// workspace in the query: `?namespace=&workspace=&port=`).
+pub const TICKETS: &str = "/.berth/tickets";
+
+/// Seconds since the Unix epoch.
+fn now() -> i64 {
+    jiff::Timestamp::now().as_second()
+}
+
+/// A login link minted for `berth open`: the answer's JSON.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Ticket {
+    /// The link's path on this gateway (`/w/<ns>/<ws>/.berth/login?ticket=...`).
+    pub path: String,
+    /// With a base domain: the same link on the workspace port's own host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// When it stops working (RFC 3339); it works once.
+    pub expires_at: String,
+}
+
+impl Gateway {
+    /// Who is asking, for `target`'s workspace: the holder of a bearer token (the CLI, curl),
+    /// else the browser session of this workspace; authorized to connect to it. Else the
+    /// answer that says why not.
+    async fn caller(
+        &self,
+        headers: &http::HeaderMap,
+        target: &Target,
+    ) -> Result<(User, Option<Claims>), Response> {
+        let access = &self.0.access;
+        // A bearer token (the CLI, curl), else the browser's session for this workspace.
+        let (user, session) = if let Some(token) = route::bearer(headers) {
+            match access.authenticate(token).await {
+                Ok(user) => (user, None),
+                Err(refusal) => return Err(refusal_page(refusal, target).answer(headers)),
+            }
+        } else {
+            match session::session_for(
+                &self.0.key,
+                &session::cookies(headers),
+                &target.namespace,
+                &target.workspace,
+                now(),
+            ) {
+                Some(Ok(session)) => (session.user.clone(), Some(session)),
+                Some(Err(invalid)) => {
+                    return Err(Page::new(StatusCode::UNAUTHORIZED, "Sign in to reach this workspace")
+                        .line(format!(
+                            "Your browser's session for workspace {}/{} is not valid: {invalid}. Run `berth open {} -n {}` for a new login link.",
+                            target.namespace, target.workspace, target.workspace, target.namespace
+                        ))
+                        .answer(headers));
+                }
+                None => {
+                    return Err(Page::new(StatusCode::UNAUTHORIZED, "Sign in to reach this workspace")
+                        .line(format!(
+                            "Workspace {}/{} needs a Kubernetes credential: send your bearer token (Authorization: Bearer ...), as kubectl does, or open the login link `berth open {} -n {}` prints.",
+                            target.namespace, target.workspace, target.workspace, target.namespace
+                        ))
+                        .answer(headers));
+                }
+            }
+        };
+        if let Err(refusal) = access
+            .authorize(&user, &target.namespace, &target.workspace)
+            .await
+        {
+            return Err(refusal_page(refusal, target).answer(headers));
+        }
+        Ok((user, session))
+    }
+
+    /// `POST /.berth/tickets`: a one-time login link for the caller (a bearer token the API
+    /// server accepts) to a workspace they may connect to.
+    async fn mint_ticket(&self, path: &str, request: Request) -> Response {
+        let headers = request.headers();
+        if request.method() != http::Method::POST {
+            let mut response = Page::new(StatusCode::METHOD_NOT_ALLOWED, "Use POST")
+                .line(format!(
+                    "{TICKETS} makes a login link: POST, with your bearer token."
+                ))
+                .answer(headers);
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            return response;
+        }
+        let (Some(namespace), Some(workspace), Some(port)) = (
+            route::query_value(path, "namespace"),
+            route::query_value(path, "workspace"),
+            route::query_value(path, "port"),
+        ) else {
+            return Page::new(StatusCode::BAD_REQUEST, "Which workspace?")
+                .line(format!(
+                    "{TICKETS}?namespace=<namespace>&workspace=<workspace>&port=<port name>"
+                ))
+                .answer(headers);
+        };
+        let target = match route::target(
+            None,
+            &format!("{}{namespace}/{workspace}/{port}/", route::PREFIX),
+            None,
+        ) {
+            Ok(target) => target,
+            Err(NoTarget::Malformed(why)) => {
+                return Page::new(StatusCode::BAD_REQUEST, "Not a workspace address")
+                    .line(why)
+                    .answer(headers);
+            }
+            Err(_) => {
+                return Page::new(StatusCode::BAD_REQUEST, "Not a workspace address")
+                    .answer(headers);
+            }
+        };
+        let Some(token) = route::bearer(headers) else {
+            return Page::new(StatusCode::UNAUTHORIZED, "Who is asking?")
+                .line("A login link is made for the holder of a Kubernetes credential: send your bearer token (Authorization: Bearer ...).")
+                .answer(headers);
+        };
+        let access = &self.0.access;
+        let user = match access.authenticate(token).await {
+            Ok(user) => user,
+            Err(refusal) => return refusal_page(refusal, &target).answer(headers),
+        };
+        if let Err(refusal) = access.authorize(&user, &namespace, &workspace).await {
+            return refusal_page(refusal, &target).answer(headers);
+        }
+        let claims = session::ticket(user, &namespace, &workspace, Some(&port), now());
+        let signed = self.0.key.sign(&claims);
+        let login = format!(
+            "{}{}/login?ticket={signed}",
+            route::session_base(&target),
+            route::OWN
+        );
+        let ticket = Ticket {
+            host: self.0.config.base_domain.as_ref().map(|d| {
+                format!(
+                    "{port}--{workspace}--{namespace}.{}",
+                    d.trim_start_matches('.')
+                )
+            }),
+            path: login,
+            expires_at: jiff::Timestamp::from_second(claims.expires)
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+        };
+        let mut response = axum::Json(ticket).into_response();
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        response
+    }
+
+    /// The gateway's own pages of a workspace: `login` (a ticket becomes a session cookie)
+    /// and `start` (the stopped page's button).
+    async fn own_page(&self, own: Own, request: Request) -> Response {
+        let headers = request.headers().clone();
+        let path = request
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let name = format!("{}/{}", own.namespace, own.workspace);
+        match (own.action.as_str(), request.method().clone()) {
+            ("login", http::Method::GET) => {
+                let Some(ticket) = route::query_value(&path, "ticket") else {
+                    return Page::new(StatusCode::BAD_REQUEST, "This is not a login link")
+                        .line(format!(
+                            "`berth open {} -n {}` prints one.",
+                            own.workspace, own.namespace
+                        ))
+                        .answer(&headers);
+                };
+                let refused = |why: String| {
+                    Page::new(StatusCode::UNAUTHORIZED, "This login link does not work")
+                        .line(format!("The link for workspace {name} cannot be used: {why}."))
+                        .line(format!(
+                            "Run `berth open {} -n {}` for a new one: a link works once, within {} seconds.",
+                            own.workspace,
+                            own.namespace,
+                            session::TICKET_TTL_SECONDS
+                        ))
+                        .answer(&headers)
+                };
+                let claims = match self.0.key.verify(&ticket, session::Kind::Ticket, now()) {
+                    Ok(c) if c.namespace == own.namespace && c.workspace == own.workspace => c,
+                    Ok(_) => return refused(session::Invalid::OtherWorkspace.to_string()),
+                    Err(invalid) => return refused(invalid.to_string()),
+                };
+                if own.port.is_some() && claims.port != own.port {
+                    return refused(session::Invalid::OtherWorkspace.to_string());
+                }
+                match login::use_ticket(&self.0.client, &self.0.config.namespace, &claims).await {
+                    Ok(()) => {}
+                    Err(login::Unused::AlreadyUsed) => {
+                        return refused("it was used before".to_owned());
+                    }
+                    Err(login::Unused::Unavailable(why)) => {
+                        return Page::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "Cannot sign you in right now",
+                        )
+                        .line(why)
+                        .refresh(5)
+                        .answer(&headers);
+                    }
+                }
+                let ttl =
+                    i64::try_from(self.0.config.session_ttl.as_secs()).unwrap_or(i64::MAX / 2);
+                let session = session::session_of(&claims, ttl, now());
+                let cookie = session::set_cookie(
+                    &self.0.key.sign(&session),
+                    &own.base,
+                    ttl,
+                    secure(&request),
+                );
+                let location = match (&own.port, &claims.port) {
+                    (None, Some(port)) => format!("{}{port}/", own.base),
+                    _ => own.base.clone(),
+                };
+                let mut response = StatusCode::SEE_OTHER.into_response();
+                for (name, value) in [(header::SET_COOKIE, cookie), (header::LOCATION, location)] {
+                    if let Ok(value) = HeaderValue::from_str(&value) {
+                        response.headers_mut().insert(name, value);
+                    }
+                }
+                response
+                    .headers_mut()
+                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                response
+            }
+            ("start", http::Method::POST) => self.start_button(own, request).await,
+            (action, http::Method::GET) if action.starts_with("tcp/") => {
+                let port = action["tcp/".len()..].to_owned();
+                self.tunnel(own, port, request).await
+            }
+            (action, method) => Page::new(StatusCode::NOT_FOUND, "Not a page of the gateway")
+                .line(format!(
+                    "The gateway has no {method} {}{action} for workspace {name}.",
+                    route::OWN
+                ))
+                .answer(&headers),
+        }
+    }
+
+    /// The stopped page's start button: a browser session of a user who may patch the
+    /// workspace, from a page the gateway served that session (its CSRF token), from this
+    /// site (Origin); then `spec.paused: false`, as `berth start`.
+    async fn start_button(&self, own: Own, request: Request) -> Response {
+        let headers = request.headers().clone();
+        let name = format!("{}/{}", own.namespace, own.workspace);
+        let session = match session::session_for(
+            &self.0.key,
+            &session::cookies(&headers),
+            &own.namespace,
+            &own.workspace,
+            now(),
+        ) {
+            Some(Ok(session)) => session,
+            Some(Err(invalid)) => {
+                return Page::new(StatusCode::UNAUTHORIZED, "Sign in to start this workspace")
+                    .line(format!(
+                        "Your browser's session for workspace {name} is not valid: {invalid}."
+                    ))
+                    .answer(&headers);
+            }
+            None => {
+                return Page::new(StatusCode::UNAUTHORIZED, "Sign in to start this workspace")
+                    .line(format!("The start button needs your browser's session for workspace {name}: open the link `berth open {} -n {}` prints.", own.workspace, own.namespace))
+                    .answer(&headers);
+            }
+        };
+        if !same_origin(&headers) {
+            return Page::new(StatusCode::FORBIDDEN, "Not from this site")
+                .line("The start button works from the gateway's own page only.")
+                .answer(&headers);
+        }
+        let body = match axum::body::to_bytes(request.into_body(), 64 * 1024).await {
+            Ok(body) => body,
+            Err(e) => {
+                return Page::new(StatusCode::BAD_REQUEST, "Cannot read the form")
+                    .line(e.to_string())
+                    .answer(&headers);
+            }
+        };
+        let csrf = route::form_value(&body, "csrf").unwrap_or_default();
+        if !self.0.key.csrf_matches(&session, &csrf) {
+            return Page::new(StatusCode::FORBIDDEN, "Not from this site")
+                .line("The form did not come from the gateway's page of this workspace in this session; load the page again.")
+                .answer(&headers);
+        }
+        if let Err(refusal) = self
+            .0
+            .access
+            .may_patch(&session.user, &own.namespace, &own.workspace)
+            .await
+        {
+            return match refusal {
+                Refusal::Forbidden { user, reason } => {
+                    let page =
+                        Page::new(StatusCode::FORBIDDEN, "Not allowed to start this workspace")
+                            .line(access::missing_patch(&user, &own.namespace, &own.workspace));
+                    match reason.is_empty() {
+                        true => page,
+                        false => page.line(format!("The authorizer said: {reason}")),
+                    }
+                }
+                other => refusal_page(
+                    other,
+                    &route::Target {
+                        namespace: own.namespace.clone(),
+                        workspace: own.workspace.clone(),
+                        port: String::new(),
+                        path: String::new(),
+                        prefix: String::new(),
+                    },
+                ),
+            }
+            .answer(&headers);
+        }
+        let patched = Api::<Workspace>::namespaced(self.0.client.clone(), &own.namespace)
+            .patch(
+                &own.workspace,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"spec": {"paused": false}})),
+            )
+            .await;
+        if let Err(e) = patched {
+            return Page::new(
+                StatusCode::BAD_GATEWAY,
+                "The workspace could not be started",
+            )
+            .line(format!("The API server said: {e}"))
+            .answer(&headers);
+        }
+        let port = route::form_value(&body, "port")
+            .filter(|p| !p.is_empty() && !p.contains(['/', '?', '#']));
+        let location = match (&own.port, port) {
+            (None, Some(port)) => format!("{}{port}/", own.base),
+            _ => own.base.clone(),
+        };
+        let mut response = StatusCode::SEE_OTHER.into_response();
+        if let Ok(value) = HeaderValue::from_str(&location) {
+            response.headers_mut().insert(header::LOCATION, value);
+        }
+        response
+    }
+}
+
+impl Gateway {
+    /// `GET .berth/tcp/<port>` as a WebSocket (`berth port-forward`): a TCP connection to the
+    /// workspace's port, its bytes in binary messages both ways, for a caller allowed to
+    /// connect to the workspace; the same pod and port rules as HTTP.
+    async fn tunnel(&self, own: Own, port: String, request: Request) -> Response {
+        use axum::extract::FromRequest;
+        let headers = request.headers().clone();
+        let path = format!(
+            "{}{}/{}/{port}/",
+            route::PREFIX,
+            own.namespace,
+            own.workspace
+        );
+        let target = match route::target(None, &path, None) {
+            Ok(target) => target,
+            Err(NoTarget::Malformed(why)) => {
+                return Page::new(StatusCode::BAD_REQUEST, "Not a workspace address")
+                    .line(why)
+                    .answer(&headers);
+            }
+            Err(_) => {
+                return Page::new(StatusCode::BAD_REQUEST, "Not a workspace address")
+                    .answer(&headers);
+            }
+        };
+        if let Err(refused) = self.caller(&headers, &target).await {
+            return refused;
+        }
+        let backend = match self.backend(&target, None).await {
+            Ok(backend) => backend,
+            Err(page) => return page.answer(&headers),
+        };
+        let upgrade = match axum::extract::ws::WebSocketUpgrade::from_request(request, &()).await {
+            Ok(upgrade) => upgrade,
+            Err(rejection) => {
+                return Page::new(StatusCode::BAD_REQUEST, "Not a WebSocket")
+                    .line(format!(
+                        "{}: a TCP tunnel is a WebSocket (berth port-forward opens one).",
+                        rejection.body_text()
+                    ))
+                    .answer(&headers);
+            }
+        };
+        // Connected before the upgrade, so a port that does not answer is an HTTP answer.
+        let connected = tokio::time::timeout(
+            self.0.config.connect_timeout,
+            tokio::net::TcpStream::connect(backend),
+        )
+        .await;
+        let stream = match connected {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return unreachable_port(&target, backend, &e).answer(&headers),
+            Err(_) => {
+                return unreachable_port(&target, backend, &"no answer within the connect timeout")
+                    .answer(&headers);
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        upgrade.on_upgrade(move |socket| pump(socket, stream))
+    }
+}
+
+/// The page of a workspace port that does not take connections.
+fn unreachable_port(target: &Target, backend: SocketAddr, why: &dyn std::fmt::Display) -> Page {
+    Page::new(StatusCode::BAD_GATEWAY, "The workspace's port does not answer").line(format!(
+        "Port {} ({}) of workspace {}/{} did not answer: {why}. Is its server listening on the pod's address?",
+        target.port,
+        backend.port(),
+        target.namespace,
+        target.workspace,
+    ))
+}
+
+/// Joins a WebSocket and a TCP connection: binary messages in, bytes out, and back.
+async fn pump(socket: axum::extract::ws::WebSocket, stream: tokio::net::TcpStream) {
+    use axum::extract::ws::Message;
+    use futures::{SinkExt, StreamExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut to_caller, mut from_caller) = socket.split();
+    let (mut read, mut write) = stream.into_split();
+    let up = async move {
+        while let Some(Ok(message)) = from_caller.next().await {
+            if let Message::Close(_) = message {
+                break;
+            }
+            if let Message::Binary(bytes) = message
+                && write.write_all(&bytes).await.is_err()
+            {
+                break;
+            }
+        }
+        let _ = write.shutdown().await;
+    };
+    let down = async move {
+        let mut buffer = vec![0u8; 64 * 1024];
+        loop {
+            match read.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let chunk = axum::body::Bytes::copy_from_slice(&buffer[..n]);
+                    if to_caller.send(Message::Binary(chunk)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = to_caller.send(Message::Close(None)).await;
+    };
+    // Either side ending ends both: a caller gone leaves no connection holding the workspace
+    // open (it would count as use), and a port that closed has nothing more to say.
+    tokio::select! {
+        () = up => {}
+        () = down => {}
+    }
+}
+
+/// Whether the request came over TLS to whatever is in front of the gateway.
+fn secure(request: &Request) -> bool {
+    request.uri().scheme_str() == Some("https")
+        || request
+            .headers()
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|p| p.eq_ignore_ascii_case("https"))
+}
+
+/// A browser's POST names its page's origin: it must be this host (a form on another site
+/// posting here is refused even with the cookie). No Origin (an old browser, a tool) is let
+/// through: the CSRF token still has to match.
+fn same_origin(headers: &http::HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        return true;
+    };
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    let origin_host = origin.split_once("://").map(|(_, h)| h);
+    origin_host.is_some() && origin_host == host
 }
 
 fn refusal_page(refusal: Refusal, target: &Target) -> Page {
@@ -227,7 +736,7 @@ impl Gateway {
     /// controller reference is the workspace's UID), ready, not being deleted, with the
     /// workspace Running; the port must be one the pod's containers declare by that name.
     /// Otherwise the page that says why.
-    async fn backend(&self, target: &Target) -> Result<SocketAddr, Page> {
+    async fn backend(&self, target: &Target, start: Option<Form>) -> Result<SocketAddr, Page> {
         let client = &self.0.client;
         let unavailable = |e: kube::Error| {
             Page::new(
@@ -254,7 +763,7 @@ impl Gateway {
             .filter(|pod| serves(pod, &workspace));
         let running = workspace.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running);
         let (Some(pod), true) = (pod, running) else {
-            return Err(status_page(&workspace));
+            return Err(status_page(&workspace, start));
         };
         let declared: Vec<(String, i32)> = pod
             .spec
@@ -288,7 +797,7 @@ impl Gateway {
             .as_ref()
             .and_then(|s| s.pod_ip.as_deref())
             .and_then(|ip| ip.parse().ok())
-            .ok_or_else(|| status_page(&workspace))?;
+            .ok_or_else(|| status_page(&workspace, start))?;
         Ok(SocketAddr::new(ip, port))
     }
 
@@ -326,16 +835,7 @@ impl Gateway {
         let mut response = match self.0.upstream.request(upstream).await {
             Ok(response) => response,
             Err(e) => {
-                return Page::new(StatusCode::BAD_GATEWAY, "The workspace's port does not answer")
-                    .line(format!(
-                        "Port {} ({}) of workspace {}/{} did not answer: {}. Is its server listening on the pod's address?",
-                        target.port,
-                        backend.port(),
-                        target.namespace,
-                        target.workspace,
-                        error_chain(&e)
-                    ))
-                    .answer(&parts.headers);
+                return unreachable_port(target, backend, &error_chain(&e)).answer(&parts.headers);
             }
         };
         let switched = upgrade && response.status() == StatusCode::SWITCHING_PROTOCOLS;
@@ -373,7 +873,7 @@ pub fn serves(pod: &Pod, workspace: &Workspace) -> bool {
 
 /// What a person sees of a workspace that cannot be reached yet, or any more: its phase and
 /// message, refreshed while it may still come up.
-fn status_page(workspace: &Workspace) -> Page {
+fn status_page(workspace: &Workspace, start: Option<Form>) -> Page {
     let name = format!(
         "{}/{}",
         workspace.metadata.namespace.as_deref().unwrap_or_default(),
@@ -398,6 +898,7 @@ fn status_page(workspace: &Workspace) -> Page {
         .line(format!(
             "Stopped since {since}. Start it by setting spec.paused to false (berth start)."
         ))
+        .form(start)
         .refresh(10),
         Phase::Failed => Page::new(
             StatusCode::SERVICE_UNAVAILABLE,

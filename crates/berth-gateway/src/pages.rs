@@ -16,6 +16,16 @@ pub struct Page {
     pub lines: Vec<String>,
     /// Seconds after which a browser loads the page again (a starting workspace).
     pub refresh: Option<u32>,
+    /// A button for a browser (the start button).
+    pub form: Option<Form>,
+}
+
+/// A form of one button that posts hidden fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Form {
+    pub action: String,
+    pub fields: Vec<(String, String)>,
+    pub button: String,
 }
 
 impl Page {
@@ -25,7 +35,13 @@ impl Page {
             title: title.into(),
             lines: vec![],
             refresh: None,
+            form: None,
         }
+    }
+
+    pub fn form(mut self, form: Option<Form>) -> Self {
+        self.form = form;
+        self
     }
 
     pub fn line(mut self, line: impl Into<String>) -> Self {
@@ -49,11 +65,28 @@ impl Page {
                 .refresh
                 .map(|s| format!("<meta http-equiv=\"refresh\" content=\"{s}\">"))
                 .unwrap_or_default();
-            let body: String = self
+            let mut body: String = self
                 .lines
                 .iter()
                 .map(|l| format!("<p>{}</p>\n", escape(l)))
                 .collect();
+            if let Some(form) = &self.form {
+                body.push_str(&format!(
+                    "<form method=\"post\" action=\"{}\">",
+                    escape(&form.action)
+                ));
+                for (name, value) in &form.fields {
+                    body.push_str(&format!(
+                        "<input type=\"hidden\" name=\"{}\" value=\"{}\">",
+                        escape(name),
+                        escape(value)
+                    ));
+                }
+                body.push_str(&format!(
+                    "<button type=\"submit\">{}</button></form>\n",
+                    escape(&form.button)
+                ));
+            }
             let text = format!(
                 "<!doctype html>\n<html><head><meta charset=\"utf-8\">{refresh}<title>{title}</title></head>\n<body><h1>{title}</h1>\n{body}</body></html>\n",
                 title = escape(&self.title)
@@ -76,6 +109,12 @@ impl Page {
         let headers = response.headers_mut();
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         headers.insert("x-berth-gateway", HeaderValue::from_static("1"));
+        // Never inside another site's frame (its start button could be clicked for you).
+        headers.insert("x-frame-options", HeaderValue::from_static("DENY"));
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static("frame-ancestors 'none'"),
+        );
         if let Some(seconds) = self.refresh
             && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
         {

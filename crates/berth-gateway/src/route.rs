@@ -41,19 +41,94 @@ pub fn target(
     path_and_query: &str,
     domain: Option<&str>,
 ) -> Result<Target, NoTarget> {
-    if let (Some(host), Some(domain)) = (host, domain) {
-        let host = host
-            .rsplit_once(':')
-            .filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit()))
-            .map_or(host, |(h, _)| h);
-        if let Some(label) = host
-            .strip_suffix(domain.trim_start_matches('.'))
-            .and_then(|h| h.strip_suffix('.'))
-        {
-            return host_target(label, path_and_query);
-        }
+    if let Some(label) = workspace_host(host, domain) {
+        return host_target(label, path_and_query);
     }
     path_target(path_and_query)
+}
+
+/// The label of `host` under the gateway's base domain (`<port>--<workspace>--<namespace>`),
+/// if it is under it.
+fn workspace_host<'a>(host: Option<&'a str>, domain: Option<&str>) -> Option<&'a str> {
+    let (host, domain) = (host?, domain?);
+    let host = host
+        .rsplit_once(':')
+        .filter(|(_, p)| p.chars().all(|c| c.is_ascii_digit()))
+        .map_or(host, |(h, _)| h);
+    host.strip_suffix(domain.trim_start_matches('.'))
+        .and_then(|h| h.strip_suffix('.'))
+}
+
+/// The segment under which the gateway answers for a workspace itself:
+/// `/w/<namespace>/<workspace>/.berth/<action>`, or `/.berth/<action>` on a workspace's host.
+/// A port name cannot start with a dot, so no port is hidden by it.
+pub const OWN: &str = ".berth";
+
+/// A request for one of the gateway's own pages of a workspace (its login, its start button).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Own {
+    pub namespace: String,
+    pub workspace: String,
+    /// The port of a workspace's host; None on a path route.
+    pub port: Option<String>,
+    /// What follows `.berth/`, without the query.
+    pub action: String,
+    /// Where the workspace's session cookie is sent: its own path, or its host's root.
+    pub base: String,
+}
+
+/// The gateway's own page of a workspace that the request is for, if it is one.
+pub fn own(host: Option<&str>, path_and_query: &str, domain: Option<&str>) -> Option<Own> {
+    let path = path_and_query.split('?').next().unwrap_or_default();
+    if let Some(label) = workspace_host(host, domain) {
+        let action = path
+            .strip_prefix('/')?
+            .strip_prefix(OWN)?
+            .strip_prefix('/')?;
+        let target = host_target(label, "/").ok()?;
+        return Some(Own {
+            namespace: target.namespace,
+            workspace: target.workspace,
+            port: Some(target.port),
+            action: action.to_owned(),
+            base: "/".to_owned(),
+        });
+    }
+    let mut parts = path.strip_prefix(PREFIX)?.splitn(4, '/');
+    let (namespace, workspace, own, action) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if own != OWN || check_names(namespace, workspace, "own").is_err() {
+        return None;
+    }
+    Some(Own {
+        namespace: namespace.to_owned(),
+        workspace: workspace.to_owned(),
+        port: None,
+        action: action.to_owned(),
+        base: format!("{PREFIX}{namespace}/{workspace}/"),
+    })
+}
+
+/// Where the session cookie for `target`'s workspace is sent (as [`Own::base`]).
+pub fn session_base(target: &Target) -> String {
+    if target.prefix.is_empty() {
+        "/".to_owned()
+    } else {
+        format!("{PREFIX}{}/{}/", target.namespace, target.workspace)
+    }
+}
+
+/// The value of `name` in a query string (`a=1&b=2`), percent-decoded.
+pub fn query_value(path_and_query: &str, name: &str) -> Option<String> {
+    let query = path_and_query.split_once('?')?.1;
+    form_value(query.as_bytes(), name)
+}
+
+/// The value of `name` in a form body (`application/x-www-form-urlencoded`).
+pub fn form_value(body: &[u8], name: &str) -> Option<String> {
+    form_urlencoded::parse(body)
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
 }
 
 fn host_target(label: &str, path_and_query: &str) -> Result<Target, NoTarget> {
@@ -476,5 +551,66 @@ mod tests {
         assert_eq!(bearer(&headers(&[("authorization", "Basic abc")])), None);
         assert_eq!(bearer(&headers(&[("authorization", "Bearer ")])), None);
         assert_eq!(bearer(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn the_gateways_own_pages_sit_beside_a_workspaces_ports_and_hide_none() {
+        let own_of = |host: Option<&str>, path: &str| own(host, path, Some("ws.example.com"));
+        assert_eq!(
+            own_of(None, "/w/team/web/.berth/login?ticket=abc"),
+            Some(Own {
+                namespace: "team".into(),
+                workspace: "web".into(),
+                port: None,
+                action: "login".into(),
+                base: "/w/team/web/".into(),
+            })
+        );
+        assert_eq!(
+            own_of(Some("http--web--team.ws.example.com"), "/.berth/start"),
+            Some(Own {
+                namespace: "team".into(),
+                workspace: "web".into(),
+                port: Some("http".into()),
+                action: "start".into(),
+                base: "/".into(),
+            })
+        );
+        // A port's own paths, and anything malformed, are not the gateway's.
+        assert_eq!(own_of(None, "/w/team/web/http/.berth/login"), None);
+        assert_eq!(
+            own_of(Some("http--web--team.ws.example.com"), "/app/.berth/x"),
+            None
+        );
+        assert_eq!(own_of(None, "/w/Team/web/.berth/login"), None);
+        assert_eq!(own_of(None, "/w/team/web/.berth"), None);
+        // No port name starts with a dot, so `.berth` never hides one.
+        assert!(matches!(
+            target(None, "/w/team/web/.berth/", None),
+            Err(NoTarget::Malformed(_))
+        ));
+        let path_target = target(None, "/w/team/web/http/x", None).unwrap();
+        assert_eq!(session_base(&path_target), "/w/team/web/");
+        let host_target = target(
+            Some("http--web--team.ws.example.com"),
+            "/x",
+            Some("ws.example.com"),
+        )
+        .unwrap();
+        assert_eq!(session_base(&host_target), "/");
+    }
+
+    #[test]
+    fn query_and_form_values_are_decoded() {
+        assert_eq!(
+            query_value("/x?a=1&ticket=a%2Bb", "ticket").as_deref(),
+            Some("a+b")
+        );
+        assert_eq!(query_value("/x?a=1", "ticket"), None);
+        assert_eq!(query_value("/x", "a"), None);
+        assert_eq!(
+            form_value(b"csrf=x%3D&port=http", "csrf").as_deref(),
+            Some("x=")
+        );
     }
 }

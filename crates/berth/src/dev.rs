@@ -423,7 +423,9 @@ async fn gateway(
         .await
         .map_err(|e| format!("cannot listen on 127.0.0.1:{port} for the gateway: {e}"))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
-    let gateway = berth_gateway::Gateway::new(gateway_client, berth_gateway::Config::default());
+    let gateway = berth_gateway::Gateway::start(gateway_client, berth_gateway::Config::default())
+        .await
+        .map_err(|e| format!("cannot start the gateway: {e}"))?;
     tokio::spawn(berth_gateway::serve(
         listener,
         gateway,
@@ -618,6 +620,9 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         format!("berth dev: in another terminal:  kubectl --kubeconfig {kubeconfig} get ws -o wide"),
         format!(
             "berth dev: the gateway into workspaces:  curl -H \"Authorization: Bearer $(kubectl --kubeconfig {kubeconfig} config view --raw -o jsonpath='{{.users[0].user.token}}')\" http://{gateway}/w/default/web/http/   (web serves its home: write index.html first, as README shows)"
+        ),
+        format!(
+            "berth dev: a login link for your browser:  berth open web --gateway http://{gateway} --kubeconfig {kubeconfig}"
         ),
         format!(
             "berth dev: make node-1 reject its next pod:  kubectl --kubeconfig {kubeconfig} annotate node node-1 sim.berth.dev/reject-next=1:OutOfcpu"

@@ -18,6 +18,13 @@ pub struct GatewayArgs {
     /// (a revoked RoleBinding takes effect within it).
     #[arg(long, default_value = "10s", value_parser = duration, env = "BERTH_GATEWAY_REVIEW_TTL")]
     pub review_ttl: Duration,
+    /// The gateway's namespace: where it keeps the Secret with the key that signs browser
+    /// sessions (made when there is none) and the records of used login links.
+    #[arg(long, default_value = "berth-system", env = "POD_NAMESPACE")]
+    pub namespace: String,
+    /// How long a browser session lasts (each request is still authorized).
+    #[arg(long, default_value = "12h", value_parser = duration, env = "BERTH_GATEWAY_SESSION_TTL")]
+    pub session_ttl: Duration,
 }
 
 /// Serves until SIGTERM or Ctrl-C, with the kubeconfig's or the pod's credentials.
@@ -31,16 +38,15 @@ pub async fn run(args: GatewayArgs) -> Result<(), String> {
     let config = berth_gateway::Config {
         base_domain: args.domain,
         review_ttl: args.review_ttl,
+        namespace: args.namespace,
+        session_ttl: args.session_ttl,
         ..Default::default()
     };
+    let gateway = berth_gateway::Gateway::start(client, config).await?;
     tracing::info!(address = %args.listen, "serving workspaces at /w/<namespace>/<workspace>/<port>/");
-    berth_gateway::serve(
-        listener,
-        berth_gateway::Gateway::new(client, config),
-        shutdown(),
-    )
-    .await
-    .map_err(|e| format!("serving failed: {e}"))
+    berth_gateway::serve(listener, gateway, shutdown())
+        .await
+        .map_err(|e| format!("serving failed: {e}"))
 }
 
 /// SIGTERM (the kubelet stopping the pod) or Ctrl-C.

@@ -50,6 +50,12 @@ enum Command {
     /// Stop a workspace (spec.paused: true: its pod goes, its home stays) and wait until it
     /// is Stopped.
     Stop(workspaces::SwitchArgs),
+    /// Print (and open in a browser) a one-time login link to a workspace's port through the
+    /// gateway, for you (your kubeconfig's user, who must be allowed to connect to it).
+    Open(workspaces::OpenArgs),
+    /// Forward a local port to a workspace's port through the gateway (a WebSocket per
+    /// connection, with your credential): `berth port-forward NAME [LOCAL:]PORT`.
+    PortForward(workspaces::PortForwardArgs),
     /// Serve workspaces' ports to the people allowed into them: HTTP and WebSocket at
     /// /w/<namespace>/<workspace>/<port>/, for a caller whose bearer token the API server
     /// accepts (TokenReview) and who may `create` `workspaces/connect` on that workspace
@@ -222,6 +228,8 @@ fn main() -> ExitCode {
         Command::Ls(args) => block_on("ls", workspaces::ls(args)),
         Command::Start(args) => block_on("start", workspaces::switch(args, true)),
         Command::Stop(args) => block_on("stop", workspaces::switch(args, false)),
+        Command::Open(args) => block_on("open", workspaces::open(args)),
+        Command::PortForward(args) => block_on("port-forward", workspaces::port_forward(args)),
         Command::Install { path } => match install(&path) {
             Ok(()) => {
                 println!("berth install: copied to {}", path.display());

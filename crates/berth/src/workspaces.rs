@@ -1,4 +1,4 @@
-//! The developer's subcommands (`berth ls`, `start`, `stop`), also `kubectl berth ...` when
+//! The developer's subcommands (`berth ls`, `start`, `stop`, `open`, `port-forward`), also `kubectl berth ...` when
 //! the binary is installed as `kubectl-berth`: they act with the user's own kubeconfig and
 //! credentials, so they can do exactly what the user's RBAC allows.
 
@@ -52,8 +52,51 @@ pub struct SwitchArgs {
     pub timeout: Duration,
 }
 
+/// Options of `berth open`.
+#[derive(clap::Args, Debug)]
+pub struct OpenArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The workspace.
+    pub name: String,
+    /// The port, by its name in the workspace's spec (default: its first).
+    pub port: Option<String>,
+    /// The gateway's address, as your browser reaches it (e.g. https://berth.example.com;
+    /// `berth dev` prints its own).
+    #[arg(long, env = "BERTH_GATEWAY")]
+    pub gateway: Option<String>,
+    /// Only print the link; do not start a browser.
+    #[arg(long)]
+    pub print: bool,
+}
+
+/// Options of `berth port-forward`.
+#[derive(clap::Args, Debug)]
+pub struct PortForwardArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The workspace.
+    pub name: String,
+    /// `[LOCAL:]PORT`: the workspace's port, by name or number, and the local port (default:
+    /// the same number; 0 picks a free one).
+    pub port: String,
+    /// The gateway's address (as for `berth open`).
+    #[arg(long, env = "BERTH_GATEWAY")]
+    pub gateway: Option<String>,
+    /// The local address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub address: std::net::IpAddr,
+}
+
 /// A client and the namespace to use, as kubectl would pick them.
 async fn connect(target: &Target) -> Result<(Client, String), String> {
+    let (config, namespace) = load(target).await?;
+    let client = Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))?;
+    Ok((client, namespace))
+}
+
+/// The kubeconfig's cluster, user and namespace, as kubectl would pick them.
+async fn load(target: &Target) -> Result<(kube::Config, String), String> {
     let options = KubeConfigOptions {
         context: target.context.clone(),
         ..Default::default()
@@ -76,8 +119,317 @@ async fn connect(target: &Target) -> Result<(Client, String), String> {
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
-    let client = Client::try_from(config).map_err(|e| format!("cannot build a client: {e}"))?;
-    Ok((client, namespace))
+    Ok((config, namespace))
+}
+
+/// The bearer token the kubeconfig's user presents to the API server (a token, a token file,
+/// an exec plugin, an OIDC provider: whatever kube does for a request, done for one).
+async fn bearer_token(config: &kube::Config) -> Result<String, String> {
+    use kube::client::ConfigExt;
+    use tower::{Layer, ServiceExt};
+    let no_token = "your kubeconfig's user has no bearer token (a client certificate, or basic auth): the gateway knows a person by a token the API server accepts (TokenReview), as from a token, an exec plugin or an OIDC login";
+    let layer = config
+        .auth_layer()
+        .map_err(|e| format!("cannot read your credential: {e}"))?
+        .ok_or(no_token)?;
+    let capture = tower::service_fn(|request: http::Request<String>| async move {
+        // kube's layer is tower-http's AddAuthorization (which serves only services that
+        // answer an http::Response) or a refreshing filter (whose error is a BoxError).
+        Ok::<_, tower::BoxError>(http::Response::new(
+            request.headers().get(http::header::AUTHORIZATION).cloned(),
+        ))
+    });
+    let header = layer
+        .layer(capture)
+        .oneshot(http::Request::new(String::new()))
+        .await
+        .map_err(|e| format!("cannot get your credential: {e}"))?;
+    header
+        .body()
+        .as_ref()
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::to_owned)
+        .ok_or_else(|| no_token.to_owned())
+}
+
+/// `berth open`: a one-time login link to a workspace's port through the gateway, made for
+/// the kubeconfig's user (who must be allowed to connect to it), printed, and opened in a
+/// browser when there is one.
+pub async fn open(args: OpenArgs) -> Result<(), String> {
+    let gateway = gateway_address(args.gateway.as_deref())?;
+    let gateway = gateway.as_str();
+    let (config, namespace) = load(&args.target).await?;
+    let port = match &args.port {
+        Some(port) => port.clone(),
+        None => {
+            let client = Client::try_from(config.clone())
+                .map_err(|e| format!("cannot build a client: {e}"))?;
+            let ws = Api::<Workspace>::namespaced(client, &namespace)
+                .get(&args.name)
+                .await
+                .map_err(|e| format!("cannot read workspace {}: {}", args.name, api_words(&e)))?;
+            ws.spec
+                .ports
+                .first()
+                .map(|p| p.name.clone())
+                .ok_or_else(|| {
+                    format!(
+                        "workspace {namespace}/{} declares no port to open",
+                        args.name
+                    )
+                })?
+        }
+    };
+    let token = bearer_token(&config).await?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("namespace", &namespace)
+        .append_pair("workspace", &args.name)
+        .append_pair("port", &port)
+        .finish();
+    let url = format!("{gateway}{}?{query}", berth_gateway::TICKETS);
+    let answer = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach the gateway at {gateway}: {}", error_chain(&e)))?;
+    let status = answer.status();
+    let body = answer
+        .text()
+        .await
+        .map_err(|e| format!("the gateway's answer broke off: {e}"))?;
+    if !status.is_success() {
+        return Err(format!(
+            "the gateway refused ({status}): {}",
+            body.trim_end()
+        ));
+    }
+    let ticket: berth_gateway::Ticket = serde_json::from_str(&body)
+        .map_err(|e| format!("{url} did not answer as berth gateway does: {e}"))?;
+    let link = format!("{gateway}{}", ticket.path);
+    println!("{link}");
+    eprintln!(
+        "berth open: workspace {namespace}/{}, port {port}: the link works once, until {}",
+        args.name, ticket.expires_at
+    );
+    if !args.print && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        open_browser(&link);
+    }
+    Ok(())
+}
+
+/// The gateway's address from `--gateway` or `BERTH_GATEWAY`, without a trailing slash.
+fn gateway_address(given: Option<&str>) -> Result<String, String> {
+    let gateway = given.ok_or(
+        "which gateway? Pass --gateway https://... or set BERTH_GATEWAY (berth dev prints its own; on a cluster, its admins know where berth gateway is served)",
+    )?;
+    if !gateway.starts_with("http://") && !gateway.starts_with("https://") {
+        return Err(format!(
+            "--gateway {gateway}: an http:// or https:// address"
+        ));
+    }
+    Ok(gateway.trim_end_matches('/').to_owned())
+}
+
+/// `berth port-forward`: a local port whose connections reach a workspace's port through the
+/// gateway (a WebSocket each, with the user's bearer token), as `kubectl port-forward` does
+/// without `pods/portforward`.
+pub async fn port_forward(args: PortForwardArgs) -> Result<(), String> {
+    let gateway = gateway_address(args.gateway.as_deref())?;
+    let (config, namespace) = load(&args.target).await?;
+    let (local, wanted) =
+        match args.port.rsplit_once(':') {
+            Some((local, port)) => (
+                Some(local.parse::<u16>().map_err(|_| {
+                    format!("{}: the local port {local:?} is not a number", args.port)
+                })?),
+                port.to_owned(),
+            ),
+            None => (None, args.port.clone()),
+        };
+    let client =
+        Client::try_from(config.clone()).map_err(|e| format!("cannot build a client: {e}"))?;
+    let ws = Api::<Workspace>::namespaced(client, &namespace)
+        .get(&args.name)
+        .await
+        .map_err(|e| format!("cannot read workspace {}: {}", args.name, api_words(&e)))?;
+    let port = ws
+        .spec
+        .ports
+        .iter()
+        .find(|p| p.name == wanted || p.port.to_string() == wanted)
+        .ok_or_else(|| {
+            let names: Vec<String> = ws
+                .spec
+                .ports
+                .iter()
+                .map(|p| format!("{} ({})", p.name, p.port))
+                .collect();
+            format!(
+                "workspace {namespace}/{} has no port {wanted}; its ports: {}",
+                args.name,
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            )
+        })?;
+    let local = local.unwrap_or_else(|| u16::try_from(port.port).unwrap_or(0));
+    let websocket = format!(
+        "{}{}{namespace}/{}/{}/tcp/{}",
+        gateway.replacen("http", "ws", 1),
+        berth_gateway::route::PREFIX,
+        args.name,
+        berth_gateway::route::OWN,
+        port.name
+    );
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // Refused now rather than at the first connection: who may not connect, a stopped
+    // workspace, a port that does not answer.
+    let probe = tunnel(&websocket, &bearer_token(&config).await?).await?;
+    drop(probe);
+    let listener = tokio::net::TcpListener::bind((args.address, local))
+        .await
+        .map_err(|e| format!("cannot listen on {}:{local}: {e}", args.address))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    println!(
+        "Forwarding from {bound} -> workspace {namespace}/{} port {} ({})",
+        args.name, port.name, port.port
+    );
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    let websocket = std::sync::Arc::new(websocket);
+    loop {
+        let (connection, peer) = tokio::select! {
+            accepted = listener.accept() => accepted.map_err(|e| format!("cannot accept: {e}"))?,
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        };
+        // Asked for each connection: an exec plugin's token may have been renewed.
+        let token = match bearer_token(&config).await {
+            Ok(token) => token,
+            Err(e) => {
+                eprintln!("berth port-forward: a connection from {peer}: {e}");
+                continue;
+            }
+        };
+        let websocket = websocket.clone();
+        tokio::spawn(async move {
+            match tunnel(&websocket, &token).await {
+                Ok(socket) => join(socket, connection).await,
+                Err(e) => eprintln!("berth port-forward: a connection from {peer}: {e}"),
+            }
+        });
+    }
+}
+
+type Tunnel =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A WebSocket to the gateway's tunnel, with the user's bearer token; a refusal in the
+/// gateway's words.
+async fn tunnel(url: &str, token: &str) -> Result<Tunnel, String> {
+    use tokio_tungstenite::tungstenite::{Error, client::IntoClientRequest};
+    let mut request = url
+        .into_client_request()
+        .map_err(|e| format!("{url}: {e}"))?;
+    let value = format!("Bearer {token}")
+        .parse()
+        .map_err(|_| "the bearer token is not a valid header".to_owned())?;
+    request
+        .headers_mut()
+        .insert(http::header::AUTHORIZATION, value);
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((socket, _)) => Ok(socket),
+        Err(Error::Http(response)) => {
+            let body = response
+                .body()
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).trim_end().to_owned())
+                .unwrap_or_default();
+            Err(format!(
+                "the gateway refused ({}): {body}",
+                response.status()
+            ))
+        }
+        Err(e) => Err(format!("cannot reach the gateway at {url}: {e}")),
+    }
+}
+
+/// Joins a local connection and a tunnel until either ends.
+async fn join(socket: Tunnel, connection: tokio::net::TcpStream) {
+    use futures::{SinkExt, StreamExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (mut to_gateway, mut from_gateway) = socket.split();
+    let (mut read, mut write) = connection.into_split();
+    let up = async move {
+        let mut buffer = vec![0u8; 64 * 1024];
+        loop {
+            match read.read(&mut buffer).await {
+                // The local side is done sending: the workspace may still answer, and the
+                // tunnel has no half-close, so only stop reading.
+                Ok(0) => std::future::pending::<()>().await,
+                Err(_) => break,
+                Ok(n) => {
+                    let chunk = bytes::Bytes::copy_from_slice(&buffer[..n]);
+                    if to_gateway.send(Message::Binary(chunk)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = to_gateway.send(Message::Close(None)).await;
+    };
+    let down = async move {
+        while let Some(Ok(message)) = from_gateway.next().await {
+            if let Message::Close(_) = message {
+                break;
+            }
+            if let Message::Binary(bytes) = message
+                && write.write_all(&bytes).await.is_err()
+            {
+                break;
+            }
+        }
+        let _ = write.shutdown().await;
+    };
+    tokio::select! {
+        () = up => {}
+        () = down => {}
+    }
+}
+
+/// Starts `$BROWSER`, else the desktop's opener, on `link`; silent when there is none (the
+/// link is printed).
+fn open_browser(link: &str) {
+    let candidates = std::env::var("BROWSER")
+        .ok()
+        .into_iter()
+        .chain(["xdg-open".to_owned(), "open".to_owned()]);
+    for program in candidates {
+        let started = std::process::Command::new(&program)
+            .arg(link)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        if started.is_ok() {
+            return;
+        }
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// One row of `berth ls`.

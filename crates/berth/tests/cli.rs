@@ -992,6 +992,121 @@ fn dev_is_a_place_to_use_a_workspace() {
         anonymous.starts_with("HTTP/1.0 401") || anonymous.starts_with("HTTP/1.1 401"),
         "{anonymous}"
     );
+    // berth open: a one-time login link for the kubeconfig's user (web's first port), which
+    // a browser exchanges for a session cookie, once.
+    let opened = Command::new(BERTH)
+        .args(["open", "web", "--print", "--gateway"])
+        .arg(format!("http://{gateway}/"))
+        .arg("--kubeconfig")
+        .arg(dir.path().join("berth-dev.kubeconfig"))
+        .output()
+        .unwrap();
+    assert!(
+        opened.status.success(),
+        "{}",
+        String::from_utf8_lossy(&opened.stderr)
+    );
+    let link = String::from_utf8_lossy(&opened.stdout)
+        .trim_end()
+        .to_owned();
+    let path = link
+        .strip_prefix(&format!("http://{gateway}"))
+        .unwrap_or_else(|| panic!("a link on the gateway: {link}"));
+    assert!(
+        path.starts_with("/w/default/web/.berth/login?ticket="),
+        "{link}"
+    );
+    assert!(
+        String::from_utf8_lossy(&opened.stderr).contains("the link works once"),
+        "{}",
+        String::from_utf8_lossy(&opened.stderr)
+    );
+    let login = request(
+        &gateway,
+        &format!("GET {path} HTTP/1.0\r\nHost: {gateway}\r\n\r\n"),
+    );
+    assert!(
+        login.starts_with("HTTP/1.0 303") || login.starts_with("HTTP/1.1 303"),
+        "{login}"
+    );
+    let cookie = login
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("a session cookie: {login}"))
+        .to_owned();
+    let with_session = request(
+        &gateway,
+        &format!(
+            "GET /w/default/web/http/ HTTP/1.0\r\nHost: {gateway}\r\nCookie: {cookie}\r\n\r\n"
+        ),
+    );
+    assert!(
+        with_session.ends_with("\r\n\r\nhello from home\n"),
+        "{with_session}"
+    );
+    let again = request(
+        &gateway,
+        &format!("GET {path} HTTP/1.0\r\nHost: {gateway}\r\n\r\n"),
+    );
+    assert!(again.contains("it was used before"), "{again}");
+    // berth port-forward: a local port whose connections reach web's port through the
+    // gateway, with the kubeconfig's credential.
+    let mut forward = Command::new(BERTH)
+        .args(["port-forward", "web", "0:http", "--gateway"])
+        .arg(format!("http://{gateway}"))
+        .arg("--kubeconfig")
+        .arg(dir.path().join("berth-dev.kubeconfig"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let said = std::io::BufRead::lines(std::io::BufReader::new(forward.stdout.take().unwrap()))
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let local = said
+        .strip_prefix("Forwarding from ")
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| {
+            let _ = forward.kill();
+            panic!("berth port-forward says where it listens: {said:?}")
+        })
+        .to_owned();
+    assert!(
+        said.ends_with("-> workspace default/web port http (8080)"),
+        "{said}"
+    );
+    for _ in 0..2 {
+        let through = request(&local, "GET / HTTP/1.0\r\nHost: web\r\n\r\n");
+        assert!(through.ends_with("\r\n\r\nhello from home\n"), "{through}");
+    }
+    let _ = forward.kill();
+    let _ = forward.wait();
+    let unknown = Command::new(BERTH)
+        .args(["port-forward", "web", "9999", "--gateway"])
+        .arg(format!("http://{gateway}"))
+        .arg("--kubeconfig")
+        .arg(dir.path().join("berth-dev.kubeconfig"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&unknown.stderr).trim_end(),
+        "berth port-forward: workspace default/web has no port 9999; its ports: http (8080)"
+    );
+    let nowhere = Command::new(BERTH)
+        .args(["open", "web", "--print", "--kubeconfig"])
+        .arg(dir.path().join("berth-dev.kubeconfig"))
+        .env_remove("BERTH_GATEWAY")
+        .output()
+        .unwrap();
+    assert!(!nowhere.status.success());
+    assert!(
+        String::from_utf8_lossy(&nowhere.stderr)
+            .starts_with("berth open: which gateway? Pass --gateway"),
+        "{}",
+        String::from_utf8_lossy(&nowhere.stderr)
+    );
     stop(&mut dev);
     // Stopped, berth dev leaves nothing behind: not its folder of volumes (pods' files, a copy
     // of berth per pod), nor a process of its own (`git daemon` forks `git-daemon`).

@@ -9,7 +9,7 @@ use berth_api::Phase;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use http::{HeaderMap, Request, StatusCode, header};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use serde_json::{Value, json};
 
@@ -17,9 +17,18 @@ use crate::support::*;
 
 /// A running gateway, as its own service account with exactly the RBAC of `deploy/gateway/`.
 async fn gateway(h: &Harness) -> SocketAddr {
+    gateway_with(h, berth_gateway::Config::default()).await
+}
+
+async fn gateway_with(h: &Harness, config: berth_gateway::Config) -> SocketAddr {
     berth_sim::manifests::create_all(&h.client, berth_gateway::RBAC, "default")
         .await
         .unwrap();
+    replica(h, config).await
+}
+
+/// One more replica of the gateway installed by [`gateway_with`].
+async fn replica(h: &Harness, config: berth_gateway::Config) -> SocketAddr {
     let token = h
         .sim
         .issue_token(
@@ -32,7 +41,7 @@ async fn gateway(h: &Harness) -> SocketAddr {
     let client = h.sim.client_with_token(&token).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let gateway = berth_gateway::Gateway::new(client, berth_gateway::Config::default());
+    let gateway = berth_gateway::Gateway::start(client, config).await.unwrap();
     tokio::spawn(berth_gateway::serve(
         listener,
         gateway,
@@ -107,13 +116,29 @@ impl Answer {
 }
 
 async fn get(gateway: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Answer {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut request = Request::get(format!("http://{gateway}{path}"));
+    call(gateway, http::Method::GET, path, headers, "").await
+}
+
+async fn call(
+    gateway: SocketAddr,
+    method: http::Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut request = Request::builder()
+        .method(method)
+        .uri(format!("http://{gateway}{path}"));
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
     let response = client
-        .request(request.body(Empty::new()).unwrap())
+        .request(
+            request
+                .body(Full::new(Bytes::from(body.to_owned())))
+                .unwrap(),
+        )
         .await
         .expect("the gateway answers");
     let (parts, body) = response.into_parts();
@@ -523,4 +548,304 @@ async fn a_workspace_used_only_through_the_gateway_is_kept_until_its_session_end
         |ws| condition(ws, "Ready").is_some_and(|c| c.status == "False" && c.reason == "Idle"),
     )
     .await;
+}
+
+/// The session cookie's `name=value` from a login's answer.
+fn session_cookie(answer: &Answer) -> String {
+    let set = answer.headers[header::SET_COOKIE].to_str().unwrap();
+    set.split(';').next().unwrap().to_owned()
+}
+
+/// What a person with `berth open` sees: the link works once, on any replica, for its
+/// workspace only; its session is asked about on every request (a revoked Role closes it);
+/// a stopped workspace's page has a start button that only works from that page, for a
+/// user who may patch the workspace.
+#[tokio::test]
+async fn a_login_link_works_once_and_its_session_is_authorized_on_every_request() {
+    let h = Harness::start().await;
+    let config = berth_gateway::Config {
+        review_ttl: Duration::from_millis(200),
+        ..Default::default()
+    };
+    // Two replicas: one key (the Secret the first made), one record of used links.
+    let first = gateway_with(&h, config.clone()).await;
+    let second = replica(&h, config).await;
+    served(&h, "web").await;
+    served(&h, "other").await;
+    let alice = developer(&h, "alice", &["web"]).await;
+    let bob = developer(&h, "bob", &[]).await;
+    let mint = |token: String, workspace: &'static str| async move {
+        let auth = format!("Bearer {token}");
+        call(
+            first,
+            http::Method::POST,
+            &format!("/.berth/tickets?namespace=default&workspace={workspace}&port=http"),
+            &[("authorization", &auth)],
+            "",
+        )
+        .await
+    };
+
+    let anonymous = call(
+        first,
+        http::Method::POST,
+        "/.berth/tickets?namespace=default&workspace=web&port=http",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(
+        anonymous.status,
+        StatusCode::UNAUTHORIZED,
+        "{}",
+        anonymous.text()
+    );
+    let refused = mint(bob.clone(), "web").await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.text());
+    assert!(
+        refused
+            .text()
+            .contains("cannot create resource \"workspaces/connect\""),
+        "{}",
+        refused.text()
+    );
+    assert_eq!(
+        mint(alice.clone(), "other").await.status,
+        StatusCode::FORBIDDEN
+    );
+
+    let minted = mint(alice.clone(), "web").await;
+    assert_eq!(minted.status, StatusCode::OK, "{}", minted.text());
+    let link = minted.json()["path"].as_str().unwrap().to_owned();
+    assert!(
+        link.starts_with("/w/default/web/.berth/login?ticket="),
+        "{link}"
+    );
+
+    // Used on the other replica: a session for web, scoped to web's path.
+    let login = get(second, &link, &[]).await;
+    assert_eq!(login.status, StatusCode::SEE_OTHER, "{}", login.text());
+    assert_eq!(login.headers[header::LOCATION], "/w/default/web/http/");
+    let set = login.headers[header::SET_COOKIE].to_str().unwrap();
+    assert!(set.contains("; Path=/w/default/web/; "), "{set}");
+    assert!(set.contains("; HttpOnly; SameSite=Lax"), "{set}");
+    let cookie = session_cookie(&login);
+
+    // Used again, on either replica: refused.
+    for replica in [first, second] {
+        let again = get(replica, &link, &[]).await;
+        assert_eq!(again.status, StatusCode::UNAUTHORIZED, "{}", again.text());
+        assert!(
+            again.text().contains("it was used before"),
+            "{}",
+            again.text()
+        );
+    }
+    // A link for web does not log in to other; a changed link is refused.
+    let elsewhere = get(first, &link.replace("/web/", "/other/"), &[]).await;
+    assert!(
+        elsewhere.text().contains("for another workspace"),
+        "{}",
+        elsewhere.text()
+    );
+    let forged = get(first, &format!("{link}x"), &[]).await;
+    assert!(
+        forged.text().contains("not made by this cluster's gateway"),
+        "{}",
+        forged.text()
+    );
+
+    // The session reaches web, and never arrives there.
+    let through = get(
+        first,
+        "/w/default/web/http/",
+        &[("cookie", &format!("{cookie}; theme=dark"))],
+    )
+    .await;
+    assert_eq!(through.status, StatusCode::OK, "{}", through.text());
+    assert_eq!(through.json()["headers"]["cookie"], "theme=dark");
+    let other = get(first, "/w/default/other/http/", &[("cookie", &cookie)]).await;
+    assert_eq!(other.status, StatusCode::UNAUTHORIZED);
+    assert!(
+        other.text().contains("for another workspace"),
+        "{}",
+        other.text()
+    );
+
+    // Stopped: the page says so, with a start button carrying the session's CSRF token.
+    h.patch_spec("web", json!({"paused": true})).await;
+    h.until_phase("web", Phase::Stopped).await;
+    let html = [("cookie", cookie.as_str()), ("accept", "text/html")];
+    let page = get(first, "/w/default/web/http/", &html).await;
+    assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE);
+    let text = page.text();
+    assert!(
+        text.contains("<form method=\"post\" action=\"/w/default/web/.berth/start\">"),
+        "{text}"
+    );
+    let csrf = text
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let form = format!("csrf={csrf}&port=http");
+    let post = |headers: Vec<(&'static str, String)>, body: String| async move {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        call(
+            first,
+            http::Method::POST,
+            "/w/default/web/.berth/start",
+            &headers,
+            &body,
+        )
+        .await
+    };
+    let with = |origin: &str| {
+        vec![
+            ("cookie", cookie.clone()),
+            (
+                "content-type",
+                "application/x-www-form-urlencoded".to_owned(),
+            ),
+            ("origin", origin.to_owned()),
+            ("host", first.to_string()),
+        ]
+    };
+    let forged = post(
+        with(&format!("http://{first}")),
+        "csrf=nope&port=http".into(),
+    )
+    .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN, "{}", forged.text());
+    let cross_site = post(with("https://evil.example"), form.clone()).await;
+    assert_eq!(
+        cross_site.status,
+        StatusCode::FORBIDDEN,
+        "{}",
+        cross_site.text()
+    );
+    let not_allowed = post(with(&format!("http://{first}")), form.clone()).await;
+    assert_eq!(
+        not_allowed.status,
+        StatusCode::FORBIDDEN,
+        "{}",
+        not_allowed.text()
+    );
+    assert!(
+        not_allowed.text().contains(
+            "User \"system:serviceaccount:default:alice\" cannot patch resource \"workspaces\""
+        ),
+        "{}",
+        not_allowed.text()
+    );
+    let still = h.workspaces().get("web").await.unwrap();
+    assert!(still.spec.paused, "nothing changed");
+    berth_sim::manifests::create_all(
+        &h.client,
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: alice-start, namespace: default}
+rules: [{apiGroups: [berth.dev], resources: [workspaces], resourceNames: [web], verbs: [patch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: alice-start, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: alice-start}
+subjects: [{kind: ServiceAccount, name: alice, namespace: default}]
+",
+        "default",
+    )
+    .await
+    .unwrap();
+    let started = eventually(
+        Duration::from_secs(30),
+        "the start button to work once alice may patch web",
+        || async {
+            let answer = post(with(&format!("http://{first}")), form.clone()).await;
+            (answer.status == StatusCode::SEE_OTHER).then_some(answer)
+        },
+    )
+    .await;
+    assert_eq!(started.headers[header::LOCATION], "/w/default/web/http/");
+    h.until_phase("web", Phase::Running).await;
+
+    // The Role that let alice in is gone: her session stops working.
+    let bindings: kube::Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+        kube::Api::namespaced(h.client.clone(), "default");
+    bindings
+        .delete("alice-workspaces", &Default::default())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "alice's session to be refused once her Role is gone",
+        || async {
+            let answer = get(first, "/w/default/web/http/", &[("cookie", &cookie)]).await;
+            (answer.status == StatusCode::FORBIDDEN).then_some(())
+        },
+    )
+    .await;
+}
+
+/// What `berth port-forward` rides on: a WebSocket at `/w/<ns>/<ws>/.berth/tcp/<port>` is a
+/// TCP connection to that port of the workspace's pod (here an HTTP/1.0 exchange, byte for
+/// byte), for a caller allowed to connect; anyone else is refused before any connection.
+#[tokio::test]
+async fn a_tcp_tunnel_reaches_the_workspaces_port_for_an_allowed_caller_only() {
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+    let h = Harness::start().await;
+    let gateway = gateway(&h).await;
+    served(&h, "web").await;
+    let alice = developer(&h, "alice", &["web"]).await;
+    let bob = developer(&h, "bob", &[]).await;
+    let open = |token: String, port: &'static str| async move {
+        let mut request = format!("ws://{gateway}/w/default/web/.berth/tcp/{port}")
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        tokio_tungstenite::connect_async(request).await
+    };
+
+    let (mut socket, _) = open(alice.clone(), "http").await.expect("alice's tunnel");
+    socket
+        .send(Message::binary(
+            b"GET /through/the/tunnel HTTP/1.0\r\nHost: web\r\n\r\n".to_vec(),
+        ))
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    while let Some(message) = socket.next().await {
+        match message.unwrap() {
+            Message::Binary(bytes) => answer.extend_from_slice(&bytes),
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200") || answer.starts_with("HTTP/1.0 200"),
+        "{answer}"
+    );
+    let body: Value = serde_json::from_str(answer.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["pod"], "web-ws");
+    assert_eq!(
+        body["path"], "/through/the/tunnel",
+        "the bytes arrive as they were sent"
+    );
+
+    match open(bob, "http").await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), StatusCode::FORBIDDEN);
+        }
+        other => panic!("bob is refused: {:?}", other.map(|(_, r)| r.status())),
+    }
+    match open(alice, "ssh").await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        }
+        other => panic!("no port ssh: {:?}", other.map(|(_, r)| r.status())),
+    }
 }
