@@ -311,6 +311,17 @@ pub struct WorkspacePort {
     /// The port number the workspace container listens on, 1 to 65535.
     #[schemars(range(min = 1, max = 65535))]
     pub port: i32,
+    /// Whether `berth gateway` removes `/w/<namespace>/<workspace>/<port>` from the path it
+    /// forwards (default true; the app gets it in `X-Forwarded-Prefix`). An app that is told
+    /// its base path and wants the full one sets false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strip_prefix: Option<bool>,
+    /// Whether `berth gateway` serves this port to anyone, without a credential (default
+    /// false). Honoured for a port its WorkspaceKind declares public, and for a workspace's
+    /// own port only where the gateway allows it (`berth gateway --allow-public-ports`);
+    /// otherwise the port stays private and the gateway says why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public: Option<bool>,
 }
 
 /// Pod-level settings of the workspace pod.

@@ -220,7 +220,12 @@ fn shape_hash(spec: &WorkspaceSpec, record: Option<&KindResolution>) -> String {
         "command": to_value(&spec.command),
         "env": to_value(&spec.env),
         "resources": to_value(&spec.resources),
-        "ports": to_value(&spec.ports),
+        // A port's name and number shape the pod; how the gateway serves it does not.
+        "ports": spec
+            .ports
+            .iter()
+            .map(|p| serde_json::json!({"name": p.name, "port": p.port}))
+            .collect::<Vec<_>>(),
         "serviceAccountName": spec.service_account_name,
         "podTemplate": to_value(&spec.pod_template),
     });
@@ -1218,6 +1223,19 @@ pub(crate) mod tests {
                 "{same}"
             );
         }
+        // How the gateway serves a port does not restart the workspace.
+        let port = |extra: serde_json::Value| {
+            let mut p = json!({"name": "http", "port": 80});
+            p.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            spec_hash(&workspace("a", json!({"image": "x:1", "ports": [p]})).spec)
+        };
+        assert_eq!(
+            port(json!({})),
+            port(json!({"public": true, "stripPrefix": false}))
+        );
+        assert_ne!(port(json!({})), port(json!({"port": 81})));
     }
 
     #[test]

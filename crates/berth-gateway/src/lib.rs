@@ -44,7 +44,7 @@ use kube::{Api, Client};
 
 use access::{Access, Refusal, User};
 use pages::{Form, Page};
-use route::{NoTarget, Own, Target};
+use route::{NoTarget, Own, Public, Target};
 use session::{Claims, Key};
 
 /// How long an unused connection to a workspace's port is kept open (for reuse, and so the
@@ -65,6 +65,9 @@ pub struct Config {
     pub namespace: String,
     /// How long a browser session lasts (it is still authorized on every request).
     pub session_ttl: Duration,
+    /// A workspace's own port marked `public` is served to anyone (a port its kind declares
+    /// public always is).
+    pub allow_public_ports: bool,
 }
 
 impl Default for Config {
@@ -75,6 +78,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(5),
             namespace: "berth-system".to_owned(),
             session_ttl: Duration::from_secs(12 * 3600),
+            allow_public_ports: false,
         }
     }
 }
@@ -193,9 +197,36 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
             return response;
         }
     };
-    let (_, session) = match gateway.caller(&headers, &target).await {
-        Ok(caller) => caller,
-        Err(refused) => return refused,
+    let workspace = match gateway.workspace(&target).await {
+        Ok(workspace) => workspace,
+        Err(page) => return page.answer(&headers),
+    };
+    let options = workspace
+        .as_ref()
+        .map(|ws| route::port_options(ws, &target.port, gateway.0.config.allow_public_ports));
+    let public = options.as_ref().map(|o| o.public);
+    let anonymous = route::bearer(&headers).is_none() && session::cookies(&headers).is_empty();
+    if public == Some(Public::NotAllowed) && anonymous {
+        return Page::new(StatusCode::UNAUTHORIZED, "Sign in to reach this workspace")
+            .line(format!(
+                "Port {} of workspace {}/{} is marked public, but this gateway serves a workspace's own port to anyone only when it runs with --allow-public-ports (a port its WorkspaceKind declares public is served to anyone). Send your bearer token, or open the link `berth open {} -n {}` prints.",
+                target.port, target.namespace, target.workspace, target.workspace, target.namespace
+            ))
+            .answer(&headers);
+    }
+    // A public port is served to anyone; every other port to a caller allowed in.
+    let session = if public == Some(Public::Yes) {
+        None
+    } else {
+        match gateway.caller(&headers, &target).await {
+            Ok((_, session)) => session,
+            Err(refused) => return refused,
+        }
+    };
+    // A port that keeps its prefix gets the path as the caller sent it.
+    let target = match options {
+        Some(o) if !o.strip_prefix => route::unstripped(target),
+        _ => target,
     };
     // A browser session may start a stopped workspace from its page.
     let start = session.map(|s| Form {
@@ -206,7 +237,7 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
         ],
         button: "Start this workspace".to_owned(),
     });
-    let backend = match gateway.backend(&target, start).await {
+    let backend = match gateway.backend(&target, workspace, start).await {
         Ok(backend) => backend,
         Err(page) => return page.answer(&headers),
     };
@@ -596,7 +627,11 @@ impl Gateway {
         if let Err(refused) = self.caller(&headers, &target).await {
             return refused;
         }
-        let backend = match self.backend(&target, None).await {
+        let workspace = match self.workspace(&target).await {
+            Ok(workspace) => workspace,
+            Err(page) => return page.answer(&headers),
+        };
+        let backend = match self.backend(&target, workspace, None).await {
             Ok(backend) => backend,
             Err(page) => return page.answer(&headers),
         };
@@ -731,32 +766,42 @@ fn refusal_page(refusal: Refusal, target: &Target) -> Page {
     }
 }
 
+/// The page of an API server that cannot answer the gateway's read.
+fn unavailable(e: kube::Error) -> Page {
+    Page::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Cannot read the workspace right now",
+    )
+    .line(format!("The API server said: {e}"))
+    .refresh(5)
+}
+
 impl Gateway {
+    /// The workspace `target` names, if there is one.
+    async fn workspace(&self, target: &Target) -> Result<Option<Workspace>, Page> {
+        Api::<Workspace>::namespaced(self.0.client.clone(), &target.namespace)
+            .get_opt(&target.workspace)
+            .await
+            .map_err(unavailable)
+    }
+
     /// The address of the workspace's port: its pod must be the one Berth owns for it (its
     /// controller reference is the workspace's UID), ready, not being deleted, with the
     /// workspace Running; the port must be one the pod's containers declare by that name.
     /// Otherwise the page that says why.
-    async fn backend(&self, target: &Target, start: Option<Form>) -> Result<SocketAddr, Page> {
-        let client = &self.0.client;
-        let unavailable = |e: kube::Error| {
-            Page::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Cannot read the workspace right now",
-            )
-            .line(format!("The API server said: {e}"))
-            .refresh(5)
-        };
-        let workspace = Api::<Workspace>::namespaced(client.clone(), &target.namespace)
-            .get_opt(&target.workspace)
-            .await
-            .map_err(unavailable)?
-            .ok_or_else(|| {
-                Page::new(StatusCode::NOT_FOUND, "No such workspace").line(format!(
-                    "There is no workspace {} in namespace {}.",
-                    target.workspace, target.namespace
-                ))
-            })?;
-        let pod = Api::<Pod>::namespaced(client.clone(), &target.namespace)
+    async fn backend(
+        &self,
+        target: &Target,
+        workspace: Option<Workspace>,
+        start: Option<Form>,
+    ) -> Result<SocketAddr, Page> {
+        let workspace = workspace.ok_or_else(|| {
+            Page::new(StatusCode::NOT_FOUND, "No such workspace").line(format!(
+                "There is no workspace {} in namespace {}.",
+                target.workspace, target.namespace
+            ))
+        })?;
+        let pod = Api::<Pod>::namespaced(self.0.client.clone(), &target.namespace)
             .get_opt(&berth_core::pod::pod_name(&target.workspace))
             .await
             .map_err(unavailable)?

@@ -188,6 +188,64 @@ fn path_target(path_and_query: &str) -> Result<Target, NoTarget> {
     })
 }
 
+/// `target` with its path as the caller sent it (a port whose `stripPrefix` is false); no
+/// `X-Forwarded-Prefix` then, as nothing was removed.
+pub fn unstripped(target: Target) -> Target {
+    Target {
+        path: format!("{}{}", target.prefix, target.path),
+        prefix: String::new(),
+        ..target
+    }
+}
+
+/// How the gateway serves one port of a workspace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortOptions {
+    /// The gateway's path prefix is removed before forwarding (`stripPrefix`, default true).
+    pub strip_prefix: bool,
+    pub public: Public,
+}
+
+/// Whether a port is served without a credential.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Public {
+    No,
+    Yes,
+    /// The workspace's own spec marks it public, which this gateway does not allow.
+    NotAllowed,
+}
+
+/// The options of port `name` of `workspace`, as the port that is in force says them: the
+/// workspace's own port of that name, else its kind's (the operator's record of the kind's
+/// image option, `status.resolved`, which only the operator writes). A kind's port may be
+/// public (an admin published the kind); a workspace's own port only where `allow_public`.
+pub fn port_options(
+    workspace: &berth_api::Workspace,
+    name: &str,
+    allow_public: bool,
+) -> PortOptions {
+    let own = workspace.spec.ports.iter().find(|p| p.name == name);
+    let kinds = workspace
+        .status
+        .as_ref()
+        .and_then(|s| s.resolved.as_ref())
+        .and_then(|r| r.image.spec.ports.iter().find(|p| p.name == name));
+    let (port, from_kind) = match (own, kinds) {
+        (Some(own), _) => (Some(own), false),
+        (None, Some(kinds)) => (Some(kinds), true),
+        (None, None) => (None, false),
+    };
+    let public = match port.and_then(|p| p.public) {
+        Some(true) if from_kind || allow_public => Public::Yes,
+        Some(true) => Public::NotAllowed,
+        _ => Public::No,
+    };
+    PortOptions {
+        strip_prefix: port.and_then(|p| p.strip_prefix).unwrap_or(true),
+        public,
+    }
+}
+
 /// Names as the API server accepts them: a namespace and a port name are DNS labels, a
 /// workspace name a DNS subdomain. Anything else cannot name a workspace, so is refused before
 /// any lookup.
@@ -611,6 +669,59 @@ mod tests {
         assert_eq!(
             form_value(b"csrf=x%3D&port=http", "csrf").as_deref(),
             Some("x=")
+        );
+    }
+
+    #[test]
+    fn a_kinds_port_may_be_public_a_workspaces_own_only_where_the_gateway_allows() {
+        let workspace =
+            |ports: serde_json::Value, kind_ports: serde_json::Value| -> berth_api::Workspace {
+                let mut ws = serde_json::json!({
+                    "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+                    "metadata": {"name": "web", "namespace": "team"},
+                    "spec": {"image": "x:1", "ports": ports}
+                });
+                if !kind_ports.is_null() {
+                    ws["status"] = serde_json::json!({"resolved": {
+                        "kind": "k",
+                        "image": {"id": "i", "spec": {"image": "x:1", "ports": kind_ports}},
+                        "pod": {"id": "p", "spec": {}}
+                    }});
+                }
+                serde_json::from_value(ws).unwrap()
+            };
+        let own = workspace(
+            serde_json::json!([{"name": "http", "port": 80, "public": true, "stripPrefix": false}]),
+            serde_json::Value::Null,
+        );
+        assert_eq!(
+            port_options(&own, "http", false),
+            PortOptions {
+                strip_prefix: false,
+                public: Public::NotAllowed
+            }
+        );
+        assert_eq!(port_options(&own, "http", true).public, Public::Yes);
+        assert_eq!(
+            port_options(&own, "other", true),
+            PortOptions {
+                strip_prefix: true,
+                public: Public::No
+            }
+        );
+        let kinds = workspace(
+            serde_json::json!([{"name": "own", "port": 81, "public": true}]),
+            serde_json::json!([{"name": "docs", "port": 80, "public": true}, {"name": "own", "port": 82, "public": true}]),
+        );
+        assert_eq!(
+            port_options(&kinds, "docs", false).public,
+            Public::Yes,
+            "the kind's admin published it"
+        );
+        assert_eq!(
+            port_options(&kinds, "own", false).public,
+            Public::NotAllowed,
+            "the workspace's own port of that name wins, and is its author's"
         );
     }
 }

@@ -25,6 +25,11 @@ pub struct GatewayArgs {
     /// How long a browser session lasts (each request is still authorized).
     #[arg(long, default_value = "12h", value_parser = duration, env = "BERTH_GATEWAY_SESSION_TTL")]
     pub session_ttl: Duration,
+    /// Serve a workspace's own ports marked `public: true` to anyone, without a credential
+    /// (a port its WorkspaceKind declares public is served so anyway: the kind's author
+    /// published it).
+    #[arg(long, env = "BERTH_GATEWAY_ALLOW_PUBLIC_PORTS")]
+    pub allow_public_ports: bool,
 }
 
 /// Serves until SIGTERM or Ctrl-C, with the kubeconfig's or the pod's credentials.
@@ -40,6 +45,7 @@ pub async fn run(args: GatewayArgs) -> Result<(), String> {
         review_ttl: args.review_ttl,
         namespace: args.namespace,
         session_ttl: args.session_ttl,
+        allow_public_ports: args.allow_public_ports,
         ..Default::default()
     };
     let gateway = berth_gateway::Gateway::start(client, config).await?;

@@ -849,3 +849,86 @@ async fn a_tcp_tunnel_reaches_the_workspaces_port_for_an_allowed_caller_only() {
         other => panic!("no port ssh: {:?}", other.map(|(_, r)| r.status())),
     }
 }
+
+/// What an admin and a developer see of a port's options: a workspace's own port marked
+/// public stays private (401 saying why) unless the gateway allows public ports; a port its
+/// WorkspaceKind declares public is served to anyone; a port with `stripPrefix: false` gets
+/// the path as the caller sent it.
+#[tokio::test]
+async fn a_public_port_is_served_to_anyone_only_where_allowed_and_a_port_may_keep_its_prefix() {
+    let h = Harness::start().await;
+    let strict = gateway(&h).await;
+    let open = replica(
+        &h,
+        berth_gateway::Config {
+            allow_public_ports: true,
+            ..Default::default()
+        },
+    )
+    .await;
+    h.create(
+        "blog",
+        json!({"image": "devbox:1", "command": ["serve"],
+            "ports": [{"name": "http", "port": 8080, "public": true, "stripPrefix": false}]}),
+    )
+    .await;
+    h.until_phase("blog", Phase::Running).await;
+    let alice = developer(&h, "alice", &["blog"]).await;
+
+    let anonymous = get(strict, "/w/default/blog/http/post/1", &[]).await;
+    assert_eq!(
+        anonymous.status,
+        StatusCode::UNAUTHORIZED,
+        "{}",
+        anonymous.text()
+    );
+    assert!(
+        anonymous.text().contains("Port http of workspace default/blog is marked public, but this gateway serves a workspace's own port to anyone only when it runs with --allow-public-ports"),
+        "{}",
+        anonymous.text()
+    );
+    let signed_in = get(
+        strict,
+        "/w/default/blog/http/post/1",
+        &[("authorization", &format!("Bearer {alice}"))],
+    )
+    .await;
+    assert_eq!(signed_in.status, StatusCode::OK, "{}", signed_in.text());
+    let seen = signed_in.json();
+    assert_eq!(
+        seen["path"], "/w/default/blog/http/post/1",
+        "the prefix is kept"
+    );
+    assert_eq!(seen["headers"].get("x-forwarded-prefix"), None);
+
+    let served = get(open, "/w/default/blog/http/post/1", &[]).await;
+    assert_eq!(served.status, StatusCode::OK, "{}", served.text());
+
+    // A kind's public port: its admin published it.
+    let kinds: kube::Api<berth_api::WorkspaceKind> = kube::Api::all(h.client.clone());
+    kinds
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "berth.dev/v1alpha1", "kind": "WorkspaceKind",
+                "metadata": {"name": "docs"},
+                "spec": {
+                    "spawner": {"displayName": "Docs", "description": "A docs server"},
+                    "options": {
+                        "image": {"default": "v1", "values": [{"id": "v1", "displayName": "v1",
+                            "spec": {"image": "devbox:1", "ports": [{"name": "docs", "port": 8080, "public": true}]}}]},
+                        "pod": {"default": "small", "values": [{"id": "small", "displayName": "Small", "spec": {}}]}
+                    }
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    h.create("handbook", json!({"kind": "docs", "command": ["serve"]}))
+        .await;
+    h.until_phase("handbook", Phase::Running).await;
+    let anyone = get(strict, "/w/default/handbook/docs/", &[]).await;
+    assert_eq!(anyone.status, StatusCode::OK, "{}", anyone.text());
+    assert_eq!(anyone.json()["pod"], "handbook-ws");
+}
