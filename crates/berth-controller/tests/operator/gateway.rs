@@ -932,3 +932,330 @@ async fn a_public_port_is_served_to_anyone_only_where_allowed_and_a_port_may_kee
     assert_eq!(anyone.status, StatusCode::OK, "{}", anyone.text());
     assert_eq!(anyone.json()["pod"], "handbook-ws");
 }
+
+/// Headless Chromium (Debian's `chromium`), driven over the DevTools protocol: a page of its
+/// own, JavaScript evaluated in it.
+struct Browser {
+    child: std::process::Child,
+    _profile: tempfile::TempDir,
+    socket: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    session: String,
+    next_id: u64,
+}
+
+impl Drop for Browser {
+    /// SIGTERM first: Chromium then ends its own helper processes and waits for them.
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        for _ in 0..50 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Browser {
+    /// A browser, or None (said) where Chromium is not installed; CI requires one
+    /// (BERTH_REQUIRE_BROWSER=1).
+    async fn start() -> Option<Browser> {
+        let program = ["chromium", "chromium-browser"].into_iter().find(|p| {
+            std::process::Command::new(p)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+        let Some(program) = program else {
+            if std::env::var("BERTH_REQUIRE_BROWSER").as_deref() == Ok("1") {
+                panic!(
+                    "BERTH_REQUIRE_BROWSER=1 but there is no chromium (apt-get install chromium)"
+                );
+            }
+            eprintln!("skipped: needs chromium (apt-get install chromium)");
+            return None;
+        };
+        let profile = tempfile::tempdir().unwrap();
+        // The flags keep it from reaching out to a network this machine does not have.
+        let child = std::process::Command::new(program)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--remote-debugging-port=0",
+                "about:blank",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let active = profile.path().join("DevToolsActivePort");
+        let endpoint = eventually(
+            Duration::from_secs(60),
+            "chromium's DevTools port",
+            || async {
+                let text = std::fs::read_to_string(&active).ok()?;
+                let mut lines = text.lines();
+                let (port, path) = (lines.next()?, lines.next()?);
+                Some(format!("ws://127.0.0.1:{port}{path}"))
+            },
+        )
+        .await;
+        let (socket, _) = tokio_tungstenite::connect_async(endpoint).await.unwrap();
+        let mut browser = Browser {
+            child,
+            _profile: profile,
+            socket,
+            session: String::new(),
+            next_id: 0,
+        };
+        let target = browser
+            .call("Target.createTarget", json!({"url": "about:blank"}))
+            .await;
+        let attached = browser
+            .call(
+                "Target.attachToTarget",
+                json!({"targetId": target["targetId"], "flatten": true}),
+            )
+            .await;
+        browser.session = attached["sessionId"].as_str().unwrap().to_owned();
+        Some(browser)
+    }
+
+    /// One DevTools command (to the page once attached); its result.
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        match self.send(method, params).await {
+            Ok(result) => result,
+            Err(error) => panic!("{method}: {error}"),
+        }
+    }
+
+    /// One DevTools command; its result, or its error.
+    async fn send(&mut self, method: &str, params: Value) -> Result<Value, Value> {
+        use tokio_tungstenite::tungstenite::Message;
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut command = json!({"id": id, "method": method, "params": params});
+        if !self.session.is_empty() {
+            command["sessionId"] = json!(self.session);
+        }
+        self.socket
+            .send(Message::text(command.to_string()))
+            .await
+            .unwrap();
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(60), self.socket.next())
+                .await
+                .unwrap_or_else(|_| panic!("chromium did not answer {method}"))
+                .expect("chromium's DevTools connection")
+                .unwrap();
+            let Message::Text(text) = message else {
+                continue;
+            };
+            let answer: Value = serde_json::from_str(&text).unwrap();
+            if answer["id"] == json!(id) {
+                return match answer.get("error") {
+                    Some(error) => Err(error.clone()),
+                    None => Ok(answer["result"].clone()),
+                };
+            }
+        }
+    }
+
+    /// The value of a JavaScript expression in the page (a promise is awaited).
+    async fn eval(&mut self, expression: &str) -> Value {
+        let result = self
+            .call(
+                "Runtime.evaluate",
+                json!({"expression": expression, "awaitPromise": true, "returnByValue": true}),
+            )
+            .await;
+        assert!(
+            result.get("exceptionDetails").is_none(),
+            "{expression}: {result}"
+        );
+        result["result"]["value"].clone()
+    }
+
+    async fn navigate(&mut self, url: &str) {
+        self.call("Page.navigate", json!({"url": url})).await;
+    }
+
+    /// Waits until `condition` (JavaScript) is true in the page, as a person looking at it
+    /// (a page that is being replaced is asked again).
+    async fn until(&mut self, what: &str, condition: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let expression = format!("document.readyState === 'complete' && !!({condition})");
+        loop {
+            let answer = self
+                .send(
+                    "Runtime.evaluate",
+                    json!({"expression": expression, "returnByValue": true}),
+                )
+                .await;
+            if answer.is_ok_and(|a| a["result"]["value"] == json!(true)) {
+                return;
+            }
+            if tokio::time::Instant::now() > deadline {
+                let seen = self
+                    .eval("location.href + '\\n' + document.body.innerText")
+                    .await;
+                panic!("timed out waiting for {what}; the page: {seen}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A person in a real browser: the login link `berth open` prints signs them in (a cookie
+/// scripts cannot read), the workspace's page and a WebSocket from it work, a stopped
+/// workspace's page has a start button that starts it, and once their Role is gone the page
+/// names the permission they lack.
+#[tokio::test]
+async fn a_person_in_a_browser_signs_in_uses_starts_and_is_shut_out() {
+    let Some(mut browser) = Browser::start().await else {
+        return;
+    };
+    let h = Harness::start().await;
+    let gateway = gateway(&h).await;
+    served(&h, "web").await;
+    h.create(
+        "stuck",
+        json!({"image": "registry.invalid/devbox:9.9", "ports": [{"name": "http", "port": 8080}]}),
+    )
+    .await;
+    let alice = developer(&h, "alice", &["web", "stuck"]).await;
+    berth_sim::manifests::create_all(
+        &h.client,
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: alice-start, namespace: default}
+rules: [{apiGroups: [berth.dev], resources: [workspaces], resourceNames: [web], verbs: [patch]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: alice-start, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: alice-start}
+subjects: [{kind: ServiceAccount, name: alice, namespace: default}]
+",
+        "default",
+    )
+    .await
+    .unwrap();
+    let login_link = |workspace: &'static str| {
+        let alice = alice.clone();
+        async move {
+            let minted = call(
+                gateway,
+                http::Method::POST,
+                &format!("/.berth/tickets?namespace=default&workspace={workspace}&port=http"),
+                &[("authorization", &format!("Bearer {alice}"))],
+                "",
+            )
+            .await;
+            minted.json()["path"].as_str().unwrap().to_owned()
+        }
+    };
+
+    // A workspace that cannot start explains itself, in the kubelet's words, and says it
+    // will look again.
+    let link = login_link("stuck").await;
+    browser.navigate(&format!("http://{gateway}{link}")).await;
+    browser
+        .until(
+            "the stuck workspace's page",
+            "document.querySelector('h1') && document.querySelector('h1').innerText.startsWith('Workspace default/stuck is not ready') && document.body.innerText.includes('registry.invalid/devbox:9.9')",
+        )
+        .await;
+    assert_eq!(
+        browser
+            .eval("document.querySelector('meta[http-equiv=refresh]').content")
+            .await,
+        json!("2")
+    );
+
+    let link = login_link("web").await;
+
+    browser.navigate(&format!("http://{gateway}{link}")).await;
+    browser
+        .until("the workspace's page", "location.pathname === '/w/default/web/http/' && document.body.innerText.includes('web-ws')")
+        .await;
+    assert_eq!(browser.eval("document.cookie").await, json!(""), "HttpOnly");
+    let echoed = browser
+        .eval(
+            "new Promise((done, failed) => {
+                const socket = new WebSocket('ws://' + location.host + '/w/default/web/http/echo');
+                socket.onopen = () => socket.send('hello from chromium');
+                socket.onmessage = (m) => { done(m.data); socket.close(); };
+                socket.onerror = () => failed('the WebSocket failed');
+            })",
+        )
+        .await;
+    assert_eq!(echoed, json!("hello from chromium"));
+
+    h.patch_spec("web", json!({"paused": true})).await;
+    h.until_phase("web", Phase::Stopped).await;
+    browser
+        .navigate(&format!("http://{gateway}/w/default/web/http/"))
+        .await;
+    browser
+        .until("the stopped page's start button", "document.querySelector('h1').innerText.includes('is stopped') && document.querySelector('form button')")
+        .await;
+    browser
+        .eval("document.querySelector('form button').click(); true")
+        .await;
+    h.until_phase("web", Phase::Running).await;
+    // The page reloads itself while the workspace starts, then is the workspace's.
+    browser
+        .until(
+            "the workspace's page again",
+            "document.body.innerText.includes('web-ws')",
+        )
+        .await;
+
+    let bindings: kube::Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+        kube::Api::namespaced(h.client.clone(), "default");
+    bindings
+        .delete("alice-workspaces", &Default::default())
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "alice's review to expire",
+        || async {
+            let answer = get(
+                gateway,
+                "/w/default/web/http/",
+                &[("authorization", &format!("Bearer {alice}"))],
+            )
+            .await;
+            (answer.status == StatusCode::FORBIDDEN).then_some(())
+        },
+    )
+    .await;
+    browser
+        .navigate(&format!("http://{gateway}/w/default/web/http/"))
+        .await;
+    browser
+        .until("the 403 page", "document.querySelector('h1') && document.querySelector('h1').innerText === 'Not allowed into this workspace'")
+        .await;
+    let text = browser.eval("document.body.innerText").await;
+    assert!(
+        text.as_str()
+            .unwrap()
+            .contains("resources [\"workspaces/connect\"]"),
+        "{text}"
+    );
+}
