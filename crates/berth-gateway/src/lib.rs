@@ -961,7 +961,9 @@ fn status_page(workspace: &Workspace, start: Option<Form>) -> Page {
     page.line(format!("Phase: {phase}"))
 }
 
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+/// An error with each of its causes, as `a: b: c` (hyper's and reqwest's outer errors say
+/// little on their own).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {

@@ -194,7 +194,12 @@ pub async fn open(args: OpenArgs) -> Result<(), String> {
         .bearer_auth(token)
         .send()
         .await
-        .map_err(|e| format!("cannot reach the gateway at {gateway}: {}", error_chain(&e)))?;
+        .map_err(|e| {
+            format!(
+                "cannot reach the gateway at {gateway}: {}",
+                berth_gateway::error_chain(&e)
+            )
+        })?;
     let status = answer.status();
     let body = answer
         .text()
@@ -419,17 +424,6 @@ fn open_browser(link: &str) {
             return;
         }
     }
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// One row of `berth ls`.

@@ -98,6 +98,26 @@ subjects:
         .unwrap()
 }
 
+/// Lets developer `name` patch workspace `workspace` (what the start button needs).
+async fn may_patch(h: &Harness, name: &str, workspace: &str) {
+    let manifest = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: {name}-patch, namespace: default}}
+rules: [{{apiGroups: [berth.dev], resources: [workspaces], resourceNames: [{workspace}], verbs: [patch]}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: {name}-patch, namespace: default}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {name}-patch}}
+subjects: [{{kind: ServiceAccount, name: {name}, namespace: default}}]
+"
+    );
+    berth_sim::manifests::create_all(&h.client, &manifest, "default")
+        .await
+        .unwrap();
+}
+
 struct Answer {
     status: StatusCode,
     headers: HeaderMap,
@@ -741,23 +761,7 @@ async fn a_login_link_works_once_and_its_session_is_authorized_on_every_request(
     );
     let still = h.workspaces().get("web").await.unwrap();
     assert!(still.spec.paused, "nothing changed");
-    berth_sim::manifests::create_all(
-        &h.client,
-        "apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: alice-start, namespace: default}
-rules: [{apiGroups: [berth.dev], resources: [workspaces], resourceNames: [web], verbs: [patch]}]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: alice-start, namespace: default}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: alice-start}
-subjects: [{kind: ServiceAccount, name: alice, namespace: default}]
-",
-        "default",
-    )
-    .await
-    .unwrap();
+    may_patch(&h, "alice", "web").await;
     let started = eventually(
         Duration::from_secs(30),
         "the start button to work once alice may patch web",
@@ -1137,23 +1141,7 @@ async fn a_person_in_a_browser_signs_in_uses_starts_and_is_shut_out() {
     )
     .await;
     let alice = developer(&h, "alice", &["web", "stuck"]).await;
-    berth_sim::manifests::create_all(
-        &h.client,
-        "apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: alice-start, namespace: default}
-rules: [{apiGroups: [berth.dev], resources: [workspaces], resourceNames: [web], verbs: [patch]}]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: alice-start, namespace: default}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: alice-start}
-subjects: [{kind: ServiceAccount, name: alice, namespace: default}]
-",
-        "default",
-    )
-    .await
-    .unwrap();
+    may_patch(&h, "alice", "web").await;
     let login_link = |workspace: &'static str| {
         let alice = alice.clone();
         async move {
