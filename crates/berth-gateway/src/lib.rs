@@ -40,7 +40,13 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
 };
 use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, Client};
+use kube::{
+    Api, Client,
+    runtime::{
+        reflector::{self, ObjectRef, Store, reflector},
+        watcher::{self, watcher},
+    },
+};
 
 use access::{Access, Refusal, User};
 use pages::{Form, Page};
@@ -93,6 +99,50 @@ struct Inner {
     access: Access,
     upstream: HttpClient<HttpConnector, Body>,
     key: Key,
+    /// Every workspace, and the pods Berth manages, as watches keep them.
+    workspaces: Store<Workspace>,
+    pods: Store<Pod>,
+    watches: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for watch in &self.watches {
+            watch.abort();
+        }
+    }
+}
+
+/// A cache of `api`'s objects kept by a watch (their managed fields dropped), and its task;
+/// a watch that fails says so and tries again with backoff.
+fn cache<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    let (reader, writer) = reflector::store();
+    let stream = reflector(
+        writer,
+        watcher(api, config)
+            .default_backoff()
+            .modify(|object| object.meta_mut().managed_fields = None),
+    );
+    let task = tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            if let Err(e) = event {
+                tracing::warn!(resource = %K::plural(&()), error = %e, "the watch failed; trying again");
+            }
+        }
+    });
+    (reader, task)
 }
 
 impl Gateway {
@@ -116,7 +166,22 @@ impl Gateway {
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(IDLE_CONNECTION)
             .build(connector);
+        let (workspaces, watch_workspaces) = cache(
+            Api::<Workspace>::all(client.clone()),
+            watcher::Config::default(),
+        );
+        let (pods, watch_pods) = cache(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().labels(&format!(
+                "{}={}",
+                berth_api::labels::MANAGED_BY,
+                berth_api::labels::MANAGED_BY_VALUE
+            )),
+        );
         Gateway(Arc::new(Inner {
+            workspaces,
+            pods,
+            watches: vec![watch_workspaces, watch_pods],
             access: Access::new(client.clone(), config.review_ttl),
             client,
             config,
@@ -777,11 +842,17 @@ fn unavailable(e: kube::Error) -> Page {
 }
 
 impl Gateway {
-    /// The workspace `target` names, if there is one.
-    async fn workspace(&self, target: &Target) -> Result<Option<Workspace>, Page> {
+    /// The workspace `target` names, if there is one: as the watch last saw it, else as the
+    /// API server says now.
+    async fn workspace(&self, target: &Target) -> Result<Option<Arc<Workspace>>, Page> {
+        let key = ObjectRef::new(&target.workspace).within(&target.namespace);
+        if let Some(cached) = self.0.workspaces.get(&key) {
+            return Ok(Some(cached));
+        }
         Api::<Workspace>::namespaced(self.0.client.clone(), &target.namespace)
             .get_opt(&target.workspace)
             .await
+            .map(|w| w.map(Arc::new))
             .map_err(unavailable)
     }
 
@@ -792,58 +863,47 @@ impl Gateway {
     async fn backend(
         &self,
         target: &Target,
-        workspace: Option<Workspace>,
+        workspace: Option<Arc<Workspace>>,
         start: Option<Form>,
     ) -> Result<SocketAddr, Page> {
-        let workspace = workspace.ok_or_else(|| {
-            Page::new(StatusCode::NOT_FOUND, "No such workspace").line(format!(
-                "There is no workspace {} in namespace {}.",
-                target.workspace, target.namespace
-            ))
-        })?;
+        // The watches' caches first: the common case asks the API server nothing.
+        if let Some(cached) = &workspace
+            && let Some(pod) = self.cached_pod(target)
+            && running(cached)
+            && serves(&pod, cached)
+            && let Ok(address) = address(&pod, target, || status_page(cached, None))
+        {
+            return Ok(address);
+        }
+        // Otherwise as the API server says now: a cache a moment behind never turns a
+        // starting workspace away.
+        let workspace = Api::<Workspace>::namespaced(self.0.client.clone(), &target.namespace)
+            .get_opt(&target.workspace)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| {
+                Page::new(StatusCode::NOT_FOUND, "No such workspace").line(format!(
+                    "There is no workspace {} in namespace {}.",
+                    target.workspace, target.namespace
+                ))
+            })?;
         let pod = Api::<Pod>::namespaced(self.0.client.clone(), &target.namespace)
             .get_opt(&berth_core::pod::pod_name(&target.workspace))
             .await
             .map_err(unavailable)?
             .filter(|pod| serves(pod, &workspace));
-        let running = workspace.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running);
-        let (Some(pod), true) = (pod, running) else {
+        let (Some(pod), true) = (pod, running(&workspace)) else {
             return Err(status_page(&workspace, start));
         };
-        let declared: Vec<(String, i32)> = pod
-            .spec
-            .iter()
-            .flat_map(|s| &s.containers)
-            .flat_map(|c| c.ports.iter().flatten())
-            .filter_map(|p| Some((p.name.clone()?, p.container_port)))
-            .collect();
-        let Some(port) = declared
-            .iter()
-            .find(|(name, _)| *name == target.port)
-            .and_then(|(_, p)| u16::try_from(*p).ok())
-        else {
-            let names: Vec<&str> = declared.iter().map(|(n, _)| n.as_str()).collect();
-            return Err(
-                Page::new(StatusCode::NOT_FOUND, "No such port").line(format!(
-                    "Workspace {}/{} has no port named {:?}; its ports: {}.",
-                    target.namespace,
-                    target.workspace,
-                    target.port,
-                    if names.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        names.join(", ")
-                    }
-                )),
-            );
-        };
-        let ip: IpAddr = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.pod_ip.as_deref())
-            .and_then(|ip| ip.parse().ok())
-            .ok_or_else(|| status_page(&workspace, start))?;
-        Ok(SocketAddr::new(ip, port))
+        address(&pod, target, || status_page(&workspace, start))
+    }
+
+    /// The pod of `target`'s workspace as the watch last saw it.
+    fn cached_pod(&self, target: &Target) -> Option<Arc<Pod>> {
+        self.0.pods.get(
+            &ObjectRef::new(&berth_core::pod::pod_name(&target.workspace))
+                .within(&target.namespace),
+        )
     }
 
     /// Forwards the request to `backend` and streams the answer back; a WebSocket (or any
@@ -901,6 +961,50 @@ impl Gateway {
         parts.headers = headers;
         Response::from_parts(parts, Body::new(body))
     }
+}
+
+/// Whether the workspace's phase is Running.
+fn running(workspace: &Workspace) -> bool {
+    workspace.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running)
+}
+
+/// The address of `target`'s port on `pod`: a port its containers declare by that name, at
+/// the pod's IP (without one, `no_ip`'s page).
+fn address(pod: &Pod, target: &Target, no_ip: impl FnOnce() -> Page) -> Result<SocketAddr, Page> {
+    let declared: Vec<(String, i32)> = pod
+        .spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| Some((p.name.clone()?, p.container_port)))
+        .collect();
+    let Some(port) = declared
+        .iter()
+        .find(|(name, _)| *name == target.port)
+        .and_then(|(_, p)| u16::try_from(*p).ok())
+    else {
+        let names: Vec<&str> = declared.iter().map(|(n, _)| n.as_str()).collect();
+        return Err(
+            Page::new(StatusCode::NOT_FOUND, "No such port").line(format!(
+                "Workspace {}/{} has no port named {:?}; its ports: {}.",
+                target.namespace,
+                target.workspace,
+                target.port,
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            )),
+        );
+    };
+    let ip: IpAddr = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .and_then(|ip| ip.parse().ok())
+        .ok_or_else(no_ip)?;
+    Ok(SocketAddr::new(ip, port))
 }
 
 /// Whether `pod` is the one the gateway may reach for `workspace`: Berth's for that

@@ -293,6 +293,44 @@ async fn only_a_caller_allowed_on_the_workspace_reaches_it_and_their_credentials
         "the caller cannot forge it"
     );
 
+    // Served from the gateway's watches: once they show the ready pod, a request asks the
+    // API server nothing (the reviews are remembered for their TTL).
+    let gets = || {
+        h.sim.count_requests(|k| {
+            k.user == "system:serviceaccount:berth-system:berth-gateway" && k.verb == "get"
+        })
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the gateway's watches to show web's ready pod",
+        || async {
+            let before = gets();
+            let again = get(
+                gateway,
+                "/w/default/web/http/",
+                &[("authorization", &bearer(&alice))],
+            )
+            .await;
+            (again.status == StatusCode::OK && gets() == before).then_some(())
+        },
+    )
+    .await;
+    let before = gets();
+    for _ in 0..20 {
+        let again = get(
+            gateway,
+            "/w/default/web/http/",
+            &[("authorization", &bearer(&alice))],
+        )
+        .await;
+        assert_eq!(again.status, StatusCode::OK);
+    }
+    assert_eq!(
+        gets(),
+        before,
+        "no GET of the workspace or its pod per request"
+    );
+
     let redirect = get(gateway, "/w/default/web/http?x=1", &[]).await;
     assert_eq!(redirect.status, StatusCode::PERMANENT_REDIRECT);
     assert_eq!(
