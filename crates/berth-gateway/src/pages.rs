@@ -16,8 +16,8 @@ pub struct Page {
     pub lines: Vec<String>,
     /// Seconds after which a browser loads the page again (a starting workspace).
     pub refresh: Option<u32>,
-    /// A button for a browser (the start button).
-    pub form: Option<Form>,
+    /// A button for a browser (the start button); boxed, as pages travel in `Err`s.
+    pub form: Option<Box<Form>>,
 }
 
 /// A form of one button that posts hidden fields.
@@ -40,7 +40,7 @@ impl Page {
     }
 
     pub fn form(mut self, form: Option<Form>) -> Self {
-        self.form = form;
+        self.form = form.map(Box::new);
         self
     }
 

@@ -1035,6 +1035,8 @@ impl Browser {
                 "--disable-background-networking",
                 "--disable-component-update",
                 "--disable-sync",
+                // A container's /dev/shm is often too small for Chromium's shared memory.
+                "--disable-dev-shm-usage",
                 "--remote-debugging-port=0",
                 "about:blank",
             ])
