@@ -160,25 +160,21 @@ pub async fn open(args: OpenArgs) -> Result<(), String> {
     let gateway = gateway_address(args.gateway.as_deref())?;
     let gateway = gateway.as_str();
     let (config, namespace) = load(&args.target).await?;
-    let port = match &args.port {
-        Some(port) => port.clone(),
-        None => {
-            let client = Client::try_from(config.clone())
-                .map_err(|e| format!("cannot build a client: {e}"))?;
-            let ws = Api::<Workspace>::namespaced(client, &namespace)
-                .get(&args.name)
-                .await
-                .map_err(|e| format!("cannot read workspace {}: {}", args.name, api_words(&e)))?;
-            ws.spec
-                .ports
-                .first()
-                .map(|p| p.name.clone())
-                .ok_or_else(|| {
-                    format!(
-                        "workspace {namespace}/{} declares no port to open",
-                        args.name
-                    )
-                })?
+    let client =
+        Client::try_from(config.clone()).map_err(|e| format!("cannot build a client: {e}"))?;
+    let read = Api::<Workspace>::namespaced(client, &namespace)
+        .get(&args.name)
+        .await;
+    let port = match (read, &args.port) {
+        (Ok(ws), wanted) => port_of(&ws, wanted.as_deref())?.name,
+        // Allowed to connect but not to read the workspace: the gateway checks the port.
+        (Err(kube::Error::Api(status)), Some(port)) if status.code == 403 => port.clone(),
+        (Err(e), _) => {
+            return Err(format!(
+                "cannot read workspace {}: {}",
+                args.name,
+                api_words(&e)
+            ));
         }
     };
     let token = bearer_token(&config).await?;
@@ -225,6 +221,39 @@ pub async fn open(args: OpenArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The port of `ws` named `wanted` (or with that number; None: its first), among the ports in
+/// force: its own and its kind's, as the operator recorded the kind (`status.resolved`).
+fn port_of(ws: &Workspace, wanted: Option<&str>) -> Result<berth_api::WorkspacePort, String> {
+    let ports = match ws.status.as_ref().and_then(|s| s.resolved.as_ref()) {
+        Some(record) => record.apply(&ws.spec).ports,
+        None => ws.spec.ports.clone(),
+    };
+    let name = format!("{}/{}", ws.namespace().unwrap_or_default(), ws.name_any());
+    let found = match wanted {
+        Some(wanted) => ports
+            .iter()
+            .find(|p| p.name == wanted || p.port.to_string() == wanted),
+        None => ports.first(),
+    };
+    found.cloned().ok_or_else(|| {
+        let names: Vec<String> = ports
+            .iter()
+            .map(|p| format!("{} ({})", p.name, p.port))
+            .collect();
+        match wanted {
+            Some(wanted) => format!(
+                "workspace {name} has no port {wanted}; its ports: {}",
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            ),
+            None => format!("workspace {name} declares no port to open"),
+        }
+    })
+}
+
 /// The gateway's address from `--gateway` or `BERTH_GATEWAY`, without a trailing slash.
 fn gateway_address(given: Option<&str>) -> Result<String, String> {
     let gateway = given.ok_or(
@@ -260,28 +289,7 @@ pub async fn port_forward(args: PortForwardArgs) -> Result<(), String> {
         .get(&args.name)
         .await
         .map_err(|e| format!("cannot read workspace {}: {}", args.name, api_words(&e)))?;
-    let port = ws
-        .spec
-        .ports
-        .iter()
-        .find(|p| p.name == wanted || p.port.to_string() == wanted)
-        .ok_or_else(|| {
-            let names: Vec<String> = ws
-                .spec
-                .ports
-                .iter()
-                .map(|p| format!("{} ({})", p.name, p.port))
-                .collect();
-            format!(
-                "workspace {namespace}/{} has no port {wanted}; its ports: {}",
-                args.name,
-                if names.is_empty() {
-                    "none".to_owned()
-                } else {
-                    names.join(", ")
-                }
-            )
-        })?;
+    let port = port_of(&ws, Some(&wanted))?;
     let local = local.unwrap_or_else(|| u16::try_from(port.port).unwrap_or(0));
     let websocket = format!(
         "{}{}{namespace}/{}/{}/tcp/{}",
@@ -597,6 +605,32 @@ mod tests {
         assert!(
             table(["NAMESPACE", "NAME", "PHASE", "MESSAGE"], &rows, true)
                 .starts_with("NAMESPACE   NAME")
+        );
+    }
+
+    #[test]
+    fn a_port_is_found_among_the_workspaces_own_and_its_kinds_by_name_or_number() {
+        let ws: Workspace = serde_json::from_value(json!({
+            "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+            "metadata": {"name": "py", "namespace": "team"},
+            "spec": {"kind": "python", "ports": [{"name": "api", "port": 9000}]},
+            "status": {"resolved": {
+                "kind": "python",
+                "image": {"id": "py311", "spec": {"image": "devbox:1", "ports": [{"name": "http", "port": 8080}]}},
+                "pod": {"id": "small", "spec": {}}
+            }}
+        }))
+        .unwrap();
+        assert_eq!(
+            port_of(&ws, None).unwrap().name,
+            "http",
+            "the kind's come first"
+        );
+        assert_eq!(port_of(&ws, Some("9000")).unwrap().name, "api");
+        assert_eq!(port_of(&ws, Some("http")).unwrap().port, 8080);
+        assert_eq!(
+            port_of(&ws, Some("ssh")).unwrap_err(),
+            "workspace team/py has no port ssh; its ports: http (8080), api (9000)"
         );
     }
 }

@@ -1094,6 +1094,17 @@ fn dev_is_a_place_to_use_a_workspace() {
         String::from_utf8_lossy(&unknown.stderr).trim_end(),
         "berth port-forward: workspace default/web has no port 9999; its ports: http (8080)"
     );
+    let no_port = Command::new(BERTH)
+        .args(["open", "web", "nope", "--print", "--gateway"])
+        .arg(format!("http://{gateway}"))
+        .arg("--kubeconfig")
+        .arg(dir.path().join("berth-dev.kubeconfig"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&no_port.stderr).trim_end(),
+        "berth open: workspace default/web has no port nope; its ports: http (8080)"
+    );
     let nowhere = Command::new(BERTH)
         .args(["open", "web", "--print", "--kubeconfig"])
         .arg(dir.path().join("berth-dev.kubeconfig"))
