@@ -262,10 +262,7 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
             return response;
         }
     };
-    let workspace = match gateway.workspace(&target).await {
-        Ok(workspace) => workspace,
-        Err(page) => return page.answer(&headers),
-    };
+    let workspace = gateway.cached_workspace(&target);
     let options = workspace
         .as_ref()
         .map(|ws| route::port_options(ws, &target.port, gateway.0.config.allow_public_ports));
@@ -328,9 +325,6 @@ fn now() -> i64 {
 pub struct Ticket {
     /// The link's path on this gateway (`/w/<ns>/<ws>/.berth/login?ticket=...`).
     pub path: String,
-    /// With a base domain: the same link on the workspace port's own host.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
     /// When it stops working (RFC 3339); it works once.
     pub expires_at: String,
 }
@@ -450,12 +444,6 @@ impl Gateway {
             route::OWN
         );
         let ticket = Ticket {
-            host: self.0.config.base_domain.as_ref().map(|d| {
-                format!(
-                    "{port}--{workspace}--{namespace}.{}",
-                    d.trim_start_matches('.')
-                )
-            }),
             path: login,
             expires_at: jiff::Timestamp::from_second(claims.expires)
                 .map(|t| t.to_string())
@@ -692,10 +680,7 @@ impl Gateway {
         if let Err(refused) = self.caller(&headers, &target).await {
             return refused;
         }
-        let workspace = match self.workspace(&target).await {
-            Ok(workspace) => workspace,
-            Err(page) => return page.answer(&headers),
-        };
+        let workspace = self.cached_workspace(&target);
         let backend = match self.backend(&target, workspace, None).await {
             Ok(backend) => backend,
             Err(page) => return page.answer(&headers),
@@ -842,18 +827,13 @@ fn unavailable(e: kube::Error) -> Page {
 }
 
 impl Gateway {
-    /// The workspace `target` names, if there is one: as the watch last saw it, else as the
-    /// API server says now.
-    async fn workspace(&self, target: &Target) -> Result<Option<Arc<Workspace>>, Page> {
-        let key = ObjectRef::new(&target.workspace).within(&target.namespace);
-        if let Some(cached) = self.0.workspaces.get(&key) {
-            return Ok(Some(cached));
-        }
-        Api::<Workspace>::namespaced(self.0.client.clone(), &target.namespace)
-            .get_opt(&target.workspace)
-            .await
-            .map(|w| w.map(Arc::new))
-            .map_err(unavailable)
+    /// The workspace `target` names as the watch last saw it. Only the cache: what is read
+    /// before a caller is authenticated must cost the API server nothing (`backend` reads the
+    /// API itself when the cache does not show a ready pod).
+    fn cached_workspace(&self, target: &Target) -> Option<Arc<Workspace>> {
+        self.0
+            .workspaces
+            .get(&ObjectRef::new(&target.workspace).within(&target.namespace))
     }
 
     /// The address of the workspace's port: its pod must be the one Berth owns for it (its

@@ -58,8 +58,9 @@ enum Command {
     PortForward(workspaces::PortForwardArgs),
     /// Serve workspaces' ports to the people allowed into them: HTTP and WebSocket at
     /// /w/<namespace>/<workspace>/<port>/, for a caller whose bearer token the API server
-    /// accepts (TokenReview) and who may `create` `workspaces/connect` on that workspace
-    /// (SubjectAccessReview). Needs the RBAC of `deploy/gateway/`.
+    /// accepts (TokenReview), or whose browser session a `berth open` link began, and who may
+    /// `create` `workspaces/connect` on that workspace (SubjectAccessReview); a port marked
+    /// public to anyone. Needs the RBAC of `deploy/gateway/`.
     Gateway(gateway::GatewayArgs),
     /// Copy this binary to PATH (executable): how the init container puts the agent into a
     /// workspace pod, since the image has no shell or `cp`.

@@ -994,13 +994,18 @@ fn dev_is_a_place_to_use_a_workspace() {
     );
     // berth open: a one-time login link for the kubeconfig's user (web's first port), which
     // a browser exchanges for a session cookie, once.
-    let opened = Command::new(BERTH)
-        .args(["open", "web", "--print", "--gateway"])
-        .arg(format!("http://{gateway}/"))
-        .arg("--kubeconfig")
-        .arg(dir.path().join("berth-dev.kubeconfig"))
-        .output()
-        .unwrap();
+    // A developer's subcommand through berth dev's gateway, as its kubeconfig's user.
+    let via_gateway = |args: &[&str]| {
+        Command::new(BERTH)
+            .args(args)
+            .arg("--gateway")
+            .arg(format!("http://{gateway}/"))
+            .arg("--kubeconfig")
+            .arg(dir.path().join("berth-dev.kubeconfig"))
+            .output()
+            .unwrap()
+    };
+    let opened = via_gateway(&["open", "web", "--print"]);
     assert!(
         opened.status.success(),
         "{}",
@@ -1083,24 +1088,12 @@ fn dev_is_a_place_to_use_a_workspace() {
     }
     let _ = forward.kill();
     let _ = forward.wait();
-    let unknown = Command::new(BERTH)
-        .args(["port-forward", "web", "9999", "--gateway"])
-        .arg(format!("http://{gateway}"))
-        .arg("--kubeconfig")
-        .arg(dir.path().join("berth-dev.kubeconfig"))
-        .output()
-        .unwrap();
+    let unknown = via_gateway(&["port-forward", "web", "9999"]);
     assert_eq!(
         String::from_utf8_lossy(&unknown.stderr).trim_end(),
         "berth port-forward: workspace default/web has no port 9999; its ports: http (8080)"
     );
-    let no_port = Command::new(BERTH)
-        .args(["open", "web", "nope", "--print", "--gateway"])
-        .arg(format!("http://{gateway}"))
-        .arg("--kubeconfig")
-        .arg(dir.path().join("berth-dev.kubeconfig"))
-        .output()
-        .unwrap();
+    let no_port = via_gateway(&["open", "web", "nope", "--print"]);
     assert_eq!(
         String::from_utf8_lossy(&no_port.stderr).trim_end(),
         "berth open: workspace default/web has no port nope; its ports: http (8080)"

@@ -330,6 +330,16 @@ async fn only_a_caller_allowed_on_the_workspace_reaches_it_and_their_credentials
         before,
         "no GET of the workspace or its pod per request"
     );
+    // Nor does a caller nobody has vouched for, whatever name they try.
+    for name in ["web", "no-such-workspace"] {
+        let anonymous = get(gateway, &format!("/w/default/{name}/http/"), &[]).await;
+        assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(
+        gets(),
+        before,
+        "an anonymous caller makes the gateway read nothing"
+    );
 
     let redirect = get(gateway, "/w/default/web/http?x=1", &[]).await;
     assert_eq!(redirect.status, StatusCode::PERMANENT_REDIRECT);
@@ -917,7 +927,17 @@ async fn a_public_port_is_served_to_anyone_only_where_allowed_and_a_port_may_kee
     h.until_phase("blog", Phase::Running).await;
     let alice = developer(&h, "alice", &["blog"]).await;
 
-    let anonymous = get(strict, "/w/default/blog/http/post/1", &[]).await;
+    // What a caller meets before signing in comes from the gateway's watch alone: wait for it
+    // to show blog.
+    let anonymous = eventually(
+        Duration::from_secs(30),
+        "the gateway's watch to show blog",
+        || async {
+            let answer = get(strict, "/w/default/blog/http/post/1", &[]).await;
+            answer.text().contains("marked public").then_some(answer)
+        },
+    )
+    .await;
     assert_eq!(
         anonymous.status,
         StatusCode::UNAUTHORIZED,
@@ -943,7 +963,15 @@ async fn a_public_port_is_served_to_anyone_only_where_allowed_and_a_port_may_kee
     );
     assert_eq!(seen["headers"].get("x-forwarded-prefix"), None);
 
-    let served = get(open, "/w/default/blog/http/post/1", &[]).await;
+    let served = eventually(
+        Duration::from_secs(30),
+        "the open gateway's watch to show blog",
+        || async {
+            let answer = get(open, "/w/default/blog/http/post/1", &[]).await;
+            (answer.status != StatusCode::UNAUTHORIZED).then_some(answer)
+        },
+    )
+    .await;
     assert_eq!(served.status, StatusCode::OK, "{}", served.text());
 
     // A kind's public port: its admin published it.
@@ -970,7 +998,15 @@ async fn a_public_port_is_served_to_anyone_only_where_allowed_and_a_port_may_kee
     h.create("handbook", json!({"kind": "docs", "command": ["serve"]}))
         .await;
     h.until_phase("handbook", Phase::Running).await;
-    let anyone = get(strict, "/w/default/handbook/docs/", &[]).await;
+    let anyone = eventually(
+        Duration::from_secs(30),
+        "the gateway's watch to show handbook",
+        || async {
+            let answer = get(strict, "/w/default/handbook/docs/", &[]).await;
+            (answer.status != StatusCode::UNAUTHORIZED).then_some(answer)
+        },
+    )
+    .await;
     assert_eq!(anyone.status, StatusCode::OK, "{}", anyone.text());
     assert_eq!(anyone.json()["pod"], "handbook-ws");
 }
