@@ -1,6 +1,8 @@
 //! What the workspace is doing, measured in the pod, for idle culling: an established TCP
 //! connection to one of its declared ports (from `/proc/net/tcp*` of the pod's network
-//! namespace), CPU used by the supervised processes above a threshold, and `Heartbeat` calls.
+//! namespace), CPU used by the supervised processes above a threshold, `Heartbeat` calls, and
+//! shells open through the `Shell` RPC (an open shell counts at every sample, as an open
+//! connection does).
 //! `GetActivity` reports the latest of them; until one happens, the agent's own start.
 
 use std::{
@@ -24,6 +26,8 @@ pub enum Signal {
     Cpu,
     /// Someone called `Heartbeat`.
     Heartbeat,
+    /// A shell was open.
+    Shell,
 }
 
 impl Signal {
@@ -34,6 +38,7 @@ impl Signal {
             Signal::Connection => "Connection",
             Signal::Cpu => "Cpu",
             Signal::Heartbeat => "Heartbeat",
+            Signal::Shell => "Shell",
         }
     }
 }
@@ -91,6 +96,33 @@ pub struct Activity {
     /// The supervised command's process, the root of the tree whose CPU counts.
     supervised: Mutex<Option<i32>>,
     cpu: Mutex<Option<CpuSample>>,
+    /// Shells open now, by the user they were opened for.
+    shells: Mutex<HashMap<String, usize>>,
+}
+
+/// An open shell, counted until dropped.
+pub struct ShellOpen {
+    activity: std::sync::Arc<Activity>,
+    user: String,
+}
+
+impl Drop for ShellOpen {
+    fn drop(&mut self) {
+        let mut shells = lock(&self.activity.shells);
+        if let Some(open) = shells.get_mut(&self.user) {
+            *open -= 1;
+            if *open == 0 {
+                shells.remove(&self.user);
+            }
+        }
+    }
+}
+
+fn shell_detail(user: &str) -> String {
+    match user.is_empty() {
+        true => "a shell".to_owned(),
+        false => format!("a shell for {user}"),
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -109,6 +141,35 @@ impl Activity {
             }),
             supervised: Mutex::new(None),
             cpu: Mutex::new(None),
+            shells: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A shell opened for `user`: activity now, and at every sample until the guard is
+    /// dropped.
+    pub fn shell_opened(self: &std::sync::Arc<Self>, user: &str) -> ShellOpen {
+        let user: String = user
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(MAX_SOURCE)
+            .collect();
+        *lock(&self.shells).entry(user.clone()).or_default() += 1;
+        self.record(Signal::Shell, shell_detail(&user));
+        ShellOpen {
+            activity: self.clone(),
+            user,
+        }
+    }
+
+    /// Input typed into a shell of `guard`'s: activity now.
+    pub fn shell_used(&self, guard: &ShellOpen) {
+        self.record(Signal::Shell, shell_detail(&guard.user));
+    }
+
+    fn sample_shells(&self) {
+        let user = lock(&self.shells).keys().next().cloned();
+        if let Some(user) = user {
+            self.record(Signal::Shell, shell_detail(&user));
         }
     }
 
@@ -148,12 +209,14 @@ impl Activity {
     /// The latest activity, with the connections open right now taken into account.
     pub fn latest(&self) -> Seen {
         self.sample_connections();
+        self.sample_shells();
         lock(&self.latest).clone()
     }
 
     /// Samples connections and CPU once.
     pub fn sample(&self) {
         self.sample_connections();
+        self.sample_shells();
         self.sample_cpu();
     }
 

@@ -1,6 +1,7 @@
 //! Who is calling, and may they: the bearer token goes to TokenReview (audience
 //! `berth-agent/<namespace>`, so a token for one namespace's agents opens no other), the user
-//! it names to SubjectAccessReview (`use` on `workspaces/agent` of this workspace).
+//! it names to SubjectAccessReview (`use` on `workspaces/agent` of this workspace; `shell`
+//! for the `Shell` RPC, which the gateway has and the operator does not need).
 //!
 //! Before any review, the token must look like what the operator sends: a service-account
 //! JWT whose (unverified) claims name this agent's audience and have not expired; anything
@@ -42,6 +43,24 @@ pub struct Scope {
     /// The agent's own identity, e.g. `system:serviceaccount:team-a:default`: what must be
     /// bound to `system:auth-delegator`.
     pub service_account: String,
+}
+
+/// What a caller may be allowed to do with the agent (the verb on `workspaces/agent`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    /// Every call but `Shell`: the operator's.
+    Use,
+    /// `Shell`: the gateway's, for people it authorized.
+    Shell,
+}
+
+impl Verb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Use => "use",
+            Verb::Shell => "shell",
+        }
+    }
 }
 
 /// An authenticated, authorized caller.
@@ -266,12 +285,22 @@ impl Authenticator {
         status
     }
 
-    /// Authenticates and authorizes the bearer token from `authorization` metadata, within
-    /// `deadline` (the caller's, if it sent one).
+    /// Authenticates and authorizes the bearer token from `authorization` metadata for `use`,
+    /// within `deadline` (the caller's, if it sent one).
     pub async fn check(
         &self,
         authorization: Option<&str>,
         deadline: Option<Duration>,
+    ) -> Result<Caller, Status> {
+        self.check_verb(authorization, deadline, Verb::Use).await
+    }
+
+    /// As [`Authenticator::check`], for `verb` on `workspaces/agent`.
+    pub async fn check_verb(
+        &self,
+        authorization: Option<&str>,
+        deadline: Option<Duration>,
+        verb: Verb,
     ) -> Result<Caller, Status> {
         let client = match &self.mode {
             Mode::None => {
@@ -289,7 +318,12 @@ impl Authenticator {
             .ok_or_else(|| Status::unauthenticated("request has no bearer token"))?;
         let audience = self.audience();
         screen(token, &audience, jiff::Timestamp::now())?;
-        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let key: [u8; 32] = Sha256::new()
+            .chain_update(verb.as_str())
+            .chain_update([0])
+            .chain_update(token.as_bytes())
+            .finalize()
+            .into();
         if let Some((answer, at)) = self
             .cache
             .lock()
@@ -318,7 +352,7 @@ impl Authenticator {
         // Reviews running now, this one included: the permits taken.
         let running = self.limits.concurrent_reviews.max(1) - self.reviews.available_permits();
         self.peak_in_flight.fetch_max(running, Ordering::Relaxed);
-        let answer = self.review(client, token, &audience, until).await;
+        let answer = self.review(client, token, &audience, verb, until).await;
         // An outage is not an answer about this token.
         if !matches!(answer, Err(ref s) if s.code() == Code::Unavailable) {
             let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -379,6 +413,7 @@ impl Authenticator {
         client: kube::Client,
         token: &str,
         audience: &str,
+        verb: Verb,
         until: tokio::time::Instant,
     ) -> Result<Caller, Status> {
         let reviews: Api<TokenReview> = Api::all(client.clone());
@@ -410,7 +445,7 @@ impl Authenticator {
             "user": caller.username,
             "groups": caller.groups,
             "uid": user.uid,
-            "resourceAttributes": {"namespace": self.scope.namespace, "verb": "use", "group": "berth.dev", "resource": "workspaces", "subresource": "agent", "name": self.scope.workspace}
+            "resourceAttributes": {"namespace": self.scope.namespace, "verb": verb.as_str(), "group": "berth.dev", "resource": "workspaces", "subresource": "agent", "name": self.scope.workspace}
         }}))
         .map_err(|e| Status::internal(e.to_string()))?;
         let decided = self
@@ -430,8 +465,11 @@ impl Authenticator {
             return Err(Status::new(
                 Code::PermissionDenied,
                 format!(
-                    "User \"{}\" cannot use workspaces/agent \"{}\" in API group \"berth.dev\" in the namespace \"{}\"{why}",
-                    caller.username, self.scope.workspace, self.scope.namespace
+                    "User \"{}\" cannot {} workspaces/agent \"{}\" in API group \"berth.dev\" in the namespace \"{}\"{why}",
+                    caller.username,
+                    verb.as_str(),
+                    self.scope.workspace,
+                    self.scope.namespace
                 ),
             ));
         }

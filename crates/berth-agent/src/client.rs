@@ -1,5 +1,17 @@
-//! The client the operator uses: `WhoAmI` and `GetActivity` with a bearer token (and
-//! `Heartbeat`, which IDEs and tests call).
+//! The client the operator and the gateway use: `WhoAmI`, `GetActivity` and `GetContent` with
+//! a bearer token (and `Heartbeat`, which IDEs and tests call), `Shell` (the gateway's), and
+//! [`AgentTokens`], the caller's own tokens for agents from the TokenRequest API.
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::{
+    authentication::v1::{TokenRequest, TokenRequestSpec},
+    core::v1::ServiceAccount,
+};
+use kube::{Api, api::PostParams};
 
 use tonic::{
     Request, Status,
@@ -9,7 +21,8 @@ use tonic::{
 
 use crate::proto::{
     GetActivityRequest, GetActivityResponse, GetContentRequest, GetContentResponse,
-    HeartbeatRequest, WhoAmIRequest, WhoAmIResponse, agent_client::AgentClient,
+    HeartbeatRequest, ShellInput, ShellOutput, WhoAmIRequest, WhoAmIResponse,
+    agent_client::AgentClient,
 };
 
 /// Why a WhoAmI call failed, as the operator reports it.
@@ -88,6 +101,116 @@ pub async fn heartbeat(
     answer(address, client.heartbeat(request).await).map(|_| ())
 }
 
+/// Opens a shell on the agent at `address` as the bearer of `token`: `inputs` go to it (its
+/// start first), its outputs come back until its exit code. `timeout` bounds connecting and
+/// the agent's checks, not the shell.
+pub async fn shell(
+    address: &str,
+    token: &str,
+    timeout: std::time::Duration,
+    tls: Option<&ClientTls>,
+    inputs: impl tokio_stream::Stream<Item = ShellInput> + Send + 'static,
+) -> Result<tonic::Streaming<ShellOutput>, CallError> {
+    let mut client = connect_for(address, timeout, None, tls).await?;
+    let mut request = Request::new(inputs);
+    let value: MetadataValue<_> = format!("Bearer {token}")
+        .parse()
+        .map_err(|_| unreachable(address, "the token is not a valid header value".into()))?;
+    request.metadata_mut().insert("authorization", value);
+    let opened = tokio::time::timeout(timeout, client.shell(request))
+        .await
+        .map_err(|_| unreachable(address, format!("no answer within {timeout:?}")))?;
+    answer(address, opened)
+}
+
+/// A caller's tokens for agents, one per namespace (audience `berth-agent/<namespace>`), from
+/// the TokenRequest API for its own service account, each used until 80% of its lifetime.
+pub struct AgentTokens {
+    client: kube::Client,
+    /// The service account's namespace and name.
+    namespace: String,
+    name: String,
+    lifetime: Duration,
+    tokens: tokio::sync::Mutex<HashMap<String, CachedToken>>,
+}
+
+struct CachedToken {
+    token: String,
+    renew_at: Instant,
+}
+
+impl AgentTokens {
+    /// Tokens of the service account `namespace/name`, asked for `lifetime` (at least 10
+    /// minutes, as the API server requires).
+    pub fn new(client: kube::Client, namespace: &str, name: &str, lifetime: Duration) -> Self {
+        AgentTokens {
+            client,
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            lifetime,
+            tokens: Default::default(),
+        }
+    }
+
+    /// Drops the cached token for `namespace` if it is still `token` (an agent rejected it:
+    /// its service account was re-created, say).
+    pub async fn forget(&self, namespace: &str, token: &str) {
+        let mut tokens = self.tokens.lock().await;
+        if tokens.get(namespace).is_some_and(|c| c.token == token) {
+            tracing::info!(%namespace, "an agent rejected our token; requesting a new one");
+            tokens.remove(namespace);
+        }
+    }
+
+    /// The token for the agents in `namespace`, and whether it was just requested.
+    pub async fn token(&self, namespace: &str) -> Result<(String, bool), String> {
+        let mut tokens = self.tokens.lock().await;
+        let now = Instant::now();
+        if let Some(token) = tokens.get(namespace).filter(|t| now < t.renew_at) {
+            return Ok((token.token.clone(), false));
+        }
+        // Namespaces come and go: a token due for renewal is requested again when needed.
+        tokens.retain(|_, t| now < t.renew_at);
+        let account = format!("{}/{}", self.namespace, self.name);
+        let audience = crate::audience(namespace);
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &self.namespace);
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![audience.clone()],
+                expiration_seconds: Some(self.lifetime.as_secs().max(600) as i64),
+                bound_object_ref: None,
+            },
+            ..Default::default()
+        };
+        let requested = Instant::now();
+        let answer = accounts
+            .create_token_request(&self.name, &PostParams::default(), &request)
+            .await
+            .map_err(|e| {
+                format!("cannot get a token for the service account {account} (TokenRequest): {e}")
+            })?;
+        let status = answer
+            .status
+            .ok_or_else(|| format!("the TokenRequest for {account} returned no token"))?;
+        let lifetime = Duration::try_from(
+            status
+                .expiration_timestamp
+                .0
+                .duration_since(jiff::Timestamp::now()),
+        )
+        .unwrap_or_default();
+        tokens.insert(
+            namespace.to_owned(),
+            CachedToken {
+                token: status.token.clone(),
+                renew_at: requested + lifetime.mul_f64(0.8),
+            },
+        );
+        tracing::info!(service_account = %account, %audience, lifetime_seconds = lifetime.as_secs(), "requested a token for agents");
+        Ok((status.token, true))
+    }
+}
+
 fn unreachable(address: &str, message: String) -> CallError {
     CallError::Unreachable {
         address: address.to_owned(),
@@ -95,17 +218,30 @@ fn unreachable(address: &str, message: String) -> CallError {
     }
 }
 
-/// A client of the agent at `address`, connected.
+/// A client of the agent at `address`, connected; each call ends after `timeout`.
 async fn connect(
     address: &str,
     timeout: std::time::Duration,
     tls: Option<&ClientTls>,
 ) -> Result<AgentClient<Channel>, CallError> {
+    connect_for(address, timeout, Some(timeout), tls).await
+}
+
+/// A client of the agent at `address`, connected within `timeout`; its calls end after
+/// `calls`, if given.
+async fn connect_for(
+    address: &str,
+    timeout: std::time::Duration,
+    calls: Option<std::time::Duration>,
+    tls: Option<&ClientTls>,
+) -> Result<AgentClient<Channel>, CallError> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let mut endpoint = Channel::from_shared(format!("{scheme}://{address}"))
         .map_err(|e| unreachable(address, e.to_string()))?
-        .connect_timeout(timeout)
-        .timeout(timeout);
+        .connect_timeout(timeout);
+    if let Some(calls) = calls {
+        endpoint = endpoint.timeout(calls);
+    }
     if let Some(tls) = tls {
         endpoint = endpoint
             .tls_config(

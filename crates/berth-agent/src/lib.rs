@@ -11,6 +11,7 @@ pub mod git;
 #[cfg(feature = "sim")]
 pub mod git_server;
 pub mod server;
+pub mod shell;
 #[cfg(feature = "sim")]
 pub mod sim_runtime;
 pub mod supervisor;

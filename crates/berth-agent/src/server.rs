@@ -24,13 +24,16 @@ use tonic::{
 
 use crate::{
     activity::Activity,
-    auth::Authenticator,
+    auth::{Authenticator, Verb},
     content::Content,
     proto::{
         GetActivityRequest, GetActivityResponse, GetContentRequest, GetContentResponse,
-        HeartbeatRequest, HeartbeatResponse, WhoAmIRequest, WhoAmIResponse,
+        HeartbeatRequest, HeartbeatResponse, ShellInput, ShellOutput, WhoAmIRequest,
+        WhoAmIResponse,
         agent_server::{Agent, AgentServer},
+        shell_input::Input,
     },
+    shell::Shells,
 };
 
 /// The service.
@@ -38,25 +41,46 @@ pub struct AgentService {
     auth: Arc<Authenticator>,
     activity: Arc<Activity>,
     content: Arc<Content>,
+    shells: Shells,
 }
 
 impl AgentService {
-    pub fn new(auth: Arc<Authenticator>, activity: Arc<Activity>, content: Arc<Content>) -> Self {
+    pub fn new(
+        auth: Arc<Authenticator>,
+        activity: Arc<Activity>,
+        content: Arc<Content>,
+        shells: Shells,
+    ) -> Self {
         AgentService {
             auth,
             activity,
             content,
+            shells,
         }
     }
 
     async fn caller<T>(&self, request: &Request<T>) -> Result<crate::auth::Caller, Status> {
+        self.caller_for(request, Verb::Use).await
+    }
+
+    async fn caller_for<T>(
+        &self,
+        request: &Request<T>,
+        verb: Verb,
+    ) -> Result<crate::auth::Caller, Status> {
         let header = request
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
-        self.auth.check(header, grpc_timeout(request)).await
+        self.auth
+            .check_verb(header, grpc_timeout(request), verb)
+            .await
     }
 }
+
+/// The output of a shell, as the agent streams it.
+pub type ShellStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<ShellOutput, Status>> + Send + 'static>>;
 
 /// The caller's deadline from its `grpc-timeout` header (digits and a unit: H M S m u n).
 fn grpc_timeout<T>(request: &Request<T>) -> Option<std::time::Duration> {
@@ -121,6 +145,68 @@ impl Agent for AgentService {
         self.caller(&request).await?;
         Ok(Response::new(self.content.answer()))
     }
+
+    type ShellStream = ShellStream;
+
+    async fn shell(
+        &self,
+        request: Request<tonic::Streaming<ShellInput>>,
+    ) -> Result<Response<ShellStream>, Status> {
+        let caller = self.caller_for(&request, Verb::Shell).await?;
+        let spawn = match &self.shells {
+            Shells::Unavailable(why) => return Err(Status::failed_precondition(why.clone())),
+            Shells::Available(spawn) => spawn.clone(),
+        };
+        let mut inputs = request.into_inner();
+        let start = match inputs.message().await?.and_then(|m| m.input) {
+            Some(Input::Start(start)) => start,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "a shell's first input must be its start",
+                ));
+            }
+        };
+        let (columns, rows) = start
+            .size
+            .map_or((80, 24), |s| crate::shell::size(s.columns, s.rows));
+        let command = crate::shell::command_line(&start.command);
+        let on_behalf_of: String = start
+            .on_behalf_of
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(crate::activity::MAX_SOURCE)
+            .collect();
+        let asked = crate::shell::Request {
+            command: command.clone(),
+            tty: start.tty,
+            columns,
+            rows,
+            term: match start.term.is_empty() {
+                true => "xterm-256color".to_owned(),
+                false => start
+                    .term
+                    .chars()
+                    .filter(|c| c.is_ascii_graphic())
+                    .take(64)
+                    .collect(),
+            },
+        };
+        let session = spawn(asked).await.map_err(Status::failed_precondition)?;
+        tracing::info!(caller = %caller.username, %on_behalf_of, ?command, tty = start.tty, "shell started");
+        let open = self.activity.shell_opened(&on_behalf_of);
+        let (out, stream) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(crate::shell::run(
+            session,
+            inputs,
+            out,
+            start.tty,
+            self.activity.clone(),
+            open,
+        ));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(stream),
+        )))
+    }
 }
 
 /// The agent's TLS certificate (it must name [`crate::TLS_SERVER_NAME`]) and key, PEM.
@@ -131,13 +217,14 @@ pub struct TlsIdentity {
 }
 
 /// Serves the agent and the health service on `listener` until `shutdown` resolves, over TLS
-/// when given an identity, sampling `activity` meanwhile.
+/// when given an identity, sampling `activity` meanwhile, opening shells as `shells` says.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     auth: Arc<Authenticator>,
     tls: Option<TlsIdentity>,
     activity: Arc<Activity>,
     content: Arc<Content>,
+    shells: Shells,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let sampler = tokio::spawn(activity.clone().run());
@@ -159,7 +246,9 @@ pub async fn serve(
     }
     builder
         .add_service(health_service)
-        .add_service(AgentServer::new(AgentService::new(auth, activity, content)))
+        .add_service(AgentServer::new(AgentService::new(
+            auth, activity, content, shells,
+        )))
         .serve_with_incoming_shutdown(Incoming::new(listener), shutdown)
         .await
 }

@@ -26,14 +26,20 @@ use crate::{
     auth::{Authenticator, Mode, Scope},
     content::{CONTENT_ENV, CREDENTIALS_DIR, Content, Credentials},
     server::TlsIdentity,
+    shell::{BESIDE_ENTRYPOINT, Shells},
 };
 
 /// Runs the Berth agent for agent containers; nothing for the rest. With claim folders, an
-/// agent clones its workspace's content into its home claim's folder.
+/// agent clones its workspace's content into its home claim's folder. Its agents open no
+/// shells (no process of the workspace runs), unless told to run them on this machine.
 #[derive(Clone, Default)]
 pub struct AgentRuntime {
     claims: Option<ClaimDirs>,
+    host_shells: bool,
 }
+
+/// Why an agent of this runtime opens no shell.
+pub const NO_PROCESSES: &str = "this simulated cluster runs no processes for its containers (berth sim --containers nothing), so there is no workspace container to open a shell in";
 
 /// Where a claim's files are on this machine, by the claim's UID and capacity.
 pub type ClaimDirs = Arc<dyn Fn(&str, Option<u64>) -> Result<PathBuf, String> + Send + Sync>;
@@ -43,7 +49,16 @@ impl AgentRuntime {
     pub fn with_claims(dir: PathBuf) -> Self {
         AgentRuntime {
             claims: Some(Arc::new(move |uid: &str, _| Ok(dir.join(uid)))),
+            host_shells: false,
         }
+    }
+
+    /// Its agents' shells run on this machine, as processes of this one, where a workspace
+    /// container with a command would run them: for tests of what reaches a shell, which is
+    /// the same in both.
+    pub fn with_host_shells(mut self) -> Self {
+        self.host_shells = true;
+        self
     }
 
     /// Where the claims' files are, if this runtime keeps them.
@@ -55,6 +70,7 @@ impl AgentRuntime {
     pub fn with_claim_dirs(claims: ClaimDirs) -> Self {
         AgentRuntime {
             claims: Some(claims),
+            host_shells: false,
         }
     }
 }
@@ -261,11 +277,24 @@ impl ContainerRuntime for AgentRuntime {
         let claims = self.claims.clone();
         if context.init {
             return Box::pin(async move {
-                let agent = start_agent(context, false, claims.as_ref()).await?;
+                let shells = Shells::Unavailable(BESIDE_ENTRYPOINT.to_owned());
+                let agent = start_agent(context, false, claims.as_ref(), shells).await?;
                 Ok(until_content(agent))
             });
         }
-        Box::pin(async move { Ok(start_agent(context, true, claims.as_ref()).await?.container) })
+        let shells = match (
+            workspace_command(&context.container).is_empty(),
+            self.host_shells,
+        ) {
+            (true, _) => Shells::Unavailable(BESIDE_ENTRYPOINT.to_owned()),
+            (false, true) => Shells::Available(crate::shell::local()),
+            (false, false) => Shells::Unavailable(NO_PROCESSES.to_owned()),
+        };
+        Box::pin(async move {
+            Ok(start_agent(context, true, claims.as_ref(), shells)
+                .await?
+                .container)
+        })
     }
 }
 
@@ -322,11 +351,13 @@ fn home_dir(
 
 /// Starts the agent of an agent container in-process; with `stand_ins`, also a stand-in for
 /// the workspace's server on each declared port (when the workspace's command does not run).
-/// A workspace with content gets its stand-ins once the content is in place.
+/// A workspace with content gets its stand-ins once the content is in place. It opens shells
+/// as `shells` says.
 pub fn start_agent(
     context: ContainerContext,
     stand_ins: bool,
     claims: Option<&ClaimDirs>,
+    shells: Shells,
 ) -> BoxFuture<Result<StartedAgent, String>> {
     let claims = claims.cloned();
     {
@@ -415,10 +446,11 @@ pub fn start_agent(
             let (stop, stop_rx) = tokio::sync::oneshot::channel::<std::time::Duration>();
             let served = content.clone();
             tokio::spawn(async move {
-                let result = crate::server::serve(listener, auth, tls, activity, served, async {
-                    let _ = stop_rx.await;
-                })
-                .await;
+                let result =
+                    crate::server::serve(listener, auth, tls, activity, served, shells, async {
+                        let _ = stop_rx.await;
+                    })
+                    .await;
                 // As a killed process would, a stopped agent's clone goes no further.
                 stop_content.store(true, std::sync::atomic::Ordering::SeqCst);
                 servers.iter().for_each(|s| s.abort());

@@ -1,8 +1,16 @@
 //! `berth agent -- CMD ARGS...`: the agent supervises the workspace's command. It starts it as
 //! a child, forwards SIGTERM and SIGINT to it, reaps every process orphaned below it (it is a
-//! child subreaper, and PID 1 in a pod), and exits with the child's code.
+//! child subreaper, and PID 1 in a pod), and exits with the child's code. Other children it
+//! starts (shells) are spawned with [`spawn`], which hears their exit from the reaper.
 
-use std::process::Command;
+use std::{
+    collections::HashMap,
+    process::Command,
+    sync::{
+        Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 use nix::{
     errno::Errno,
@@ -36,6 +44,68 @@ fn code(status: WaitStatus) -> Option<i32> {
     }
 }
 
+/// Whether [`supervise`]'s reaper is running: it reaps every child, so the others' exits
+/// must come from it.
+static REAPING: AtomicBool = AtomicBool::new(false);
+
+/// Who waits for which child's exit, while the reaper runs. A child is spawned with this lock
+/// held and its waiter put here before it is let go, so the reaper (which takes the lock after
+/// reaping) always finds the waiter of a child that exited at once.
+static WAITERS: Mutex<Option<HashMap<i32, tokio::sync::oneshot::Sender<i32>>>> = Mutex::new(None);
+
+/// Starts `command` as a child and returns it and its exit code to come (128 + the signal
+/// for a killed one). With [`supervise`]'s reaper running, the reaper reports the exit; without
+/// it (the agent beside an entrypoint, tests), a thread waits for that one child.
+pub fn spawn(
+    command: &mut Command,
+) -> std::io::Result<(std::process::Child, tokio::sync::oneshot::Receiver<i32>)> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if REAPING.load(Ordering::SeqCst) {
+        let mut waiters = WAITERS.lock().unwrap_or_else(|p| p.into_inner());
+        let child = command.spawn()?;
+        waiters
+            .get_or_insert_with(HashMap::new)
+            .insert(child.id() as i32, tx);
+        return Ok((child, rx));
+    }
+    let child = command.spawn()?;
+    let pid = Pid::from_raw(child.id() as i32);
+    tokio::task::spawn_blocking(move || {
+        loop {
+            match waitpid(pid, None) {
+                Ok(status) => {
+                    if let Some(code) = code(status) {
+                        let _ = tx.send(code);
+                        return;
+                    }
+                }
+                Err(Errno::EINTR) => {}
+                Err(_) => return,
+            }
+        }
+    });
+    Ok((child, rx))
+}
+
+/// Says [`supervise`] will run and reap every child: call it before children are spawned
+/// (the agent serves shells before its command starts), so their waiters are where the reaper
+/// looks once it runs.
+pub fn will_reap() {
+    REAPING.store(true, Ordering::SeqCst);
+}
+
+/// Tells the waiter of `pid`, if any, that it exited with `code`.
+fn reaped(pid: Pid, code: i32) {
+    let waiter = WAITERS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_mut()
+        .and_then(|w| w.remove(&pid.as_raw()));
+    if let Some(waiter) = waiter {
+        let _ = waiter.send(code);
+    }
+}
+
 /// Runs `command`, forwarding signals and reaping orphans, and returns its exit code;
 /// `started` is told the command's process ID.
 pub async fn supervise(
@@ -56,6 +126,7 @@ pub async fn supervise(
             })?;
     let pid = Pid::from_raw(child.id() as i32);
     started(pid.as_raw());
+    will_reap();
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(SuperviseError::Signals)?;
@@ -70,7 +141,12 @@ pub async fn supervise(
                         return code;
                     }
                 }
-                Ok(_) => {} // an orphaned grandchild, reaped
+                // A shell (its waiter hears), or an orphaned grandchild: reaped.
+                Ok(status) => {
+                    if let (Some(other), Some(code)) = (status.pid(), code(status)) {
+                        reaped(other, code);
+                    }
+                }
                 Err(Errno::EINTR) => {}
                 Err(_) => return 1,
             }

@@ -10,20 +10,17 @@
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use berth_agent::client::{
-    CallError, ClientTls, get_activity, get_content, token_rejected, who_am_i,
+    AgentTokens, CallError, ClientTls, get_activity, get_content, token_rejected, who_am_i,
 };
 use berth_api::{Workspace, condition::Reason};
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use jiff::Timestamp;
-use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
-    core::v1::{Pod, ServiceAccount},
-};
-use kube::{Api, Client, ResourceExt, api::PostParams, runtime::reflector::ObjectRef};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Client, ResourceExt, runtime::reflector::ObjectRef};
 use tokio::sync::watch;
 use tracing::{Instrument, info, warn};
 
@@ -47,14 +44,6 @@ pub fn refusal_reason(code: tonic::Code) -> Reason {
         other => Reason::Other(format!("{other:?}")),
     }
 }
-
-struct CachedToken {
-    token: String,
-    renew_at: Instant,
-}
-
-/// The operator's tokens for agents, one per namespace (audience `berth-agent/<namespace>`).
-type Tokens = HashMap<String, CachedToken>;
 
 /// How long a reconcile waits for a WhoAmI before leaving it to finish in the background (and
 /// wake the workspace then): a slow or silent agent never holds a reconcile worker.
@@ -167,10 +156,10 @@ fn asking<C: Answer>(
 
 /// What the background calls share with the reconcile loop.
 struct Shared {
-    client: Client,
     config: AgentConfig,
     metrics: Arc<Metrics>,
-    tokens: tokio::sync::Mutex<Tokens>,
+    /// The operator's tokens for agents, one per namespace.
+    tokens: AgentTokens,
     attempts: Mutex<HashMap<Key, Attempt>>,
     activity: Mutex<HashMap<Key, Ask<ActivityCheck>>>,
     content: Mutex<HashMap<Key, Ask<ContentCheck>>>,
@@ -191,11 +180,16 @@ impl AgentChecker {
         metrics: Arc<Metrics>,
     ) -> (Self, UnboundedReceiver<ObjectRef<Workspace>>) {
         let (wake, woken) = futures::channel::mpsc::unbounded();
+        let tokens = AgentTokens::new(
+            client.clone(),
+            &config.service_account.namespace,
+            &config.service_account.name,
+            config.token_lifetime,
+        );
         let shared = Shared {
-            client,
             config,
             metrics,
-            tokens: Default::default(),
+            tokens,
             attempts: Default::default(),
             activity: Default::default(),
             content: Default::default(),
@@ -789,72 +783,13 @@ impl Shared {
                 return Err("the agent serves TLS but the operator has no CA to verify it (--agent-tls-ca); the pod was made when TLS was on".to_owned());
             }
         };
-        let (token, fresh) = self.token(namespace).await?;
+        let (token, fresh) = self.tokens.token(namespace).await?;
         let answer = call(token.clone(), client_tls.clone()).await;
         if !fresh && matches!(&answer, Err(CallError::Refused(s)) if token_rejected(s)) {
-            self.forget_token(namespace, &token).await;
-            let (renewed, _) = self.token(namespace).await?;
+            self.tokens.forget(namespace, &token).await;
+            let (renewed, _) = self.tokens.token(namespace).await?;
             return Ok(call(renewed, client_tls).await);
         }
         Ok(answer)
-    }
-
-    /// Drops the cached token for `namespace` if it is still `token`.
-    async fn forget_token(&self, namespace: &str, token: &str) {
-        let mut tokens = self.tokens.lock().await;
-        if tokens.get(namespace).is_some_and(|c| c.token == token) {
-            info!(%namespace, "an agent rejected the operator's token; requesting a new one");
-            tokens.remove(namespace);
-        }
-    }
-
-    /// The operator's token for the agents in `namespace`, requested again at 80% of its
-    /// lifetime; and whether it was just requested.
-    async fn token(&self, namespace: &str) -> Result<(String, bool), String> {
-        let mut tokens = self.tokens.lock().await;
-        let now = Instant::now();
-        if let Some(token) = tokens.get(namespace).filter(|t| now < t.renew_at) {
-            return Ok((token.token.clone(), false));
-        }
-        // Namespaces come and go: a token due for renewal is requested again when needed.
-        tokens.retain(|_, t| now < t.renew_at);
-        let account = &self.config.service_account;
-        let audience = berth_agent::audience(namespace);
-        let accounts: Api<ServiceAccount> =
-            Api::namespaced(self.client.clone(), &account.namespace);
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: vec![audience.clone()],
-                expiration_seconds: Some(self.config.token_lifetime.as_secs().max(600) as i64),
-                bound_object_ref: None,
-            },
-            ..Default::default()
-        };
-        let requested = Instant::now();
-        let answer = accounts
-            .create_token_request(&account.name, &PostParams::default(), &request)
-            .await
-            .map_err(|e| {
-                format!("cannot get a token for the operator's service account {account} (TokenRequest): {e}")
-            })?;
-        let status = answer
-            .status
-            .ok_or_else(|| format!("the TokenRequest for {account} returned no token"))?;
-        let lifetime = Duration::try_from(
-            status
-                .expiration_timestamp
-                .0
-                .duration_since(jiff::Timestamp::now()),
-        )
-        .unwrap_or_default();
-        tokens.insert(
-            namespace.to_owned(),
-            CachedToken {
-                token: status.token.clone(),
-                renew_at: requested + lifetime.mul_f64(0.8),
-            },
-        );
-        info!(service_account = %account, %audience, lifetime_seconds = lifetime.as_secs(), "requested a token for agents");
-        Ok((status.token, true))
     }
 }

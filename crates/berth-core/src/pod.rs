@@ -55,6 +55,31 @@ pub fn serves_agent_tls(pod: &Pod) -> bool {
         .is_some_and(|v| v.iter().any(|v| v.name == AGENT_TLS_VOLUME))
 }
 
+/// The port the agent of `pod` (as [`build_pod`] made it) serves: the `BERTH_AGENT_PORT`
+/// of the container that runs it (the workspace container whose command is the agent wrapping
+/// the workspace's, else the agent's own container; of duplicate variables the last, the
+/// agent's, wins as with the kubelet).
+pub fn agent_port(pod: &Pod) -> Option<u16> {
+    let containers = &pod.spec.as_ref()?.containers;
+    let wrapper = format!("{AGENT_DIR}/berth");
+    let wraps = |c: &&Container| {
+        c.name == CONTAINER
+            && matches!(c.command.as_deref(), Some([program, agent, dashes, ..])
+                if *program == wrapper && agent == "agent" && dashes == "--")
+    };
+    let container = (containers.iter().find(wraps))
+        .or_else(|| containers.iter().find(|c| c.name == AGENT_CONTAINER))?;
+    container
+        .env
+        .iter()
+        .flatten()
+        .rfind(|e| e.name == "BERTH_AGENT_PORT")?
+        .value
+        .as_deref()?
+        .parse()
+        .ok()
+}
+
 /// The workspace's pod: `<workspace>-ws`, the same name for every pod it ever has.
 pub fn pod_name(workspace: &str) -> String {
     bounded(workspace, "-ws", 253)

@@ -16,6 +16,7 @@ pub mod login;
 pub mod pages;
 pub mod route;
 pub mod session;
+pub mod shell;
 
 use std::{
     future::Future,
@@ -57,6 +58,9 @@ use session::{Claims, Key};
 /// agent's sampling of connections sees every request as activity).
 pub const IDLE_CONNECTION: Duration = Duration::from_secs(30);
 
+/// How long the gateway's tokens for agents last (renewed at 80%).
+pub const AGENT_TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+
 /// How the gateway behaves.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -74,6 +78,12 @@ pub struct Config {
     /// A workspace's own port marked `public` is served to anyone (a port its kind declares
     /// public always is).
     pub allow_public_ports: bool,
+    /// The gateway's own service account (namespace, name): its tokens for agents open
+    /// shells. None: no shells.
+    pub service_account: Option<(String, String)>,
+    /// The CA bundle (PEM) agents' TLS certificates are verified against, where agents serve
+    /// TLS.
+    pub agent_tls_ca: Option<Vec<u8>>,
 }
 
 impl Default for Config {
@@ -85,6 +95,8 @@ impl Default for Config {
             namespace: "berth-system".to_owned(),
             session_ttl: Duration::from_secs(12 * 3600),
             allow_public_ports: false,
+            service_account: None,
+            agent_tls_ca: None,
         }
     }
 }
@@ -99,6 +111,8 @@ struct Inner {
     access: Access,
     upstream: HttpClient<HttpConnector, Body>,
     key: Key,
+    /// The gateway's tokens for agents (shells), when it has a service account.
+    agent_tokens: Option<berth_agent::client::AgentTokens>,
     /// Every workspace, and the pods Berth manages, as watches keep them.
     workspaces: Store<Workspace>,
     pods: Store<Pod>,
@@ -178,7 +192,16 @@ impl Gateway {
                 berth_api::labels::MANAGED_BY_VALUE
             )),
         );
+        let agent_tokens = config.service_account.as_ref().map(|(namespace, name)| {
+            berth_agent::client::AgentTokens::new(
+                client.clone(),
+                namespace,
+                name,
+                AGENT_TOKEN_LIFETIME,
+            )
+        });
         Gateway(Arc::new(Inner {
+            agent_tokens,
             workspaces,
             pods,
             watches: vec![watch_workspaces, watch_pods],
@@ -535,6 +558,7 @@ impl Gateway {
                 response
             }
             ("start", http::Method::POST) => self.start_button(own, request).await,
+            ("shell", http::Method::GET) => self.shell(own, request).await,
             (action, http::Method::GET) if action.starts_with("tcp/") => {
                 let port = action["tcp/".len()..].to_owned();
                 self.tunnel(own, port, request).await
@@ -715,6 +739,128 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// `GET .berth/shell` as a WebSocket (`berth shell`, see [`shell`]): for a caller with a
+    /// bearer token who may connect to the workspace, a command in its container, run by the
+    /// agent of the ready pod Berth owns for it. A browser session opens no shell: on a path
+    /// route every workspace's pages share the gateway's origin, so a page of one workspace
+    /// could otherwise open a shell in another with its visitor's cookie.
+    async fn shell(&self, own: Own, request: Request) -> Response {
+        use axum::extract::FromRequest;
+        let headers = request.headers().clone();
+        let target = Target {
+            namespace: own.namespace.clone(),
+            workspace: own.workspace.clone(),
+            port: String::new(),
+            path: "/".to_owned(),
+            prefix: String::new(),
+        };
+        let name = format!("{}/{}", own.namespace, own.workspace);
+        if route::bearer(&headers).is_none() {
+            return Page::new(StatusCode::UNAUTHORIZED, "A shell needs your credential")
+                .line(format!(
+                    "A shell in workspace {name} is opened for the holder of a Kubernetes bearer token (`berth shell {} -n {}` sends yours); a browser session opens none.",
+                    own.workspace, own.namespace
+                ))
+                .answer(&headers);
+        }
+        let user = match self.caller(&headers, &target).await {
+            Ok((user, _)) => user,
+            Err(refused) => return refused,
+        };
+        if self.0.agent_tokens.is_none() {
+            return Page::new(StatusCode::SERVICE_UNAVAILABLE, "This gateway opens no shells")
+                .line("It runs without a service account of its own (berth gateway --service-account), whose token the workspace's agent would accept.")
+                .answer(&headers);
+        }
+        let workspace = self.cached_workspace(&target);
+        let pod = match self.ready_pod(&target, workspace).await {
+            Ok(pod) => pod,
+            Err(page) => return page.answer(&headers),
+        };
+        let Some(address) = agent_address(&pod) else {
+            return Page::new(StatusCode::CONFLICT, "This workspace has no agent")
+                .line(format!("No container of workspace {name}'s pod runs Berth's agent, or the pod has no IP yet."))
+                .answer(&headers);
+        };
+        let tls = match (
+            berth_core::pod::serves_agent_tls(&pod),
+            &self.0.config.agent_tls_ca,
+        ) {
+            (false, _) => None,
+            (true, Some(ca)) => Some(berth_agent::client::ClientTls { ca_pem: ca.clone() }),
+            (true, None) => {
+                return Page::new(StatusCode::SERVICE_UNAVAILABLE, "Cannot reach the workspace's agent")
+                    .line("The agent serves TLS and this gateway has no CA to verify it (berth gateway --agent-tls-ca).")
+                    .answer(&headers);
+            }
+        };
+        let upgrade = match axum::extract::ws::WebSocketUpgrade::from_request(request, &()).await {
+            Ok(upgrade) => upgrade,
+            Err(rejection) => {
+                return Page::new(StatusCode::BAD_REQUEST, "Not a WebSocket")
+                    .line(format!(
+                        "{}: a shell is a WebSocket (berth shell opens one).",
+                        rejection.body_text()
+                    ))
+                    .answer(&headers);
+            }
+        };
+        let gateway = self.clone();
+        let namespace = own.namespace.clone();
+        upgrade.on_upgrade(move |mut socket| async move {
+            let start = match shell::first(&mut socket).await {
+                Ok(start) => start,
+                Err(message) => return shell::refuse(socket, message).await,
+            };
+            let (inputs, queued) = tokio::sync::mpsc::channel(16);
+            let _ = inputs.send(shell::start(start, &user.username)).await;
+            let opened = gateway.open_shell(&namespace, &address, tls, queued).await;
+            match opened {
+                Ok(outputs) => shell::bridge(socket, inputs, outputs).await,
+                Err(message) => shell::refuse(socket, message).await,
+            }
+        })
+    }
+
+    /// Opens a shell on the agent at `address` with the gateway's token for `namespace`
+    /// (requested again once if the agent rejected a cached one); Err: why not, in words.
+    async fn open_shell(
+        &self,
+        namespace: &str,
+        address: &str,
+        tls: Option<berth_agent::client::ClientTls>,
+        queued: tokio::sync::mpsc::Receiver<berth_agent::proto::ShellInput>,
+    ) -> Result<tonic::Streaming<berth_agent::proto::ShellOutput>, String> {
+        use berth_agent::client::{CallError, shell, token_rejected};
+        let tokens = self.0.agent_tokens.as_ref().ok_or("no service account")?;
+        let (token, fresh) = tokens.token(namespace).await?;
+        let timeout = self.0.config.connect_timeout;
+        let inputs = tokio_stream::wrappers::ReceiverStream::new(queued);
+        match shell(address, &token, timeout, tls.as_ref(), inputs).await {
+            Ok(outputs) => Ok(outputs),
+            // The inputs went with the refused call: the caller asks again.
+            Err(CallError::Refused(status)) if !fresh && token_rejected(&status) => {
+                tokens.forget(namespace, &token).await;
+                Err(format!(
+                    "the agent refused the gateway's token ({}); try again",
+                    status.message()
+                ))
+            }
+            Err(CallError::Refused(status)) => Err(format!("the agent said: {}", status.message())),
+            Err(unreachable) => Err(unreachable.to_string()),
+        }
+    }
+}
+
+/// The address (`ip:port`) of Berth's agent in `pod`: the pod's IP and the port the operator
+/// gave the container that runs the agent.
+fn agent_address(pod: &Pod) -> Option<String> {
+    let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
+    let port = berth_core::pod::agent_port(pod)?;
+    Some(berth_core::state::agent_address(ip, port))
+}
+
 /// The page of a workspace port that does not take connections.
 fn unreachable_port(target: &Target, backend: SocketAddr, why: &dyn std::fmt::Display) -> Page {
     Page::new(StatusCode::BAD_GATEWAY, "The workspace's port does not answer").line(format!(
@@ -836,6 +982,47 @@ impl Gateway {
             .get(&ObjectRef::new(&target.workspace).within(&target.namespace))
     }
 
+    /// The ready pod Berth owns for `target`'s workspace, with the workspace Running (the
+    /// watch's cache first, then the API server); else the page that says why.
+    async fn ready_pod(
+        &self,
+        target: &Target,
+        workspace: Option<Arc<Workspace>>,
+    ) -> Result<Arc<Pod>, Page> {
+        if let Some(cached) = &workspace
+            && let Some(pod) = self.cached_pod(target)
+            && running(cached)
+            && serves(&pod, cached)
+        {
+            return Ok(pod);
+        }
+        let (workspace, pod) = self.live(target).await?;
+        match (pod, running(&workspace)) {
+            (Some(pod), true) => Ok(Arc::new(pod)),
+            _ => Err(status_page(&workspace, None)),
+        }
+    }
+
+    /// The workspace and the pod Berth owns for it (if ready) as the API server says now.
+    async fn live(&self, target: &Target) -> Result<(Workspace, Option<Pod>), Page> {
+        let workspace = Api::<Workspace>::namespaced(self.0.client.clone(), &target.namespace)
+            .get_opt(&target.workspace)
+            .await
+            .map_err(unavailable)?
+            .ok_or_else(|| {
+                Page::new(StatusCode::NOT_FOUND, "No such workspace").line(format!(
+                    "There is no workspace {} in namespace {}.",
+                    target.workspace, target.namespace
+                ))
+            })?;
+        let pod = Api::<Pod>::namespaced(self.0.client.clone(), &target.namespace)
+            .get_opt(&berth_core::pod::pod_name(&target.workspace))
+            .await
+            .map_err(unavailable)?
+            .filter(|pod| serves(pod, &workspace));
+        Ok((workspace, pod))
+    }
+
     /// The address of the workspace's port: its pod must be the one Berth owns for it (its
     /// controller reference is the workspace's UID), ready, not being deleted, with the
     /// workspace Running; the port must be one the pod's containers declare by that name.
@@ -857,21 +1044,7 @@ impl Gateway {
         }
         // Otherwise as the API server says now: a cache a moment behind never turns a
         // starting workspace away.
-        let workspace = Api::<Workspace>::namespaced(self.0.client.clone(), &target.namespace)
-            .get_opt(&target.workspace)
-            .await
-            .map_err(unavailable)?
-            .ok_or_else(|| {
-                Page::new(StatusCode::NOT_FOUND, "No such workspace").line(format!(
-                    "There is no workspace {} in namespace {}.",
-                    target.workspace, target.namespace
-                ))
-            })?;
-        let pod = Api::<Pod>::namespaced(self.0.client.clone(), &target.namespace)
-            .get_opt(&berth_core::pod::pod_name(&target.workspace))
-            .await
-            .map_err(unavailable)?
-            .filter(|pod| serves(pod, &workspace));
+        let (workspace, pod) = self.live(target).await?;
         let (Some(pod), true) = (pod, running(&workspace)) else {
             return Err(status_page(&workspace, start));
         };

@@ -8,6 +8,7 @@ use berth_agent::{
     activity::{Activity, Settings},
     auth::{Authenticator, Mode, Scope},
     server::TlsIdentity,
+    shell::Shells,
 };
 
 /// How callers are authenticated.
@@ -142,7 +143,8 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
     tracing::info!(address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "berth agent serving");
     if args.until_content {
         let ready = content.clone();
-        berth_agent::server::serve(listener, auth, tls, activity, content, async move {
+        let shells = Shells::Unavailable("an init container's agent opens no shells".to_owned());
+        berth_agent::server::serve(listener, auth, tls, activity, content, shells, async move {
             tokio::select! {
                 _ = ready.told_ready(berth_agent::content::TELL_PATIENCE) => {}
                 _ = crate::wait_for_shutdown_signal() => {
@@ -161,18 +163,22 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
             tls,
             activity,
             content,
+            Shells::Unavailable(berth_agent::shell::BESIDE_ENTRYPOINT.to_owned()),
             crate::wait_for_shutdown_signal(),
         )
         .await
         .map_err(|e| e.to_string())?;
         return Ok(0);
     }
+    // The agent reaps every child once the command runs: shells started before then too.
+    berth_agent::supervisor::will_reap();
     let server = tokio::spawn(berth_agent::server::serve(
         listener,
         auth,
         tls,
         activity.clone(),
         content.clone(),
+        Shells::Available(berth_agent::shell::local()),
         std::future::pending(),
     ));
     // The workspace's command starts once its content is in place (SIGTERM meanwhile ends

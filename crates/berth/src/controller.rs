@@ -108,7 +108,7 @@ pub struct ControllerArgs {
 }
 
 /// Where a pod's service-account token is mounted.
-const POD_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+pub const POD_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
 /// The service account a service-account token belongs to: its `sub` claim,
 /// `system:serviceaccount:NAMESPACE:NAME`. The token is not verified; it only names the

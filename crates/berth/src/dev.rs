@@ -423,7 +423,11 @@ async fn gateway(
         .await
         .map_err(|e| format!("cannot listen on 127.0.0.1:{port} for the gateway: {e}"))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
-    let gateway = berth_gateway::Gateway::start(gateway_client, berth_gateway::Config::default())
+    let config = berth_gateway::Config {
+        service_account: Some(("berth-system".to_owned(), "berth-gateway".to_owned())),
+        ..Default::default()
+    };
+    let gateway = berth_gateway::Gateway::start(gateway_client, config)
         .await
         .map_err(|e| format!("cannot start the gateway: {e}"))?;
     tokio::spawn(berth_gateway::serve(
@@ -623,6 +627,9 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         ),
         format!(
             "berth dev: a login link for your browser:  berth open web --gateway http://{gateway} --kubeconfig {kubeconfig}"
+        ),
+        format!(
+            "berth dev: a shell in web's container:  berth shell web --gateway http://{gateway} --kubeconfig {kubeconfig}"
         ),
         format!(
             "berth dev: make node-1 reject its next pod:  kubectl --kubeconfig {kubeconfig} annotate node node-1 sim.berth.dev/reject-next=1:OutOfcpu"

@@ -2,7 +2,9 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use crate::controller::duration;
+use berth_controller::config::ServiceAccountRef;
+
+use crate::controller::{POD_TOKEN, duration, token_service_account};
 
 /// Options of `berth gateway`.
 #[derive(clap::Args, Debug)]
@@ -30,6 +32,15 @@ pub struct GatewayArgs {
     /// published it).
     #[arg(long, env = "BERTH_GATEWAY_ALLOW_PUBLIC_PORTS")]
     pub allow_public_ports: bool,
+    /// The gateway's own service account, NAMESPACE/NAME: `berth shell` reaches a workspace's
+    /// agent with its tokens (TokenRequest), which need `shell` on `workspaces/agent`.
+    /// Default: in a pod, the pod's own; elsewhere none, and no shells.
+    #[arg(long, env = "BERTH_SERVICE_ACCOUNT", value_parser = |s: &str| s.parse::<ServiceAccountRef>())]
+    pub service_account: Option<ServiceAccountRef>,
+    /// The CA bundle (PEM file) agents' TLS certificates are verified against, where the
+    /// operator runs with --agent-tls-secret. Default: none.
+    #[arg(long, env = "BERTH_AGENT_TLS_CA")]
+    pub agent_tls_ca: Option<std::path::PathBuf>,
 }
 
 /// Serves until SIGTERM or Ctrl-C, with the kubeconfig's or the pod's credentials.
@@ -40,7 +51,22 @@ pub async fn run(args: GatewayArgs) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let service_account = args.service_account.or_else(|| {
+        let token = std::fs::read_to_string(POD_TOKEN).ok()?;
+        token_service_account(token.trim())
+    });
+    if service_account.is_none() {
+        tracing::warn!("no service account (--service-account): berth shell is refused");
+    }
+    let agent_tls_ca = match &args.agent_tls_ca {
+        Some(path) => {
+            Some(std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?)
+        }
+        None => None,
+    };
     let config = berth_gateway::Config {
+        service_account: service_account.map(|a| (a.namespace, a.name)),
+        agent_tls_ca,
         base_domain: args.domain,
         review_ttl: args.review_ttl,
         namespace: args.namespace,

@@ -10,6 +10,7 @@ mod gateway;
 #[cfg(feature = "sim")]
 mod pod_process;
 mod serve;
+mod shell;
 mod workspaces;
 
 use std::process::ExitCode;
@@ -56,6 +57,10 @@ enum Command {
     /// Forward a local port to a workspace's port through the gateway (a WebSocket per
     /// connection, with your credential): `berth port-forward NAME [LOCAL:]PORT`.
     PortForward(workspaces::PortForwardArgs),
+    /// Run a command (default: a login shell) in a workspace's container, on a terminal when
+    /// stdin is one, through the gateway with your credential; its exit code is berth's:
+    /// `berth shell NAME [-- CMD ARGS...]`.
+    Shell(shell::ShellArgs),
     /// Serve workspaces' ports to the people allowed into them: HTTP and WebSocket at
     /// /w/<namespace>/<workspace>/<port>/, for a caller whose bearer token the API server
     /// accepts (TokenReview), or whose browser session a `berth open` link began, and who may
@@ -231,6 +236,25 @@ fn main() -> ExitCode {
         Command::Stop(args) => block_on("stop", workspaces::switch(args, false)),
         Command::Open(args) => block_on("open", workspaces::open(args)),
         Command::PortForward(args) => block_on("port-forward", workspaces::port_forward(args)),
+        Command::Shell(args) => {
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    eprintln!("berth shell: cannot start the async runtime: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let code = match runtime.block_on(shell::run(args)) {
+                Ok(code) => code.clamp(0, 255) as u8,
+                Err(err) => {
+                    eprintln!("berth shell: {err}");
+                    1
+                }
+            };
+            // Reading stdin blocks a thread the runtime would wait for: leave it behind.
+            runtime.shutdown_background();
+            ExitCode::from(code)
+        }
         Command::Install { path } => match install(&path) {
             Ok(()) => {
                 println!("berth install: copied to {}", path.display());

@@ -9,7 +9,10 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use berth_agent::sim_runtime::{AgentRuntime, runs_agent, start_agent, workspace_command};
+use berth_agent::{
+    shell::{BESIDE_ENTRYPOINT, Shells},
+    sim_runtime::{AgentRuntime, runs_agent, start_agent, workspace_command},
+};
 use berth_sim::{
     BoxFuture, ContainerContext, ContainerRuntime, ExecRequest, ExecSession, ProcessRuntime,
     RunningContainer,
@@ -105,6 +108,41 @@ fn agent_and_command(
     RunningContainer { exited, stop }
 }
 
+/// Shells as the agent in the workspace container starts them: processes exec'd in
+/// `context`'s container (its root, its volumes, its environment).
+fn exec_in(processes: ProcessRuntime, context: ContainerContext) -> berth_agent::shell::Spawn {
+    std::sync::Arc::new(move |request: berth_agent::shell::Request| {
+        let (processes, context) = (processes.clone(), context.clone());
+        Box::pin(async move {
+            let mut command = request.command.clone();
+            if request.tty {
+                // As the agent sets TERM for a shell it starts itself.
+                command.splice(0..0, ["env".to_owned(), format!("TERM={}", request.term)]);
+            }
+            let exec = ExecRequest {
+                command,
+                tty: request.tty,
+                stdin: true,
+            };
+            let session = processes.exec(&context, exec).await?;
+            let resize = session.resize;
+            if let Some(resize) = &resize {
+                resize(request.columns, request.rows);
+            }
+            Ok(berth_agent::shell::Session {
+                stdin: session.stdin,
+                stdout: session
+                    .stdout
+                    .ok_or_else(|| "the runtime gave the command no output".to_owned())?,
+                stderr: session.stderr,
+                resize,
+                exited: session.exited,
+                hang_up: None,
+            })
+        })
+    })
+}
+
 /// Whether an image is Berth's: its repository's last part is `berth`.
 fn is_berth_image(image: &str) -> bool {
     let without_digest = image.split('@').next().unwrap_or_default();
@@ -140,7 +178,11 @@ impl ContainerRuntime for PodProcessRuntime {
             let claims = self.agents.claim_dirs().cloned();
             return Box::pin(async move {
                 let command = workspace_command(&context.container);
-                let agent = start_agent(context.clone(), false, claims.as_ref()).await?;
+                let shells = match command.is_empty() {
+                    true => Shells::Unavailable(BESIDE_ENTRYPOINT.to_owned()),
+                    false => Shells::Available(exec_in(processes.clone(), context.clone())),
+                };
+                let agent = start_agent(context.clone(), false, claims.as_ref(), shells).await?;
                 let content = agent.content.clone();
                 let command = async move {
                     content.ready().await;

@@ -1,4 +1,5 @@
-//! The developer's subcommands (`berth ls`, `start`, `stop`, `open`, `port-forward`), also `kubectl berth ...` when
+//! The developer's subcommands (`berth ls`, `start`, `stop`, `open`, `port-forward`; `shell`
+//! is `shell.rs`), also `kubectl berth ...` when
 //! the binary is installed as `kubectl-berth`: they act with the user's own kubeconfig and
 //! credentials, so they can do exactly what the user's RBAC allows.
 
@@ -96,7 +97,7 @@ async fn connect(target: &Target) -> Result<(Client, String), String> {
 }
 
 /// The kubeconfig's cluster, user and namespace, as kubectl would pick them.
-async fn load(target: &Target) -> Result<(kube::Config, String), String> {
+pub(crate) async fn load(target: &Target) -> Result<(kube::Config, String), String> {
     let options = KubeConfigOptions {
         context: target.context.clone(),
         ..Default::default()
@@ -124,7 +125,7 @@ async fn load(target: &Target) -> Result<(kube::Config, String), String> {
 
 /// The bearer token the kubeconfig's user presents to the API server (a token, a token file,
 /// an exec plugin, an OIDC provider: whatever kube does for a request, done for one).
-async fn bearer_token(config: &kube::Config) -> Result<String, String> {
+pub(crate) async fn bearer_token(config: &kube::Config) -> Result<String, String> {
     use kube::client::ConfigExt;
     use tower::{Layer, ServiceExt};
     let no_token = "your kubeconfig's user has no bearer token (a client certificate, or basic auth): the gateway knows a person by a token the API server accepts (TokenReview), as from a token, an exec plugin or an OIDC login";
@@ -255,7 +256,7 @@ fn port_of(ws: &Workspace, wanted: Option<&str>) -> Result<berth_api::WorkspaceP
 }
 
 /// The gateway's address from `--gateway` or `BERTH_GATEWAY`, without a trailing slash.
-fn gateway_address(given: Option<&str>) -> Result<String, String> {
+pub(crate) fn gateway_address(given: Option<&str>) -> Result<String, String> {
     let gateway = given.ok_or(
         "which gateway? Pass --gateway https://... or set BERTH_GATEWAY (berth dev prints its own; on a cluster, its admins know where berth gateway is served)",
     )?;
@@ -342,7 +343,7 @@ type Tunnel =
 
 /// A WebSocket to the gateway's tunnel, with the user's bearer token; a refusal in the
 /// gateway's words.
-async fn tunnel(url: &str, token: &str) -> Result<Tunnel, String> {
+pub(crate) async fn tunnel(url: &str, token: &str) -> Result<Tunnel, String> {
     use tokio_tungstenite::tungstenite::{Error, client::IntoClientRequest};
     let mut request = url
         .into_client_request()

@@ -253,6 +253,90 @@ fn sigterm_reaches_the_supervised_command() {
     assert!(String::from_utf8_lossy(&output.stdout).contains("got-term"));
 }
 
+/// The agent in a pod reaps every child (it is PID 1): a shell's exit code comes from its
+/// reaper, so each shell still gets its own, however fast it exits, and none is left a zombie.
+#[test]
+fn a_supervising_agents_shells_get_their_own_exit_codes() {
+    use berth_agent::proto::{ShellInput, ShellStart, shell_input::Input, shell_output::Output};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(BERTH)
+        .args([
+            "agent",
+            "--auth",
+            "none",
+            "--address",
+            "127.0.0.1",
+            "--port",
+        ])
+        .arg(port.to_string())
+        .args(["--", "sh", "-c", "sleep 60"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let address = format!("127.0.0.1:{port}");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let codes = runtime.block_on(async {
+        let mut codes = vec![];
+        for (code, tty) in [(0, false), (9, false), (3, true), (42, false), (7, true)] {
+            let start = ShellInput {
+                input: Some(Input::Start(ShellStart {
+                    command: vec!["sh".into(), "-c".into(), format!("exit {code}")],
+                    tty,
+                    ..Default::default()
+                })),
+            };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut outputs = loop {
+                let inputs = futures::stream::iter(vec![start.clone()]);
+                let opened = berth_agent::client::shell(
+                    &address,
+                    "any",
+                    Duration::from_secs(2),
+                    None,
+                    inputs,
+                )
+                .await;
+                match opened {
+                    Ok(outputs) => break outputs,
+                    Err(e) => assert!(Instant::now() < deadline, "no shell: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            loop {
+                let output = outputs.message().await;
+                match output.map(|o| o.and_then(|o| o.output)) {
+                    Ok(Some(Output::ExitCode(code))) => {
+                        codes.push(code);
+                        break;
+                    }
+                    Ok(Some(_)) => {}
+                    other => panic!("the shell ended without its exit code: {other:?}"),
+                }
+            }
+        }
+        codes
+    });
+    let zombies: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+        .filter(|stat| {
+            let after = stat.rsplit(')').next().unwrap_or_default();
+            let mut fields = after.split_whitespace();
+            fields.next() == Some("Z") && fields.next() == Some(child.id().to_string().as_str())
+        })
+        .collect();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    assert_eq!(codes, vec![0, 9, 3, 42, 7]);
+    assert!(zombies.is_empty(), "left as zombies: {zombies:?}");
+}
+
 #[test]
 fn orphaned_grandchildren_are_reaped() {
     let dir = tempfile::tempdir().unwrap();

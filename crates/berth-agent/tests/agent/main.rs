@@ -19,6 +19,7 @@ use tonic::Code;
 
 mod connections;
 mod content;
+mod shells;
 
 /// The audience of the operator's tokens for agents in namespace `default`.
 const AUDIENCE: &str = "berth-agent/default";
@@ -44,7 +45,7 @@ impl Setup {
     async fn new() -> Setup {
         let sim = SimCluster::start(SimConfig::api_only()).await.unwrap();
         let admin = sim.client().await.unwrap();
-        for account in ["ws", "lonely", "half", "caller", "stranger"] {
+        for account in ["ws", "lonely", "half", "caller", "stranger", "gateway"] {
             create(
                 &Api::<ServiceAccount>::namespaced(admin.clone(), "default"),
                 json!({"metadata": {"name": account}}),
@@ -72,6 +73,12 @@ impl Setup {
         create(&Api::<RoleBinding>::namespaced(admin.clone(), "default"), json!({"metadata": {"name": "caller-uses-agent"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent-user"},
             "subjects": [{"kind": "ServiceAccount", "name": "caller", "namespace": "default"}]})).await;
+        // `gateway` may open shells (and nothing else: not `use`).
+        create(&Api::<Role>::namespaced(admin.clone(), "default"), json!({"metadata": {"name": "agent-shell"},
+            "rules": [{"apiGroups": ["berth.dev"], "resources": ["workspaces/agent"], "resourceNames": ["w"], "verbs": ["shell"]}]})).await;
+        create(&Api::<RoleBinding>::namespaced(admin.clone(), "default"), json!({"metadata": {"name": "gateway-opens-shells"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "agent-shell"},
+            "subjects": [{"kind": "ServiceAccount", "name": "gateway", "namespace": "default"}]})).await;
         Setup { sim, admin }
     }
 
@@ -91,6 +98,18 @@ impl Setup {
         account: &str,
         tls: Option<TlsIdentity>,
         limits: Limits,
+    ) -> (String, Arc<Authenticator>) {
+        let shells = berth_agent::shell::Shells::Available(berth_agent::shell::local());
+        self.start_agent_with(account, tls, limits, shells).await
+    }
+
+    /// [`Setup::start_agent`], opening shells as `shells` says.
+    async fn start_agent_with(
+        &self,
+        account: &str,
+        tls: Option<TlsIdentity>,
+        limits: Limits,
+        shells: berth_agent::shell::Shells,
     ) -> (String, Arc<Authenticator>) {
         let token = self
             .sim
@@ -117,6 +136,7 @@ impl Setup {
             tls,
             activity,
             berth_agent::content::Content::new(None),
+            shells,
             std::future::pending(),
         ));
         (address, auth)
