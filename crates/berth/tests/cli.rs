@@ -854,6 +854,89 @@ fn get(port: u16) -> String {
         .unwrap_or(response)
 }
 
+/// `berth shell web` as a person at a terminal runs it: the workspace's login shell on a
+/// terminal of the window's size that follows a resize (SIGWINCH), keys passed as typed (^C
+/// interrupts the workspace's command, not berth), the shell's exit code berth's, and the
+/// terminal as it was afterwards.
+fn interactive_shell(gateway: &str, kubeconfig: &std::path::Path) {
+    use std::io::{Read, Write};
+    let size = |columns: u16, rows: u16| nix::pty::Winsize {
+        ws_row: rows,
+        ws_col: columns,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(&size(100, 30), None).unwrap();
+    let before = nix::sys::termios::tcgetattr(&pty.slave).unwrap();
+    let mut child = Command::new(BERTH)
+        .args(["shell", "web", "--gateway"])
+        .arg(format!("http://{gateway}"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env("TERM", "xterm")
+        .stdin(pty.slave.try_clone().unwrap())
+        .stdout(pty.slave.try_clone().unwrap())
+        .stderr(pty.slave.try_clone().unwrap())
+        .spawn()
+        .unwrap();
+    let mut terminal = std::fs::File::from(pty.master);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut reader = terminal.try_clone().unwrap();
+    let shown = seen.clone();
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        while let Ok(n @ 1..) = reader.read(&mut buffer) {
+            shown
+                .lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buffer[..n]));
+        }
+    });
+    let until = |what: &str| {
+        poll(Duration::from_secs(20), what, || {
+            seen.lock().unwrap().contains(what).then_some(())
+        })
+    };
+    terminal.write_all(b"stty size; echo $TERM\r").unwrap();
+    until("30 100");
+    until("xterm\r\n");
+    // The window grows: the terminal's size follows it.
+    // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer.
+    let grown = size(132, 50);
+    unsafe {
+        nix::libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&terminal),
+            nix::libc::TIOCSWINSZ,
+            &grown,
+        )
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGWINCH,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    terminal.write_all(b"stty size\r").unwrap();
+    until("50 132");
+    // ^C reaches the workspace's `sleep`, not berth.
+    terminal.write_all(b"sleep 60\r").unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    terminal.write_all(b"\x03").unwrap();
+    terminal.write_all(b"echo still-$((40 + 2))\r").unwrap();
+    until("still-42");
+    terminal.write_all(b"exit 7\r").unwrap();
+    let code = poll(Duration::from_secs(20), "berth shell to exit", || {
+        child.try_wait().unwrap().map(|s| s.code())
+    });
+    assert_eq!(code, Some(7), "{}", seen.lock().unwrap());
+    let after = nix::sys::termios::tcgetattr(&pty.slave).unwrap();
+    assert_eq!(
+        (after.local_flags, after.input_flags, after.output_flags),
+        (before.local_flags, before.input_flags, before.output_flags),
+        "the terminal is as it was"
+    );
+}
+
 /// What README promises of `berth dev`'s `web` example: enter it with `kubectl exec`, reach
 /// its server with `kubectl port-forward` and the pod proxy, and find a file written in its
 /// home again after a pause and a resume.
@@ -1182,6 +1265,67 @@ fn dev_is_a_place_to_use_a_workspace() {
         String::from_utf8_lossy(&no_port.stderr).trim_end(),
         "berth open: workspace default/web has no port nope; its ports: http (8080)"
     );
+    // berth shell: a command in web's container (its home is there), its streams apart, its
+    // exit code berth's own; stdin piped in; a terminal when asked; a workspace running its
+    // image's entrypoint says why it has no shell.
+    // Its flags before the workspace: what follows `--` is the command's.
+    let shell = |args: &[&str]| {
+        Command::new(BERTH)
+            .arg("shell")
+            .arg("--gateway")
+            .arg(format!("http://{gateway}/"))
+            .arg("--kubeconfig")
+            .arg(dir.path().join("berth-dev.kubeconfig"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let ran = shell(&[
+        "web",
+        "--",
+        "sh",
+        "-c",
+        "cat /home/dev/index.html; echo to-stderr >&2; exit 3",
+    ]);
+    assert_eq!(
+        (
+            String::from_utf8_lossy(&ran.stdout).as_ref(),
+            String::from_utf8_lossy(&ran.stderr).as_ref(),
+            ran.status.code()
+        ),
+        ("hello from home\n", "to-stderr\n", Some(3))
+    );
+    let mut piped = Command::new(BERTH)
+        .args(["shell", "web", "--gateway"])
+        .arg(format!("http://{gateway}"))
+        .arg("--kubeconfig")
+        .arg(dir.path().join("berth-dev.kubeconfig"))
+        .args(["--", "sh"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut piped.stdin.take().unwrap(), b"echo piped $((6 * 7))\n")
+        .unwrap();
+    let piped = piped.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&piped.stdout), "piped 42\n");
+    assert!(piped.status.success());
+    let on_terminal = shell(&["web", "-t", "--", "sh", "-c", "tty; stty size"]);
+    let said = String::from_utf8_lossy(&on_terminal.stdout);
+    assert!(
+        said.starts_with("/dev/pts/") && said.ends_with("\r\n24 80\r\n"),
+        "{said:?}"
+    );
+    let beside = shell(&["with-secret", "--", "true"]);
+    assert_eq!(beside.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&beside.stderr).trim_end(),
+        format!(
+            "berth shell: the agent said: {}",
+            berth_agent::shell::BESIDE_ENTRYPOINT
+        )
+    );
+    interactive_shell(&gateway, &dir.path().join("berth-dev.kubeconfig"));
     let nowhere = Command::new(BERTH)
         .args(["open", "web", "--print", "--kubeconfig"])
         .arg(dir.path().join("berth-dev.kubeconfig"))

@@ -1323,3 +1323,194 @@ async fn a_person_in_a_browser_signs_in_uses_starts_and_is_shut_out() {
         "{text}"
     );
 }
+
+/// A `berth shell` through the gateway, as the CLI speaks it: the start, then what comes back
+/// (stdout, stderr, how it ended); or the gateway's refusal (status and page).
+async fn shell(
+    gateway: SocketAddr,
+    workspace: &str,
+    headers: &[(&str, &str)],
+    start: berth_gateway::shell::Start,
+) -> Result<(String, String, berth_gateway::shell::Ended), (StatusCode, String)> {
+    use tokio_tungstenite::tungstenite::Message;
+    let mut socket = open_shell(gateway, workspace, headers).await?;
+    socket
+        .send(Message::text(serde_json::to_string(&start).unwrap()))
+        .await
+        .unwrap();
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    loop {
+        let message = tokio::time::timeout(WAIT, socket.next())
+            .await
+            .expect("the shell ends")
+            .expect("the gateway says how it ended")
+            .unwrap();
+        match message {
+            Message::Binary(bytes) => match bytes.split_first() {
+                Some((&berth_gateway::shell::STDOUT, data)) => stdout.extend_from_slice(data),
+                Some((&berth_gateway::shell::STDERR, data)) => stderr.extend_from_slice(data),
+                other => panic!("a frame of no stream: {other:?}"),
+            },
+            Message::Text(text) => {
+                let ended = serde_json::from_str(&text).unwrap();
+                let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+                return Ok((text(stdout), text(stderr), ended));
+            }
+            other => panic!("the gateway ended without saying how: {other:?}"),
+        }
+    }
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// The shell's WebSocket, or the gateway's refusal (status and page).
+async fn open_shell(
+    gateway: SocketAddr,
+    workspace: &str,
+    headers: &[(&str, &str)],
+) -> Result<Socket, (StatusCode, String)> {
+    use tokio_tungstenite::tungstenite::{Error, client::IntoClientRequest};
+    let mut request = format!("ws://{gateway}/w/default/{workspace}/.berth/shell")
+        .into_client_request()
+        .unwrap();
+    for (name, value) in headers {
+        request.headers_mut().insert(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            value.parse().unwrap(),
+        );
+    }
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((socket, _)) => Ok(socket),
+        Err(Error::Http(response)) => Err((
+            response.status(),
+            String::from_utf8_lossy(response.body().as_deref().unwrap_or_default()).into_owned(),
+        )),
+        Err(e) => panic!("the gateway answers: {e}"),
+    }
+}
+
+/// What a developer sees of `berth shell`: allowed into the workspace, a command in its
+/// container with its output (stdout and stderr apart) and its exit code; without the rule,
+/// 403 naming it; a browser session opens no shell (401 saying why); a workspace that runs
+/// its image's entrypoint says why it has no shell. An open shell is use: the workspace
+/// outlives its idle timeout while one is open, and is stopped once it ended.
+#[tokio::test]
+async fn a_shell_through_the_gateway_is_for_a_caller_allowed_in_and_is_use_while_open() {
+    use berth_gateway::shell::{Ended, Start};
+    let sim = berth_sim::SimConfig {
+        runtime: std::sync::Arc::new(
+            berth_agent::sim_runtime::AgentRuntime::default().with_host_shells(),
+        ),
+        ..berth_sim::SimConfig::fast()
+    };
+    let h = Harness::start_with(sim, test_config()).await;
+    let config = berth_gateway::Config {
+        service_account: Some(("berth-system".to_owned(), "berth-gateway".to_owned())),
+        ..Default::default()
+    };
+    let gateway = gateway_with(&h, config).await;
+    let alice = developer(&h, "alice", &["ide", "plain"]).await;
+    let bob = developer(&h, "bob", &[]).await;
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    h.create(
+        "ide",
+        json!({"image": "devbox:1", "command": ["serve"], "ports": [{"name": "http", "port": 8080}],
+               "lifecycle": {"idleTimeout": "3s"}}),
+    )
+    .await;
+    h.create("plain", json!({"image": "devbox:1"})).await;
+    h.until_phase("ide", Phase::Running).await;
+    h.until_phase("plain", Phase::Running).await;
+    let as_alice = format!("Bearer {alice}");
+    let command = |script: &str| Start {
+        command: vec!["sh".into(), "-c".into(), script.into()],
+        ..Default::default()
+    };
+
+    let ran = shell(
+        gateway,
+        "ide",
+        &[("authorization", &as_alice)],
+        command("echo hi; echo oops >&2; exit 4"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        ran,
+        ("hi\n".into(), "oops\n".into(), Ended::Exit { code: 4 })
+    );
+
+    let (status, page) = shell(
+        gateway,
+        "ide",
+        &[("authorization", &format!("Bearer {bob}"))],
+        command("true"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(page.contains("workspaces/connect"), "{page}");
+
+    let (status, page) = shell(
+        gateway,
+        "ide",
+        &[("cookie", "berth_session=anything")],
+        command("true"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(page.contains("a browser session opens none"), "{page}");
+
+    let (_, _, ended) = shell(
+        gateway,
+        "plain",
+        &[("authorization", &as_alice)],
+        command("true"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        ended,
+        Ended::Error {
+            message: format!("the agent said: {}", berth_agent::shell::BESIDE_ENTRYPOINT)
+        }
+    );
+
+    // A shell left open (a person reading a log) keeps the workspace.
+    let mut open = open_shell(gateway, "ide", &[("authorization", &as_alice)])
+        .await
+        .unwrap();
+    open.send(tokio_tungstenite::tungstenite::Message::text(
+        serde_json::to_string(&command("echo started; sleep 60")).unwrap(),
+    ))
+    .await
+    .unwrap();
+    assert!(open.next().await.unwrap().is_ok(), "the shell started");
+    let asked = h.metric("berth_agent_activity_checks_total{result=\"ok\"}");
+    let from = std::time::Instant::now();
+    eventually(
+        Duration::from_secs(40),
+        "three timeouts of asks",
+        || async {
+            (from.elapsed() >= 3 * TIMEOUT
+                && h.metric("berth_agent_activity_checks_total{result=\"ok\"}") >= asked + 8)
+                .then_some(())
+        },
+    )
+    .await;
+    let ws = h.workspaces().get("ide").await.unwrap();
+    assert_eq!(phase_of(&ws), Some(Phase::Running), "{}", message_of(&ws));
+    let status = ws.status.unwrap();
+    assert_eq!(status.last_activity_signal.as_deref(), Some("Shell"));
+    assert_eq!(h.metric("berth_workspaces_culled_total"), 0);
+
+    drop(open);
+    h.until(
+        "ide",
+        "the workspace to be culled once its shell ended",
+        |ws| condition(ws, "Ready").is_some_and(|c| c.status == "False" && c.reason == "Idle"),
+    )
+    .await;
+}
