@@ -127,6 +127,8 @@ pub async fn shell(
 /// the TokenRequest API for its own service account, each used until 80% of its lifetime.
 pub struct AgentTokens {
     client: kube::Client,
+    /// Whose they are, in messages: "the operator's".
+    whose: &'static str,
     /// The service account's namespace and name.
     namespace: String,
     name: String,
@@ -140,11 +142,18 @@ struct CachedToken {
 }
 
 impl AgentTokens {
-    /// Tokens of the service account `namespace/name`, asked for `lifetime` (at least 10
-    /// minutes, as the API server requires).
-    pub fn new(client: kube::Client, namespace: &str, name: &str, lifetime: Duration) -> Self {
+    /// Tokens of `whose` ("the operator's") service account `namespace/name`, asked for
+    /// `lifetime` (at least 10 minutes, as the API server requires).
+    pub fn new(
+        client: kube::Client,
+        whose: &'static str,
+        namespace: &str,
+        name: &str,
+        lifetime: Duration,
+    ) -> Self {
         AgentTokens {
             client,
+            whose,
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             lifetime,
@@ -187,7 +196,10 @@ impl AgentTokens {
             .create_token_request(&self.name, &PostParams::default(), &request)
             .await
             .map_err(|e| {
-                format!("cannot get a token for the service account {account} (TokenRequest): {e}")
+                format!(
+                    "cannot get a token for {} service account {account} (TokenRequest): {e}",
+                    self.whose
+                )
             })?;
         let status = answer
             .status

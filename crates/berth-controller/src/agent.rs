@@ -182,6 +182,7 @@ impl AgentChecker {
         let (wake, woken) = futures::channel::mpsc::unbounded();
         let tokens = AgentTokens::new(
             client.clone(),
+            "the operator's",
             &config.service_account.namespace,
             &config.service_account.name,
             config.token_lifetime,

@@ -195,6 +195,7 @@ impl Gateway {
         let agent_tokens = config.service_account.as_ref().map(|(namespace, name)| {
             berth_agent::client::AgentTokens::new(
                 client.clone(),
+                "the gateway's",
                 namespace,
                 name,
                 AGENT_TOKEN_LIFETIME,
@@ -813,42 +814,53 @@ impl Gateway {
                 Ok(start) => start,
                 Err(message) => return shell::refuse(socket, message).await,
             };
-            let (inputs, queued) = tokio::sync::mpsc::channel(16);
-            let _ = inputs.send(shell::start(start, &user.username)).await;
-            let opened = gateway.open_shell(&namespace, &address, tls, queued).await;
+            let start = shell::start(start, &user.username);
+            let opened = gateway.open_shell(&namespace, &address, tls, start).await;
             match opened {
-                Ok(outputs) => shell::bridge(socket, inputs, outputs).await,
+                Ok((inputs, outputs)) => shell::bridge(socket, inputs, outputs).await,
                 Err(message) => shell::refuse(socket, message).await,
             }
         })
     }
 
-    /// Opens a shell on the agent at `address` with the gateway's token for `namespace`
-    /// (requested again once if the agent rejected a cached one); Err: why not, in words.
+    /// Opens a shell on the agent at `address` with `start`, with the gateway's token for
+    /// `namespace` (requested again, and the shell asked for again, when the agent rejected a
+    /// cached one); the sender of further inputs and the outputs, or why not, in words.
     async fn open_shell(
         &self,
         namespace: &str,
         address: &str,
         tls: Option<berth_agent::client::ClientTls>,
-        queued: tokio::sync::mpsc::Receiver<berth_agent::proto::ShellInput>,
-    ) -> Result<tonic::Streaming<berth_agent::proto::ShellOutput>, String> {
+        start: berth_agent::proto::ShellInput,
+    ) -> Result<
+        (
+            tokio::sync::mpsc::Sender<berth_agent::proto::ShellInput>,
+            tonic::Streaming<berth_agent::proto::ShellOutput>,
+        ),
+        String,
+    > {
         use berth_agent::client::{CallError, shell, token_rejected};
         let tokens = self.0.agent_tokens.as_ref().ok_or("no service account")?;
-        let (token, fresh) = tokens.token(namespace).await?;
         let timeout = self.0.config.connect_timeout;
-        let inputs = tokio_stream::wrappers::ReceiverStream::new(queued);
-        match shell(address, &token, timeout, tls.as_ref(), inputs).await {
-            Ok(outputs) => Ok(outputs),
-            // The inputs went with the refused call: the caller asks again.
-            Err(CallError::Refused(status)) if !fresh && token_rejected(&status) => {
-                tokens.forget(namespace, &token).await;
-                Err(format!(
-                    "the agent refused the gateway's token ({}); try again",
-                    status.message()
-                ))
+        let mut renewed = false;
+        loop {
+            let (token, fresh) = tokens.token(namespace).await?;
+            let (inputs, queued) = tokio::sync::mpsc::channel(16);
+            let _ = inputs.try_send(start.clone());
+            let queued = tokio_stream::wrappers::ReceiverStream::new(queued);
+            match shell(address, &token, timeout, tls.as_ref(), queued).await {
+                Ok(outputs) => return Ok((inputs, outputs)),
+                Err(CallError::Refused(status))
+                    if !fresh && !renewed && token_rejected(&status) =>
+                {
+                    tokens.forget(namespace, &token).await;
+                    renewed = true;
+                }
+                Err(CallError::Refused(status)) => {
+                    return Err(format!("the agent said: {}", status.message()));
+                }
+                Err(unreachable) => return Err(unreachable.to_string()),
             }
-            Err(CallError::Refused(status)) => Err(format!("the agent said: {}", status.message())),
-            Err(unreachable) => Err(unreachable.to_string()),
         }
     }
 }
