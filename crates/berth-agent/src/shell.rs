@@ -338,18 +338,19 @@ pub async fn run(
     if let Some(stderr) = stderr {
         pumps.push(tokio::spawn(pump(stderr, out.clone(), Output::Stderr)));
     }
+    // Until the command exits, this shell ending any other way (its caller gone, the agent
+    // stopping) hangs it up.
+    let mut hang_up = HangUp(hang_up);
     let code = tokio::select! {
         code = exited => code,
         () = out.closed() => {
-            if let Some(hang_up) = hang_up {
-                hang_up();
-            }
             for pump in pumps {
                 pump.abort();
             }
             return;
         }
     };
+    hang_up.0 = None;
     let drained = tokio::time::timeout(AFTER_EXIT, async {
         for pump in &mut pumps {
             let _ = pump.await;
@@ -391,6 +392,17 @@ async fn pump(
                     return;
                 }
             }
+        }
+    }
+}
+
+/// Hangs a command up when dropped, unless it exited.
+struct HangUp(Option<Box<dyn FnOnce() + Send>>);
+
+impl Drop for HangUp {
+    fn drop(&mut self) {
+        if let Some(hang_up) = self.0.take() {
+            hang_up();
         }
     }
 }

@@ -156,7 +156,7 @@ pub struct WorkspaceStatus {
     /// happened since); asked for when `lifecycle.idleTimeout` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_activity: Option<Time>,
-    /// What that use was: `Connection`, `Cpu`, `Heartbeat`, or `Started`.
+    /// What that use was: `Connection`, `Cpu`, `Heartbeat`, `Shell`, or `Started`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_activity_signal: Option<String>,
     /// What the workspace's kind and options gave it when it last started from stopped: its

@@ -301,11 +301,11 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
             .answer(&headers);
     }
     // A public port is served to anyone; every other port to a caller allowed in.
-    let session = if public == Some(Public::Yes) {
-        None
+    let (user, session) = if public == Some(Public::Yes) {
+        (None, None)
     } else {
         match gateway.caller(&headers, &target).await {
-            Ok((_, session)) => session,
+            Ok((user, session)) => (Some(user), session),
             Err(refused) => return refused,
         }
     };
@@ -331,7 +331,7 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
-    gateway.forward(request, &target, backend, peer).await
+    gateway.forward(request, &target, backend, peer, user).await
 }
 
 /// Where `berth open` asks for a login link (POST, with the user's bearer token, the
@@ -702,9 +702,10 @@ impl Gateway {
                     .answer(&headers);
             }
         };
-        if let Err(refused) = self.caller(&headers, &target).await {
-            return refused;
-        }
+        let user = match self.caller(&headers, &target).await {
+            Ok((user, _)) => user,
+            Err(refused) => return refused,
+        };
         let workspace = self.cached_workspace(&target);
         let backend = match self.backend(&target, workspace, None).await {
             Ok(backend) => backend,
@@ -736,7 +737,13 @@ impl Gateway {
             }
         };
         let _ = stream.set_nodelay(true);
-        upgrade.on_upgrade(move |socket| pump(socket, stream))
+        let gateway = self.clone();
+        upgrade.on_upgrade(move |socket| async move {
+            tokio::select! {
+                () = pump(socket, stream) => {}
+                _ = gateway.revoked(&user, &own.namespace, &own.workspace) => {}
+            }
+        })
     }
 }
 
@@ -817,7 +824,10 @@ impl Gateway {
             let start = shell::start(start, &user.username);
             let opened = gateway.open_shell(&namespace, &address, tls, start).await;
             match opened {
-                Ok((inputs, outputs)) => shell::bridge(socket, inputs, outputs).await,
+                Ok((inputs, outputs)) => {
+                    let revoked = gateway.revoked(&user, &namespace, &own.workspace);
+                    shell::bridge(socket, inputs, outputs, revoked).await
+                }
                 Err(message) => shell::refuse(socket, message).await,
             }
         })
@@ -871,6 +881,27 @@ fn agent_address(pod: &Pod) -> Option<String> {
     let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
     let port = berth_core::pod::agent_port(pod)?;
     Some(berth_core::state::agent_address(ip, port))
+}
+
+impl Gateway {
+    /// Resolves, with words saying so, once `user` may no longer connect to workspace
+    /// `namespace/name`: asked again every `review_ttl` while a WebSocket, tunnel or shell of
+    /// theirs is open, so removing someone's Role ends those too (an API server that cannot
+    /// answer ends nothing).
+    async fn revoked(&self, user: &User, namespace: &str, name: &str) -> String {
+        let every = self.0.config.review_ttl.max(Duration::from_millis(100));
+        loop {
+            tokio::time::sleep(every).await;
+            if let Err(Refusal::Forbidden { .. }) =
+                self.0.access.authorize(user, namespace, name).await
+            {
+                return format!(
+                    "{} may no longer connect to workspace {namespace}/{name}",
+                    user.username
+                );
+            }
+        }
+    }
 }
 
 /// The page of a workspace port that does not take connections.
@@ -1079,6 +1110,7 @@ impl Gateway {
         target: &Target,
         backend: SocketAddr,
         peer: Option<IpAddr>,
+        user: Option<User>,
     ) -> Response {
         let upgrade = route::wants_upgrade(request.headers());
         let caller = upgrade.then(|| hyper::upgrade::on(&mut request));
@@ -1111,13 +1143,27 @@ impl Gateway {
         let switched = upgrade && response.status() == StatusCode::SWITCHING_PROTOCOLS;
         if let (true, Some(caller)) = (switched, caller) {
             let workspace = hyper::upgrade::on(&mut response);
+            let (gateway, namespace, name) = (
+                self.clone(),
+                target.namespace.clone(),
+                target.workspace.clone(),
+            );
             tokio::spawn(async move {
                 if let (Ok(caller), Ok(workspace)) = tokio::join!(caller, workspace) {
-                    let _ = tokio::io::copy_bidirectional(
-                        &mut TokioIo::new(caller),
-                        &mut TokioIo::new(workspace),
-                    )
-                    .await;
+                    let (mut caller, mut workspace) =
+                        (TokioIo::new(caller), TokioIo::new(workspace));
+                    let joined = tokio::io::copy_bidirectional(&mut caller, &mut workspace);
+                    // A public port's caller has no permission to lose.
+                    let revoked = async {
+                        match &user {
+                            Some(user) => gateway.revoked(user, &namespace, &name).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        _ = joined => {}
+                        _ = revoked => {}
+                    }
                 }
             });
         }

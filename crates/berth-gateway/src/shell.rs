@@ -146,11 +146,13 @@ pub async fn refuse(mut socket: WebSocket, message: String) {
 
 /// Joins the caller's WebSocket and the agent's shell: the caller's messages become inputs
 /// (`inputs`), the agent's outputs messages, the exit code the last one. Either side leaving
-/// ends both: the agent hangs up a command whose caller left.
+/// ends both: the agent hangs up a command whose caller left. When `revoked` resolves (the
+/// caller lost the right to connect), the shell ends with its words.
 pub async fn bridge(
     socket: WebSocket,
     inputs: tokio::sync::mpsc::Sender<ShellInput>,
     mut outputs: tonic::Streaming<berth_agent::proto::ShellOutput>,
+    revoked: impl std::future::Future<Output = String>,
 ) {
     let (mut to_caller, mut from_caller) = socket.split();
     // Until the caller closes: what comes after the command ended is read and dropped.
@@ -165,8 +167,17 @@ pub async fn bridge(
         }
     };
     let down = async move {
+        let mut revoked = std::pin::pin!(revoked);
         loop {
-            let message = match outputs.message().await {
+            let next = tokio::select! {
+                next = outputs.message() => next,
+                why = &mut revoked => {
+                    let _ = to_caller.send(ended(Ended::Error { message: why })).await;
+                    let _ = to_caller.send(Message::Close(None)).await;
+                    return;
+                }
+            };
+            let message = match next {
                 Ok(Some(answer)) => match answer.output {
                     Some(out) => output(out),
                     None => continue,

@@ -1394,7 +1394,8 @@ async fn open_shell(
 /// container with its output (stdout and stderr apart) and its exit code; without the rule,
 /// 403 naming it; a browser session opens no shell (401 saying why); a workspace that runs
 /// its image's entrypoint says why it has no shell. An open shell is use: the workspace
-/// outlives its idle timeout while one is open, and is stopped once it ended.
+/// outlives its idle timeout while one is open, and is stopped once it ended. Removing the
+/// person's Role ends their open shell (saying why), WebSocket and tunnel.
 #[tokio::test]
 async fn a_shell_through_the_gateway_is_for_a_caller_allowed_in_and_is_use_while_open() {
     use berth_gateway::shell::{Ended, Start};
@@ -1407,10 +1408,11 @@ async fn a_shell_through_the_gateway_is_for_a_caller_allowed_in_and_is_use_while
     let h = Harness::start_with(sim, test_config()).await;
     let config = berth_gateway::Config {
         service_account: Some(("berth-system".to_owned(), "berth-gateway".to_owned())),
+        review_ttl: Duration::from_millis(200),
         ..Default::default()
     };
     let gateway = gateway_with(&h, config).await;
-    let alice = developer(&h, "alice", &["ide", "plain"]).await;
+    let alice = developer(&h, "alice", &["ide", "plain", "other"]).await;
     let bob = developer(&h, "bob", &[]).await;
     const TIMEOUT: Duration = Duration::from_secs(3);
     h.create(
@@ -1420,6 +1422,7 @@ async fn a_shell_through_the_gateway_is_for_a_caller_allowed_in_and_is_use_while
     )
     .await;
     h.create("plain", json!({"image": "devbox:1"})).await;
+    served(&h, "other").await;
     h.until_phase("ide", Phase::Running).await;
     h.until_phase("plain", Phase::Running).await;
     let as_alice = format!("Bearer {alice}");
@@ -1513,4 +1516,74 @@ async fn a_shell_through_the_gateway_is_for_a_caller_allowed_in_and_is_use_while
         |ws| condition(ws, "Ready").is_some_and(|c| c.status == "False" && c.reason == "Idle"),
     )
     .await;
+
+    // Alice's way in is taken away while she is inside: her shell, her WebSocket to the
+    // workspace's port and her tunnel end within the review TTL.
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+    let mut shell_open = open_shell(gateway, "other", &[("authorization", &as_alice)])
+        .await
+        .unwrap();
+    shell_open
+        .send(Message::text(
+            serde_json::to_string(&command("echo started; sleep 60")).unwrap(),
+        ))
+        .await
+        .unwrap();
+    assert!(
+        shell_open.next().await.unwrap().is_ok(),
+        "the shell started"
+    );
+    let connect = |path: &str| {
+        let mut request = format!("ws://{gateway}/w/default/other/{path}")
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("authorization", as_alice.parse().unwrap());
+        tokio_tungstenite::connect_async(request)
+    };
+    let (mut echo, _) = connect("http/echo").await.unwrap();
+    echo.send(Message::text("hello")).await.unwrap();
+    assert_eq!(echo.next().await.unwrap().unwrap(), Message::text("hello"));
+    let (mut tunnel, _) = connect(".berth/tcp/http").await.unwrap();
+    k8s_delete::<k8s_openapi::api::rbac::v1::RoleBinding>(&h, "alice-workspaces").await;
+    let ended = loop {
+        match tokio::time::timeout(WAIT, shell_open.next()).await {
+            Ok(Some(Ok(Message::Text(text)))) => break text.to_string(),
+            Ok(Some(Ok(_))) => {}
+            other => panic!("the shell ends saying why: {other:?}"),
+        }
+    };
+    assert_eq!(
+        serde_json::from_str::<Ended>(&ended).unwrap(),
+        Ended::Error {
+            message: "system:serviceaccount:default:alice may no longer connect to workspace default/other".into()
+        }
+    );
+    for (what, socket) in [("WebSocket", &mut echo), ("tunnel", &mut tunnel)] {
+        let closed = tokio::time::timeout(WAIT, async {
+            while let Some(Ok(message)) = socket.next().await {
+                if let Message::Close(_) = message {
+                    break;
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "the {what} outlived alice's Role");
+    }
+}
+
+/// Deletes the namespaced object `name` of `default`.
+async fn k8s_delete<K>(h: &Harness, name: &str)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    kube::Api::<K>::namespaced(h.client.clone(), "default")
+        .delete(name, &Default::default())
+        .await
+        .unwrap();
 }
