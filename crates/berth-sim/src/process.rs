@@ -1176,6 +1176,7 @@ impl ContainerRuntime for ProcessRuntime {
                         Some(&terminal.terminal),
                     )
                     .map_err(exec_error)?;
+                let hang_up = hang_up(&child);
                 drop(terminal.terminal);
                 use std::os::fd::AsRawFd;
                 let fd = terminal.controller.as_raw_fd();
@@ -1197,6 +1198,7 @@ impl ContainerRuntime for ProcessRuntime {
                         set_size(controller.as_raw_fd(), columns, rows)
                     })),
                     exited,
+                    hang_up,
                 })
                 .inspect(|_| set_size(fd, 80, 24));
             }
@@ -1214,6 +1216,7 @@ impl ContainerRuntime for ProcessRuntime {
                 stderr: child.stderr.take().map(|s| Box::pin(s) as Reader),
                 resize: None,
                 exited,
+                hang_up: hang_up(&child),
             };
             tokio::spawn(async move {
                 let _ = exit_tx.send(exit_code(child.wait().await));
@@ -1282,6 +1285,15 @@ impl ContainerRuntime for ProcessRuntime {
 
 /// A terminal's output: once the last process holding the terminal is gone, reading it fails
 /// (EIO), which is its end.
+/// SIGHUP to an exec'd command's process group (it leads a session of its own).
+fn hang_up(child: &tokio::process::Child) -> Option<Box<dyn FnOnce() + Send>> {
+    let pid = i32::try_from(child.id()?).ok()?;
+    Some(Box::new(move || {
+        // SAFETY: kill with a process group and a signal number; no memory is involved.
+        unsafe { libc::kill(-pid, libc::SIGHUP) };
+    }))
+}
+
 struct TerminalReader(tokio::fs::File);
 
 impl tokio::io::AsyncRead for TerminalReader {

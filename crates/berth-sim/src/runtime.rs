@@ -111,6 +111,9 @@ pub struct ExecSession {
     pub resize: Option<Box<dyn Fn(u16, u16) + Send + Sync>>,
     /// The exit code (128 + the signal for a killed process).
     pub exited: oneshot::Receiver<i32>,
+    /// Sends the command SIGHUP, as a terminal that went away would (the kubelet's exec does
+    /// not, and a command keeps running after its caller left; a runtime's other callers may).
+    pub hang_up: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// A running container's own stdin (`stdin: true` in its spec), as an attach writes to it.

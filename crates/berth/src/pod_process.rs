@@ -137,7 +137,7 @@ fn exec_in(processes: ProcessRuntime, context: ContainerContext) -> berth_agent:
                 stderr: session.stderr,
                 resize,
                 exited: session.exited,
-                hang_up: None,
+                hang_up: session.hang_up,
             })
         })
     })

@@ -1326,6 +1326,32 @@ fn dev_is_a_place_to_use_a_workspace() {
         )
     );
     interactive_shell(&gateway, &dir.path().join("berth-dev.kubeconfig"));
+    // A caller who goes away (berth shell killed) leaves nothing running in the workspace.
+    let mut left = Command::new(BERTH)
+        .args(["shell", "--gateway"])
+        .arg(format!("http://{gateway}/"))
+        .arg("--kubeconfig")
+        .arg(dir.path().join("berth-dev.kubeconfig"))
+        .args(["web", "--", "sh", "-c", "echo $$; exec sleep 300"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let said = std::io::BufRead::lines(std::io::BufReader::new(left.stdout.take().unwrap()))
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let pid: u32 = said
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("the command's pid: {said:?}"));
+    let proc = std::path::PathBuf::from(format!("/proc/{pid}"));
+    assert!(proc.exists());
+    let _ = left.kill();
+    let _ = left.wait();
+    poll(Duration::from_secs(20), "the left command hung up", || {
+        (!proc.exists()).then_some(())
+    });
     let nowhere = Command::new(BERTH)
         .args(["open", "web", "--print", "--kubeconfig"])
         .arg(dir.path().join("berth-dev.kubeconfig"))

@@ -59,6 +59,8 @@ pub(super) async fn exec(
         stderr,
         resize,
         exited,
+        // As the kubelet: a command outlives its exec's caller.
+        hang_up: _,
     } = process;
     let options = session.options;
     let pumps = [
