@@ -682,7 +682,6 @@ impl Gateway {
     /// workspace's port, its bytes in binary messages both ways, for a caller allowed to
     /// connect to the workspace; the same pod and port rules as HTTP.
     async fn tunnel(&self, own: Own, port: String, request: Request) -> Response {
-        use axum::extract::FromRequest;
         let headers = request.headers().clone();
         let path = format!(
             "{}{}/{}/{port}/",
@@ -711,16 +710,9 @@ impl Gateway {
             Ok(backend) => backend,
             Err(page) => return page.answer(&headers),
         };
-        let upgrade = match axum::extract::ws::WebSocketUpgrade::from_request(request, &()).await {
+        let upgrade = match websocket(request, "a TCP tunnel", "berth port-forward").await {
             Ok(upgrade) => upgrade,
-            Err(rejection) => {
-                return Page::new(StatusCode::BAD_REQUEST, "Not a WebSocket")
-                    .line(format!(
-                        "{}: a TCP tunnel is a WebSocket (berth port-forward opens one).",
-                        rejection.body_text()
-                    ))
-                    .answer(&headers);
-            }
+            Err(refused) => return refused,
         };
         // Connected before the upgrade, so a port that does not answer is an HTTP answer.
         let connected = tokio::time::timeout(
@@ -754,7 +746,6 @@ impl Gateway {
     /// route every workspace's pages share the gateway's origin, so a page of one workspace
     /// could otherwise open a shell in another with its visitor's cookie.
     async fn shell(&self, own: Own, request: Request) -> Response {
-        use axum::extract::FromRequest;
         let headers = request.headers().clone();
         let target = Target {
             namespace: own.namespace.clone(),
@@ -803,16 +794,9 @@ impl Gateway {
                     .answer(&headers);
             }
         };
-        let upgrade = match axum::extract::ws::WebSocketUpgrade::from_request(request, &()).await {
+        let upgrade = match websocket(request, "a shell", "berth shell").await {
             Ok(upgrade) => upgrade,
-            Err(rejection) => {
-                return Page::new(StatusCode::BAD_REQUEST, "Not a WebSocket")
-                    .line(format!(
-                        "{}: a shell is a WebSocket (berth shell opens one).",
-                        rejection.body_text()
-                    ))
-                    .answer(&headers);
-            }
+            Err(refused) => return refused,
         };
         let gateway = self.clone();
         let namespace = own.namespace.clone();
@@ -902,6 +886,26 @@ impl Gateway {
             }
         }
     }
+}
+
+/// The WebSocket `request` asks for; else 400 saying `what` is one and `which` CLI opens it.
+async fn websocket(
+    request: Request,
+    what: &str,
+    which: &str,
+) -> Result<axum::extract::ws::WebSocketUpgrade, Response> {
+    use axum::extract::FromRequest;
+    let headers = request.headers().clone();
+    axum::extract::ws::WebSocketUpgrade::from_request(request, &())
+        .await
+        .map_err(|rejection| {
+            Page::new(StatusCode::BAD_REQUEST, "Not a WebSocket")
+                .line(format!(
+                    "{}: {what} is a WebSocket ({which} opens one).",
+                    rejection.body_text()
+                ))
+                .answer(&headers)
+        })
 }
 
 /// The page of a workspace port that does not take connections.

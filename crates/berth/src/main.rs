@@ -211,22 +211,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "sim")]
         Command::Dev(args) => block_on("dev", dev::run(args)),
         Command::Controller(args) => block_on("controller", controller::run(*args)),
-        Command::Agent(args) => {
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(runtime) => runtime,
-                Err(err) => {
-                    eprintln!("berth agent: cannot start the async runtime: {err}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(agent::run(*args)) {
-                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
-                Err(err) => {
-                    eprintln!("berth agent: {err}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Command::Agent(args) => exit_with("agent", agent::run(*args)),
         #[cfg(feature = "sim")]
         Command::Sim(args) => run_sim(args),
         Command::Serve(args) => block_on("serve", serve::run(args)),
@@ -236,25 +221,7 @@ fn main() -> ExitCode {
         Command::Stop(args) => block_on("stop", workspaces::switch(args, false)),
         Command::Open(args) => block_on("open", workspaces::open(args)),
         Command::PortForward(args) => block_on("port-forward", workspaces::port_forward(args)),
-        Command::Shell(args) => {
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(runtime) => runtime,
-                Err(err) => {
-                    eprintln!("berth shell: cannot start the async runtime: {err}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let code = match runtime.block_on(shell::run(args)) {
-                Ok(code) => code.clamp(0, 255) as u8,
-                Err(err) => {
-                    eprintln!("berth shell: {err}");
-                    1
-                }
-            };
-            // Reading stdin blocks a thread the runtime would wait for: leave it behind.
-            runtime.shutdown_background();
-            ExitCode::from(code)
-        }
+        Command::Shell(args) => exit_with("shell", shell::run(args)),
         Command::Install { path } => match install(&path) {
             Ok(()) => {
                 println!("berth install: copied to {}", path.display());
@@ -312,6 +279,27 @@ fn init_logging(default: &str) -> Result<(), String> {
 }
 
 /// Runs `job` on a fresh runtime; an error is printed as `berth <name>: <error>`.
+/// Runs `job`, whose answer is the exit code (the supervised command's, the shell's); its
+/// error is said and exits 1. Blocking threads left (reading stdin) are not waited for.
+fn exit_with(name: &str, job: impl std::future::Future<Output = Result<i32, String>>) -> ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("berth {name}: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = match runtime.block_on(job) {
+        Ok(code) => code.clamp(0, 255) as u8,
+        Err(err) => {
+            eprintln!("berth {name}: {err}");
+            1
+        }
+    };
+    runtime.shutdown_background();
+    ExitCode::from(code)
+}
+
 fn block_on(name: &str, job: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

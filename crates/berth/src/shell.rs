@@ -9,7 +9,7 @@ use berth_gateway::shell::{Control, Ended, STDERR, STDOUT, Start};
 use futures::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::workspaces::{Target, bearer_token, gateway_address, load, tunnel};
+use crate::workspaces::{Target, bearer_token, gateway_address, load, own_websocket, tunnel};
 
 /// Options of `berth shell`.
 #[derive(clap::Args, Debug)]
@@ -38,13 +38,7 @@ pub async fn run(args: ShellArgs) -> Result<i32, String> {
     let gateway = gateway_address(args.gateway.as_deref())?;
     let (config, namespace) = load(&args.target).await?;
     let token = bearer_token(&config).await?;
-    let url = format!(
-        "{}{}{namespace}/{}/{}/shell",
-        gateway.replacen("http", "ws", 1),
-        berth_gateway::route::PREFIX,
-        args.name,
-        berth_gateway::route::OWN,
-    );
+    let url = own_websocket(&gateway, &namespace, &args.name, "shell");
     let _ = rustls::crypto::ring::default_provider().install_default();
     let interactive = std::io::stdin().is_terminal();
     let tty = args.tty || (interactive && !args.no_tty);

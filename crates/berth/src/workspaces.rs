@@ -268,6 +268,16 @@ pub(crate) fn gateway_address(given: Option<&str>) -> Result<String, String> {
     Ok(gateway.trim_end_matches('/').to_owned())
 }
 
+/// The WebSocket address of the gateway's own page `action` of workspace `namespace/name`.
+pub(crate) fn own_websocket(gateway: &str, namespace: &str, name: &str, action: &str) -> String {
+    format!(
+        "{}{}{namespace}/{name}/{}/{action}",
+        gateway.replacen("http", "ws", 1),
+        berth_gateway::route::PREFIX,
+        berth_gateway::route::OWN,
+    )
+}
+
 /// `berth port-forward`: a local port whose connections reach a workspace's port through the
 /// gateway (a WebSocket each, with the user's bearer token), as `kubectl port-forward` does
 /// without `pods/portforward`.
@@ -292,13 +302,11 @@ pub async fn port_forward(args: PortForwardArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot read workspace {}: {}", args.name, api_words(&e)))?;
     let port = port_of(&ws, Some(&wanted))?;
     let local = local.unwrap_or_else(|| u16::try_from(port.port).unwrap_or(0));
-    let websocket = format!(
-        "{}{}{namespace}/{}/{}/tcp/{}",
-        gateway.replacen("http", "ws", 1),
-        berth_gateway::route::PREFIX,
-        args.name,
-        berth_gateway::route::OWN,
-        port.name
+    let websocket = own_websocket(
+        &gateway,
+        &namespace,
+        &args.name,
+        &format!("tcp/{}", port.name),
     );
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Refused now rather than at the first connection: who may not connect, a stopped

@@ -63,7 +63,18 @@ fn install_copies_an_executable_berth() {
     assert!(String::from_utf8_lossy(&output.stderr).starts_with("berth install: cannot copy"));
 }
 
-fn agent(script: &str) -> Command {
+/// A port no one listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `berth agent` letting everyone in, serving on 127.0.0.1:`port`; its other flags and
+/// command follow.
+fn agent_at(port: u16) -> Command {
     let mut command = Command::new(BERTH);
     command.args([
         "agent",
@@ -72,12 +83,15 @@ fn agent(script: &str) -> Command {
         "--address",
         "127.0.0.1",
         "--port",
-        "0",
-        "--",
-        "sh",
-        "-c",
-        script,
     ]);
+    command.arg(port.to_string());
+    command
+}
+
+/// `berth agent` letting everyone in, on any free port, supervising `sh -c script`.
+fn agent(script: &str) -> Command {
+    let mut command = agent_at(0);
+    command.args(["--", "sh", "-c", script]);
     command
 }
 
@@ -173,20 +187,9 @@ fn no_environment_variable_turns_authentication_off() {
 /// `Cpu` (the supervised tree is the command's, not the agent's own serving).
 #[test]
 fn the_agent_reports_its_commands_cpu_as_activity() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new(BERTH)
+    let port = free_port();
+    let mut child = agent_at(port)
         .args([
-            "agent",
-            "--auth",
-            "none",
-            "--address",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
             "--activity-interval",
             "200ms",
             "--",
@@ -258,21 +261,8 @@ fn sigterm_reaches_the_supervised_command() {
 #[test]
 fn a_supervising_agents_shells_get_their_own_exit_codes() {
     use berth_agent::proto::{ShellInput, ShellStart, shell_input::Input, shell_output::Output};
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new(BERTH)
-        .args([
-            "agent",
-            "--auth",
-            "none",
-            "--address",
-            "127.0.0.1",
-            "--port",
-        ])
-        .arg(port.to_string())
+    let port = free_port();
+    let mut child = agent_at(port)
         .args(["--", "sh", "-c", "sleep 60"])
         .stderr(Stdio::null())
         .spawn()

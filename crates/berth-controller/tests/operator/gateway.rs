@@ -582,18 +582,7 @@ async fn a_workspace_used_only_through_the_gateway_is_kept_until_its_session_end
         .insert("authorization", format!("Bearer {alice}").parse().unwrap());
     let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
 
-    let asked = h.metric("berth_agent_activity_checks_total{result=\"ok\"}");
-    let from = std::time::Instant::now();
-    eventually(
-        Duration::from_secs(40),
-        "three timeouts of asks",
-        || async {
-            (from.elapsed() >= 3 * TIMEOUT
-                && h.metric("berth_agent_activity_checks_total{result=\"ok\"}") >= asked + 8)
-                .then_some(())
-        },
-    )
-    .await;
+    three_idle_timeouts(&h, TIMEOUT).await;
     socket
         .send(tokio_tungstenite::tungstenite::Message::text("still here"))
         .await
@@ -614,6 +603,23 @@ async fn a_workspace_used_only_through_the_gateway_is_kept_until_its_session_end
         "ide",
         "the workspace to be culled once its session ended",
         |ws| condition(ws, "Ready").is_some_and(|c| c.status == "False" && c.reason == "Idle"),
+    )
+    .await;
+}
+
+/// Waits three idle timeouts of `timeout`, in which the operator asked the agent about
+/// activity at least eight times (so a workspace still Running then was seen in use).
+async fn three_idle_timeouts(h: &Harness, timeout: Duration) {
+    let asked = h.metric("berth_agent_activity_checks_total{result=\"ok\"}");
+    let from = std::time::Instant::now();
+    eventually(
+        Duration::from_secs(40),
+        "three timeouts of asks",
+        || async {
+            (from.elapsed() >= 3 * timeout
+                && h.metric("berth_agent_activity_checks_total{result=\"ok\"}") >= asked + 8)
+                .then_some(())
+        },
     )
     .await;
 }
@@ -1491,18 +1497,7 @@ async fn a_shell_through_the_gateway_is_for_a_caller_allowed_in_and_is_use_while
     .await
     .unwrap();
     assert!(open.next().await.unwrap().is_ok(), "the shell started");
-    let asked = h.metric("berth_agent_activity_checks_total{result=\"ok\"}");
-    let from = std::time::Instant::now();
-    eventually(
-        Duration::from_secs(40),
-        "three timeouts of asks",
-        || async {
-            (from.elapsed() >= 3 * TIMEOUT
-                && h.metric("berth_agent_activity_checks_total{result=\"ok\"}") >= asked + 8)
-                .then_some(())
-        },
-    )
-    .await;
+    three_idle_timeouts(&h, TIMEOUT).await;
     let ws = h.workspaces().get("ide").await.unwrap();
     assert_eq!(phase_of(&ws), Some(Phase::Running), "{}", message_of(&ws));
     let status = ws.status.unwrap();
