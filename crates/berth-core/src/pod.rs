@@ -1104,6 +1104,41 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_agents_port_is_read_from_the_container_that_runs_it() {
+        let agent = AgentConfig {
+            port: 50123,
+            ..AgentConfig::default()
+        };
+        let theirs = json!([{"name": "BERTH_AGENT_PORT", "value": "22"}]);
+        // Wrapping the workspace's command: the spec's own variable of that name loses, as
+        // the kubelet takes the last.
+        let wrapped = workspace(
+            "w",
+            json!({"image": "devbox:1", "command": ["sleep", "1"], "env": theirs}),
+        );
+        assert_eq!(agent_port(&build_pod(&wrapped, &agent)), Some(50123));
+        // Beside the image's entrypoint: the agent's own container; the workspace
+        // container's variables are the workspace's, never read.
+        let beside = workspace("b", json!({"image": "devbox:1", "env": theirs}));
+        assert_eq!(agent_port(&build_pod(&beside, &agent)), Some(50123));
+        // A command that is not the agent's wrapping, or another container, names no port.
+        let mut pod = build_pod(&wrapped, &agent);
+        container_named(&mut pod, CONTAINER)
+            .command
+            .as_mut()
+            .unwrap()[2] = "-x".into();
+        assert_eq!(agent_port(&pod), None);
+        let mut pod = build_pod(&wrapped, &agent);
+        container_named(&mut pod, CONTAINER).name = "other".into();
+        assert_eq!(agent_port(&pod), None);
+    }
+
+    fn container_named<'a>(pod: &'a mut Pod, name: &str) -> &'a mut Container {
+        let containers = &mut pod.spec.as_mut().unwrap().containers;
+        containers.iter_mut().find(|c| c.name == name).unwrap()
+    }
+
+    #[test]
     fn with_tls_the_agent_mounts_its_secret_and_is_probed_by_tcp() {
         let agent = AgentConfig {
             tls: Some(crate::config::AgentTls {

@@ -65,7 +65,8 @@ enum Command {
     /// /w/<namespace>/<workspace>/<port>/, for a caller whose bearer token the API server
     /// accepts (TokenReview), or whose browser session a `berth open` link began, and who may
     /// `create` `workspaces/connect` on that workspace (SubjectAccessReview); a port marked
-    /// public to anyone. Needs the RBAC of `deploy/gateway/`.
+    /// public to anyone. Also opens `berth shell`s, through the workspace's agent. Needs the
+    /// RBAC of `deploy/gateway/`.
     Gateway(gateway::GatewayArgs),
     /// Copy this binary to PATH (executable): how the init container puts the agent into a
     /// workspace pod, since the image has no shell or `cp`.
