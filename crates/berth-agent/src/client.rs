@@ -112,11 +112,8 @@ pub async fn shell(
     inputs: impl tokio_stream::Stream<Item = ShellInput> + Send + 'static,
 ) -> Result<tonic::Streaming<ShellOutput>, CallError> {
     let mut client = connect_for(address, timeout, None, tls).await?;
-    let mut request = Request::new(inputs);
-    let value: MetadataValue<_> = format!("Bearer {token}")
-        .parse()
-        .map_err(|_| unreachable(address, "the token is not a valid header value".into()))?;
-    request.metadata_mut().insert("authorization", value);
+    // No deadline: it would bound the shell.
+    let request = bearer(Request::new(inputs), address, token)?;
     let opened = tokio::time::timeout(timeout, client.shell(request))
         .await
         .map_err(|_| unreachable(address, format!("no answer within {timeout:?}")))?;
@@ -286,6 +283,11 @@ fn authorized<T>(
     let mut request = Request::new(message);
     // Sent as `grpc-timeout`: the agent fits its reviews inside it.
     request.set_timeout(timeout);
+    bearer(request, address, token)
+}
+
+/// `request` with the bearer token.
+fn bearer<T>(mut request: Request<T>, address: &str, token: &str) -> Result<Request<T>, CallError> {
     let value: MetadataValue<_> = format!("Bearer {token}")
         .parse()
         .map_err(|_| unreachable(address, "the token is not a valid header value".into()))?;

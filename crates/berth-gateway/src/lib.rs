@@ -1036,11 +1036,7 @@ impl Gateway {
         target: &Target,
         workspace: Option<Arc<Workspace>>,
     ) -> Result<Arc<Pod>, Page> {
-        if let Some(cached) = &workspace
-            && let Some(pod) = self.cached_pod(target)
-            && running(cached)
-            && serves(&pod, cached)
-        {
+        if let Some((pod, _)) = self.cached_ready(target, workspace) {
             return Ok(pod);
         }
         let (workspace, pod) = self.live(target).await?;
@@ -1081,11 +1077,8 @@ impl Gateway {
         start: Option<Form>,
     ) -> Result<SocketAddr, Page> {
         // The watches' caches first: the common case asks the API server nothing.
-        if let Some(cached) = &workspace
-            && let Some(pod) = self.cached_pod(target)
-            && running(cached)
-            && serves(&pod, cached)
-            && let Ok(address) = address(&pod, target, || status_page(cached, None))
+        if let Some((pod, cached)) = self.cached_ready(target, workspace)
+            && let Ok(address) = address(&pod, target, || status_page(&cached, None))
         {
             return Ok(address);
         }
@@ -1098,12 +1091,19 @@ impl Gateway {
         address(&pod, target, || status_page(&workspace, start))
     }
 
-    /// The pod of `target`'s workspace as the watch last saw it.
-    fn cached_pod(&self, target: &Target) -> Option<Arc<Pod>> {
-        self.0.pods.get(
+    /// The ready pod Berth owns for `workspace` (as the watch last saw it) and the workspace,
+    /// if the watches' caches show it Running with one.
+    fn cached_ready(
+        &self,
+        target: &Target,
+        workspace: Option<Arc<Workspace>>,
+    ) -> Option<(Arc<Pod>, Arc<Workspace>)> {
+        let workspace = workspace?;
+        let pod = self.0.pods.get(
             &ObjectRef::new(&berth_core::pod::pod_name(&target.workspace))
                 .within(&target.namespace),
-        )
+        )?;
+        (running(&workspace) && serves(&pod, &workspace)).then_some((pod, workspace))
     }
 
     /// Forwards the request to `backend` and streams the answer back; a WebSocket (or any

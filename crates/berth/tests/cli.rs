@@ -844,11 +844,33 @@ fn get(port: u16) -> String {
         .unwrap_or(response)
 }
 
+/// `berth SUBCOMMAND` through berth dev's `gateway` as its `kubeconfig`'s user; the
+/// subcommand's arguments follow.
+fn via(subcommand: &str, gateway: &str, kubeconfig: &std::path::Path) -> Command {
+    let mut command = Command::new(BERTH);
+    command
+        .arg(subcommand)
+        .arg("--gateway")
+        .arg(format!("http://{gateway}/"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig);
+    command
+}
+
+/// The first line `child` prints (empty if none).
+fn first_line(child: &mut std::process::Child) -> String {
+    let stdout = child.stdout.take().unwrap();
+    std::io::BufRead::lines(std::io::BufReader::new(stdout))
+        .next()
+        .and_then(Result::ok)
+        .unwrap_or_default()
+}
+
 /// `berth shell web` as a person at a terminal runs it: the workspace's login shell on a
 /// terminal of the window's size that follows a resize (SIGWINCH), keys passed as typed (^C
 /// interrupts the workspace's command, not berth), the shell's exit code berth's, and the
 /// terminal as it was afterwards.
-fn interactive_shell(gateway: &str, kubeconfig: &std::path::Path) {
+fn interactive_shell(mut shell: Command) {
     use std::io::{Read, Write};
     let size = |columns: u16, rows: u16| nix::pty::Winsize {
         ws_row: rows,
@@ -858,11 +880,8 @@ fn interactive_shell(gateway: &str, kubeconfig: &std::path::Path) {
     };
     let pty = nix::pty::openpty(&size(100, 30), None).unwrap();
     let before = nix::sys::termios::tcgetattr(&pty.slave).unwrap();
-    let mut child = Command::new(BERTH)
-        .args(["shell", "web", "--gateway"])
-        .arg(format!("http://{gateway}"))
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
+    let mut child = shell
+        .arg("web")
         .env("TERM", "xterm")
         .stdin(pty.slave.try_clone().unwrap())
         .stdout(pty.slave.try_clone().unwrap())
@@ -1152,13 +1171,10 @@ fn dev_is_a_place_to_use_a_workspace() {
     // berth open: a one-time login link for the kubeconfig's user (web's first port), which
     // a browser exchanges for a session cookie, once.
     // A developer's subcommand through berth dev's gateway, as its kubeconfig's user.
+    let kubeconfig = dir.path().join("berth-dev.kubeconfig");
     let via_gateway = |args: &[&str]| {
-        Command::new(BERTH)
-            .args(args)
-            .arg("--gateway")
-            .arg(format!("http://{gateway}/"))
-            .arg("--kubeconfig")
-            .arg(dir.path().join("berth-dev.kubeconfig"))
+        via(args[0], &gateway, &kubeconfig)
+            .args(&args[1..])
             .output()
             .unwrap()
     };
@@ -1214,19 +1230,13 @@ fn dev_is_a_place_to_use_a_workspace() {
     assert!(again.contains("it was used before"), "{again}");
     // berth port-forward: a local port whose connections reach web's port through the
     // gateway, with the kubeconfig's credential.
-    let mut forward = Command::new(BERTH)
-        .args(["port-forward", "web", "0:http", "--gateway"])
-        .arg(format!("http://{gateway}"))
-        .arg("--kubeconfig")
-        .arg(dir.path().join("berth-dev.kubeconfig"))
+    let mut forward = via("port-forward", &gateway, &kubeconfig)
+        .args(["web", "0:http"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let said = std::io::BufRead::lines(std::io::BufReader::new(forward.stdout.take().unwrap()))
-        .next()
-        .and_then(Result::ok)
-        .unwrap_or_default();
+    let said = first_line(&mut forward);
     let local = said
         .strip_prefix("Forwarding from ")
         .and_then(|rest| rest.split(' ').next())
@@ -1260,12 +1270,7 @@ fn dev_is_a_place_to_use_a_workspace() {
     // image's entrypoint says why it has no shell.
     // Its flags before the workspace: what follows `--` is the command's.
     let shell = |args: &[&str]| {
-        Command::new(BERTH)
-            .arg("shell")
-            .arg("--gateway")
-            .arg(format!("http://{gateway}/"))
-            .arg("--kubeconfig")
-            .arg(dir.path().join("berth-dev.kubeconfig"))
+        via("shell", &gateway, &kubeconfig)
             .args(args)
             .output()
             .unwrap()
@@ -1285,12 +1290,8 @@ fn dev_is_a_place_to_use_a_workspace() {
         ),
         ("hello from home\n", "to-stderr\n", Some(3))
     );
-    let mut piped = Command::new(BERTH)
-        .args(["shell", "web", "--gateway"])
-        .arg(format!("http://{gateway}"))
-        .arg("--kubeconfig")
-        .arg(dir.path().join("berth-dev.kubeconfig"))
-        .args(["--", "sh"])
+    let mut piped = via("shell", &gateway, &kubeconfig)
+        .args(["web", "--", "sh"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -1315,22 +1316,15 @@ fn dev_is_a_place_to_use_a_workspace() {
             berth_agent::shell::BESIDE_ENTRYPOINT
         )
     );
-    interactive_shell(&gateway, &dir.path().join("berth-dev.kubeconfig"));
+    interactive_shell(via("shell", &gateway, &kubeconfig));
     // A caller who goes away (berth shell killed) leaves nothing running in the workspace.
-    let mut left = Command::new(BERTH)
-        .args(["shell", "--gateway"])
-        .arg(format!("http://{gateway}/"))
-        .arg("--kubeconfig")
-        .arg(dir.path().join("berth-dev.kubeconfig"))
+    let mut left = via("shell", &gateway, &kubeconfig)
         .args(["web", "--", "sh", "-c", "echo $$; exec sleep 300"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let said = std::io::BufRead::lines(std::io::BufReader::new(left.stdout.take().unwrap()))
-        .next()
-        .and_then(Result::ok)
-        .unwrap_or_default();
+    let said = first_line(&mut left);
     let pid: u32 = said
         .trim()
         .parse()

@@ -129,6 +129,13 @@ impl Answer {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
+    /// Asserts that the answer's text has `words` (showing the whole text when not).
+    #[track_caller]
+    fn says(&self, words: &str) {
+        let text = self.text();
+        assert!(text.contains(words), "{text}");
+    }
+
     fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("{e}: {} {}", self.status, self.text()))
@@ -198,7 +205,7 @@ async fn only_a_caller_allowed_on_the_workspace_reaches_it_and_their_credentials
         none.headers[header::WWW_AUTHENTICATE],
         "Bearer realm=\"berth\""
     );
-    assert!(none.text().contains("bearer token"), "{}", none.text());
+    none.says("bearer token");
 
     let forged = get(
         gateway,
@@ -207,11 +214,7 @@ async fn only_a_caller_allowed_on_the_workspace_reaches_it_and_their_credentials
     )
     .await;
     assert_eq!(forged.status, StatusCode::UNAUTHORIZED, "{}", forged.text());
-    assert!(
-        forged.text().contains("does not accept"),
-        "{}",
-        forged.text()
-    );
+    forged.says("does not accept");
 
     let refused = get(
         gateway,
@@ -220,13 +223,9 @@ async fn only_a_caller_allowed_on_the_workspace_reaches_it_and_their_credentials
     )
     .await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.text());
-    assert!(
-        refused.text().contains(
+    refused.says(
             "User \"system:serviceaccount:default:bob\" cannot create resource \"workspaces/connect\" in API group \"berth.dev\" for workspace \"web\" in the namespace \"default\""
-        ),
-        "{}",
-        refused.text()
-    );
+        );
     let page = get(
         gateway,
         "/w/default/web/http/",
@@ -465,11 +464,7 @@ async fn a_workspace_that_cannot_be_reached_explains_itself_and_no_other_pod_is_
         "{}",
         stopped.text()
     );
-    assert!(
-        stopped.text().contains("Stopped since 20"),
-        "{}",
-        stopped.text()
-    );
+    stopped.says("Stopped since 20");
 
     h.patch_spec("web", json!({"paused": false})).await;
     h.until_phase("web", Phase::Running).await;
@@ -548,12 +543,8 @@ async fn a_workspace_that_cannot_be_reached_explains_itself_and_no_other_pod_is_
         "{}",
         page.text()
     );
-    assert!(page.text().contains("is not ready"), "{}", page.text());
-    assert!(
-        page.text().contains(&message_of(&refused)),
-        "{}",
-        page.text()
-    );
+    page.says("is not ready");
+    page.says(&message_of(&refused));
 }
 
 /// A user would see: a workspace used only through the gateway (a WebSocket held open, as an
@@ -709,25 +700,13 @@ async fn a_login_link_works_once_and_its_session_is_authorized_on_every_request(
     for replica in [first, second] {
         let again = get(replica, &link, &[]).await;
         assert_eq!(again.status, StatusCode::UNAUTHORIZED, "{}", again.text());
-        assert!(
-            again.text().contains("it was used before"),
-            "{}",
-            again.text()
-        );
+        again.says("it was used before");
     }
     // A link for web does not log in to other; a changed link is refused.
     let elsewhere = get(first, &link.replace("/web/", "/other/"), &[]).await;
-    assert!(
-        elsewhere.text().contains("for another workspace"),
-        "{}",
-        elsewhere.text()
-    );
+    elsewhere.says("for another workspace");
     let forged = get(first, &format!("{link}x"), &[]).await;
-    assert!(
-        forged.text().contains("not made by this cluster's gateway"),
-        "{}",
-        forged.text()
-    );
+    forged.says("not made by this cluster's gateway");
 
     // The session reaches web, and never arrives there.
     let through = get(
@@ -740,11 +719,7 @@ async fn a_login_link_works_once_and_its_session_is_authorized_on_every_request(
     assert_eq!(through.json()["headers"]["cookie"], "theme=dark");
     let other = get(first, "/w/default/other/http/", &[("cookie", &cookie)]).await;
     assert_eq!(other.status, StatusCode::UNAUTHORIZED);
-    assert!(
-        other.text().contains("for another workspace"),
-        "{}",
-        other.text()
-    );
+    other.says("for another workspace");
 
     // Stopped: the page says so, with a start button carrying the session's CSRF token.
     h.patch_spec("web", json!({"paused": true})).await;
@@ -806,13 +781,8 @@ async fn a_login_link_works_once_and_its_session_is_authorized_on_every_request(
         "{}",
         not_allowed.text()
     );
-    assert!(
-        not_allowed.text().contains(
-            "User \"system:serviceaccount:default:alice\" cannot patch resource \"workspaces\""
-        ),
-        "{}",
-        not_allowed.text()
-    );
+    not_allowed
+        .says("User \"system:serviceaccount:default:alice\" cannot patch resource \"workspaces\"");
     let still = h.workspaces().get("web").await.unwrap();
     assert!(still.spec.paused, "nothing changed");
     may_patch(&h, "alice", "web").await;
@@ -950,11 +920,7 @@ async fn a_public_port_is_served_to_anyone_only_where_allowed_and_a_port_may_kee
         "{}",
         anonymous.text()
     );
-    assert!(
-        anonymous.text().contains("Port http of workspace default/blog is marked public, but this gateway serves a workspace's own port to anyone only when it runs with --allow-public-ports"),
-        "{}",
-        anonymous.text()
-    );
+    anonymous.says("Port http of workspace default/blog is marked public, but this gateway serves a workspace's own port to anyone only when it runs with --allow-public-ports");
     let signed_in = get(
         strict,
         "/w/default/blog/http/post/1",
@@ -1581,4 +1547,79 @@ where
         .delete(name, &Default::default())
         .await
         .unwrap();
+}
+
+/// Where agents serve TLS, the gateway verifies the agent it opens a shell on against its CA
+/// (`--agent-tls-ca`); without one it says so instead of speaking plaintext or trusting any
+/// certificate. A gateway without a service account says it opens no shells.
+#[tokio::test]
+async fn over_tls_a_shell_needs_the_gateway_to_verify_the_agent() {
+    use berth_gateway::shell::{Ended, Start};
+    let authority = berth_sim::Authority::generate().unwrap();
+    let (_, _, cert_pem, key_pem) = authority.issue(&[berth_agent::TLS_SERVER_NAME]).unwrap();
+    let ca_pem = authority.ca_pem().as_bytes().to_vec();
+    let mut operator = test_config();
+    operator.agent.tls = Some(berth_controller::config::AgentTls {
+        secret: "berth-agent-tls".into(),
+        ca_pem: ca_pem.clone(),
+    });
+    let sim = berth_sim::SimConfig {
+        runtime: std::sync::Arc::new(
+            berth_agent::sim_runtime::AgentRuntime::default().with_host_shells(),
+        ),
+        ..berth_sim::SimConfig::fast()
+    };
+    let h = Harness::start_with(sim, operator).await;
+    let manifest = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: berth-agent-tls, namespace: default}}\ntype: kubernetes.io/tls\nstringData: {}\n",
+        json!({"tls.crt": cert_pem, "tls.key": key_pem})
+    );
+    berth_sim::manifests::create_all(&h.client, &manifest, "default")
+        .await
+        .unwrap();
+    let with_ca = berth_gateway::Config {
+        service_account: Some(("berth-system".to_owned(), "berth-gateway".to_owned())),
+        agent_tls_ca: Some(ca_pem),
+        ..Default::default()
+    };
+    let verifying = gateway_with(&h, with_ca.clone()).await;
+    let without_ca = replica(
+        &h,
+        berth_gateway::Config {
+            agent_tls_ca: None,
+            ..with_ca
+        },
+    )
+    .await;
+    let alice = developer(&h, "alice", &["ide"]).await;
+    served(&h, "ide").await;
+    let as_alice = [("authorization", format!("Bearer {alice}"))];
+    let headers: Vec<(&str, &str)> = as_alice.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let start = Start {
+        command: vec!["sh".into(), "-c".into(), "echo over-tls".into()],
+        ..Default::default()
+    };
+
+    let ran = shell(verifying, "ide", &headers, start.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        ran,
+        ("over-tls\n".into(), String::new(), Ended::Exit { code: 0 })
+    );
+
+    let (status, page) = shell(without_ca, "ide", &headers, start.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        page.contains("The agent serves TLS and this gateway has no CA to verify it (berth gateway --agent-tls-ca)."),
+        "{page}"
+    );
+
+    // A gateway without a service account of its own has no token an agent would take.
+    let anonymous = replica(&h, berth_gateway::Config::default()).await;
+    let (status, page) = shell(anonymous, "ide", &headers, start).await.unwrap_err();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(page.contains("This gateway opens no shells"), "{page}");
 }
