@@ -24,7 +24,8 @@ pub struct WorkspaceContent {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("self.url.matches('^[a-z][a-z0-9+.-]*://.') || self.url.matches('^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^/]')").field_path(".url").reason(kube::core::Reason::FieldValueInvalid).message("a repository URL, such as https://github.com/org/repo.git, ssh://git@host/org/repo.git, git@host:org/repo.git or git://host/repo.git"),
-    validation = Rule::new("!self.url.matches('^[a-z][a-z0-9+.-]*://[^/@]*:[^/@]*@')").field_path(".url").reason(kube::core::Reason::FieldValueForbidden).message("a password or token in the URL would be in the pod's spec for anyone who can read it: put it in a Secret and name it in auth.secretName"),
+    validation = Rule::new("!self.url.matches('^[a-z][a-z0-9+.-]*://[^/@]*:[^/@]*@')").field_path(".url").reason(kube::core::Reason::FieldValueForbidden).message("a password or token in the URL would be in the pod's spec for anyone who can read it: put it in a Secret and name it in spec.content.git.auth.secretName"),
+    validation = Rule::new("!self.url.matches('^(https?|git)://[^/@:]*@')").field_path(".url").reason(kube::core::Reason::FieldValueForbidden).message("a user name or token in the URL would be stored in the Workspace for anyone who can read it, and shown in its status: put the credentials in a kubernetes.io/basic-auth Secret and name it in spec.content.git.auth.secretName"),
     validation = Rule::new("!has(self.path) || (!self.path.startsWith('/') && !self.path.split('/').exists(s, s == '..' || s == '.' || s == ''))").field_path(".path").reason(kube::core::Reason::FieldValueInvalid).message("a relative path under the home volume, such as src/app, without ., .. or empty segments")
 )]
 pub struct GitContent {
@@ -93,6 +94,36 @@ impl GitContent {
     }
 }
 
+/// `url` as Berth shows it (status, events, messages): without the credentials an old object
+/// may still carry in it (the API refuses them now), `https://***@host/org/repo.git`; an ssh
+/// user name (`ssh://git@host/...`, `git@host:...`) is kept, a password never.
+pub fn shown_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let user = &rest[..at];
+    let ssh = scheme.contains("ssh");
+    let kept = match user.split_once(':') {
+        Some((name, _)) if ssh => format!("{name}:***"),
+        None if ssh => user.to_owned(),
+        _ => "***".to_owned(),
+    };
+    format!("{scheme}://{kept}@{}", &rest[at + 1..])
+}
+
+/// `text` with every occurrence of `url` shown as [`shown_url`] (git's own messages name it).
+pub fn without_credentials(text: &str, url: &str) -> String {
+    let shown = shown_url(url);
+    if shown == url {
+        return text.to_owned();
+    }
+    text.replace(url, &shown)
+}
+
 /// Whether a ref names a commit (a full object id) rather than a branch or a tag.
 pub fn is_commit(reference: &str) -> bool {
     reference.len() == 40 && reference.bytes().all(|b| b.is_ascii_hexdigit())
@@ -142,6 +173,41 @@ pub struct ContentStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_is_shown_without_its_credentials() {
+        for (url, shown) in [
+            (
+                "https://github.com/org/app.git",
+                "https://github.com/org/app.git",
+            ),
+            (
+                "https://ghp_token@github.com/org/app.git",
+                "https://***@github.com/org/app.git",
+            ),
+            (
+                "https://alice:s3cret@host/a@b.git",
+                "https://***@host/a@b.git",
+            ),
+            ("http://u:p@host:8080/r?x=@y", "http://***@host:8080/r?x=@y"),
+            ("ssh://git@host/org/app.git", "ssh://git@host/org/app.git"),
+            (
+                "ssh://git:pw@host/org/app.git",
+                "ssh://git:***@host/org/app.git",
+            ),
+            ("git@host:org/app.git", "git@host:org/app.git"),
+            ("git://host/repo.git", "git://host/repo.git"),
+        ] {
+            assert_eq!(shown_url(url), shown, "{url}");
+        }
+        assert_eq!(
+            without_credentials(
+                "fatal: could not read from https://tok@host/r.git: denied",
+                "https://tok@host/r.git"
+            ),
+            "fatal: could not read from https://***@host/r.git: denied"
+        );
+    }
 
     #[test]
     fn a_checkout_is_named_as_git_clone_names_it() {

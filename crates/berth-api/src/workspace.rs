@@ -295,6 +295,14 @@ pub(crate) fn resources_schema(generator: &mut SchemaGenerator) -> Schema {
             "messageExpression": format!("'resources.{map}[' + self.{map}.filter(k, {fraction})[0] + '] must be a whole number, such as 1: an extended resource is counted in whole units'"),
         }));
     }
+    // A container's `resources.claims` names one of the pod's `resourceClaims`, which Berth never
+    // gives a workspace pod: every name would make the pod invalid, so none is accepted.
+    rules.push(json!({
+        "rule": "!has(self.claims) || size(self.claims) == 0",
+        "message": "resources.claims: a workspace's pod has no resource claims (pod.spec.resourceClaims) for a container to name, so no claim name is valid here; leave resources.claims out",
+        "reason": "FieldValueForbidden",
+        "fieldPath": ".claims",
+    }));
     schema.insert("x-kubernetes-validations".into(), rules.into());
     schema.insert("nullable".into(), true.into());
     schema
@@ -693,6 +701,11 @@ impl WorkspaceSpec {
             let field = format!("spec.podTemplate.volumes.data[{i}]");
             add("get", "persistentvolumeclaims", "", &data.claim_name, field);
         }
+        let content_auth = self.content.as_ref().and_then(|c| c.git.auth.as_ref());
+        if let Some(auth) = content_auth {
+            let field = "spec.content.git.auth.secretName".to_owned();
+            add("get", "secrets", "", &auth.secret_name, field);
+        }
         found
     }
 }
@@ -716,7 +729,8 @@ mod reference_tests {
             "podTemplate": {"volumes": {
                 "data": [{"claimName": "bob-home", "mountPath": "/data"}],
                 "secrets": [{"secretName": "deploy-key", "mountPath": "/keys"}]
-            }}
+            }},
+            "content": {"git": {"url": "https://example.com/org/app.git", "auth": {"secretName": "git-token"}}}
         }))
         .unwrap();
         let references = spec.references();
@@ -769,6 +783,13 @@ mod reference_tests {
                     "",
                     "bob-home",
                     "spec.podTemplate.volumes.data[0]"
+                ),
+                (
+                    "get",
+                    "secrets",
+                    "",
+                    "git-token",
+                    "spec.content.git.auth.secretName"
                 ),
             ]
         );

@@ -16,6 +16,9 @@ pub struct PodPolicy {
     /// Node label keys a workspace may select nodes by (node selector, node affinity, and the
     /// topology keys of pod affinity); `*` allows any.
     pub node_labels: Vec<String>,
+    /// Namespaces other than its own whose pods a workspace's pod (anti-)affinity may select
+    /// (`namespaces`); `*` allows any, and a `namespaceSelector` (which reaches any).
+    pub affinity_namespaces: Vec<String>,
     /// Prefixes (`sidecar.istio.io`) of the pod labels and annotations a workspace may set.
     /// Keys without a prefix are always allowed; reserved keys never.
     pub metadata_prefixes: Vec<String>,
@@ -59,6 +62,11 @@ fn allows(list: &[String], key: &str) -> bool {
 /// A workspace of a kind is scheduled as its kind says (the admin's choice, which the API
 /// refuses the author to add to): only its metadata is the author's to check.
 pub fn violation(spec: &WorkspaceSpec, policy: &PodPolicy) -> Option<String> {
+    violation_in("", spec, policy)
+}
+
+/// [`violation`] for a workspace in `namespace` (which its pod affinity may always name).
+pub fn violation_in(namespace: &str, spec: &WorkspaceSpec, policy: &PodPolicy) -> Option<String> {
     let agent = i32::from(policy.agent_port);
     if let Some(i) = spec
         .ports
@@ -153,6 +161,28 @@ pub fn violation(spec: &WorkspaceSpec, policy: &PodPolicy) -> Option<String> {
                 return Some(v);
             }
         }
+        for (field, term) in pod_affinity_terms(affinity) {
+            // Selecting pods of other namespaces tells the author where they run.
+            let reached = match &term.namespace_selector {
+                Some(_) if !allows(&policy.affinity_namespaces, "*") => {
+                    Some("a namespaceSelector (pods of any namespace)".to_owned())
+                }
+                _ => term
+                    .namespaces
+                    .iter()
+                    .flatten()
+                    .find(|n| *n != namespace && !allows(&policy.affinity_namespaces, n))
+                    .map(|n| format!("namespace {n:?}")),
+            };
+            if let Some(what) = reached {
+                return Some(not_allowed(
+                    &format!("affinity.{field}"),
+                    what,
+                    "pod affinity into other namespaces (--allowed-affinity-namespaces)",
+                    &policy.affinity_namespaces,
+                ));
+            }
+        }
     }
     let metadata = template.metadata.as_ref()?;
     for (field, keys) in [
@@ -178,6 +208,42 @@ pub fn violation(spec: &WorkspaceSpec, policy: &PodPolicy) -> Option<String> {
         }
     }
     None
+}
+
+/// Every pod (anti-)affinity term, with where it is.
+fn pod_affinity_terms(affinity: &Affinity) -> Vec<(&'static str, &PodAffinityTerm)> {
+    let mut terms = vec![];
+    for (field, pod) in [
+        (
+            "podAffinity",
+            affinity.pod_affinity.as_ref().map(|p| {
+                (
+                    &p.required_during_scheduling_ignored_during_execution,
+                    &p.preferred_during_scheduling_ignored_during_execution,
+                )
+            }),
+        ),
+        (
+            "podAntiAffinity",
+            affinity.pod_anti_affinity.as_ref().map(|p| {
+                (
+                    &p.required_during_scheduling_ignored_during_execution,
+                    &p.preferred_during_scheduling_ignored_during_execution,
+                )
+            }),
+        ),
+    ] {
+        if let Some((required, preferred)) = pod {
+            terms.extend(
+                required
+                    .iter()
+                    .flatten()
+                    .chain(preferred.iter().flatten().map(|w| &w.pod_affinity_term))
+                    .map(|t| (field, t)),
+            );
+        }
+    }
+    terms
 }
 
 /// Every node label key an affinity selects by, with where it is.
@@ -212,41 +278,8 @@ fn affinity_keys(affinity: &Affinity) -> Vec<(String, String)> {
                 .collect(),
         );
     }
-    let mut topology = |field: &str, list: Vec<&PodAffinityTerm>| {
-        for term in list {
-            keys.push((field.to_owned(), term.topology_key.clone()));
-        }
-    };
-    for (field, pod) in [
-        (
-            "podAffinity",
-            affinity.pod_affinity.as_ref().map(|p| {
-                (
-                    &p.required_during_scheduling_ignored_during_execution,
-                    &p.preferred_during_scheduling_ignored_during_execution,
-                )
-            }),
-        ),
-        (
-            "podAntiAffinity",
-            affinity.pod_anti_affinity.as_ref().map(|p| {
-                (
-                    &p.required_during_scheduling_ignored_during_execution,
-                    &p.preferred_during_scheduling_ignored_during_execution,
-                )
-            }),
-        ),
-    ] {
-        if let Some((required, preferred)) = pod {
-            topology(
-                field,
-                required
-                    .iter()
-                    .flatten()
-                    .chain(preferred.iter().flatten().map(|w| &w.pod_affinity_term))
-                    .collect(),
-            );
-        }
+    for (field, term) in pod_affinity_terms(affinity) {
+        keys.push((field.to_owned(), term.topology_key.clone()));
     }
     keys
 }
@@ -438,6 +471,37 @@ mod tests {
         assert!(violation(&topology, &policy).unwrap().starts_with(
             "spec.podTemplate.affinity.podAffinity: node label \"kubernetes.io/hostname\""
         ));
+        // Pod affinity reaches only the workspace's own namespace unless others are allowed.
+        let own = spec(
+            json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "pool", "namespaces": ["team-a"]}]}}}),
+        );
+        assert_eq!(violation_in("team-a", &own, &policy), None);
+        let other = spec(
+            json!({"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm": {"topologyKey": "pool", "namespaces": ["team-a", "payments"]}}]}}}),
+        );
+        assert_eq!(
+            violation_in("team-a", &other, &policy).unwrap(),
+            "spec.podTemplate.affinity.podAntiAffinity: namespace \"payments\" is not allowed; the operator allows pod affinity into other namespaces (--allowed-affinity-namespaces): none"
+        );
+        let selector = spec(
+            json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "pool", "namespaceSelector": {}}]}}}),
+        );
+        assert!(
+            violation_in("team-a", &selector, &policy)
+                .unwrap()
+                .contains("a namespaceSelector (pods of any namespace) is not allowed")
+        );
+        let payments = PodPolicy {
+            affinity_namespaces: strings(&["payments"]),
+            ..policy.clone()
+        };
+        assert_eq!(violation_in("team-a", &other, &payments), None);
+        assert!(violation_in("team-a", &selector, &payments).is_some());
+        let any = PodPolicy {
+            affinity_namespaces: strings(&["*"]),
+            ..policy.clone()
+        };
+        assert_eq!(violation_in("team-a", &selector, &any), None);
         // An allowed prefix never opens a reserved key.
         let reserved = PodPolicy {
             metadata_prefixes: strings(&["*"]),

@@ -733,7 +733,11 @@ pub fn derive(observed: &Observed<'_>, policy: &Policy, now: Timestamp) -> Decis
         Err(message) => return b.invalid_spec(message, slow),
     };
     // What the operator's policy does not allow a workspace waits for a change, without a pod.
-    if let Some(violation) = crate::pod_policy::violation(&workspace.spec, &policy.pod) {
+    if let Some(violation) = crate::pod_policy::violation_in(
+        workspace.metadata.namespace.as_deref().unwrap_or_default(),
+        &workspace.spec,
+        &policy.pod,
+    ) {
         let message = format!("The spec asks for what this operator does not allow: {violation}");
         return b.forbidden(message, slow);
     }

@@ -2775,10 +2775,14 @@ mod content {
 
     /// The workspace after its agent was verified, and its pod.
     fn verified_workspace() -> (Workspace, Pod) {
-        let unverified = workspace(spec("main"), started(100));
+        verified_workspace_of(spec("main"))
+    }
+
+    fn verified_workspace_of(spec: Value) -> (Workspace, Pod) {
+        let unverified = workspace(spec.clone(), started(100));
         let pod = ready_pod(&unverified);
         let first = decide_checked(&unverified, &pod, &verified());
-        let mut ws = workspace(spec("main"), json!({}));
+        let mut ws = workspace(spec, json!({}));
         ws.status = Some(first.status);
         (ws, pod)
     }
@@ -2925,6 +2929,50 @@ mod content {
             condition_of(&d, "ContentReady").message,
             "app was already in the home volume, not cloned by Berth"
         );
+    }
+
+    /// A URL with a token in it (stored before the API refused them) is never shown: not in
+    /// the status, its conditions, the recorded content, nor an event.
+    #[test]
+    fn credentials_in_a_url_are_never_shown() {
+        let secret = "https://ghp_t0ken@h/org/app.git";
+        let mut with_token = spec("main");
+        with_token["content"]["git"]["url"] = json!(secret);
+        let (ws, pod) = verified_workspace_of(with_token);
+        let said = |d: &Decision| {
+            let mut all = serde_json::to_string(&d.status).unwrap();
+            for notice in &d.notices {
+                all.push_str(&notice.note);
+            }
+            all
+        };
+        let failure = format!("could not read from {secret}: denied");
+        let d = decide_with(
+            &ws,
+            &pod,
+            Some(&asked(
+                failed(Reason::AuthenticationFailed, &failure, None, 0),
+                true,
+            )),
+        );
+        assert_eq!(notice_reasons(&d), ["ContentFailed"], "{:?}", d.status);
+        let words = said(&d);
+        assert!(!words.contains("t0ken"), "{words}");
+        assert!(words.contains("https://***@h/org/app.git"), "{words}");
+        let cloned = ContentOutcome::Ready {
+            reason: Reason::Cloned,
+            url: secret.into(),
+            reference: Some("main".into()),
+            commit: "abc123".into(),
+            message: format!("Cloned {secret} at main (commit abc123) into app"),
+        };
+        let d = decide_with(&ws, &pod, Some(&asked(cloned, true)));
+        assert_eq!(d.status.phase, Some(Phase::Running));
+        let words = said(&d);
+        assert!(!words.contains("t0ken"), "{words}");
+        // The shown record matches the spec it came from: no "spec now asks for" note.
+        let d = decide_with(&after(&ws, &d), &pod, None);
+        assert_eq!(condition_of(&d, "ContentReady").reason, "Cloned");
     }
 
     #[test]

@@ -1125,8 +1125,19 @@ impl Gateway {
                 .answer(&parts.headers);
         };
         let proto = parts.uri.scheme_str().unwrap_or("http");
-        let mut headers =
-            route::forwarded_request_headers(&parts.headers, upgrade, &target.prefix, proto, peer);
+        let host = parts
+            .headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok());
+        let checked = route::checked_host(host, self.0.config.base_domain.as_deref());
+        let mut headers = route::forwarded_request_headers(
+            &parts.headers,
+            upgrade,
+            &target.prefix,
+            proto,
+            peer,
+            checked,
+        );
         if !headers.contains_key(header::HOST)
             && let Some(authority) = parts.uri.authority()
             && let Ok(value) = HeaderValue::from_str(authority.as_str())

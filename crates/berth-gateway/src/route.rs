@@ -59,6 +59,12 @@ fn workspace_host<'a>(host: Option<&'a str>, domain: Option<&str>) -> Option<&'a
         .and_then(|h| h.strip_suffix('.'))
 }
 
+/// The host of a request when it is a workspace's host under the gateway's base domain (the
+/// gateway routed by it, so it is no caller's invention); None on a path route.
+pub fn checked_host<'a>(host: Option<&'a str>, domain: Option<&str>) -> Option<&'a str> {
+    workspace_host(host, domain).and(host)
+}
+
 /// The segment under which the gateway answers for a workspace itself:
 /// `/w/<namespace>/<workspace>/.berth/<action>`, or `/.berth/<action>` on a workspace's host.
 /// A port name cannot start with a dot, so no port is hidden by it.
@@ -287,18 +293,25 @@ const HOP_BY_HOP: [&str; 8] = [
     "proxy-authenticate",
 ];
 
+/// Request headers that claim who or where the caller is: the gateway sets them itself, a
+/// caller's own never pass.
+const CALLER_CLAIMS: [&str; 2] = ["forwarded", "x-real-ip"];
+
 /// The request headers the workspace receives: without the caller's credentials
 /// (`Authorization`, `Proxy-Authorization`, the gateway's session cookie) and without
-/// hop-by-hop headers, except the `Upgrade` a WebSocket needs; with `X-Forwarded-*` saying
-/// where the request came in.
+/// hop-by-hop headers, except the `Upgrade` a WebSocket needs; with `X-Forwarded-*`,
+/// `Forwarded` and `X-Real-IP` saying where the request came in, set by the gateway alone.
+/// `X-Forwarded-Host` is sent only for a host the gateway checked (`trusted_host`: a
+/// workspace's host under its domain), never the `Host` any caller can send.
 pub fn forwarded_request_headers(
     incoming: &HeaderMap,
     upgrade: bool,
     prefix: &str,
     proto: &str,
     peer: Option<std::net::IpAddr>,
+    trusted_host: Option<&str>,
 ) -> HeaderMap {
-    let mut out = HeaderMap::with_capacity(incoming.len() + 4);
+    let mut out = HeaderMap::with_capacity(incoming.len() + 6);
     let listed = connection_listed(incoming);
     for (name, value) in incoming {
         let lower = name.as_str();
@@ -308,7 +321,7 @@ pub fn forwarded_request_headers(
         if HOP_BY_HOP.contains(&lower) || listed.iter().any(|l| l == lower) {
             continue;
         }
-        if lower.starts_with("x-forwarded-") {
+        if lower.starts_with("x-forwarded-") || CALLER_CLAIMS.contains(&lower) {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -320,17 +333,37 @@ pub fn forwarded_request_headers(
         out.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         out.insert(header::UPGRADE, protocol.clone());
     }
-    if let Some(host) = incoming.get(header::HOST) {
-        out.insert(HeaderName::from_static("x-forwarded-host"), host.clone());
+    let proto = match proto {
+        "https" => "https",
+        _ => "http",
+    };
+    let mut forwarded = vec![];
+    if let Some(host) = trusted_host
+        && let Ok(value) = HeaderValue::from_str(host)
+    {
+        out.insert(HeaderName::from_static("x-forwarded-host"), value);
+        forwarded.push(format!("host=\"{host}\""));
     }
     out.insert(
         HeaderName::from_static("x-forwarded-proto"),
-        HeaderValue::from_str(proto).unwrap_or(HeaderValue::from_static("http")),
+        HeaderValue::from_static(proto),
     );
+    forwarded.push(format!("proto={proto}"));
     if let Some(peer) = peer
         && let Ok(value) = HeaderValue::from_str(&peer.to_string())
     {
-        out.insert(HeaderName::from_static("x-forwarded-for"), value);
+        out.insert(HeaderName::from_static("x-forwarded-for"), value.clone());
+        out.insert(HeaderName::from_static("x-real-ip"), value);
+        forwarded.insert(
+            0,
+            match peer {
+                std::net::IpAddr::V4(v4) => format!("for={v4}"),
+                std::net::IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
+            },
+        );
+    }
+    if let Ok(value) = HeaderValue::from_str(&forwarded.join(";")) {
+        out.insert(HeaderName::from_static("forwarded"), value);
     }
     if !prefix.is_empty()
         && let Ok(value) = HeaderValue::from_str(prefix)
@@ -340,14 +373,26 @@ pub fn forwarded_request_headers(
     out
 }
 
+/// Response headers an app may not send through the gateway: `Service-Worker-Allowed` would
+/// let a page's service worker control paths beyond its own (other workspaces' on the path
+/// route).
+const APP_MAY_NOT_SET: [&str; 1] = ["service-worker-allowed"];
+
 /// The response headers the caller receives: without hop-by-hop headers, except those of a
-/// switch to WebSocket.
+/// switch to WebSocket; without a `Set-Cookie` of the gateway's own cookie (an app cannot set
+/// or clear a session) nor what [`APP_MAY_NOT_SET`] lists.
 pub fn forwarded_response_headers(incoming: &HeaderMap, upgrade: bool) -> HeaderMap {
     let listed = connection_listed(incoming);
     let mut out = HeaderMap::with_capacity(incoming.len());
     for (name, value) in incoming {
         let lower = name.as_str();
-        if HOP_BY_HOP.contains(&lower) || listed.iter().any(|l| l == lower) {
+        if HOP_BY_HOP.contains(&lower)
+            || listed.iter().any(|l| l == lower)
+            || APP_MAY_NOT_SET.contains(&lower)
+        {
+            continue;
+        }
+        if name == header::SET_COOKIE && sets_gateway_cookie(value) {
             continue;
         }
         out.append(name.clone(), value.clone());
@@ -357,6 +402,19 @@ pub fn forwarded_response_headers(incoming: &HeaderMap, upgrade: bool) -> Header
         out.insert(header::UPGRADE, protocol.clone());
     }
     out
+}
+
+/// Whether a `Set-Cookie` value names the gateway's session cookie (also behind a `__Host-` or
+/// `__Secure-` prefix, and in any case: browsers match names exactly, but a lookalike serves
+/// no app).
+fn sets_gateway_cookie(value: &HeaderValue) -> bool {
+    let text = String::from_utf8_lossy(value.as_bytes());
+    let name = text.split(['=', ';']).next().unwrap_or_default().trim();
+    let name = name
+        .strip_prefix("__Host-")
+        .or_else(|| name.strip_prefix("__Secure-"))
+        .unwrap_or(name);
+    name.eq_ignore_ascii_case(SESSION_COOKIE)
 }
 
 /// Header names a `Connection` header lists (they are hop-by-hop too).
@@ -527,6 +585,9 @@ mod tests {
             ("keep-alive", "timeout=5"),
             ("transfer-encoding", "chunked"),
             ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-host", "evil.example"),
+            ("forwarded", "for=6.6.6.6;host=evil.example"),
+            ("x-real-ip", "6.6.6.6"),
             ("host", "gw.example.com"),
             ("accept", "text/html"),
         ]);
@@ -536,6 +597,7 @@ mod tests {
             "/w/n/w/p",
             "https",
             Some([10, 0, 0, 1].into()),
+            None,
         );
         assert!(out.get("authorization").is_none());
         assert!(out.get("proxy-authorization").is_none());
@@ -554,7 +616,13 @@ mod tests {
             "10.0.0.1",
             "the caller cannot forge it"
         );
-        assert_eq!(out.get("x-forwarded-host").unwrap(), "gw.example.com");
+        assert_eq!(out.get("x-real-ip").unwrap(), "10.0.0.1");
+        assert_eq!(out.get("forwarded").unwrap(), "for=10.0.0.1;proto=https");
+        assert_eq!(out.get_all("forwarded").iter().count(), 1);
+        assert!(
+            out.get("x-forwarded-host").is_none(),
+            "a Host any caller can send is not passed on as checked"
+        );
         assert_eq!(out.get("x-forwarded-proto").unwrap(), "https");
         assert_eq!(out.get("x-forwarded-prefix").unwrap(), "/w/n/w/p");
         assert_eq!(out.get("accept").unwrap(), "text/html");
@@ -562,10 +630,44 @@ mod tests {
 
         let only_session = headers(&[("cookie", "berth_session=abc")]);
         assert!(
-            forwarded_request_headers(&only_session, false, "", "http", None)
+            forwarded_request_headers(&only_session, false, "", "http", None, None)
                 .get("cookie")
                 .is_none()
         );
+        // A workspace's host the gateway routed by is passed on.
+        let out = forwarded_request_headers(
+            &incoming,
+            false,
+            "",
+            "http",
+            Some("::1".parse().unwrap()),
+            Some("http--ws--ns.example.com"),
+        );
+        assert_eq!(
+            out.get("x-forwarded-host").unwrap(),
+            "http--ws--ns.example.com"
+        );
+        assert_eq!(
+            out.get("forwarded").unwrap(),
+            "for=\"[::1]\";host=\"http--ws--ns.example.com\";proto=http"
+        );
+    }
+
+    #[test]
+    fn an_app_cannot_set_the_gateways_cookie_or_widen_a_service_worker() {
+        let response = headers(&[
+            ("set-cookie", "berth_session=forged; Path=/"),
+            ("set-cookie", "__Host-berth_session=x; Path=/"),
+            ("set-cookie", "Berth_Session=x"),
+            ("set-cookie", "theme=dark; Path=/"),
+            ("service-worker-allowed", "/"),
+            ("content-type", "text/html"),
+        ]);
+        let back = forwarded_response_headers(&response, false);
+        let cookies: Vec<_> = back.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["theme=dark; Path=/"]);
+        assert!(back.get("service-worker-allowed").is_none());
+        assert_eq!(back.get("content-type").unwrap(), "text/html");
     }
 
     #[test]
@@ -577,7 +679,7 @@ mod tests {
             ("sec-websocket-version", "13"),
         ]);
         assert!(wants_upgrade(&incoming));
-        let out = forwarded_request_headers(&incoming, true, "", "http", None);
+        let out = forwarded_request_headers(&incoming, true, "", "http", None, None);
         assert_eq!(out.get("connection").unwrap(), "upgrade");
         assert_eq!(out.get("upgrade").unwrap(), "websocket");
         assert_eq!(out.get("sec-websocket-key").unwrap(), "k");

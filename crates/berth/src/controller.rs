@@ -318,6 +318,10 @@ pub struct PodPolicyArgs {
     /// Node label keys a workspace may select nodes by (node selector, affinity). Default: none.
     #[arg(long, env = "BERTH_ALLOWED_NODE_LABELS", value_delimiter = ',')]
     pub allowed_node_labels: Vec<String>,
+    /// Namespaces (other than its own) whose pods a workspace's pod affinity terms may select
+    /// (`namespaces`); `*` allows any, and a `namespaceSelector`. Default: none.
+    #[arg(long, env = "BERTH_ALLOWED_AFFINITY_NAMESPACES", value_delimiter = ',')]
+    pub allowed_affinity_namespaces: Vec<String>,
     /// Prefixes of pod labels and annotations a workspace may set (e.g. `example.com`); keys
     /// without a prefix are always allowed, reserved ones (app, berth.dev/*,
     /// app.kubernetes.io/*, *kubernetes.io/*, *k8s.io/*) never. Default: none.
@@ -340,6 +344,7 @@ impl PodPolicyArgs {
         berth_controller::pod_policy::PodPolicy {
             tolerations: self.allowed_tolerations.clone(),
             node_labels: self.allowed_node_labels.clone(),
+            affinity_namespaces: self.allowed_affinity_namespaces.clone(),
             metadata_prefixes: self.allowed_metadata_prefixes.clone(),
             agent_port,
             content_schemes: self.allowed_content_schemes.clone(),

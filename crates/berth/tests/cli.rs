@@ -1750,6 +1750,32 @@ fn the_install_renders_with_kubectl_kustomize() {
         [(1, 50050), (50052, 65535)],
         "every other TCP port stays open"
     );
+
+    // The stricter choice: the same policy, every rule with a source, the gateway's for all
+    // ports, the operator's for the agent's only.
+    let strict = kustomize(&std::path::Path::new(DEPLOY).join("workspace-namespace-gateway-only"));
+    let strict = object(&strict, "NetworkPolicy", "berth-agent");
+    assert_eq!(strict["spec"]["podSelector"], policy["spec"]["podSelector"]);
+    let rules = strict["spec"]["ingress"].as_array().unwrap();
+    assert!(rules.iter().all(|r| r.get("from").is_some()), "{rules:?}");
+    let gateway = rules
+        .iter()
+        .find(|r| {
+            r["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"] == "berth-gateway"
+        })
+        .expect("a rule for the gateway");
+    assert!(
+        gateway.get("ports").is_none(),
+        "every port from the gateway"
+    );
+    let operator = rules
+        .iter()
+        .find(|r| r["from"][0]["podSelector"] == agent_rule["from"][0]["podSelector"])
+        .expect("a rule for the operator");
+    assert_eq!(
+        operator["ports"],
+        serde_json::json!([{"protocol": "TCP", "port": 50051}])
+    );
 }
 
 /// The path of `to` relative to the folder `from` (both absolute), as kustomize wants.

@@ -304,3 +304,191 @@ async fn the_agents_port_is_refused_whatever_the_operator_set_it_to() {
         "{message}"
     );
 }
+
+/// One workspace naming each kind of object a spec can name, one per row, and the field
+/// `WorkspaceSpec::references()` reports for it; `everything` names them all. The rows must
+/// be exactly the references of `everything`, so a new kind of reference needs a row here.
+fn each_reference() -> (Value, Vec<(Value, &'static str)>) {
+    let home = json!({"home": {"size": "1Gi", "mountPath": "/home/dev"}});
+    let rows = vec![
+        (
+            json!({"image": "devbox:1", "serviceAccountName": "deployer"}),
+            "spec.serviceAccountName",
+        ),
+        (
+            json!({"image": "devbox:1", "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "sa", "key": "k"}}}]}),
+            "spec.env[0].valueFrom.secretKeyRef",
+        ),
+        (
+            json!({"image": "devbox:1", "env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]}),
+            "spec.env[0].valueFrom.configMapKeyRef",
+        ),
+        (
+            json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "sv", "mountPath": "/s"}]}}}),
+            "spec.podTemplate.volumes.secrets[0]",
+        ),
+        (
+            json!({"image": "devbox:1", "podTemplate": {"volumes": {"data": [{"claimName": "cl", "mountPath": "/data"}]}}}),
+            "spec.podTemplate.volumes.data[0]",
+        ),
+        (
+            json!({"image": "devbox:1", "command": ["sh"], "podTemplate": {"volumes": home}, "content": {"git": {"url": "https://example.com/org/app.git", "auth": {"secretName": "sg"}}}}),
+            "spec.content.git.auth.secretName",
+        ),
+    ];
+    let everything = json!({
+        "image": "devbox:1", "command": ["sh"], "serviceAccountName": "deployer",
+        "env": [
+            {"name": "A", "valueFrom": {"secretKeyRef": {"name": "sa", "key": "k"}}},
+            {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}
+        ],
+        "podTemplate": {"volumes": {
+            "home": {"size": "1Gi", "mountPath": "/home/dev"},
+            "data": [{"claimName": "cl", "mountPath": "/data"}],
+            "secrets": [{"secretName": "sv", "mountPath": "/s"}]
+        }},
+        "content": {"git": {"url": "https://example.com/org/app.git", "auth": {"secretName": "sg"}}}
+    });
+    let spec: berth_api::WorkspaceSpec = serde_json::from_value(everything.clone()).unwrap();
+    let listed: Vec<String> = spec.references().iter().map(|r| plain(&r.field)).collect();
+    let rows_say: Vec<String> = rows.iter().map(|(_, f)| plain(f)).collect();
+    assert_eq!(
+        {
+            let mut l = listed.clone();
+            l.sort();
+            l
+        },
+        {
+            let mut r = rows_say.clone();
+            r.sort();
+            r
+        },
+        "each reference has its row"
+    );
+    (everything, rows)
+}
+
+/// A field without its list positions: `spec.env[name=A].x` and `spec.env[0].x` are `spec.env.x`.
+fn plain(field: &str) -> String {
+    let mut out = String::new();
+    let mut depth = 0;
+    for c in field.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            c if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The admission policy checks every reference: mallory may use all the objects of
+/// `everything` but one, and the refusal names that one's field, for each in turn.
+#[tokio::test]
+async fn the_admission_policy_checks_every_reference_the_operator_knows() {
+    let h = Harness::start().await;
+    let as_mallory: Api<Workspace> = Api::namespaced(mallory(&h).await, "default");
+    let (everything, rows) = each_reference();
+    let spec: berth_api::WorkspaceSpec = serde_json::from_value(everything.clone()).unwrap();
+    let references = spec.references();
+    let roles: Api<Role> = Api::namespaced(h.client.clone(), "default");
+    create::<RoleBinding>(
+        &h.client,
+        "default",
+        json!({"metadata": {"name": "mallory-grants"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "grants"},
+        "subjects": [{"kind": "ServiceAccount", "name": "mallory", "namespace": "default"}]}),
+    )
+    .await;
+    assert_eq!(references.len(), rows.len());
+    for (i, held_back) in references.iter().enumerate() {
+        let rules: Vec<Value> = references
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, r)| {
+                let resource = match r.subresource {
+                    "" => r.resource.to_owned(),
+                    sub => format!("{}/{sub}", r.resource),
+                };
+                json!({"apiGroups": [""], "resources": [resource], "resourceNames": [r.name], "verbs": [r.verb]})
+            })
+            .collect();
+        let _ = roles.delete("grants", &Default::default()).await;
+        create::<Role>(
+            &h.client,
+            "default",
+            json!({"metadata": {"name": "grants"}, "rules": rules}),
+        )
+        .await;
+        let (code, message) = refused(
+            as_mallory
+                .create(
+                    &PostParams::default(),
+                    &workspace("grab", everything.clone()),
+                )
+                .await,
+        );
+        assert_eq!(code, 403, "{message}");
+        let field = message
+            .split(", which ")
+            .nth(1)
+            .and_then(|rest| rest.split(" names;").next())
+            .unwrap_or_else(|| panic!("names a field: {message}"));
+        assert_eq!(
+            plain(field),
+            plain(&held_back.field),
+            "{held_back:?}: {message}"
+        );
+        assert!(
+            message.contains(&format!("\"{}\"", held_back.name)),
+            "{message}"
+        );
+    }
+    // With all of them, the workspace is admitted.
+    let _ = roles.delete("grants", &Default::default()).await;
+    let rules: Vec<Value> = references
+        .iter()
+        .map(|r| {
+            let resource = match r.subresource {
+                "" => r.resource.to_owned(),
+                sub => format!("{}/{sub}", r.resource),
+            };
+            json!({"apiGroups": [""], "resources": [resource], "resourceNames": [r.name], "verbs": [r.verb]})
+        })
+        .collect();
+    create::<Role>(
+        &h.client,
+        "default",
+        json!({"metadata": {"name": "grants"}, "rules": rules}),
+    )
+    .await;
+    as_mallory
+        .create(&PostParams::default(), &workspace("grab", everything))
+        .await
+        .unwrap();
+}
+
+/// Closed when absent, for every reference: each workspace naming one kind of object gets no
+/// pod while the policy is not enforcing, and says which field; each starts once it is.
+#[tokio::test]
+async fn without_the_admission_policy_no_reference_escapes() {
+    let h = Harness::start().await;
+    h.without_admission_policy().await;
+    let (_, rows) = each_reference();
+    for (i, (spec, _)) in rows.iter().enumerate() {
+        h.create(&format!("ref-{i}"), spec.clone()).await;
+    }
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client.clone(), "default");
+    for (i, (_, field)) in rows.iter().enumerate() {
+        let name = format!("ref-{i}");
+        let seen = h.until_not_ready(&name, "AdmissionNotInstalled").await;
+        let message = crate::support::message_of(&seen);
+        assert!(
+            message.starts_with(&format!("No pod until the admission policy is installed; nothing checked that this workspace's author may use what {field} names")),
+            "{name}: {message}"
+        );
+        assert!(pods.get_opt(&format!("{name}-ws")).await.unwrap().is_none());
+    }
+}

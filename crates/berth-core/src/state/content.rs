@@ -10,6 +10,8 @@ use berth_api::{
     condition::{HasReason, HasStatus, Reason, event_reasons, find_condition, types},
 };
 
+use berth_api::content::{shown_url, without_credentials};
+
 use super::{Builder, Notice};
 
 /// What the content asks of the start.
@@ -34,17 +36,20 @@ impl Builder<'_> {
         (interval, start_timeout): (Duration, Duration),
     ) -> Option<Hold> {
         let git = &workspace.spec.content.as_ref()?.git;
-        let place = format!("{} ({})", git.directory(), git.url);
+        // Credentials an old object may still carry in its URL are never shown.
+        let url = shown_url(&git.url);
+        let clean = |text: &str| without_credentials(text, &git.url);
+        let place = format!("{} ({url})", git.directory());
         if let Some(content) = self.status.content.clone().filter(|c| c.pod_uid == uid) {
             // In place for this pod: a changed spec changes nothing on disk, and says so.
             let cloned_by_berth = !content.url.is_empty();
-            if cloned_by_berth && (content.url != git.url || content.reference != git.reference) {
+            if cloned_by_berth && (content.url != url || content.reference != git.reference) {
                 let at = |r: &Option<String>| {
                     r.clone().unwrap_or_else(|| "its default branch".to_owned())
                 };
                 let message = format!(
                     "spec.content.git now asks for {} at {}, but {} holds {} at {} (commit {}): Berth never clones over a checkout, so nothing on disk changed. Move {} away and restart the workspace to clone again",
-                    git.url,
+                    url,
                     at(&git.reference),
                     content.path,
                     content.url,
@@ -88,7 +93,7 @@ impl Builder<'_> {
                 self,
                 Reason::Cloning,
                 ConditionStatus::False,
-                progress.clone(),
+                clean(progress),
             ),
             Some((
                 ContentOutcome::Failed {
@@ -108,15 +113,14 @@ impl Builder<'_> {
                         "the agent tries again once the credentials or the spec change".to_owned()
                     }
                 };
+                let message = clean(message);
                 let text = match remedy.is_empty() {
                     true => format!(
-                        "Cannot clone {} into {} ({reason}); git said: {message}; {next}. The pod is kept",
-                        git.url,
+                        "Cannot clone {url} into {} ({reason}); git said: {message}; {next}. The pod is kept",
                         git.directory()
                     ),
                     false => format!(
-                        "Cannot clone {} into {} ({reason}); git said: {message}; {remedy}; {next}. The pod is kept",
-                        git.url,
+                        "Cannot clone {url} into {} ({reason}); git said: {message}; {remedy}; {next}. The pod is kept",
                         git.directory()
                     ),
                 };
@@ -156,11 +160,12 @@ impl Builder<'_> {
             )) => {
                 self.status.content = Some(ContentStatus {
                     path: git.directory(),
-                    url: url.clone(),
+                    url: shown_url(url),
                     reference: reference.clone(),
                     commit: commit.clone(),
                     pod_uid: uid.to_owned(),
                 });
+                let message = clean(message);
                 if *reason == Reason::Cloned {
                     self.notices.push(Notice::normal(
                         event_reasons::CONTENT_READY,
@@ -171,7 +176,7 @@ impl Builder<'_> {
                     types::CONTENT_READY,
                     ConditionStatus::True,
                     reason.clone(),
-                    message,
+                    &message,
                 );
                 None
             }

@@ -808,6 +808,19 @@ async fn kubectl_applies_the_workspace_namespace_network_policy() {
     )
     .await;
     assert_eq!(ports, "50051");
+    // The stricter choice replaces it: every port only from the gateway (and the operator).
+    let strict = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/workspace-namespace-gateway-only"
+    );
+    kubectl.ok(&["apply", "-n", "team-a", "-k", strict]).await;
+    let sources = jsonpath(
+        &kubectl,
+        &["-n", "team-a", "get", "networkpolicy", "berth-agent"],
+        "{range .spec.ingress[*]}{.from[0].podSelector.matchLabels.app\\.kubernetes\\.io/name}:{.ports[0].port};{end}",
+    )
+    .await;
+    assert_eq!(sources, "berth-controller:50051;berth-gateway:;");
     let stderr = kubectl
         .fails_with_input(
             &["-n", "team-a", "create", "-f", "-"],
