@@ -88,7 +88,9 @@ impl Access {
         let answer = Api::<TokenReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|e| Refusal::Unavailable(format!("TokenReview failed: {e}")))?;
+            .map_err(|e| {
+                Refusal::Unavailable(format!("TokenReview failed: {}", crate::api_words(&e)))
+            })?;
         let status = answer.status.unwrap_or_default();
         let outcome = match (status.authenticated, status.user) {
             (Some(true), Some(user)) => Ok(user_of(user)),
@@ -160,7 +162,12 @@ impl Access {
         let answer = Api::<SubjectAccessReview>::all(self.client.clone())
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|e| Refusal::Unavailable(format!("SubjectAccessReview failed: {e}")))?;
+            .map_err(|e| {
+                Refusal::Unavailable(format!(
+                    "SubjectAccessReview failed: {}",
+                    crate::api_words(&e)
+                ))
+            })?;
         let status = answer.status.unwrap_or_default();
         let outcome = if status.allowed && status.denied != Some(true) {
             Ok(())

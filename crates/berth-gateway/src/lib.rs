@@ -660,7 +660,7 @@ impl Gateway {
                 StatusCode::BAD_GATEWAY,
                 "The workspace could not be started",
             )
-            .line(format!("The API server said: {e}"))
+            .line(format!("The API server said: {}", api_words(&e)))
             .answer(&headers);
         }
         let port = route::form_value(&body, "port")
@@ -1015,7 +1015,7 @@ fn unavailable(e: kube::Error) -> Page {
         StatusCode::SERVICE_UNAVAILABLE,
         "Cannot read the workspace right now",
     )
-    .line(format!("The API server said: {e}"))
+    .line(format!("The API server said: {}", api_words(&e)))
     .refresh(5)
 }
 
@@ -1291,6 +1291,18 @@ fn status_page(workspace: &Workspace, start: Option<Form>) -> Page {
     page.line(format!("Phase: {phase}"))
 }
 
+/// What the API server said, in its own words: a refusal's message (with its reason and
+/// code), never kube's debug dump of the Status; any other error with its causes.
+pub fn api_words(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => match status.reason.is_empty() {
+            true => format!("{} ({})", status.message, status.code),
+            false => format!("{} ({}, {})", status.message, status.reason, status.code),
+        },
+        other => error_chain(other),
+    }
+}
+
 /// An error with each of its causes, as `a: b: c` (hyper's and reqwest's outer errors say
 /// little on their own).
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
@@ -1308,6 +1320,21 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_api_refusal_is_shown_in_the_servers_words_not_as_a_dump() {
+        let status: kube::core::Status = serde_json::from_value(json!({
+            "status": "Failure", "code": 403, "reason": "Forbidden",
+            "message": "workspaces.berth.dev \"w\" is forbidden: denied"
+        }))
+        .unwrap();
+        let words = api_words(&kube::Error::Api(Box::new(status)));
+        assert_eq!(
+            words,
+            "workspaces.berth.dev \"w\" is forbidden: denied (Forbidden, 403)"
+        );
+        assert!(!words.contains("Status"));
+    }
 
     #[test]
     fn only_berths_ready_pod_of_the_workspace_is_reached() {

@@ -43,7 +43,8 @@ pub async fn load_key(client: &Client, namespace: &str) -> Result<Key, String> {
     };
     let cannot = |e: kube::Error| {
         format!(
-            "cannot read Secret {namespace}/{KEY_SECRET} (the key that signs browser sessions): {e}"
+            "cannot read Secret {namespace}/{KEY_SECRET} (the key that signs browser sessions): {}",
+            crate::api_words(&e)
         )
     };
     if let Some(secret) = secrets.get_opt(KEY_SECRET).await.map_err(cannot)? {
@@ -72,7 +73,8 @@ pub async fn load_key(client: &Client, namespace: &str) -> Result<Key, String> {
             read(secrets.get(KEY_SECRET).await.map_err(cannot)?)
         }
         Err(e) => Err(format!(
-            "cannot create Secret {namespace}/{KEY_SECRET} (the key that signs browser sessions): {e}"
+            "cannot create Secret {namespace}/{KEY_SECRET} (the key that signs browser sessions): {}",
+            crate::api_words(&e)
         )),
     }
 }
@@ -112,7 +114,8 @@ pub async fn use_ticket(client: &Client, namespace: &str, ticket: &Claims) -> Re
         Err(kube::Error::Api(status)) if status.code == 409 => return Err(Unused::AlreadyUsed),
         Err(e) => {
             return Err(Unused::Unavailable(format!(
-                "cannot record the login link as used: {e}"
+                "cannot record the login link as used: {}",
+                crate::api_words(&e)
             )));
         }
     }

@@ -131,6 +131,24 @@ async fn a_workspace_grants_nothing_its_author_does_not_already_have() {
         message.ends_with("denied request: spec.podTemplate.tolerations: a toleration of a taint key the platform does not allow; it allows tolerations of: none (ConfigMap berth-system/berth-admission, allowed-tolerations); ask the platform team to allow it"),
         "{message}"
     );
+    // Pod affinity that selects pods of other namespaces tells where they run: refused unless
+    // the platform allows those namespaces; its own namespace is fine.
+    let (code, message) = refused(
+        as_mallory
+            .create(&post, &workspace("grab", json!({"image": "devbox:1", "podTemplate": {"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname", "namespaces": ["default", "payments"], "labelSelector": {"matchLabels": {"app": "db"}}}}]}}}})))
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.ends_with("denied request: spec.podTemplate.affinity: a pod affinity term selects pods of another namespace (namespaces, or a namespaceSelector); the platform allows pod affinity into: none (ConfigMap berth-system/berth-admission, allowed-affinity-namespaces; * allows a namespaceSelector too); ask the platform team to allow it"),
+        "{message}"
+    );
+    let (code, _) = refused(
+        as_mallory
+            .create(&post, &workspace("grab", json!({"image": "devbox:1", "podTemplate": {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "kubernetes.io/hostname", "namespaceSelector": {}}]}}}})))
+            .await,
+    );
+    assert_eq!(code, 403);
     let (_, message) = refused(
         as_mallory
             .create(&post, &workspace("grab", json!({"image": "devbox:1", "podTemplate": {"metadata": {"labels": {"app": "payments"}}}})))
@@ -172,6 +190,37 @@ async fn a_workspace_grants_nothing_its_author_does_not_already_have() {
                 "applied",
                 &PatchParams::apply("mallory"),
                 &Patch::Apply(&applied),
+            )
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("cannot get secrets \"payments-db\""),
+        "{message}"
+    );
+
+    // Starting or stopping someone's workspace names nothing new: not checked (the gateway's
+    // start button and `berth start` work for a workspace naming a secret), but any other
+    // change made with it is.
+    h.create(
+        "admins",
+        json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "payments-db", "mountPath": "/s"}]}}}),
+    )
+    .await;
+    as_mallory
+        .patch(
+            "admins",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": true}})),
+        )
+        .await
+        .unwrap();
+    let (code, message) = refused(
+        as_mallory
+            .patch(
+                "admins",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"paused": false, "command": ["sh"]}})),
             )
             .await,
     );

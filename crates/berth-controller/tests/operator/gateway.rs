@@ -816,6 +816,81 @@ async fn a_login_link_works_once_and_its_session_is_authorized_on_every_request(
     .await;
 }
 
+/// A browser session for `workspace`: a login link minted with `token`, used.
+async fn sign_in(gateway: SocketAddr, token: &str, workspace: &str) -> String {
+    let auth = format!("Bearer {token}");
+    let minted = call(
+        gateway,
+        http::Method::POST,
+        &format!("/.berth/tickets?namespace=default&workspace={workspace}&port=http"),
+        &[("authorization", &auth)],
+        "",
+    )
+    .await;
+    assert_eq!(minted.status, StatusCode::OK, "{}", minted.text());
+    let login = get(gateway, minted.json()["path"].as_str().unwrap(), &[]).await;
+    assert_eq!(login.status, StatusCode::SEE_OTHER, "{}", login.text());
+    session_cookie(&login)
+}
+
+/// The start button of a workspace that names a secret (or a kind) works: starting and
+/// stopping name nothing new, so the admission policy does not check the gateway's patch
+/// against rights only the workspace's author has. (It answered 502 with a debug dump.)
+#[tokio::test]
+async fn the_start_button_starts_a_workspace_that_names_a_secret() {
+    let h = Harness::start().await;
+    let first = gateway(&h).await;
+    berth_sim::manifests::create_all(
+        &h.client,
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: npm-token, namespace: default}\nstringData: {token: x}\n",
+        "default",
+    )
+    .await
+    .unwrap();
+    h.create(
+        "keyed",
+        json!({"image": "devbox:1", "command": ["serve"], "ports": [{"name": "http", "port": 8080}],
+            "podTemplate": {"volumes": {"secrets": [{"secretName": "npm-token", "mountPath": "/secrets/npm"}]}}}),
+    )
+    .await;
+    h.until_phase("keyed", Phase::Running).await;
+    let alice = developer(&h, "alice", &["keyed"]).await;
+    may_patch(&h, "alice", "keyed").await;
+    let cookie = sign_in(first, &alice, "keyed").await;
+    h.patch_spec("keyed", json!({"paused": true})).await;
+    h.until_phase("keyed", Phase::Stopped).await;
+    let page = get(
+        first,
+        "/w/default/keyed/http/",
+        &[("cookie", &cookie), ("accept", "text/html")],
+    )
+    .await;
+    let text = page.text();
+    let csrf = text
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("a start button: {text}"))
+        .to_owned();
+    let host = first.to_string();
+    let started = call(
+        first,
+        http::Method::POST,
+        "/w/default/keyed/.berth/start",
+        &[
+            ("cookie", &cookie),
+            ("content-type", "application/x-www-form-urlencoded"),
+            ("origin", &format!("http://{host}")),
+            ("host", &host),
+        ],
+        &format!("csrf={csrf}&port=http"),
+    )
+    .await;
+    assert_eq!(started.status, StatusCode::SEE_OTHER, "{}", started.text());
+    assert!(!started.text().contains("Status {"), "{}", started.text());
+    h.until_phase("keyed", Phase::Running).await;
+}
+
 /// What `berth port-forward` rides on: a WebSocket at `/w/<ns>/<ws>/.berth/tcp/<port>` is a
 /// TCP connection to that port of the workspace's pod (here an HTTP/1.0 exchange, byte for
 /// byte), for a caller allowed to connect; anyone else is refused before any connection.
