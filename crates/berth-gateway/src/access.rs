@@ -38,9 +38,18 @@ pub struct User {
     pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
+/// How many tokens the API server refused one client address may send within
+/// [`REFUSAL_WINDOW`] before the gateway stops asking about its tokens (each costs the API
+/// server a TokenReview; a refusal already remembered costs nothing and is not counted).
+pub const REFUSED_TOKENS_PER_ADDRESS: u32 = 20;
+pub const REFUSAL_WINDOW: Duration = Duration::from_secs(60);
+
 /// Why a caller is not let through.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
+    /// The caller's address sent too many tokens the API server refused (429): how long until
+    /// it may try again.
+    TooMany(Duration),
     /// The token is not one the API server accepts (401); its words.
     Unauthenticated(String),
     /// The user may not connect to the workspace (403): what is missing, and the authorizer's
@@ -59,6 +68,8 @@ pub struct Access {
     ttl: Duration,
     users: Remembered<[u8; 32], Result<User, String>>,
     decisions: Remembered<(String, String, String), Result<(), String>>,
+    /// Per client address: when its window began, and how many of its tokens were refused.
+    refused: Mutex<HashMap<std::net::IpAddr, (Instant, u32)>>,
 }
 
 impl Access {
@@ -68,15 +79,25 @@ impl Access {
             ttl,
             users: Mutex::default(),
             decisions: Mutex::default(),
+            refused: Mutex::default(),
         }
     }
 
     /// The user a bearer token belongs to, per TokenReview (which also covers the
     /// exec-plugin credentials of managed clusters: they end in a bearer token).
-    pub async fn authenticate(&self, token: &str) -> Result<User, Refusal> {
+    /// `peer` is the caller's address: one that sent too many refused tokens lately is
+    /// answered without asking.
+    pub async fn authenticate(
+        &self,
+        token: &str,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<User, Refusal> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Some(known) = remembered(&self.users, &key, self.ttl) {
             return known.map_err(Refusal::Unauthenticated);
+        }
+        if let Some(wait) = peer.and_then(|p| self.over_budget(p)) {
+            return Err(Refusal::TooMany(wait));
         }
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -100,7 +121,34 @@ impl Access {
                 .unwrap_or_else(|| "the API server does not accept this token".to_owned())),
         };
         remember(&self.users, key, outcome.clone());
+        if let (Err(_), Some(peer)) = (&outcome, peer) {
+            self.charge(peer);
+        }
         outcome.map_err(Refusal::Unauthenticated)
+    }
+
+    /// How long `peer` must wait, when it has used its budget of refused tokens.
+    fn over_budget(&self, peer: std::net::IpAddr) -> Option<Duration> {
+        let refused = self.refused.lock().unwrap();
+        let (since, count) = refused.get(&peer)?;
+        let left = REFUSAL_WINDOW.checked_sub(since.elapsed())?;
+        (*count >= REFUSED_TOKENS_PER_ADDRESS).then_some(left)
+    }
+
+    /// Counts one refused token against `peer`.
+    fn charge(&self, peer: std::net::IpAddr) {
+        let mut refused = self.refused.lock().unwrap();
+        if refused.len() >= MAX_REMEMBERED {
+            refused.retain(|_, (since, _)| since.elapsed() < REFUSAL_WINDOW);
+            if refused.len() >= MAX_REMEMBERED {
+                refused.clear();
+            }
+        }
+        let entry = refused.entry(peer).or_insert((Instant::now(), 0));
+        if entry.0.elapsed() >= REFUSAL_WINDOW {
+            *entry = (Instant::now(), 0);
+        }
+        entry.1 += 1;
     }
 
     /// Whether `user` may connect to workspace `namespace/name`.

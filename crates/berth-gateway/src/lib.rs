@@ -84,6 +84,9 @@ pub struct Config {
     /// The CA bundle (PEM) agents' TLS certificates are verified against, where agents serve
     /// TLS.
     pub agent_tls_ca: Option<Vec<u8>>,
+    /// How long a caller may take to send a request's headers; a connection that sends
+    /// nothing, or half a request, is closed then (so idle sockets cannot pile up).
+    pub header_timeout: Duration,
 }
 
 impl Default for Config {
@@ -97,6 +100,7 @@ impl Default for Config {
             allow_public_ports: false,
             service_account: None,
             agent_tls_ca: None,
+            header_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -223,20 +227,70 @@ impl Gateway {
     }
 }
 
-/// Serves the gateway on `listener` until `shutdown` completes.
+/// Serves the gateway on `listener` until `shutdown` completes, then lets the requests under
+/// way finish. HTTP/1.1 and HTTP/2 (cleartext), upgrades (WebSocket) included; each
+/// connection must send a request's headers within [`Config::header_timeout`], and an HTTP/2
+/// connection that stops answering pings is closed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     gateway: Gateway,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        gateway
-            .router()
-            .into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    use hyper_util::server::{conn::auto, graceful::GracefulShutdown};
+    use tower::ServiceExt;
+    let header_timeout = gateway.0.config.header_timeout;
+    let router = gateway.router();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(header_timeout))
+        .keep_alive_timeout(header_timeout);
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, or a connection reset before it was accepted:
+                    // wait a moment instead of spinning.
+                    tracing::warn!(error = %e, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        let (builder, watcher) = (builder.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            // Telling HTTP/1 from HTTP/2 waits for the first bytes without a timeout of its
+            // own: a connection that sends nothing is closed here.
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(header_timeout, stream.peek(&mut first)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
+            let service = hyper::service::service_fn(
+                move |mut request: http::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    router.clone().oneshot(request.map(Body::new))
+                },
+            );
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            if let Err(e) = watcher.watch(connection.into_owned()).await {
+                tracing::debug!(%peer, error = %e, "connection ended");
+            }
+        });
+    }
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// One request: which port, who, whether they may, where the pod is, then forward.
@@ -304,7 +358,7 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
     let (user, session) = if public == Some(Public::Yes) {
         (None, None)
     } else {
-        match gateway.caller(&headers, &target).await {
+        match gateway.caller(&headers, &target, peer_of(&request)).await {
             Ok((user, session)) => (Some(user), session),
             Err(refused) => return refused,
         }
@@ -327,11 +381,16 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
         Ok(backend) => backend,
         Err(page) => return page.answer(&headers),
     };
-    let peer = request
+    let peer = peer_of(&request);
+    gateway.forward(request, &target, backend, peer, user).await
+}
+
+/// The address of the caller's end of the connection.
+fn peer_of(request: &Request) -> Option<IpAddr> {
+    request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip());
-    gateway.forward(request, &target, backend, peer, user).await
+        .map(|c| c.0.ip())
 }
 
 /// Where `berth open` asks for a login link (POST, with the user's bearer token, the
@@ -361,11 +420,12 @@ impl Gateway {
         &self,
         headers: &http::HeaderMap,
         target: &Target,
+        peer: Option<IpAddr>,
     ) -> Result<(User, Option<Claims>), Response> {
         let access = &self.0.access;
         // A bearer token (the CLI, curl), else the browser's session for this workspace.
         let (user, session) = if let Some(token) = route::bearer(headers) {
-            match access.authenticate(token).await {
+            match access.authenticate(token, peer).await {
                 Ok(user) => (user, None),
                 Err(refusal) => return Err(refusal_page(refusal, target).answer(headers)),
             }
@@ -453,7 +513,7 @@ impl Gateway {
                 .answer(headers);
         };
         let access = &self.0.access;
-        let user = match access.authenticate(token).await {
+        let user = match access.authenticate(token, peer_of(&request)).await {
             Ok(user) => user,
             Err(refusal) => return refusal_page(refusal, &target).answer(headers),
         };
@@ -701,7 +761,7 @@ impl Gateway {
                     .answer(&headers);
             }
         };
-        let user = match self.caller(&headers, &target).await {
+        let user = match self.caller(&headers, &target, peer_of(&request)).await {
             Ok((user, _)) => user,
             Err(refused) => return refused,
         };
@@ -763,7 +823,7 @@ impl Gateway {
                 ))
                 .answer(&headers);
         }
-        let user = match self.caller(&headers, &target).await {
+        let user = match self.caller(&headers, &target, peer_of(&request)).await {
             Ok((user, _)) => user,
             Err(refused) => return refused,
         };
@@ -1006,6 +1066,16 @@ fn refusal_page(refusal: Refusal, target: &Target) -> Page {
         )
         .line(why)
         .refresh(5),
+        Refusal::TooMany(wait) => {
+            let seconds = u32::try_from(wait.as_secs().max(1)).unwrap_or(u32::MAX);
+            Page::new(StatusCode::TOO_MANY_REQUESTS, "Too many refused credentials")
+                .line(format!(
+                    "Your address sent more than {} credentials the API server does not accept within {} seconds; try again in {seconds} seconds, with a valid one.",
+                    access::REFUSED_TOKENS_PER_ADDRESS,
+                    access::REFUSAL_WINDOW.as_secs()
+                ))
+                .refresh(seconds)
+        }
     }
 }
 

@@ -118,6 +118,9 @@ impl Page {
         if let Some(seconds) = self.refresh
             && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
         {
+            if self.status == StatusCode::TOO_MANY_REQUESTS {
+                headers.insert(header::RETRY_AFTER, value.clone());
+            }
             headers.insert("refresh", value);
         }
         if self.status == StatusCode::UNAUTHORIZED {

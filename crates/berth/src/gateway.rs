@@ -37,6 +37,10 @@ pub struct GatewayArgs {
     /// Default: in a pod, the pod's own; elsewhere none, and no shells.
     #[arg(long, env = "BERTH_SERVICE_ACCOUNT", value_parser = |s: &str| s.parse::<ServiceAccountRef>())]
     pub service_account: Option<ServiceAccountRef>,
+    /// How long a caller may take to send a request's headers before the connection is
+    /// closed (half-sent requests cannot hold sockets open).
+    #[arg(long, default_value = "10s", value_parser = duration, env = "BERTH_GATEWAY_HEADER_TIMEOUT")]
+    pub header_timeout: Duration,
     /// The CA bundle (PEM file) agents' TLS certificates are verified against, where the
     /// operator runs with --agent-tls-secret. Default: none.
     #[arg(long, env = "BERTH_AGENT_TLS_CA")]
@@ -72,6 +76,7 @@ pub async fn run(args: GatewayArgs) -> Result<(), String> {
         namespace: args.namespace,
         session_ttl: args.session_ttl,
         allow_public_ports: args.allow_public_ports,
+        header_timeout: args.header_timeout,
         ..Default::default()
     };
     let gateway = berth_gateway::Gateway::start(client, config).await?;

@@ -891,6 +891,117 @@ async fn the_start_button_starts_a_workspace_that_names_a_secret() {
     h.until_phase("keyed", Phase::Running).await;
 }
 
+/// Refusals are cheap: a refused token is remembered (asking again costs the API server
+/// nothing), and an address that sends more than its budget of refused tokens is answered 429
+/// with Retry-After without asking; a caller with a remembered good token still gets in.
+#[tokio::test]
+async fn refused_tokens_are_remembered_and_limited_per_address() {
+    let h = Harness::start().await;
+    let first = gateway(&h).await;
+    served(&h, "web").await;
+    let alice = developer(&h, "alice", &["web"]).await;
+    let alice_auth = format!("Bearer {alice}");
+    let welcome = get(
+        first,
+        "/w/default/web/http/",
+        &[("authorization", &alice_auth)],
+    )
+    .await;
+    assert_eq!(welcome.status, StatusCode::OK, "{}", welcome.text());
+    let reviews = || {
+        h.sim
+            .count_requests(|k| k.resource == "tokenreviews" && k.user.contains("berth-gateway"))
+    };
+    let before = reviews();
+    // One bad token, sent ten times: asked about once.
+    for _ in 0..10 {
+        let answer = get(
+            first,
+            "/w/default/web/http/",
+            &[("authorization", "Bearer nope")],
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{}", answer.text());
+    }
+    assert_eq!(reviews() - before, 1, "a refused token is remembered");
+    // Many different bad tokens: asked about up to the budget, then 429 without asking.
+    let budget = u64::from(berth_gateway::access::REFUSED_TOKENS_PER_ADDRESS);
+    let mut limited = None;
+    for i in 0..budget + 5 {
+        let auth = format!("Bearer guess-{i}");
+        let answer = get(first, "/w/default/web/http/", &[("authorization", &auth)]).await;
+        if answer.status == StatusCode::TOO_MANY_REQUESTS {
+            limited = Some(answer);
+            break;
+        }
+        assert_eq!(answer.status, StatusCode::UNAUTHORIZED, "{}", answer.text());
+    }
+    let limited = limited.expect("the address is limited once its budget is spent");
+    limited.says("Too many refused credentials");
+    let wait: u64 = limited.headers[header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    assert_eq!(
+        reviews() - before,
+        budget,
+        "no TokenReview beyond the budget"
+    );
+    // Alice's token, remembered, still gets in from the same address.
+    let still = get(
+        first,
+        "/w/default/web/http/",
+        &[("authorization", &alice_auth)],
+    )
+    .await;
+    assert_eq!(still.status, StatusCode::OK, "{}", still.text());
+}
+
+/// A caller must send a request's headers in time: connections that send nothing or half a
+/// request are closed after the header timeout, and the gateway keeps serving.
+#[tokio::test]
+async fn half_sent_requests_do_not_hold_connections_open() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = Harness::start().await;
+    let config = berth_gateway::Config {
+        header_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let first = gateway_with(&h, config).await;
+    let mut idle = vec![];
+    for i in 0..40 {
+        let mut stream = tokio::net::TcpStream::connect(first).await.unwrap();
+        if i % 2 == 0 {
+            stream
+                .write_all(b"GET /w/default/web/http/ HTTP/1.1\r\nHost: gw\r\nX-Slow: ")
+                .await
+                .unwrap();
+        }
+        idle.push(stream);
+    }
+    // Each is closed by the gateway: reading ends (EOF, or a reset) instead of waiting.
+    for mut stream in idle {
+        let mut buffer = vec![0; 1024];
+        let closed = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                match stream.read(&mut buffer).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "a half-sent request kept its connection open"
+        );
+    }
+    let health = get(first, "/healthz", &[]).await;
+    assert_eq!(health.status, StatusCode::OK);
+}
+
 /// What `berth port-forward` rides on: a WebSocket at `/w/<ns>/<ws>/.berth/tcp/<port>` is a
 /// TCP connection to that port of the workspace's pod (here an HTTP/1.0 exchange, byte for
 /// byte), for a caller allowed to connect; anyone else is refused before any connection.
