@@ -12,6 +12,7 @@ use std::{
 use k8s_openapi::api::{
     authentication::v1::{TokenReview, TokenReviewSpec, UserInfo},
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+    core::v1::ServiceAccount,
 };
 use kube::{Api, Client, api::PostParams};
 use sha2::{Digest, Sha256};
@@ -149,6 +150,54 @@ impl Access {
             *entry = (Instant::now(), 0);
         }
         entry.1 += 1;
+    }
+
+    /// Whether the identity a browser session (or an open connection) was made for still
+    /// exists: for a service account, the account of that name with the same UID (a deleted
+    /// account's RoleBindings name it still, so authorization alone would let its session on).
+    /// Other users have no object to look up; their authorization is asked on every request.
+    /// Remembered for the review TTL.
+    pub async fn still_exists(&self, user: &User) -> Result<(), Refusal> {
+        let Some((namespace, name)) = user
+            .username
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|rest| rest.split_once(':'))
+        else {
+            return Ok(());
+        };
+        let key = (
+            format!("exists\n{}", identity_key(user)),
+            namespace.to_owned(),
+            name.to_owned(),
+        );
+        if let Some(known) = remembered(&self.decisions, &key, self.ttl) {
+            return known.map_err(Refusal::Unauthenticated);
+        }
+        let account = Api::<ServiceAccount>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| {
+                Refusal::Unavailable(format!(
+                    "cannot look up service account {namespace}/{name}: {}",
+                    crate::api_words(&e)
+                ))
+            })?;
+        let outcome = match account {
+            None => Err(format!(
+                "the service account {namespace}/{name} it was made for no longer exists"
+            )),
+            Some(account)
+                if !user.uid.is_empty()
+                    && account.metadata.uid.as_deref() != Some(user.uid.as_str()) =>
+            {
+                Err(format!(
+                    "the service account {namespace}/{name} it was made for was deleted and made again"
+                ))
+            }
+            Some(_) => Ok(()),
+        };
+        remember(&self.decisions, key, outcome.clone());
+        outcome.map_err(Refusal::Unauthenticated)
     }
 
     /// Whether `user` may connect to workspace `namespace/name`.

@@ -437,7 +437,13 @@ impl Gateway {
                 &target.workspace,
                 now(),
             ) {
-                Some(Ok(session)) => (session.user.clone(), Some(session)),
+                Some(Ok(session)) => {
+                    // A session ends when its credential does.
+                    if let Err(refusal) = access.still_exists(&session.user).await {
+                        return Err(session_ended(refusal, target).answer(headers));
+                    }
+                    (session.user.clone(), Some(session))
+                }
                 Some(Err(invalid)) => {
                     return Err(Page::new(StatusCode::UNAUTHORIZED, "Sign in to reach this workspace")
                         .line(format!(
@@ -936,6 +942,9 @@ impl Gateway {
         let every = self.0.config.review_ttl.max(Duration::from_millis(100));
         loop {
             tokio::time::sleep(every).await;
+            if let Err(Refusal::Unauthenticated(why)) = self.0.access.still_exists(user).await {
+                return format!("{} is no longer valid: {why}", user.username);
+            }
             if let Err(Refusal::Forbidden { .. }) =
                 self.0.access.authorize(user, namespace, name).await
             {
@@ -1076,6 +1085,19 @@ fn refusal_page(refusal: Refusal, target: &Target) -> Page {
                 ))
                 .refresh(seconds)
         }
+    }
+}
+
+/// The page of a browser session whose identity is gone (or that cannot be checked now).
+fn session_ended(refusal: Refusal, target: &Target) -> Page {
+    match refusal {
+        Refusal::Unauthenticated(why) => {
+            Page::new(StatusCode::UNAUTHORIZED, "Sign in to reach this workspace").line(format!(
+                "Your browser's session for workspace {}/{} has ended: {why}. Run `berth open {} -n {}` for a new login link.",
+                target.namespace, target.workspace, target.workspace, target.namespace
+            ))
+        }
+        other => refusal_page(other, target),
     }
 }
 

@@ -891,6 +891,49 @@ async fn the_start_button_starts_a_workspace_that_names_a_secret() {
     h.until_phase("keyed", Phase::Running).await;
 }
 
+/// A session ends when its credential does: once alice's service account is deleted (her
+/// RoleBinding still names it, so authorization alone would let her on), her browser session
+/// is refused within the review TTL, saying why and how to sign in again; so is a session
+/// of an account deleted and made again under the same name.
+#[tokio::test]
+async fn a_session_ends_when_its_service_account_is_deleted() {
+    let h = Harness::start().await;
+    let config = berth_gateway::Config {
+        review_ttl: Duration::from_millis(200),
+        ..Default::default()
+    };
+    let first = gateway_with(&h, config).await;
+    served(&h, "web").await;
+    let alice = developer(&h, "alice", &["web"]).await;
+    let cookie = sign_in(first, &alice, "web").await;
+    let through = get(first, "/w/default/web/http/", &[("cookie", &cookie)]).await;
+    assert_eq!(through.status, StatusCode::OK, "{}", through.text());
+    k8s_delete::<k8s_openapi::api::core::v1::ServiceAccount>(&h, "alice").await;
+    let ended = eventually(
+        Duration::from_secs(30),
+        "alice's session to end with her service account",
+        || async {
+            let answer = get(first, "/w/default/web/http/", &[("cookie", &cookie)]).await;
+            (answer.status == StatusCode::UNAUTHORIZED).then_some(answer)
+        },
+    )
+    .await;
+    ended.says("the service account default/alice it was made for no longer exists");
+    ended.says("berth open web -n default");
+    // Made again under the same name: another account, and the old session stays ended.
+    berth_sim::manifests::create_all(
+        &h.client,
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: alice, namespace: default}\n",
+        "default",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = get(first, "/w/default/web/http/", &[("cookie", &cookie)]).await;
+    assert_eq!(again.status, StatusCode::UNAUTHORIZED, "{}", again.text());
+    again.says("was deleted and made again");
+}
+
 /// Refusals are cheap: a refused token is remembered (asking again costs the API server
 /// nothing), and an address that sends more than its budget of refused tokens is answered 429
 /// with Retry-After without asking; a caller with a remembered good token still gets in.
