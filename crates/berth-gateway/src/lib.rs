@@ -358,7 +358,10 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
     let (user, session) = if public == Some(Public::Yes) {
         (None, None)
     } else {
-        match gateway.caller(&headers, &target, peer_of(&request)).await {
+        match gateway
+            .caller(&headers, &target, peer_of(&request), request.method())
+            .await
+        {
             Ok((user, session)) => (Some(user), session),
             Err(refused) => return refused,
         }
@@ -421,6 +424,7 @@ impl Gateway {
         headers: &http::HeaderMap,
         target: &Target,
         peer: Option<IpAddr>,
+        method: &http::Method,
     ) -> Result<(User, Option<Claims>), Response> {
         let access = &self.0.access;
         // A bearer token (the CLI, curl), else the browser's session for this workspace.
@@ -432,12 +436,18 @@ impl Gateway {
         } else {
             match session::session_for(
                 &self.0.key,
-                &session::cookies(headers),
+                &self.session_cookies(headers),
                 &target.namespace,
                 &target.workspace,
                 now(),
             ) {
                 Some(Ok(session)) => {
+                    if let Some(why) = session::cross_origin_use(method, headers) {
+                        return Err(
+                            not_from_its_pages(&why, &target.namespace, &target.workspace)
+                                .answer(headers),
+                        );
+                    }
                     // A session ends when its credential does.
                     if let Err(refusal) = access.still_exists(&session.user).await {
                         return Err(session_ended(refusal, target).answer(headers));
@@ -469,6 +479,18 @@ impl Gateway {
             return Err(refusal_page(refusal, target).answer(headers));
         }
         Ok((user, session))
+    }
+
+    /// The session cookies a request may use here: with a base domain, browser sessions live
+    /// on each workspace's own host only (an origin of its own), so on the gateway's path
+    /// route, where every workspace's pages share one origin, none is taken.
+    fn session_cookies(&self, headers: &http::HeaderMap) -> Vec<String> {
+        let domain = self.0.config.base_domain.as_deref();
+        let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+        match domain.is_none() || route::checked_host(host, domain).is_some() {
+            true => session::cookies(headers),
+            false => vec![],
+        }
     }
 
     /// `POST /.berth/tickets`: a one-time login link for the caller (a bearer token the API
@@ -585,6 +607,30 @@ impl Gateway {
                 if own.port.is_some() && claims.port != own.port {
                     return refused(session::Invalid::OtherWorkspace.to_string());
                 }
+                // With a base domain a session lives on the workspace's own host: the link
+                // (unused yet) goes on there.
+                if let (None, Some(domain), Some(port)) =
+                    (&own.port, &self.0.config.base_domain, &claims.port)
+                {
+                    let host = route::workspace_host_name(
+                        port,
+                        &own.workspace,
+                        &own.namespace,
+                        domain,
+                        headers.get(header::HOST).and_then(|h| h.to_str().ok()),
+                    );
+                    let scheme = if secure(&request) { "https" } else { "http" };
+                    let location =
+                        format!("{scheme}://{host}/{}/login?ticket={ticket}", route::OWN);
+                    let mut response = StatusCode::SEE_OTHER.into_response();
+                    if let Ok(value) = HeaderValue::from_str(&location) {
+                        response.headers_mut().insert(header::LOCATION, value);
+                    }
+                    response
+                        .headers_mut()
+                        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+                    return response;
+                }
                 match login::use_ticket(&self.0.client, &self.0.config.namespace, &claims).await {
                     Ok(()) => {}
                     Err(login::Unused::AlreadyUsed) => {
@@ -647,7 +693,7 @@ impl Gateway {
         let name = format!("{}/{}", own.namespace, own.workspace);
         let session = match session::session_for(
             &self.0.key,
-            &session::cookies(&headers),
+            &self.session_cookies(&headers),
             &own.namespace,
             &own.workspace,
             now(),
@@ -670,6 +716,9 @@ impl Gateway {
             return Page::new(StatusCode::FORBIDDEN, "Not from this site")
                 .line("The start button works from the gateway's own page only.")
                 .answer(&headers);
+        }
+        if let Some(why) = session::cross_origin_use(request.method(), &headers) {
+            return not_from_its_pages(&why, &own.namespace, &own.workspace).answer(&headers);
         }
         let body = match axum::body::to_bytes(request.into_body(), 64 * 1024).await {
             Ok(body) => body,
@@ -767,7 +816,10 @@ impl Gateway {
                     .answer(&headers);
             }
         };
-        let user = match self.caller(&headers, &target, peer_of(&request)).await {
+        let user = match self
+            .caller(&headers, &target, peer_of(&request), request.method())
+            .await
+        {
             Ok((user, _)) => user,
             Err(refused) => return refused,
         };
@@ -829,7 +881,10 @@ impl Gateway {
                 ))
                 .answer(&headers);
         }
-        let user = match self.caller(&headers, &target, peer_of(&request)).await {
+        let user = match self
+            .caller(&headers, &target, peer_of(&request), request.method())
+            .await
+        {
             Ok((user, _)) => user,
             Err(refused) => return refused,
         };
@@ -1086,6 +1141,14 @@ fn refusal_page(refusal: Refusal, target: &Target) -> Page {
                 .refresh(seconds)
         }
     }
+}
+
+/// The page of a request that a browser session would authenticate but that did not come
+/// from the workspace's own pages.
+fn not_from_its_pages(why: &str, namespace: &str, workspace: &str) -> Page {
+    Page::new(StatusCode::FORBIDDEN, "Not from this workspace's page").line(format!(
+        "Your browser's session for workspace {namespace}/{workspace} is used only by that workspace's own pages, or by opening a link to it; this request was not: {why}."
+    ))
 }
 
 /// The page of a browser session whose identity is gone (or that cannot be checked now).

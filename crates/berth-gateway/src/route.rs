@@ -137,6 +137,26 @@ pub fn form_value(body: &[u8], name: &str) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
+/// The host of a workspace's port under the gateway's base domain, with the port the
+/// gateway was reached at (`request_host`'s, if any): `<port>--<workspace>--<namespace>.<domain>`.
+pub fn workspace_host_name(
+    port: &str,
+    workspace: &str,
+    namespace: &str,
+    domain: &str,
+    request_host: Option<&str>,
+) -> String {
+    let listening = request_host
+        .and_then(|h| h.rsplit_once(':'))
+        .filter(|(_, p)| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+        .map(|(_, p)| format!(":{p}"))
+        .unwrap_or_default();
+    format!(
+        "{port}--{workspace}--{namespace}.{}{listening}",
+        domain.trim_start_matches('.')
+    )
+}
+
 fn host_target(label: &str, path_and_query: &str) -> Result<Target, NoTarget> {
     let parts: Vec<&str> = label.split("--").collect();
     let [port, workspace, namespace] = parts[..] else {

@@ -205,6 +205,42 @@ pub fn set_cookie(value: &str, path: &str, max_age: i64, secure: bool) -> String
     )
 }
 
+/// Why a request that a browser session would authenticate is not let through, if it is
+/// not: a session is used only by its workspace's own pages (the same origin) or by opening a
+/// link to it (a top-level navigation), never by a page of another site or of another
+/// workspace's host (under a gateway's domain those are same-site, so a `SameSite=Lax`
+/// cookie goes along, WebSockets included). Browsers say where a request comes from in
+/// `Origin` and `Sec-Fetch-*`, which no page can set; a client that sends neither (curl with
+/// a cookie) holds the cookie itself.
+pub fn cross_origin_use(method: &http::Method, headers: &http::HeaderMap) -> Option<String> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(origin) = get("origin") {
+        let from = origin.split_once("://").map(|(_, authority)| authority);
+        if from.is_none() || from != get("host") {
+            return Some(format!("a page of {origin} sent it"));
+        }
+    }
+    match get("sec-fetch-site") {
+        None | Some("same-origin" | "none") => None,
+        Some(site) => {
+            let navigation = get("sec-fetch-mode") == Some("navigate")
+                && get("sec-fetch-dest") == Some("document")
+                && (method == http::Method::GET || method == http::Method::HEAD);
+            (!navigation).then(|| {
+                format!(
+                    "a page of another {} asked for it ({})",
+                    if site == "same-site" {
+                        "workspace or host of this site"
+                    } else {
+                        "site"
+                    },
+                    get("sec-fetch-dest").unwrap_or("a request")
+                )
+            })
+        }
+    }
+}
+
 /// Every value of the session cookie the request carries (a browser may send several, for
 /// different paths).
 pub fn cookies(headers: &http::HeaderMap) -> Vec<String> {
@@ -246,6 +282,107 @@ pub fn session_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn a_session_is_used_only_by_its_own_pages_or_a_link_to_them() {
+        let host = ("host", "http--bob--team.ws.example.com");
+        let get = http::Method::GET;
+        let allowed = [
+            // The workspace's own page, a bookmark, curl.
+            vec![
+                host,
+                ("sec-fetch-site", "same-origin"),
+                ("sec-fetch-mode", "cors"),
+                ("sec-fetch-dest", "empty"),
+            ],
+            vec![
+                host,
+                ("sec-fetch-site", "none"),
+                ("sec-fetch-mode", "navigate"),
+                ("sec-fetch-dest", "document"),
+            ],
+            vec![host],
+            // Its own WebSocket.
+            vec![
+                host,
+                ("origin", "http://http--bob--team.ws.example.com"),
+                ("sec-fetch-site", "same-origin"),
+                ("sec-fetch-mode", "websocket"),
+            ],
+            // A link from another site or workspace, opened.
+            vec![
+                host,
+                ("sec-fetch-site", "same-site"),
+                ("sec-fetch-mode", "navigate"),
+                ("sec-fetch-dest", "document"),
+            ],
+            vec![
+                host,
+                ("sec-fetch-site", "cross-site"),
+                ("sec-fetch-mode", "navigate"),
+                ("sec-fetch-dest", "document"),
+            ],
+        ];
+        for pairs in allowed {
+            assert_eq!(cross_origin_use(&get, &headers(&pairs)), None, "{pairs:?}");
+        }
+        let refused = [
+            // Another workspace's page: a fetch, a WebSocket, a frame.
+            vec![
+                host,
+                ("origin", "http://http--alice--team.ws.example.com"),
+                ("sec-fetch-site", "same-site"),
+                ("sec-fetch-mode", "cors"),
+                ("sec-fetch-dest", "empty"),
+            ],
+            vec![
+                host,
+                ("origin", "http://http--alice--team.ws.example.com"),
+                ("sec-fetch-site", "same-site"),
+                ("sec-fetch-mode", "websocket"),
+            ],
+            vec![
+                host,
+                ("sec-fetch-site", "same-site"),
+                ("sec-fetch-mode", "navigate"),
+                ("sec-fetch-dest", "iframe"),
+            ],
+            vec![
+                host,
+                ("sec-fetch-site", "cross-site"),
+                ("sec-fetch-mode", "no-cors"),
+                ("sec-fetch-dest", "image"),
+            ],
+            // A sandboxed page, and an Origin without Sec-Fetch-* (an older browser).
+            vec![host, ("origin", "null")],
+            vec![host, ("origin", "https://evil.example")],
+        ];
+        for pairs in refused {
+            assert!(
+                cross_origin_use(&get, &headers(&pairs)).is_some(),
+                "{pairs:?}"
+            );
+        }
+        // A form posted from another site navigates, but is no GET.
+        let post = headers(&[
+            host,
+            ("sec-fetch-site", "cross-site"),
+            ("sec-fetch-mode", "navigate"),
+            ("sec-fetch-dest", "document"),
+        ]);
+        assert!(cross_origin_use(&http::Method::POST, &post).is_some());
+    }
 
     fn alice() -> User {
         User {

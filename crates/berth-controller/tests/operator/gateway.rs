@@ -1222,6 +1222,8 @@ struct Browser {
     >,
     session: String,
     next_id: u64,
+    /// The DevTools events seen so far (e.g. `Network.responseReceived` once enabled).
+    events: Vec<Value>,
 }
 
 impl Drop for Browser {
@@ -1245,6 +1247,11 @@ impl Browser {
     /// A browser, or None (said) where Chromium is not installed; CI requires one
     /// (BERTH_REQUIRE_BROWSER=1).
     async fn start() -> Option<Browser> {
+        Browser::start_with(&[]).await
+    }
+
+    /// [`Browser::start`] with more command-line flags.
+    async fn start_with(flags: &[&str]) -> Option<Browser> {
         let program = ["chromium", "chromium-browser"].into_iter().find(|p| {
             std::process::Command::new(p)
                 .arg("--version")
@@ -1277,6 +1284,7 @@ impl Browser {
                 "--remote-debugging-port=0",
                 "about:blank",
             ])
+            .args(flags)
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -1301,6 +1309,7 @@ impl Browser {
             socket,
             session: String::new(),
             next_id: 0,
+            events: vec![],
         };
         let target = browser
             .call("Target.createTarget", json!({"url": "about:blank"}))
@@ -1346,6 +1355,10 @@ impl Browser {
                 continue;
             };
             let answer: Value = serde_json::from_str(&text).unwrap();
+            if answer.get("method").is_some() {
+                self.events.push(answer);
+                continue;
+            }
             if answer["id"] == json!(id) {
                 return match answer.get("error") {
                     Some(error) => Err(error.clone()),
@@ -1523,6 +1536,135 @@ async fn a_person_in_a_browser_signs_in_uses_starts_and_is_shut_out() {
             .contains("resources [\"workspaces/connect\"]"),
         "{text}"
     );
+}
+
+/// Trust between workspaces in a browser, with a base domain (each workspace's port its own
+/// host, `<port>--<workspace>--<namespace>.ws.example.com`, which Chromium resolves to this
+/// machine): carol is signed in to bob's workspace and visits web's page, whose script tries
+/// to use her session for bob: a WebSocket to bob's host, a fetch of bob's page with her
+/// cookie. Both are refused by the gateway (they reach bob's host same-site, so her
+/// SameSite=Lax cookie goes along); bob's own page still opens its WebSocket.
+#[tokio::test]
+async fn a_page_of_one_workspace_cannot_use_a_session_for_another() {
+    const DOMAIN: &str = "ws.example.com";
+    let Some(mut browser) =
+        Browser::start_with(&["--host-resolver-rules=MAP *.ws.example.com 127.0.0.1"]).await
+    else {
+        return;
+    };
+    let h = Harness::start().await;
+    let config = berth_gateway::Config {
+        base_domain: Some(DOMAIN.to_owned()),
+        ..Default::default()
+    };
+    let gateway = gateway_with(&h, config).await;
+    served(&h, "web").await;
+    served(&h, "bob").await;
+    let carol = developer(&h, "carol", &["web", "bob"]).await;
+    let port = gateway.port();
+    let host_of = |workspace: &str| format!("http--{workspace}--default.{DOMAIN}:{port}");
+    // The link `berth open` prints (a path on the gateway) signs in on the workspace's host.
+    for workspace in ["bob", "web"] {
+        let minted = call(
+            gateway,
+            http::Method::POST,
+            &format!("/.berth/tickets?namespace=default&workspace={workspace}&port=http"),
+            &[("authorization", &format!("Bearer {carol}"))],
+            "",
+        )
+        .await;
+        let link = minted.json()["path"].as_str().unwrap().to_owned();
+        browser.navigate(&format!("http://{gateway}{link}")).await;
+        let pod = format!("{workspace}-ws");
+        browser
+            .until(
+                &format!("{workspace}'s page on its own host"),
+                &format!(
+                    "location.host === '{}' && document.body.innerText.includes('{pod}')",
+                    host_of(workspace)
+                ),
+            )
+            .await;
+    }
+    let socket = |url: String| {
+        format!(
+            "new Promise((done) => {{
+                const socket = new WebSocket('{url}');
+                socket.onopen = () => socket.send('hello');
+                socket.onmessage = (m) => {{ done('open: ' + m.data); socket.close(); }};
+                socket.onerror = () => done('refused');
+            }})"
+        )
+    };
+    // web's own page reaches its own WebSocket.
+    let own = browser
+        .eval(&socket(format!("ws://{}/echo", host_of("web"))))
+        .await;
+    assert_eq!(own, json!("open: hello"));
+    browser.call("Network.enable", json!({})).await;
+    // web's page tries carol's session for bob: a WebSocket, and a fetch with her cookie.
+    let stolen = browser
+        .eval(&socket(format!("ws://{}/echo", host_of("bob"))))
+        .await;
+    assert_eq!(
+        stolen,
+        json!("refused"),
+        "a WebSocket from web's page to bob's host"
+    );
+    let bob_page = format!("http://{}/from-web", host_of("bob"));
+    let read = browser
+        .eval(&format!(
+            "fetch('{bob_page}', {{credentials: 'include'}}).then(r => r.text()).catch(e => 'unreadable')"
+        ))
+        .await;
+    assert_eq!(read, json!("unreadable"));
+    // The page cannot read the answer either way; the browser shows what the gateway said.
+    browser.eval("true").await;
+    let asked: Vec<&Value> = browser
+        .events
+        .iter()
+        .filter(|e| {
+            e["method"] == "Network.requestWillBeSent"
+                && e["params"]["request"]["url"] == json!(bob_page)
+        })
+        .map(|e| &e["params"]["requestId"])
+        .collect();
+    assert_eq!(asked.len(), 1, "one request for bob's page");
+    let answered: Vec<&Value> = browser
+        .events
+        .iter()
+        .filter(|e| {
+            e["method"] == "Network.responseReceivedExtraInfo"
+                && &e["params"]["requestId"] == asked[0]
+        })
+        .map(|e| &e["params"]["statusCode"])
+        .collect();
+    assert_eq!(
+        answered,
+        [&json!(403)],
+        "the gateway refused the fetch that carried carol's cookie for bob"
+    );
+    // bob's own page is unaffected.
+    browser
+        .navigate(&format!("http://{}/", host_of("bob")))
+        .await;
+    browser
+        .until("bob's page", "document.body.innerText.includes('bob-ws')")
+        .await;
+    let own = browser
+        .eval(&socket(format!("ws://{}/echo", host_of("bob"))))
+        .await;
+    assert_eq!(own, json!("open: hello"));
+    // The path route takes no browser session where hosts are configured.
+    browser
+        .navigate(&format!("http://{gateway}/w/default/bob/http/"))
+        .await;
+    browser
+        .until(
+            "the path route's sign-in page",
+            "document.querySelector('h1') && document.querySelector('h1').innerText === 'Sign in to reach this workspace'",
+        )
+        .await;
 }
 
 /// A `berth shell` through the gateway, as the CLI speaks it: the start, then what comes back
