@@ -221,6 +221,9 @@ reasons! {
     /// The admission policy that checks a spec's author may use what it names is not
     /// installed (or not enforcing); a workspace that names other objects gets no pod.
     AdmissionNotInstalled,
+    /// The spec was written while the admission policy was not enforcing, so nothing checked
+    /// its author may use what it names; it gets no pod until it is checked.
+    AdmissionUnchecked,
     // UpdateAvailable
     /// The workspace's kind gives what its record says (UpdateAvailable False).
     UpToDate,

@@ -16,6 +16,10 @@ pub const SPEC_HASH: &str = "berth.dev/spec-hash";
 pub const CONTENT_HASH: &str = "berth.dev/content-hash";
 /// The finalizer that lets the operator stop the pod before the workspace goes (rule C18).
 pub const FINALIZER: &str = "berth.dev/cleanup";
+/// The annotation of a Workspace that asks the admission policy to check its spec again
+/// (any new value): how a spec written while the policy was not enforcing gets checked,
+/// as whoever sets it.
+pub const CHECK: &str = "berth.dev/check";
 
 /// The fewest hex digits of the hash a shortened or mapped name carries (40 bits).
 pub const MIN_HASH_DIGITS: usize = 10;

@@ -20,7 +20,7 @@ pub use duration::{DurationString, parse_duration};
 pub use error::{Error, Result};
 pub use kind::{WorkspaceKind, WorkspaceKindSpec, WorkspaceKindStatus};
 pub use resolution::{KindError, KindResolution, WorkspaceOptions};
-pub use status::{AgentStatus, Phase, PodRef, WorkspaceStatus, summary};
+pub use status::{AdmissionRecord, AgentStatus, Phase, PodRef, WorkspaceStatus, summary};
 pub use workspace::{
     DataVolume, HomeVolume, Lifecycle, MountPath, PodRecreationPolicy, PodRecreationSpec,
     PodTemplate, Reference, SecretVolume, TemplateMetadata, Workspace, WorkspacePort,

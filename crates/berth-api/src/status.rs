@@ -172,6 +172,28 @@ pub struct WorkspaceStatus {
     /// `ContentReady` says how it went).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<crate::ContentStatus>,
+    /// Whether the admission policy checked the spec as it is, for a workspace that names
+    /// other objects or a kind: the operator records it when it first sees a spec (or a new
+    /// `berth.dev/check` annotation). A spec written while the policy was not enforcing
+    /// gets no pod until it is checked. Written by the operator only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionRecord>,
+}
+
+/// What the operator recorded of admission for one version of a workspace's spec (starting
+/// and stopping, `spec.paused`, name nothing and are not checked, so they keep the record).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRecord {
+    /// A hash of the spec this is about, without `paused`.
+    pub spec: String,
+    /// The `metadata.generation` at which it was recorded.
+    pub generation: i64,
+    /// The `berth.dev/check` annotation's value this is about (empty: none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub check: String,
+    /// `true` when the admission policy enforced when that spec was written.
+    pub checked: bool,
 }
 
 /// The pod that currently serves a workspace.

@@ -78,9 +78,30 @@ pub struct Context {
     /// When this operator last wrote the status of a workspace that is starting, to write
     /// its progress at most once per `progress_interval` (rule C16).
     progress_writes: std::sync::Mutex<HashMap<ObjectRef<Workspace>, Timestamp>>,
+    /// Per namespace: whether admission enforced there at this operator's last look, and the
+    /// resourceVersion at which it saw it begin to (`Observed::admission_since`).
+    admission_seen: std::sync::Mutex<HashMap<String, (bool, Option<u64>)>>,
 }
 
 impl Context {
+    /// Notes whether admission enforces in `namespace` now (`Some` of the resourceVersion it
+    /// stands on) and returns the version at which this operator saw it begin to, if it did.
+    fn admission_since(&self, namespace: &str, enforcing: Option<u64>) -> Option<u64> {
+        let mut seen = self
+            .admission_seen
+            .lock()
+            .expect("the lock is never poisoned");
+        let entry = seen
+            .entry(namespace.to_owned())
+            .or_insert((enforcing.is_some(), None));
+        match enforcing {
+            Some(version) if !entry.0 => *entry = (true, Some(version)),
+            Some(_) => {}
+            None => entry.0 = false,
+        }
+        entry.1
+    }
+
     /// When `what` was created for (namespace, name), while the caches do not show it.
     fn expected(&self, what: &'static str, namespace: &str, name: &str) -> Option<Timestamp> {
         let expectations = self.expectations.lock().unwrap_or_else(|p| p.into_inner());
@@ -432,6 +453,7 @@ async fn run_controller(
         replaced: Default::default(),
         expectations: Default::default(),
         progress_writes: Default::default(),
+        admission_seen: Default::default(),
     });
 
     // Warning events map to the workspace of the pod they are about (named in full by the
@@ -827,19 +849,21 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         ctx.admission_policies.state(),
         ctx.admission_bindings.state(),
     );
-    let missing = |name: &str| {
-        crate::admission::missing_policy(
+    let enforcement = |name: &str| {
+        crate::admission::enforcement(
             name,
             policies.iter().map(|p| &**p),
             bindings.iter().map(|b| &**b),
+            &namespace,
         )
     };
-    // A workspace of a kind also needs its record kept the operator's.
-    let admission_missing = missing(crate::admission::POLICY).or_else(|| {
-        (workspace.spec.kind.is_some())
-            .then(|| missing(crate::admission::RECORD_POLICY))
-            .flatten()
+    // The workspace's records (what its kind gave it, whether admission checked it) must be
+    // the operator's too.
+    let admission = enforcement(crate::admission::POLICY).and_then(|policy| {
+        enforcement(crate::admission::RECORD_POLICY).map(|records| policy.max(records))
     });
+    let admission_since = ctx.admission_since(&namespace, admission.as_ref().ok().copied());
+    let admission_missing = admission.err();
     let expectations = state::Expectations {
         pod: ctx.expected("pod", &namespace, &name),
         claim: ctx.expected("claim", &namespace, &name),
@@ -857,6 +881,7 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
         activity: activity.as_ref(),
         content: content.as_ref(),
         admission: admission_missing.as_deref(),
+        admission_since,
         kind: &shaped.update,
         expectations,
     };
@@ -1311,6 +1336,7 @@ async fn cleanup(workspace: &Workspace, ctx: &Context) -> Result<Option<Requeue>
         activity: None,
         content: None,
         admission: None,
+        admission_since: None,
         kind: &crate::kinds::NO_KIND,
         expectations: Default::default(),
     };

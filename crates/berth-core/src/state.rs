@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use berth_api::{
-    ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace, WorkspaceStatus,
+    AdmissionRecord, ConditionStatus, Phase, PodRecreationPolicy, PodRef, Workspace,
+    WorkspaceStatus,
     condition::{
         ConditionType, HasReason, HasStatus, Reason, Scope, event_reasons, find_condition,
         pod_conditions, set_condition, types,
@@ -88,6 +89,10 @@ pub struct Observed<'a> {
     /// What is missing of the admission policy that checks a spec's author may use what it
     /// names (`berth_controller::admission`); `None` when it is installed and enforcing.
     pub admission: Option<&'a str>,
+    /// The resourceVersion at which this operator saw the policy begin to enforce (for the
+    /// workspace's namespace), when it saw that happen: a spec first seen at a lower version
+    /// was written before, unchecked. None: no such change seen.
+    pub admission_since: Option<u64>,
     /// What the workspace's kind says of it (`crate::kinds`): the workspace above is already
     /// shaped by the record in force.
     pub kind: &'a KindUpdate,
@@ -445,8 +450,9 @@ struct Builder<'a> {
     expectations: Expectations,
     /// Objects of the names this workspace needs that are someone else's.
     taken: Vec<Foreign>,
-    /// What is missing of the admission policy, when the spec names objects it should check.
-    admission_missing: Option<String>,
+    /// Why the spec is not known to be admission-checked, when it names objects the policy
+    /// should check: the reason and the words.
+    admission_missing: Option<(Reason, String)>,
 }
 
 impl Builder<'_> {
@@ -796,6 +802,8 @@ impl<'a> Builder<'a> {
         let workspace = observed.workspace;
         let mut status = old.clone();
         status.observed_generation = workspace.metadata.generation;
+        let admission = admission_record(observed, old);
+        status.admission = admission.clone();
         Builder {
             status,
             generation: workspace.metadata.generation,
@@ -813,16 +821,86 @@ impl<'a> Builder<'a> {
             release: false,
             expectations: observed.expectations,
             taken: taken(observed),
-            // What a workspace of a kind gets rests on admission too (who may use the kind,
-            // and whose record its pods are built from).
-            admission_missing: observed
-                .admission
-                .filter(|_| {
-                    workspace.spec.kind.is_some() || !workspace.spec.references().is_empty()
-                })
-                .map(|missing| admission_message(workspace, missing)),
+            admission_missing: match (observed.admission, &admission) {
+                (_, None) => None,
+                (Some(missing), Some(record)) => Some((
+                    Reason::AdmissionNotInstalled,
+                    admission_message(workspace, missing, record),
+                )),
+                (None, Some(record)) if !record.checked => Some((
+                    Reason::AdmissionUnchecked,
+                    unchecked_message(workspace, record),
+                )),
+                (None, Some(_)) => None,
+            },
         }
     }
+}
+
+/// Whether admission checked the spec as it is, for a workspace that names other objects or a
+/// kind (a workspace of a kind rests on admission too: who may use the kind, and whose record
+/// its pods are built from); None for one that names nothing. The record of this generation
+/// and `berth.dev/check` value when there is one; else judged now: checked when the policy
+/// enforces and the operator did not see it begin to after this version was written.
+fn admission_record(observed: &Observed<'_>, old: &WorkspaceStatus) -> Option<AdmissionRecord> {
+    let workspace = observed.workspace;
+    if workspace.spec.kind.is_none() && workspace.spec.references().is_empty() {
+        return None;
+    }
+    let generation = workspace.metadata.generation.unwrap_or_default();
+    let spec = admitted_spec(&workspace.spec);
+    let check = workspace
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(berth_api::labels::CHECK))
+        .cloned()
+        .unwrap_or_default();
+    if let Some(record) = old
+        .admission
+        .as_ref()
+        .filter(|r| r.spec == spec && r.check == check)
+    {
+        return Some(record.clone());
+    }
+    let written = workspace
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok());
+    let before_enforcing = matches!(
+        (written, observed.admission_since),
+        (Some(written), Some(since)) if written <= since
+    );
+    Some(AdmissionRecord {
+        spec,
+        generation,
+        check,
+        checked: observed.admission.is_none() && !before_enforcing,
+    })
+}
+
+/// A hash of the spec as admission checks it: all of it but `paused` (starting and stopping
+/// name nothing, so the policy lets them through unchecked).
+fn admitted_spec(spec: &berth_api::WorkspaceSpec) -> String {
+    use sha2::{Digest, Sha256};
+    let mut spec = spec.clone();
+    spec.paused = false;
+    let text = serde_json::to_string(&spec).expect("a spec serializes to JSON");
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// What a workspace whose spec was written while nothing checked it says.
+fn unchecked_message(workspace: &Workspace, record: &AdmissionRecord) -> String {
+    format!(
+        "No pod: this spec (generation {}) was written while the admission policy was not enforcing, so nothing checked that its author may use what {} names. To have it checked, its author sets a new value of the annotation {}: kubectl annotate workspace {} {}=$(date +%s) --overwrite; it then starts, or the API server says what its author may not use.",
+        record.generation,
+        named_fields(workspace).join(", "),
+        berth_api::labels::CHECK,
+        workspace.name_any(),
+        berth_api::labels::CHECK,
+    )
 }
 
 impl Builder<'_> {
@@ -974,8 +1052,8 @@ impl Builder<'_> {
     }
 }
 
-/// What a workspace that names other objects says while the admission policy is missing.
-fn admission_message(workspace: &Workspace, missing: &str) -> String {
+/// The fields of the spec that name other objects, for admission's messages.
+fn named_fields(workspace: &Workspace) -> Vec<String> {
     let mut fields: Vec<String> = workspace
         .spec
         .references()
@@ -985,9 +1063,21 @@ fn admission_message(workspace: &Workspace, missing: &str) -> String {
     if workspace.spec.kind.is_some() {
         fields.insert(0, "spec.kind".to_owned());
     }
+    fields
+}
+
+/// What a workspace that names other objects says while the admission policy is missing.
+fn admission_message(workspace: &Workspace, missing: &str, record: &AdmissionRecord) -> String {
+    let then = match record.checked {
+        true => "the workspace then starts by itself".to_owned(),
+        false => format!(
+            "this spec was written meanwhile, so it is checked once its author sets a new value of the annotation {}",
+            berth_api::labels::CHECK
+        ),
+    };
     format!(
-        "No pod until the admission policy is installed; nothing checked that this workspace's author may use what {} names ({missing}). Install it with kubectl apply -k deploy/ (Kubernetes 1.30+); the workspace then starts by itself.",
-        fields.join(", ")
+        "No pod until the admission policy is installed; nothing checked that this workspace's author may use what {} names ({missing}). Install it with kubectl apply -k deploy/ (Kubernetes 1.30+); {then}.",
+        named_fields(workspace).join(", "),
     )
 }
 
@@ -998,7 +1088,7 @@ impl Builder<'_> {
     /// alone (it was admitted). Looked at again with the growing requeue, and at once when a
     /// policy or binding changes. Returns the requeue.
     fn closed_without_admission(&mut self, requeue: Duration) -> Duration {
-        let Some(message) = self.admission_missing.clone() else {
+        let Some((reason, message)) = self.admission_missing.clone() else {
             return requeue;
         };
         if !self.actions.contains(&Action::CreatePod)
@@ -1007,12 +1097,7 @@ impl Builder<'_> {
             return requeue;
         }
         self.actions.retain(|a| *a != Action::CreatePod);
-        self.condition(
-            types::READY,
-            ConditionStatus::False,
-            Reason::AdmissionNotInstalled,
-            &message,
-        );
+        self.condition(types::READY, ConditionStatus::False, reason, &message);
         self.status.ready_at = None;
         self.phase(Phase::Error, message);
         let waited = elapsed(self.status.started_at.as_ref(), self.now.0);

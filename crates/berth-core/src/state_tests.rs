@@ -56,6 +56,7 @@ fn only(ws: &Workspace) -> Observed<'_> {
         activity: None,
         content: None,
         admission: None,
+        admission_since: None,
         kind: &crate::kinds::NO_KIND,
         expectations: Default::default(),
     }
@@ -109,6 +110,7 @@ fn decide(ws: &Workspace, pod: Option<&Pod>, warnings: &[Event]) -> Decision {
             activity: None,
             content: None,
             admission: None,
+            admission_since: None,
             kind: &crate::kinds::NO_KIND,
             expectations: Default::default(),
         },
@@ -269,6 +271,7 @@ fn decide_refused(ws: &Workspace, pod: Option<&Pod>, refusal: &Refusal) -> Decis
             activity: None,
             content: None,
             admission: None,
+            admission_since: None,
             kind: &crate::kinds::NO_KIND,
             expectations: Default::default(),
         },
@@ -1336,6 +1339,7 @@ proptest::proptest! {
                 activity: None,
                 content: None,
                 admission: unchecked.then_some("the ValidatingAdmissionPolicy workspaces.berth.dev is not installed"),
+                admission_since: None,
                 kind: &crate::kinds::NO_KIND,
                 expectations: Default::default(),
             },
@@ -1506,6 +1510,7 @@ fn without_the_admission_policy_only_a_workspace_that_names_nothing_gets_a_pod()
                 admission: Some(
                     "the ValidatingAdmissionPolicy workspaces.berth.dev is not installed",
                 ),
+                admission_since: None,
                 kind: &crate::kinds::NO_KIND,
                 expectations: Default::default(),
             },
@@ -1522,6 +1527,81 @@ fn without_the_admission_policy_only_a_workspace_that_names_nothing_gets_a_pod()
     assert_eq!(ready.reason, "AdmissionNotInstalled");
     assert!(ready.message.contains("what spec.serviceAccountName names (the ValidatingAdmissionPolicy workspaces.berth.dev is not installed)"), "{}", ready.message);
     assert_eq!(notice_reasons(&named), ["AdmissionNotInstalled"]);
+    // What was seen while nothing checked it is recorded so.
+    let record = named.status.admission.clone().unwrap();
+    assert_eq!((record.generation, record.checked), (1, false));
+    assert_eq!(record.spec.len(), 16);
+    assert_eq!(
+        plain.status.admission, None,
+        "a plain workspace names nothing"
+    );
+}
+
+/// A spec written while admission did not enforce stays unchecked once it does (its record
+/// says so), and so does one written before the operator saw admission begin to enforce;
+/// a new generation or `berth.dev/check` value written since is checked, and starts.
+#[test]
+fn a_spec_written_while_nothing_checked_it_gets_no_pod_until_it_is_checked() {
+    let decide = |ws: &Workspace, missing: Option<&str>, since: Option<u64>| {
+        derive(
+            &Observed {
+                admission: missing,
+                admission_since: since,
+                ..only(ws)
+            },
+            &Policy::default(),
+            now(),
+        )
+    };
+    let spec = json!({"image": "x:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "s", "mountPath": "/s"}]}}});
+    let mut ws = workspace(spec.clone(), json!({}));
+    ws.metadata.resource_version = Some("100".into());
+    // Seen while the policy is missing: recorded unchecked.
+    let gap = decide(
+        &ws,
+        Some("the ValidatingAdmissionPolicy workspaces.berth.dev is not installed"),
+        None,
+    );
+    let record = gap.status.admission.clone().unwrap();
+    assert!(!record.checked);
+    assert!(condition_of(&gap, "Ready").message.ends_with("this spec was written meanwhile, so it is checked once its author sets a new value of the annotation berth.dev/check."));
+    // Resumed or paused, it is the same spec to admission.
+    let mut paused = ws.clone();
+    paused.spec.paused = true;
+    paused.metadata.generation = Some(2);
+    paused.status = Some(gap.status.clone());
+    let same = decide(&paused, None, None);
+    assert_eq!(same.status.admission, gap.status.admission);
+    // The policy is back: still no pod, saying why and how.
+    ws.status = Some(gap.status.clone());
+    ws.metadata.resource_version = Some("120".into());
+    let back = decide(&ws, None, None);
+    assert!(back.actions.is_empty(), "{:?}", back.actions);
+    assert_eq!(back.status.phase, Some(Phase::Error));
+    let ready = condition_of(&back, "Ready");
+    assert_eq!(ready.reason, "AdmissionUnchecked");
+    assert_eq!(
+        ready.message,
+        "No pod: this spec (generation 1) was written while the admission policy was not enforcing, so nothing checked that its author may use what spec.podTemplate.volumes.secrets[0] names. To have it checked, its author sets a new value of the annotation berth.dev/check: kubectl annotate workspace w berth.dev/check=$(date +%s) --overwrite; it then starts, or the API server says what its author may not use."
+    );
+    assert_eq!(notice_reasons(&back), ["AdmissionUnchecked"]);
+    // Checked again (a new annotation value written while the policy enforces): it starts.
+    let mut checked = ws.clone();
+    checked.status = Some(back.status.clone());
+    checked.metadata.annotations = Some([("berth.dev/check".to_owned(), "1".to_owned())].into());
+    checked.metadata.resource_version = Some("130".into());
+    let started = decide(&checked, None, Some(110));
+    assert_eq!(started.actions, [Action::CreatePod]);
+    assert!(started.status.admission.as_ref().unwrap().checked);
+
+    // First seen only after the operator saw the policy begin to enforce, but written before:
+    // unchecked. Written after: checked. No change seen: checked (nothing says otherwise).
+    let mut fresh = workspace(spec, json!({}));
+    fresh.metadata.resource_version = Some("105".into());
+    let before = decide(&fresh, None, Some(110));
+    assert_eq!(condition_of(&before, "Ready").reason, "AdmissionUnchecked");
+    assert_eq!(decide(&fresh, None, Some(100)).actions, [Action::CreatePod]);
+    assert_eq!(decide(&fresh, None, None).actions, [Action::CreatePod]);
 }
 
 /// Makes `claim` request `size` of storage.
@@ -2015,6 +2095,7 @@ fn a_workspace_a_taken_name_holds_never_says_it_is_ready() {
                 activity: None,
                 content: None,
                 admission: None,
+                admission_since: None,
                 kind: &crate::kinds::NO_KIND,
                 expectations: Default::default(),
             },
@@ -2324,6 +2405,7 @@ fn the_claim_and_service_follow_the_spec_and_only_the_workspaces_own_are_touched
                     activity: None,
                     content: None,
                     admission: None,
+                    admission_since: None,
                     kind: &crate::kinds::NO_KIND,
                     expectations: Default::default(),
                 },

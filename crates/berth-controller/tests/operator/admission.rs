@@ -261,33 +261,42 @@ fn bindings(h: &Harness) -> Api<kube::api::DynamicObject> {
 }
 
 /// Closed when absent: while the policy is not bound to deny, a workspace that names a secret
-/// gets no pod and says why and how to install it; a plain one runs; once the binding is back,
-/// the workspace starts by itself.
+/// gets no pod and says why and how to install it; a plain one runs. Once the binding is
+/// back, a workspace admitted before the gap (stopped meanwhile) starts by itself, but the
+/// one written during the gap stays without a pod until its spec is checked: mallory setting
+/// `berth.dev/check` is refused (she may not read the secret), the admin's check starts it.
 #[tokio::test]
 async fn without_the_admission_policy_a_workspace_naming_a_secret_gets_no_pod() {
     let h = Harness::start().await;
-    h.without_admission_policy().await;
     create::<k8s_openapi::api::core::v1::Secret>(
         &h.client,
         "default",
         json!({"metadata": {"name": "git"}, "stringData": {"token": "x"}}),
     )
     .await;
-    let ws = h
-        .create(
-            "named",
-            json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "git", "mountPath": "/secrets/git"}]}}}),
-        )
+    let secret_volume = json!({"image": "devbox:1", "podTemplate": {"volumes": {"secrets": [{"secretName": "git", "mountPath": "/secrets/git"}]}}});
+    h.create("before", json!({"image": "devbox:1", "paused": true, "podTemplate": {"volumes": {"secrets": [{"secretName": "git", "mountPath": "/secrets/git"}]}}}))
         .await;
+    h.until_phase("before", Phase::Stopped).await;
+    h.without_admission_policy().await;
+    let ws = h.create("named", secret_volume).await;
     h.create("plain", json!({"image": "devbox:1"})).await;
     // What a user sees: Error, AdmissionNotInstalled, what is missing and how to install it.
     let seen = h.until_not_ready("named", "AdmissionNotInstalled").await;
     assert_eq!(crate::support::phase_of(&seen), Some(Phase::Error));
     assert_eq!(
         crate::support::message_of(&seen),
-        "No pod until the admission policy is installed; nothing checked that this workspace's author may use what spec.podTemplate.volumes.secrets[0] names (no ValidatingAdmissionPolicyBinding of workspaces.berth.dev has validationActions Deny). Install it with kubectl apply -k deploy/ (Kubernetes 1.30+); the workspace then starts by itself."
+        "No pod until the admission policy is installed; nothing checked that this workspace's author may use what spec.podTemplate.volumes.secrets[0] names (no ValidatingAdmissionPolicyBinding of workspaces.berth.dev has validationActions Deny). Install it with kubectl apply -k deploy/ (Kubernetes 1.30+); this spec was written meanwhile, so it is checked once its author sets a new value of the annotation berth.dev/check."
     );
     h.until_phase("plain", Phase::Running).await;
+    // Resumed during the gap, the workspace admitted before waits too, and says it will start.
+    h.patch_spec("before", json!({"paused": false})).await;
+    let waiting = h.until_not_ready("before", "AdmissionNotInstalled").await;
+    assert!(
+        crate::support::message_of(&waiting).ends_with("the workspace then starts by itself."),
+        "{}",
+        crate::support::message_of(&waiting)
+    );
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client.clone(), "default");
     assert!(pods.get_opt("named-ws").await.unwrap().is_none());
     let events = crate::support::events_about(&h, &ws.metadata.uid.clone().unwrap()).await;
@@ -305,7 +314,103 @@ async fn without_the_admission_policy_a_workspace_naming_a_secret_gets_no_pod() 
         )
         .await
         .unwrap();
+    h.until_phase("before", Phase::Running).await;
+    let unchecked = h.until_not_ready("named", "AdmissionUnchecked").await;
+    assert_eq!(
+        crate::support::message_of(&unchecked),
+        "No pod: this spec (generation 1) was written while the admission policy was not enforcing, so nothing checked that its author may use what spec.podTemplate.volumes.secrets[0] names. To have it checked, its author sets a new value of the annotation berth.dev/check: kubectl annotate workspace named berth.dev/check=$(date +%s) --overwrite; it then starts, or the API server says what its author may not use."
+    );
+    assert!(pods.get_opt("named-ws").await.unwrap().is_none());
+    // Someone who may not read the secret cannot vouch for it.
+    let as_mallory: Api<Workspace> = Api::namespaced(mallory(&h).await, "default");
+    let check = |value: &str| {
+        Patch::Merge(json!({"metadata": {"annotations": {"berth.dev/check": value}}}))
+    };
+    let (code, message) = refused(
+        as_mallory
+            .patch("named", &PatchParams::default(), &check("1"))
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(message.contains("cannot get secrets \"git\""), "{message}");
+    // Its status record is the operator's.
+    let forged = refused(
+        as_mallory
+            .patch_status(
+                "named",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"admission": {"generation": 1, "checked": true}}})),
+            )
+            .await,
+    );
+    assert_eq!(forged.0, 403, "{}", forged.1);
+    h.workspaces()
+        .patch("named", &PatchParams::default(), &check("2"))
+        .await
+        .unwrap();
     h.until_phase("named", Phase::Running).await;
+}
+
+/// A Deny binding that leaves the workspace's namespace out, or one that only warns, is no
+/// check there: closed as when absent.
+#[tokio::test]
+async fn a_binding_that_does_not_deny_in_the_namespace_counts_as_not_installed() {
+    let h = Harness::start().await;
+    h.without_admission_policy().await;
+    let mut elsewhere = binding();
+    elsewhere["spec"]["matchResources"] =
+        json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-b"}}});
+    bindings(&h)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(elsewhere).unwrap(),
+        )
+        .await
+        .unwrap();
+    h.create(
+        "named",
+        json!({"image": "devbox:1", "serviceAccountName": "deployer"}),
+    )
+    .await;
+    let seen = h.until_not_ready("named", "AdmissionNotInstalled").await;
+    assert!(
+        crate::support::message_of(&seen).contains("(the ValidatingAdmissionPolicyBinding workspaces.berth.dev does not select namespace default (its namespaceSelector))"),
+        "{}",
+        crate::support::message_of(&seen)
+    );
+    bindings(&h)
+        .delete("workspaces.berth.dev", &Default::default())
+        .await
+        .unwrap();
+    let mut warns = binding();
+    warns["spec"]["validationActions"] = json!(["Warn"]);
+    bindings(&h)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(warns).unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually_says(
+        &h,
+        "named",
+        "no ValidatingAdmissionPolicyBinding of workspaces.berth.dev has validationActions Deny",
+    )
+    .await;
+}
+
+async fn eventually_says(h: &Harness, name: &str, words: &str) {
+    crate::support::eventually(
+        std::time::Duration::from_secs(30),
+        "the workspace to say it",
+        || async {
+            let ws = h.workspaces().get(name).await.unwrap();
+            crate::support::message_of(&ws)
+                .contains(words)
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 /// An operator run with another `--agent-port`: the platform says so in the admission

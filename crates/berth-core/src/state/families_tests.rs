@@ -134,6 +134,7 @@ impl Case {
                 activity: None,
                 content: None,
                 admission: None,
+                admission_since: None,
                 kind: &crate::kinds::NO_KIND,
                 expectations: self.expectations,
             },
