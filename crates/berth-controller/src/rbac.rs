@@ -9,3 +9,6 @@ pub const WORKSPACE_SERVICE_ACCOUNT: &str =
 /// The admission policy (ValidatingAdmissionPolicy, its binding, and the allow-lists it
 /// reads) that checks a Workspace's author may use what its spec names.
 pub const ADMISSION_POLICY: &str = include_str!("../../../deploy/admission/workspaces-policy.yaml");
+/// The opt-in policy of `deploy/admission-owners/`: a workspace's spec is its creator's to
+/// change (or a holder of `admin` on workspaces).
+pub const OWNERS_POLICY: &str = include_str!("../../../deploy/admission-owners/owners-policy.yaml");

@@ -178,8 +178,13 @@ fn argv(container: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The user a container runs as: the container's security context over the pod's.
-fn user(context: &ContainerContext) -> Option<User> {
+/// The user the sim's images run as (their `USER`): nobody. A container never runs as the
+/// sim's own user (root, where the sim runs as root) unless its security context says so.
+pub const IMAGE_USER: u32 = 65534;
+
+/// The user a container runs as: the container's security context over the pod's, else the
+/// image's user ([`IMAGE_USER`]).
+fn user(context: &ContainerContext) -> User {
     let pod = &context.pod["spec"]["securityContext"];
     let container = &context.container["securityContext"];
     let field = |name: &str| {
@@ -188,12 +193,12 @@ fn user(context: &ContainerContext) -> Option<User> {
             .or_else(|| pod[name].as_u64())
             .and_then(|v| u32::try_from(v).ok())
     };
-    let uid = field("runAsUser")?;
-    Some(User {
+    let uid = field("runAsUser").unwrap_or(IMAGE_USER);
+    User {
         uid,
-        gid: field("runAsGroup").unwrap_or(0),
+        gid: field("runAsGroup").unwrap_or(if uid == IMAGE_USER { IMAGE_USER } else { 0 }),
         fs_group: pod["fsGroup"].as_u64().and_then(|v| u32::try_from(v).ok()),
-    })
+    }
 }
 
 /// Removes a folder the runtime made, never crossing into another file system (a mount that
@@ -308,6 +313,9 @@ impl Enter {
             }
             // A container goes with the sim, however it ends.
             check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+            // The host's set-user-ID programs (sudo, su, in the shared /usr) never make it
+            // root again: no new privileges, as allowPrivilegeEscalation: false asks.
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
             let flags = match self.maps {
                 Some(_) => libc::CLONE_NEWUSER | libc::CLONE_NEWNS,
                 None => libc::CLONE_NEWNS,
@@ -705,7 +713,7 @@ impl ProcessRuntime {
             let _ =
                 std::fs::set_permissions(root.join(dir), std::fs::Permissions::from_mode(0o1777));
         }
-        let user = user(context);
+        let user = Some(user(context));
         for mount in &context.mounts {
             binds.push(self.mount(context, &pod, &root, mount, user)?);
         }
@@ -1334,18 +1342,23 @@ mod tests {
         };
         assert_eq!(
             user(&context(serde_json::json!({}), serde_json::json!({}))),
-            None
+            User {
+                uid: IMAGE_USER,
+                gid: IMAGE_USER,
+                fs_group: None
+            },
+            "the image's user, never the sim's"
         );
         assert_eq!(
             user(&context(
                 serde_json::json!({"runAsUser": 1000, "runAsGroup": 100, "fsGroup": 2000}),
                 serde_json::json!({"runAsUser": 1001})
             )),
-            Some(User {
+            User {
                 uid: 1001,
                 gid: 100,
                 fs_group: Some(2000)
-            })
+            }
         );
     }
 

@@ -588,6 +588,11 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
             format!("running inside berth dev ({why})"),
         ),
     };
+    // Per-owner workspaces (deploy/admission-owners/): examples/workspace-author.yaml's
+    // authors cannot change each other's.
+    berth_sim::manifests::create_all(&client, rbac::OWNERS_POLICY, "default")
+        .await
+        .map_err(|e| format!("cannot create deploy/admission-owners/owners-policy.yaml: {e}"))?;
     // The `default` service account may delegate auth for its agents.
     berth_sim::manifests::create_all(&client, rbac::WORKSPACE_SERVICE_ACCOUNT, "default")
         .await

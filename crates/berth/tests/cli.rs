@@ -1006,6 +1006,60 @@ fn dev_is_a_place_to_use_a_workspace() {
     poll(Duration::from_secs(90), "web Running", || {
         (phase(dir.path()) == "Running").then_some(())
     });
+    // examples/workspace-author.yaml's authors: alice's workspace is hers (the owner
+    // policy berth dev installs); bob, with the same Role, may stop it but not change it.
+    let manifest = dir.path().join("alices.json");
+    std::fs::write(
+        &manifest,
+        r#"{"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+            "metadata": {"name": "alices", "annotations": {"berth.dev/owner": "alice"}},
+            "spec": {"image": "ghcr.io/example/devbox:1.4", "command": ["sleep", "1d"], "paused": true}}"#,
+    )
+    .unwrap();
+    let created = dev_kubectl(
+        dir.path(),
+        &["--as=alice", "create", "-f", manifest.to_str().unwrap()],
+    );
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let changed = dev_kubectl(
+        dir.path(),
+        &[
+            "--as=bob",
+            "patch",
+            "ws",
+            "alices",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"command":["sh"]}}"#,
+        ],
+    );
+    let said = String::from_utf8_lossy(&changed.stderr);
+    assert!(
+        !changed.status.success()
+            && said.contains("denied request: User \"bob\" cannot change workspace alices: it is owned by \"alice\""),
+        "{said}"
+    );
+    let resumed = dev_kubectl(
+        dir.path(),
+        &[
+            "--as=bob",
+            "patch",
+            "ws",
+            "alices",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"paused":false}}"#,
+        ],
+    );
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
     let output = dev_kubectl(
         dir.path(),
         &[

@@ -646,3 +646,126 @@ async fn without_the_admission_policy_no_reference_escapes() {
         assert!(pods.get_opt(&format!("{name}-ws")).await.unwrap().is_none());
     }
 }
+
+/// A user of `examples/workspace-author.yaml`'s Role, as a service account of `default`.
+async fn author(h: &Harness, name: &str) -> Client {
+    create::<ServiceAccount>(&h.client, "default", json!({"metadata": {"name": name}})).await;
+    let _ = Api::<Role>::namespaced(h.client.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "workspace-author"},
+                "rules": [{"apiGroups": ["berth.dev"], "resources": ["workspaces"], "verbs": ["get", "list", "watch", "create", "patch", "delete"]}]}))
+            .unwrap(),
+        )
+        .await;
+    create::<RoleBinding>(&h.client, "default", json!({"metadata": {"name": format!("{name}-author")},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "workspace-author"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "default"}]}))
+    .await;
+    let token = h
+        .sim
+        .issue_token("default", name, &[], Duration::from_secs(3600))
+        .unwrap();
+    h.sim.client_with_token(&token).await.unwrap()
+}
+
+/// Per-owner workspaces (`deploy/admission-owners/`): two authors with the same Role; each
+/// workspace records its creator, who alone (or a holder of `admin`) may change its spec,
+/// hand it over or delete it; the other may start and stop it. An unowned workspace is the
+/// admins'.
+#[tokio::test]
+async fn an_author_cannot_change_another_authors_workspace() {
+    let h = Harness::start().await;
+    berth_sim::manifests::create_all(&h.client, berth_controller::rbac::OWNERS_POLICY, "default")
+        .await
+        .unwrap();
+    let alice_user = "system:serviceaccount:default:alice";
+    let alice: Api<Workspace> = Api::namespaced(author(&h, "alice").await, "default");
+    let bob: Api<Workspace> = Api::namespaced(author(&h, "bob").await, "default");
+    let post = PostParams::default();
+    let owned = |owner: &str| {
+        let mut ws = workspace(
+            "alices",
+            json!({"image": "devbox:1", "command": ["sleep", "1d"]}),
+        );
+        ws.metadata.annotations = Some([("berth.dev/owner".to_owned(), owner.to_owned())].into());
+        ws
+    };
+    // The owner is whoever creates it, and says so.
+    let (code, message) = refused(
+        alice
+            .create(&post, &workspace("alices", json!({"image": "devbox:1"})))
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert!(message.ends_with(&format!("metadata.annotations[berth.dev/owner]: a workspace records who owns it; set it to your own user name, \"{alice_user}\" (only a holder of the verb admin on workspaces may create one without an owner or for someone else)")), "{message}");
+    let (_, message) = refused(
+        alice
+            .create(&post, &owned("system:serviceaccount:default:bob"))
+            .await,
+    );
+    assert!(
+        message.contains(", not \"system:serviceaccount:default:bob\""),
+        "{message}"
+    );
+    alice.create(&post, &owned(alice_user)).await.unwrap();
+
+    // Bob may not change it, take it, or delete it...
+    let change = Patch::Merge(json!({"spec": {"command": ["sh", "-c", "steal"]}}));
+    let (code, message) = refused(bob.patch("alices", &PatchParams::default(), &change).await);
+    assert_eq!(code, 403);
+    assert!(message.ends_with(&format!("User \"system:serviceaccount:default:bob\" cannot change workspace alices: it is owned by \"{alice_user}\"; only its owner or a holder of the verb admin on workspaces (API group berth.dev) may, and anyone allowed to patch it may start or stop it (spec.paused)")), "{message}");
+    let take = Patch::Merge(
+        json!({"metadata": {"annotations": {"berth.dev/owner": "system:serviceaccount:default:bob"}}}),
+    );
+    assert_eq!(
+        refused(bob.patch("alices", &PatchParams::default(), &take).await).0,
+        403
+    );
+    match bob.delete("alices", &Default::default()).await {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403);
+            assert!(
+                status.message.contains("cannot delete workspace alices"),
+                "{}",
+                status.message
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // ...but may stop and start it.
+    bob.patch(
+        "alices",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"paused": true}})),
+    )
+    .await
+    .unwrap();
+    // Alice may change her own; an admin may change anyone's.
+    alice
+        .patch(
+            "alices",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"command": ["sleep", "2d"]}})),
+        )
+        .await
+        .unwrap();
+    h.workspaces()
+        .patch("alices", &PatchParams::default(), &take)
+        .await
+        .unwrap();
+    bob.patch("alices", &PatchParams::default(), &change)
+        .await
+        .unwrap();
+    // An unowned workspace (an admin's) is the admins'.
+    h.create("shared", json!({"image": "devbox:1"})).await;
+    let (_, message) = refused(
+        alice
+            .patch("shared", &PatchParams::default(), &change)
+            .await,
+    );
+    assert!(
+        message.contains("it has no owner (annotation berth.dev/owner)"),
+        "{message}"
+    );
+}

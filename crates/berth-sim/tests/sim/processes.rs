@@ -308,6 +308,80 @@ fn processes_with(marker: &str) -> usize {
         .count()
 }
 
+/// A container runs as its image's user (nobody) unless its security context names another,
+/// never as the sim's own user: where the sim runs as root, a workspace cannot read the
+/// machine's processes (berth dev's environment, its files through /proc) and has no
+/// capabilities; a set-user-ID program never makes it root (no new privileges).
+#[tokio::test]
+async fn a_container_never_runs_as_the_sims_own_user() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    create::<Pod>(&client, shell_pod("plain", "exec sleep 3600", json!({}))).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    running(&pods, "plain").await;
+    let (out, _, _) = exec(
+        &pods,
+        "plain",
+        &["sh", "-c", "grep NoNewPrivs /proc/self/status"],
+        None,
+    )
+    .await;
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["NoNewPrivs:", "1"]
+    );
+    let sim_is_root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !sim_is_root {
+        return;
+    }
+    let (out, _, _) = exec(&pods, "plain", &["id", "-u"], None).await;
+    assert_eq!(out.trim(), "65534", "the image's user");
+    let (out, _, _) = exec(
+        &pods,
+        "plain",
+        &["sh", "-c", "grep CapEff /proc/self/status"],
+        None,
+    )
+    .await;
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["CapEff:", "0000000000000000"]
+    );
+    // The sim's own process (this test's) is not readable: its environment, its files.
+    let me = std::process::id().to_string();
+    let (_, err, status) = exec(
+        &pods,
+        "plain",
+        &[
+            "sh",
+            "-c",
+            &format!("cat /proc/{me}/environ && ls /proc/{me}/root/"),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(status.status.as_deref(), Some("Failure"), "{err}");
+    assert!(err.contains("Permission denied"), "{err}");
+    // A security context that names a user is honoured.
+    create::<Pod>(
+        &client,
+        shell_pod(
+            "named",
+            "exec sleep 3600",
+            json!({"securityContext": {"runAsUser": 1234}}),
+        ),
+    )
+    .await;
+    running(&pods, "named").await;
+    let (out, _, _) = exec(&pods, "named", &["id", "-u"], None).await;
+    assert_eq!(out.trim(), "1234");
+}
+
 #[tokio::test]
 async fn no_process_outlives_its_pod_even_one_that_ignores_sigterm() {
     let Some((sim, _runtime, _data)) = process_cluster().await else {
