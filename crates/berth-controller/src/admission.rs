@@ -135,12 +135,12 @@ fn not_selecting(resources: &MatchResources, namespace: &str) -> Option<String> 
         .exclude_resource_rules
         .iter()
         .flatten()
-        .any(|r| names_workspaces(r))
+        .any(&names_workspaces)
     {
         return Some("excludes workspaces (matchResources excludeResourceRules)".to_owned());
     }
     if let Some(rules) = resources.resource_rules.as_ref().filter(|r| !r.is_empty())
-        && !rules.iter().any(|r| names_workspaces(r))
+        && !rules.iter().any(&names_workspaces)
     {
         return Some("does not select workspaces (matchResources resourceRules)".to_owned());
     }
@@ -244,7 +244,7 @@ mod tests {
         let by_name = binding_matching(json!({"namespaceSelector": {"matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["team-b"]}]}}));
         assert_eq!(
-            missing(&[policy("Fail")], &[by_name.clone()], "team-a"),
+            missing(&[policy("Fail")], std::slice::from_ref(&by_name), "team-a"),
             None
         );
         assert_eq!(
@@ -277,7 +277,12 @@ mod tests {
         installed.metadata.resource_version = Some("40".into());
         let selecting = binding_matching(json!({"namespaceSelector": {}}));
         assert_eq!(
-            enforcement(POLICY, &[installed.clone()], &[selecting.clone()], "team-a"),
+            enforcement(
+                POLICY,
+                &[installed.clone()],
+                std::slice::from_ref(&selecting),
+                "team-a"
+            ),
             Ok(42)
         );
         // A policy of a subresource of workspaces (the records') selects them; one of other
@@ -286,7 +291,12 @@ mod tests {
         status_policy.spec.as_mut().unwrap().match_constraints = serde_json::from_value(json!({
             "resourceRules": [{"apiGroups": ["berth.dev"], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["workspaces/status"]}]})).unwrap();
         assert_eq!(
-            enforcement(POLICY, &[status_policy], &[selecting.clone()], "team-a"),
+            enforcement(
+                POLICY,
+                &[status_policy],
+                std::slice::from_ref(&selecting),
+                "team-a"
+            ),
             Ok(42)
         );
         let mut elsewhere = installed;

@@ -290,8 +290,10 @@ impl ApiError {
             | ApiError::Forbidden {
                 kind, name, group, ..
             } => {
+                // The real server's NotFound and Forbidden always carry details, empty for a
+                // path it does not serve (kubectl debug reads `details.name` of one).
                 if kind.is_empty() {
-                    None
+                    Some(json!({}))
                 } else {
                     let mut d = json!({"kind": kind});
                     if let Some(name) = name {
@@ -424,6 +426,15 @@ mod tests {
         .into_response();
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers().get(header::RETRY_AFTER).unwrap(), "3");
+    }
+
+    /// kubectl debug reads `details.name` of a NotFound: a path the server does not serve
+    /// has empty details, as the real server's.
+    #[test]
+    fn a_not_found_always_has_details() {
+        let status = ApiError::no_such_path().status();
+        assert_eq!(status["code"], 404);
+        assert_eq!(status["details"], json!({}));
     }
 
     #[test]
