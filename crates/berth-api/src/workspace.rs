@@ -650,6 +650,25 @@ pub struct Reference {
     pub field: String,
 }
 
+impl Reference {
+    /// The field without its list positions, as the schema names it:
+    /// `spec.env[2].valueFrom.secretKeyRef` (and the admission policy's
+    /// `spec.env[name=A].valueFrom.secretKeyRef`) are `spec.env.valueFrom.secretKeyRef`.
+    pub fn unindexed(field: &str) -> String {
+        let mut out = String::with_capacity(field.len());
+        let mut depth = 0usize;
+        for c in field.chars() {
+            match c {
+                '[' => depth += 1,
+                ']' => depth = depth.saturating_sub(1),
+                c if depth == 0 => out.push(c),
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
 impl WorkspaceSpec {
     /// Every object the pod would use in the workspace's namespace: the service account it
     /// runs as (other than `default`: running as an account is as good as holding its token,
@@ -797,5 +816,13 @@ mod reference_tests {
             serde_json::from_value(json!({"image": "x:1", "serviceAccountName": "default"}))
                 .unwrap();
         assert!(default.references().is_empty());
+        assert_eq!(
+            Reference::unindexed("spec.env[name=A].valueFrom.secretKeyRef"),
+            "spec.env.valueFrom.secretKeyRef"
+        );
+        assert_eq!(
+            Reference::unindexed("spec.podTemplate.volumes.data[0]"),
+            "spec.podTemplate.volumes.data"
+        );
     }
 }

@@ -757,19 +757,7 @@ fn every_field_naming_another_object_is_a_reference() {
     let referenced: Vec<String> = everything
         .references()
         .iter()
-        .map(|r| {
-            let mut field = String::new();
-            let mut depth = 0;
-            for c in r.field.chars() {
-                match c {
-                    '[' => depth += 1,
-                    ']' => depth -= 1,
-                    c if depth == 0 => field.push(c),
-                    _ => {}
-                }
-            }
-            field
-        })
+        .map(|r| berth_api::workspace::Reference::unindexed(&r.field))
         .collect();
     for field in &named {
         let covered = referenced

@@ -1025,36 +1025,28 @@ fn dev_is_a_place_to_use_a_workspace() {
         "{}",
         String::from_utf8_lossy(&created.stderr)
     );
-    let changed = dev_kubectl(
-        dir.path(),
-        &[
-            "--as=bob",
-            "patch",
-            "ws",
-            "alices",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"command":["sh"]}}"#,
-        ],
-    );
+    let bob_patches = |patch: &str| {
+        dev_kubectl(
+            dir.path(),
+            &[
+                "--as=bob",
+                "patch",
+                "ws",
+                "alices",
+                "--type=merge",
+                "-p",
+                patch,
+            ],
+        )
+    };
+    let changed = bob_patches(r#"{"spec":{"command":["sh"]}}"#);
     let said = String::from_utf8_lossy(&changed.stderr);
     assert!(
         !changed.status.success()
             && said.contains("denied request: User \"bob\" cannot change workspace alices: it is owned by \"alice\""),
         "{said}"
     );
-    let resumed = dev_kubectl(
-        dir.path(),
-        &[
-            "--as=bob",
-            "patch",
-            "ws",
-            "alices",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"paused":false}}"#,
-        ],
-    );
+    let resumed = bob_patches(r#"{"spec":{"paused":false}}"#);
     assert!(
         resumed.status.success(),
         "{}",

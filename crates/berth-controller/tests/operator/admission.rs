@@ -504,8 +504,15 @@ fn each_reference() -> (Value, Vec<(Value, &'static str)>) {
         "content": {"git": {"url": "https://example.com/org/app.git", "auth": {"secretName": "sg"}}}
     });
     let spec: berth_api::WorkspaceSpec = serde_json::from_value(everything.clone()).unwrap();
-    let listed: Vec<String> = spec.references().iter().map(|r| plain(&r.field)).collect();
-    let rows_say: Vec<String> = rows.iter().map(|(_, f)| plain(f)).collect();
+    let listed: Vec<String> = spec
+        .references()
+        .iter()
+        .map(|r| berth_api::workspace::Reference::unindexed(&r.field))
+        .collect();
+    let rows_say: Vec<String> = rows
+        .iter()
+        .map(|(_, f)| berth_api::workspace::Reference::unindexed(f))
+        .collect();
     assert_eq!(
         {
             let mut l = listed.clone();
@@ -522,19 +529,13 @@ fn each_reference() -> (Value, Vec<(Value, &'static str)>) {
     (everything, rows)
 }
 
-/// A field without its list positions: `spec.env[name=A].x` and `spec.env[0].x` are `spec.env.x`.
-fn plain(field: &str) -> String {
-    let mut out = String::new();
-    let mut depth = 0;
-    for c in field.chars() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            c if depth == 0 => out.push(c),
-            _ => {}
-        }
-    }
-    out
+/// The RBAC rule that lets its holder use what `reference` names directly.
+fn rule_for(reference: &berth_api::workspace::Reference) -> Value {
+    let resource = match reference.subresource {
+        "" => reference.resource.to_owned(),
+        sub => format!("{}/{sub}", reference.resource),
+    };
+    json!({"apiGroups": [""], "resources": [resource], "resourceNames": [reference.name], "verbs": [reference.verb]})
 }
 
 /// The admission policy checks every reference: mallory may use all the objects of
@@ -561,13 +562,7 @@ async fn the_admission_policy_checks_every_reference_the_operator_knows() {
             .iter()
             .enumerate()
             .filter(|(j, _)| *j != i)
-            .map(|(_, r)| {
-                let resource = match r.subresource {
-                    "" => r.resource.to_owned(),
-                    sub => format!("{}/{sub}", r.resource),
-                };
-                json!({"apiGroups": [""], "resources": [resource], "resourceNames": [r.name], "verbs": [r.verb]})
-            })
+            .map(|(_, r)| rule_for(r))
             .collect();
         let _ = roles.delete("grants", &Default::default()).await;
         create::<Role>(
@@ -591,8 +586,8 @@ async fn the_admission_policy_checks_every_reference_the_operator_knows() {
             .and_then(|rest| rest.split(" names;").next())
             .unwrap_or_else(|| panic!("names a field: {message}"));
         assert_eq!(
-            plain(field),
-            plain(&held_back.field),
+            berth_api::workspace::Reference::unindexed(field),
+            berth_api::workspace::Reference::unindexed(&held_back.field),
             "{held_back:?}: {message}"
         );
         assert!(
@@ -602,16 +597,7 @@ async fn the_admission_policy_checks_every_reference_the_operator_knows() {
     }
     // With all of them, the workspace is admitted.
     let _ = roles.delete("grants", &Default::default()).await;
-    let rules: Vec<Value> = references
-        .iter()
-        .map(|r| {
-            let resource = match r.subresource {
-                "" => r.resource.to_owned(),
-                sub => format!("{}/{sub}", r.resource),
-            };
-            json!({"apiGroups": [""], "resources": [resource], "resourceNames": [r.name], "verbs": [r.verb]})
-        })
-        .collect();
+    let rules: Vec<Value> = references.iter().map(rule_for).collect();
     create::<Role>(
         &h.client,
         "default",
