@@ -112,6 +112,10 @@ fn start_local(request: &Request) -> Result<Session, String> {
         .ok_or_else(|| "no command to run".to_owned())?;
     let mut command = std::process::Command::new(program);
     command.args(args);
+    // A shell starts in the home, as sshd starts one.
+    if let Some(home) = std::env::var_os("HOME").filter(|h| std::path::Path::new(h).is_dir()) {
+        command.current_dir(home);
+    }
     let fail = |e: &dyn std::fmt::Display| start_error(&request.command, e);
     if !request.tty {
         command

@@ -53,12 +53,35 @@ static REAPING: AtomicBool = AtomicBool::new(false);
 /// reaping) always finds the waiter of a child that exited at once.
 static WAITERS: Mutex<Option<HashMap<i32, tokio::sync::oneshot::Sender<i32>>>> = Mutex::new(None);
 
+/// Has `command` start with every signal's default disposition and none blocked, whatever
+/// this process inherited (an agent started under `nohup` ignores SIGHUP, and ignored signals
+/// survive exec: a shell started so could not be hung up).
+pub fn default_signals(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: signal and sigprocmask are async-signal-safe, and touch only the child.
+    unsafe {
+        command.pre_exec(|| {
+            for signal in 1..nix::libc::SIGRTMIN() {
+                if signal != nix::libc::SIGKILL && signal != nix::libc::SIGSTOP {
+                    nix::libc::signal(signal, nix::libc::SIG_DFL);
+                }
+            }
+            let mut none: nix::libc::sigset_t = std::mem::zeroed();
+            nix::libc::sigemptyset(&mut none);
+            nix::libc::sigprocmask(nix::libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+}
+
 /// Starts `command` as a child and returns it and its exit code to come (128 + the signal
-/// for a killed one). With [`supervise`]'s reaper running, the reaper reports the exit; without
-/// it (the agent beside an entrypoint, tests), a thread waits for that one child.
+/// for a killed one), its signals at their defaults ([`default_signals`]). With
+/// [`supervise`]'s reaper running, the reaper reports the exit; without it (the agent beside
+/// an entrypoint, tests), a thread waits for that one child.
 pub fn spawn(
     command: &mut Command,
 ) -> std::io::Result<(std::process::Child, tokio::sync::oneshot::Receiver<i32>)> {
+    default_signals(command);
     let (tx, rx) = tokio::sync::oneshot::channel();
     if REAPING.load(Ordering::SeqCst) {
         let mut waiters = WAITERS.lock().unwrap_or_else(|p| p.into_inner());
@@ -116,14 +139,13 @@ pub async fn supervise(
     // Orphans below us are re-parented to us, so we can reap them (as PID 1 would).
     #[cfg(target_os = "linux")]
     let _ = nix::sys::prctl::set_child_subreaper(true);
-    let child =
-        Command::new(program)
-            .args(args)
-            .spawn()
-            .map_err(|source| SuperviseError::Spawn {
-                command: command.join(" "),
-                source,
-            })?;
+    let mut workspace = Command::new(program);
+    workspace.args(args);
+    default_signals(&mut workspace);
+    let child = workspace.spawn().map_err(|source| SuperviseError::Spawn {
+        command: command.join(" "),
+        source,
+    })?;
     let pid = Pid::from_raw(child.id() as i32);
     started(pid.as_raw());
     will_reap();

@@ -316,6 +316,20 @@ impl Enter {
             // The host's set-user-ID programs (sudo, su, in the shared /usr) never make it
             // root again: no new privileges, as allowPrivilegeEscalation: false asks.
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+            // A container's process starts with every signal at its default and none blocked,
+            // as a runtime starts it, whatever the sim inherited (nohup ignores SIGHUP).
+            for signal in 1..libc::SIGRTMIN() {
+                if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                    libc::signal(signal, libc::SIG_DFL);
+                }
+            }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            check(libc::sigprocmask(
+                libc::SIG_SETMASK,
+                &none,
+                std::ptr::null_mut(),
+            ))?;
             let flags = match self.maps {
                 Some(_) => libc::CLONE_NEWUSER | libc::CLONE_NEWNS,
                 None => libc::CLONE_NEWNS,

@@ -114,7 +114,16 @@ fn exec_in(processes: ProcessRuntime, context: ContainerContext) -> berth_agent:
     std::sync::Arc::new(move |request: berth_agent::shell::Request| {
         let (processes, context) = (processes.clone(), context.clone());
         Box::pin(async move {
-            let mut command = request.command.clone();
+            // In the home, as the agent starts a shell itself.
+            let mut command: Vec<String> = [
+                "/bin/sh",
+                "-c",
+                "cd \"$HOME\" 2>/dev/null; exec \"$@\"",
+                "berth-shell",
+            ]
+            .map(str::to_owned)
+            .into();
+            command.extend(request.command.iter().cloned());
             if request.tty {
                 // As the agent sets TERM for a shell it starts itself.
                 command.splice(0..0, ["env".to_owned(), format!("TERM={}", request.term)]);

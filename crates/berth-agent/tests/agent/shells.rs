@@ -189,6 +189,34 @@ async fn a_caller_who_leaves_hangs_the_command_up() {
     }
 }
 
+/// What the agent starts begins in the home with every signal at its default, whatever the
+/// agent inherited: an agent started under `nohup` ignores SIGHUP, and a shell it started so
+/// could not be hung up.
+#[tokio::test]
+async fn a_command_starts_in_the_home_with_default_signals_whatever_the_agent_inherited() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: ignoring SIGHUP in this test process, as nohup does; no handler is replaced.
+    unsafe { signal(Signal::SIGHUP, SigHandler::SigIgn) }.unwrap();
+    let s = Setup::new().await;
+    let agent = s.agent("ws").await;
+    let script = "grep -E '^Sig(Ign|Blk):' /proc/self/status; pwd";
+    let (_inputs, mut outputs) = open(&s, &agent, "gateway", start(&["sh", "-c", script], false))
+        .await
+        .unwrap();
+    let (stdout, _, code) = until_exit(&mut outputs).await;
+    assert_eq!(code, 0);
+    let lines: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(standard_signals(&lines[0]), ("SigBlk:", 0), "{stdout}");
+    assert_eq!(standard_signals(&lines[1]), ("SigIgn:", 0), "{stdout}");
+    if let Some(home) = std::env::var_os("HOME").filter(|h| std::path::Path::new(h).is_dir()) {
+        let home = std::fs::canonicalize(home).unwrap();
+        assert_eq!(lines[2], [home.to_str().unwrap()], "{stdout}");
+    }
+}
+
 #[tokio::test]
 async fn an_agent_beside_an_entrypoint_says_why_it_opens_no_shell_and_a_bad_command_is_named() {
     let s = Setup::new().await;
@@ -234,4 +262,11 @@ async fn an_agent_beside_an_entrypoint_says_why_it_opens_no_shell_and_a_bad_comm
             "a shell's first input must be its start"
         )
     );
+}
+
+/// A `Sig...:` line of /proc/PID/status: its name and the standard signals (1 to 31) in its
+/// mask (the C library keeps the real-time signals below SIGRTMIN for itself).
+fn standard_signals<'a>(line: &[&'a str]) -> (&'a str, u64) {
+    let mask = u64::from_str_radix(line[1], 16).unwrap();
+    (line[0], mask & 0x7fff_ffff)
 }

@@ -332,6 +332,27 @@ async fn a_container_never_runs_as_the_sims_own_user() {
         out.split_whitespace().collect::<Vec<_>>(),
         ["NoNewPrivs:", "1"]
     );
+    // Every signal at its default and none blocked, whatever the sim inherited (a test run
+    // under nohup ignores SIGHUP).
+    // SAFETY: ignoring SIGHUP in this test process, as nohup does.
+    unsafe { libc::signal(libc::SIGHUP, libc::SIG_IGN) };
+    create::<Pod>(
+        &client,
+        shell_pod(
+            "signals",
+            "grep -E '^Sig(Ign|Blk):' /proc/self/status; sleep 3600",
+            json!({}),
+        ),
+    )
+    .await;
+    running(&pods, "signals").await;
+    let said = log_contains(&pods, "signals", "SigIgn").await;
+    let lines: Vec<Vec<&str>> = said
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(standard_signals(&lines[0]), ("SigBlk:", 0), "{said}");
+    assert_eq!(standard_signals(&lines[1]), ("SigIgn:", 0), "{said}");
     let sim_is_root = std::process::Command::new("id")
         .arg("-u")
         .output()
@@ -1324,4 +1345,11 @@ async fn a_service_has_endpoints_and_a_slice_of_its_pods() {
         },
     )
     .await;
+}
+
+/// A `Sig...:` line of /proc/PID/status: its name and the standard signals (1 to 31) in its
+/// mask (the C library keeps the real-time signals below SIGRTMIN for itself).
+fn standard_signals<'a>(line: &[&'a str]) -> (&'a str, u64) {
+    let mask = u64::from_str_radix(line[1], 16).unwrap();
+    (line[0], mask & 0x7fff_ffff)
 }
