@@ -131,6 +131,15 @@ async fn a_workspace_grants_nothing_its_author_does_not_already_have() {
         message.ends_with("denied request: spec.podTemplate.tolerations: a toleration of a taint key the platform does not allow; it allows tolerations of: none (ConfigMap berth-system/berth-admission, allowed-tolerations); ask the platform team to allow it"),
         "{message}"
     );
+    // Credentials in a repository URL are refused by the API server (the CRD), pointing at
+    // the Secret that should hold them.
+    let (code, message) = refused(
+        as_mallory
+            .create(&post, &workspace("grab", json!({"image": "devbox:1", "command": ["sh"], "podTemplate": {"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}}, "content": {"git": {"url": "https://ghp_t0ken@github.com/org/app.git"}}})))
+            .await,
+    );
+    assert_eq!(code, 422, "{message}");
+    assert!(message.contains("spec.content.git.url: Forbidden: a user name or token in the URL would be stored in the Workspace for anyone who can read it, and shown in its status: put the credentials in a kubernetes.io/basic-auth Secret and name it in spec.content.git.auth.secretName"), "{message}");
     // Pod affinity that selects pods of other namespaces tells where they run: refused unless
     // the platform allows those namespaces; its own namespace is fine.
     let (code, message) = refused(

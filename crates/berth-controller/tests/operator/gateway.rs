@@ -934,6 +934,37 @@ async fn a_session_ends_when_its_service_account_is_deleted() {
     again.says("was deleted and made again");
 }
 
+/// What a caller says of where it comes from never reaches the workspace as the gateway's
+/// word: `Forwarded`, `X-Real-IP` and `X-Forwarded-*` are the gateway's own, and a `Host`
+/// anyone can send is not passed on as `X-Forwarded-Host`.
+#[tokio::test]
+async fn a_callers_forwarding_headers_are_replaced() {
+    let h = Harness::start().await;
+    let first = gateway(&h).await;
+    served(&h, "web").await;
+    let alice = developer(&h, "alice", &["web"]).await;
+    let auth = format!("Bearer {alice}");
+    let through = get(
+        first,
+        "/w/default/web/http/",
+        &[
+            ("authorization", &auth),
+            ("host", "evil.example"),
+            ("forwarded", "for=6.6.6.6;host=evil.example;proto=https"),
+            ("x-real-ip", "6.6.6.6"),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-host", "evil.example"),
+        ],
+    )
+    .await;
+    assert_eq!(through.status, StatusCode::OK, "{}", through.text());
+    let seen = &through.json()["headers"];
+    assert_eq!(seen["x-real-ip"], "127.0.0.1");
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen["forwarded"], "for=127.0.0.1;proto=http");
+    assert!(seen.get("x-forwarded-host").is_none(), "{seen}");
+}
+
 /// Refusals are cheap: a refused token is remembered (asking again costs the API server
 /// nothing), and an address that sends more than its budget of refused tokens is answered 429
 /// with Retry-After without asking; a caller with a remembered good token still gets in.
