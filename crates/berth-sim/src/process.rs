@@ -883,6 +883,11 @@ impl ProcessRuntime {
             .env_clear()
             .envs(layout.env.iter().map(|(k, v)| (k, v)))
             .kill_on_drop(true);
+        // A terminal's process knows what it is, as a container runtime says (TERM=xterm),
+        // unless the container's own environment says otherwise.
+        if terminal.is_some() && !layout.env.iter().any(|(k, _)| k == "TERM") {
+            command.env("TERM", "xterm");
+        }
         match terminal {
             Some(terminal) => {
                 let clone = || terminal.try_clone().map_err(|e| e.to_string());
@@ -1190,6 +1195,12 @@ impl ContainerRuntime for ProcessRuntime {
             let (exit_tx, exited) = oneshot::channel();
             if request.tty {
                 let terminal = open_terminal().map_err(|e| e.to_string())?;
+                // The size is the terminal's before the command starts (it may ask at once).
+                {
+                    use std::os::fd::AsRawFd;
+                    let (columns, rows) = request.size.unwrap_or((80, 24));
+                    set_size(terminal.controller.as_raw_fd(), columns, rows);
+                }
                 let mut child = this
                     .spawn_in(
                         &layout,
@@ -1201,7 +1212,6 @@ impl ContainerRuntime for ProcessRuntime {
                 let hang_up = hang_up(&child);
                 drop(terminal.terminal);
                 use std::os::fd::AsRawFd;
-                let fd = terminal.controller.as_raw_fd();
                 let writer = terminal.controller.try_clone().map_err(|e| e.to_string())?;
                 let controller = Arc::new(terminal.controller);
                 let keep = controller.clone();
@@ -1221,8 +1231,7 @@ impl ContainerRuntime for ProcessRuntime {
                     })),
                     exited,
                     hang_up,
-                })
-                .inspect(|_| set_size(fd, 80, 24));
+                });
             }
             let stdin = if request.stdin {
                 Stdio::piped()

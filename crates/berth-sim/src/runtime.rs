@@ -95,6 +95,8 @@ pub struct ExecRequest {
     /// A terminal: output comes on stdout only, and the terminal can be resized.
     pub tty: bool,
     pub stdin: bool,
+    /// The terminal's size (columns, rows) from its start: None is 80x24 until resized.
+    pub size: Option<(u16, u16)>,
 }
 
 /// An output or input stream of a process.

@@ -132,12 +132,11 @@ fn exec_in(processes: ProcessRuntime, context: ContainerContext) -> berth_agent:
                 command,
                 tty: request.tty,
                 stdin: true,
+                // The caller's size before the command starts (a shell asks at once).
+                size: Some((request.columns, request.rows)),
             };
             let session = processes.exec(&context, exec).await?;
             let resize = session.resize;
-            if let Some(resize) = &resize {
-                resize(request.columns, request.rows);
-            }
             Ok(berth_agent::shell::Session {
                 stdin: session.stdin,
                 stdout: session

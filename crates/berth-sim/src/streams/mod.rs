@@ -267,6 +267,8 @@ impl Work {
                                     command: command.clone(),
                                     tty: session.options.tty,
                                     stdin: session.options.stdin,
+                                    // The client sends its size once the stream is up.
+                                    size: None,
                                 },
                             )
                             .await

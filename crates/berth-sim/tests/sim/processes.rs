@@ -464,7 +464,11 @@ async fn a_terminal_has_a_size_the_client_sets() {
     running(&pods, "term").await;
     let params = AttachParams::interactive_tty();
     let mut process = pods
-        .exec("term", vec!["sh", "-c", "read go; tty; stty size"], &params)
+        .exec(
+            "term",
+            vec!["sh", "-c", "read go; tty; stty size; echo TERM=$TERM"],
+            &params,
+        )
         .await
         .unwrap();
     set_size(&mut process).await;
@@ -480,6 +484,8 @@ async fn a_terminal_has_a_size_the_client_sets() {
         .unwrap();
     assert!(out.contains("/dev/pts/"), "{out}");
     assert!(out.contains("30 100"), "{out}");
+    // A terminal's process knows what it is, as a container runtime tells it.
+    assert!(out.contains("TERM=xterm"), "{out}");
 }
 
 #[tokio::test]
