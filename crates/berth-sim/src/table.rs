@@ -242,6 +242,115 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
             column("Data", "string", "", "Data contains the secret data.", 0),
             age_column(),
         ],
+        ("coordination.k8s.io", "leases") => vec![
+            name,
+            column(
+                "Holder",
+                "string",
+                "",
+                "holderIdentity contains the identity of the holder of a current lease.",
+                0,
+            ),
+            age_column(),
+        ],
+        ("", "persistentvolumeclaims") => vec![
+            name,
+            column(
+                "Status",
+                "string",
+                "",
+                "phase represents the current phase of PersistentVolumeClaim.",
+                0,
+            ),
+            column(
+                "Volume",
+                "string",
+                "",
+                "volumeName is the binding reference to the PersistentVolume backing this claim.",
+                0,
+            ),
+            column(
+                "Capacity",
+                "string",
+                "",
+                "capacity represents the actual resources of the underlying volume.",
+                0,
+            ),
+            column(
+                "Access Modes",
+                "string",
+                "",
+                "accessModes contains the actual access modes the volume backing the PVC has.",
+                0,
+            ),
+            column(
+                "StorageClass",
+                "string",
+                "",
+                "storageClassName is the name of the StorageClass required by the claim.",
+                0,
+            ),
+            column(
+                "VolumeAttributesClass",
+                "string",
+                "",
+                "volumeAttributesClassName may be used to set the VolumeAttributesClass used by this claim.",
+                0,
+            ),
+            age_column(),
+            column(
+                "VolumeMode",
+                "string",
+                "",
+                "volumeMode defines what type of volume is required by the claim.",
+                1,
+            ),
+        ],
+        ("policy", "poddisruptionbudgets") => vec![
+            name,
+            column(
+                "Min Available",
+                "string",
+                "",
+                "The minimum number or percentage of available pods this budget requires.",
+                0,
+            ),
+            column(
+                "Max Unavailable",
+                "string",
+                "",
+                "The maximum number or percentage of unavailable pods this budget requires.",
+                0,
+            ),
+            column(
+                "Allowed Disruptions",
+                "integer",
+                "",
+                "Calculated number of pods that may be disrupted at this time.",
+                0,
+            ),
+            age_column(),
+        ],
+        ("rbac.authorization.k8s.io", "rolebindings") => vec![
+            name,
+            column(
+                "Role",
+                "string",
+                "",
+                "RoleRef can reference a Role in the current namespace or a ClusterRole in the global namespace.",
+                0,
+            ),
+            age_column(),
+            column("Users", "string", "", "Users in the roleBinding", 1),
+            column("Groups", "string", "", "Groups in the roleBinding", 1),
+            column(
+                "ServiceAccounts",
+                "string",
+                "",
+                "ServiceAccounts in the roleBinding",
+                1,
+            ),
+        ],
         ("", "serviceaccounts") => vec![
             name,
             column(
@@ -392,6 +501,44 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
             ),
         ],
     }
+}
+
+/// A claim's row: its phase, volume, capacity, access modes (as kubectl abbreviates them),
+/// class, attributes class, age and (wide) volume mode.
+fn claim_cells(claim: &Value, now: Timestamp) -> Vec<Value> {
+    let bound = claim["status"]["phase"] == "Bound";
+    let modes: Vec<&str> = claim["status"]["accessModes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| match m.as_str()? {
+            "ReadWriteOnce" => Some("RWO"),
+            "ReadOnlyMany" => Some("ROX"),
+            "ReadWriteMany" => Some("RWX"),
+            "ReadWriteOncePod" => Some("RWOP"),
+            _ => None,
+        })
+        .collect();
+    let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+    vec![
+        json!(claim["status"]["phase"].as_str().unwrap_or("Pending")),
+        json!(text(&claim["spec"]["volumeName"])),
+        json!(match bound {
+            true => text(&claim["status"]["capacity"]["storage"]),
+            false => String::new(),
+        }),
+        json!(match bound {
+            true => modes.join(","),
+            false => String::new(),
+        }),
+        json!(text(&claim["spec"]["storageClassName"])),
+        json!(match claim["spec"]["volumeAttributesClassName"].as_str() {
+            Some(class) => class.to_owned(),
+            None => "<unset>".to_owned(),
+        }),
+        json!(age(claim, now)),
+        json!(claim["spec"]["volumeMode"].as_str().unwrap_or("Filesystem")),
+    ]
 }
 
 fn pod_cells(pod: &Value, now: Timestamp) -> Vec<Value> {
@@ -653,6 +800,56 @@ fn cells(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], now: Timesta
             json!(age(object, now)),
         ],
         ("", "serviceaccounts") => vec![json!(count(&object["secrets"])), json!(age(object, now))],
+        ("coordination.k8s.io", "leases") => vec![
+            json!(
+                object["spec"]["holderIdentity"]
+                    .as_str()
+                    .unwrap_or_default()
+            ),
+            json!(age(object, now)),
+        ],
+        ("", "persistentvolumeclaims") => claim_cells(object, now),
+        ("policy", "poddisruptionbudgets") => {
+            let either = |key: &str| match &object["spec"][key] {
+                Value::Null => "N/A".to_owned(),
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            vec![
+                json!(either("minAvailable")),
+                json!(either("maxUnavailable")),
+                json!(object["status"]["disruptionsAllowed"].as_i64().unwrap_or(0)),
+                json!(age(object, now)),
+            ]
+        }
+        ("rbac.authorization.k8s.io", "rolebindings") => {
+            let subjects = |kind: &str| {
+                object["subjects"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|s| s["kind"] == kind)
+                    .map(|s| match (kind, s["namespace"].as_str()) {
+                        ("ServiceAccount", Some(ns)) => {
+                            format!("{ns}/{}", s["name"].as_str().unwrap_or_default())
+                        }
+                        _ => s["name"].as_str().unwrap_or_default().to_owned(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            vec![
+                json!(format!(
+                    "{}/{}",
+                    object["roleRef"]["kind"].as_str().unwrap_or_default(),
+                    object["roleRef"]["name"].as_str().unwrap_or_default()
+                )),
+                json!(age(object, now)),
+                json!(subjects("User")),
+                json!(subjects("Group")),
+                json!(subjects("ServiceAccount")),
+            ]
+        }
         ("", "endpoints") => {
             let mut listed = vec![];
             for subset in object["subsets"].as_array().into_iter().flatten() {

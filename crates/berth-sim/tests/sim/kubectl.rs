@@ -857,3 +857,95 @@ async fn kubectl_debug_says_what_the_server_does_not_serve_instead_of_panicking(
         );
     }
 }
+
+/// `kubectl get` shows leases, claims, disruption budgets and role bindings with the real
+/// server's columns (wide ones with `-o wide`).
+#[tokio::test]
+async fn kubectl_get_shows_the_real_columns_of_leases_claims_budgets_and_bindings() {
+    let sim = crate::support::cluster_with_nodes().await;
+    let Some(kubectl) = Kubectl::for_cluster(&sim) else {
+        return;
+    };
+    let manifest = "apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: leader}
+spec: {holderIdentity: replica-a}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: home}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: web}
+spec: {minAvailable: 1, selector: {matchLabels: {app: web}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: readers}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}
+subjects:
+  - {kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}
+  - {kind: Group, name: devs, apiGroup: rbac.authorization.k8s.io}
+  - {kind: ServiceAccount, name: builder, namespace: default}
+";
+    kubectl
+        .run_with_input(&["apply", "-f", "-"], manifest)
+        .await;
+    let words = |text: &str| -> Vec<Vec<String>> {
+        text.lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    };
+    let leases = words(&kubectl.ok(&["get", "lease", "leader"]).await);
+    assert_eq!(leases[0], ["NAME", "HOLDER", "AGE"]);
+    assert_eq!(leases[1][..2], ["leader", "replica-a"]);
+    let budgets = words(&kubectl.ok(&["get", "pdb", "web"]).await);
+    assert_eq!(
+        budgets[0],
+        [
+            "NAME",
+            "MIN",
+            "AVAILABLE",
+            "MAX",
+            "UNAVAILABLE",
+            "ALLOWED",
+            "DISRUPTIONS",
+            "AGE"
+        ]
+    );
+    assert_eq!(budgets[1][..3], ["web", "1", "N/A"]);
+    let bindings = words(
+        &kubectl
+            .ok(&["get", "rolebinding", "readers", "-o", "wide"])
+            .await,
+    );
+    assert_eq!(
+        bindings[0],
+        ["NAME", "ROLE", "AGE", "USERS", "GROUPS", "SERVICEACCOUNTS"]
+    );
+    assert_eq!(bindings[1][..2], ["readers", "ClusterRole/view"]);
+    assert_eq!(bindings[1][3..], ["alice", "devs", "default/builder"]);
+    let claim = crate::support::eventually(Duration::from_secs(20), "the claim bound", || async {
+        let row = words(&kubectl.ok(&["get", "pvc", "home"]).await);
+        (row[1][1] == "Bound").then_some(row)
+    })
+    .await;
+    assert_eq!(
+        claim[0],
+        [
+            "NAME",
+            "STATUS",
+            "VOLUME",
+            "CAPACITY",
+            "ACCESS",
+            "MODES",
+            "STORAGECLASS",
+            "VOLUMEATTRIBUTESCLASS",
+            "AGE"
+        ]
+    );
+    assert_eq!(claim[1][3..5], ["1Gi", "RWO"]);
+    assert_eq!(claim[1][6], "<unset>");
+}
