@@ -251,6 +251,32 @@ impl Drop for OwnKubeconfig {
     }
 }
 
+/// Writes into the kubeconfig at `path` that its cluster's gateway is at `url` (the cluster
+/// extension `berth.dev/gateway`, `{url: ...}`); the new text.
+fn name_gateway(path: &std::path::Path, url: &str) -> Result<String, String> {
+    let fail =
+        |e: &dyn std::fmt::Display| format!("cannot name the gateway in {}: {e}", path.display());
+    let mut kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|e| fail(&e))?;
+    for cluster in kubeconfig
+        .clusters
+        .iter_mut()
+        .filter_map(|c| c.cluster.as_mut())
+    {
+        let extensions = cluster.extensions.get_or_insert_with(Vec::new);
+        extensions.retain(|e| e.name != crate::workspaces::GATEWAY_EXTENSION);
+        extensions.push(kube::config::NamedExtension {
+            name: crate::workspaces::GATEWAY_EXTENSION.to_owned(),
+            extension: serde_json::json!({"url": url}),
+        });
+    }
+    let text = serde_saphyr::to_string(&kubeconfig).map_err(|e| fail(&e))?;
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    std::fs::write(&partial, &text).map_err(|e| fail(&e))?;
+    std::fs::rename(&partial, path).map_err(|e| fail(&e))?;
+    Ok(text)
+}
+
 /// The table's columns.
 const COLUMNS: [&str; 6] = [
     "NAMESPACE",
@@ -566,7 +592,7 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
     cluster
         .write_kubeconfig(&args.kubeconfig)
         .map_err(|e| format!("cannot write {}: {e}", args.kubeconfig.display()))?;
-    let _kubeconfig = OwnKubeconfig {
+    let mut own_kubeconfig = OwnKubeconfig {
         path: args.kubeconfig.clone(),
         text: std::fs::read_to_string(&args.kubeconfig).unwrap_or_default(),
     };
@@ -599,6 +625,8 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot create deploy/rbac/workspace-service-account.yaml: {e}"))?;
 
     let gateway = gateway(&cluster, &client, args.gateway_port).await?;
+    // The CLI finds the gateway in the kubeconfig: `berth open web` needs no --gateway.
+    own_kubeconfig.text = name_gateway(&args.kubeconfig, &format!("http://{gateway}"))?;
 
     // The content examples clone from a git server of berth dev's own.
     let (_git_daemon, git_url, git_hint) = match content_server(data.path()) {
@@ -631,10 +659,10 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
             "berth dev: the gateway into workspaces:  curl -H \"Authorization: Bearer $(kubectl --kubeconfig {kubeconfig} config view --raw -o jsonpath='{{.users[0].user.token}}')\" http://{gateway}/w/default/web/http/   (web serves its home: write index.html first, as README shows)"
         ),
         format!(
-            "berth dev: a login link for your browser:  berth open web --gateway http://{gateway} --kubeconfig {kubeconfig}"
+            "berth dev: a login link for your browser:  berth open web --kubeconfig {kubeconfig}   (the kubeconfig names the gateway, http://{gateway})"
         ),
         format!(
-            "berth dev: a shell in web's container:  berth shell web --gateway http://{gateway} --kubeconfig {kubeconfig}"
+            "berth dev: a shell in web's container:  berth shell web --kubeconfig {kubeconfig}"
         ),
         format!(
             "berth dev: make node-1 reject its next pod:  kubectl --kubeconfig {kubeconfig} annotate node node-1 sim.berth.dev/reject-next=1:OutOfcpu"

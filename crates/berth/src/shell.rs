@@ -9,7 +9,7 @@ use berth_gateway::shell::{Control, Ended, STDERR, STDOUT, Start};
 use futures::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::workspaces::{Target, bearer_token, gateway_address, load, own_websocket, tunnel};
+use crate::workspaces::{Target, bearer_token, discover_gateway, load, own_websocket, tunnel};
 
 /// Options of `berth shell`.
 #[derive(clap::Args, Debug)]
@@ -35,8 +35,8 @@ pub struct ShellArgs {
 
 /// Runs the shell; its exit code, or why there is none.
 pub async fn run(args: ShellArgs) -> Result<i32, String> {
-    let gateway = gateway_address(args.gateway.as_deref())?;
     let (config, namespace) = load(&args.target).await?;
+    let gateway = discover_gateway(args.gateway.as_deref(), &args.target, &config).await?;
     let token = bearer_token(&config).await?;
     let url = own_websocket(&gateway, &namespace, &args.name, "shell");
     let _ = rustls::crypto::ring::default_provider().install_default();

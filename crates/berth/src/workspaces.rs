@@ -62,8 +62,9 @@ pub struct OpenArgs {
     pub name: String,
     /// The port, by its name in the workspace's spec (default: its first).
     pub port: Option<String>,
-    /// The gateway's address, as your browser reaches it (e.g. https://berth.example.com;
-    /// `berth dev` prints its own).
+    /// The gateway's address, as your browser reaches it (e.g. https://berth.example.com).
+    /// Default: the kubeconfig cluster's extension berth.dev/gateway (berth dev writes its
+    /// own), else the annotation berth.dev/gateway of the Service berth-system/berth-gateway.
     #[arg(long, env = "BERTH_GATEWAY")]
     pub gateway: Option<String>,
     /// Only print the link; do not start a browser.
@@ -158,9 +159,9 @@ pub(crate) async fn bearer_token(config: &kube::Config) -> Result<String, String
 /// the kubeconfig's user (who must be allowed to connect to it), printed, and opened in a
 /// browser when there is one.
 pub async fn open(args: OpenArgs) -> Result<(), String> {
-    let gateway = gateway_address(args.gateway.as_deref())?;
-    let gateway = gateway.as_str();
     let (config, namespace) = load(&args.target).await?;
+    let gateway = discover_gateway(args.gateway.as_deref(), &args.target, &config).await?;
+    let gateway = gateway.as_str();
     let client =
         Client::try_from(config.clone()).map_err(|e| format!("cannot build a client: {e}"))?;
     let read = Api::<Workspace>::namespaced(client, &namespace)
@@ -257,15 +258,86 @@ fn port_of(ws: &Workspace, wanted: Option<&str>) -> Result<berth_api::WorkspaceP
 
 /// The gateway's address from `--gateway` or `BERTH_GATEWAY`, without a trailing slash.
 pub(crate) fn gateway_address(given: Option<&str>) -> Result<String, String> {
-    let gateway = given.ok_or(
-        "which gateway? Pass --gateway https://... or set BERTH_GATEWAY (berth dev prints its own; on a cluster, its admins know where berth gateway is served)",
-    )?;
+    let gateway = given.ok_or(NO_GATEWAY)?;
     if !gateway.starts_with("http://") && !gateway.starts_with("https://") {
         return Err(format!(
             "--gateway {gateway}: an http:// or https:// address"
         ));
     }
     Ok(gateway.trim_end_matches('/').to_owned())
+}
+
+/// The name of the kubeconfig cluster extension, and of the gateway Service's annotation,
+/// that say where the gateway is served.
+pub const GATEWAY_EXTENSION: &str = "berth.dev/gateway";
+
+const NO_GATEWAY: &str = "which gateway? Pass --gateway https://... or set BERTH_GATEWAY; or have your kubeconfig's cluster say it (an extension named berth.dev/gateway with {url: https://...}, as berth dev writes), or your platform annotate the Service berth-system/berth-gateway with berth.dev/gateway: https://...";
+
+/// The gateway's address: `given` (--gateway, BERTH_GATEWAY), else the kubeconfig cluster's
+/// extension `berth.dev/gateway` (`{url: ...}`), else the annotation `berth.dev/gateway` of the
+/// Service berth-system/berth-gateway, read with the user's credentials; else how to say it.
+pub(crate) async fn discover_gateway(
+    given: Option<&str>,
+    target: &Target,
+    config: &kube::Config,
+) -> Result<String, String> {
+    if given.is_some() {
+        return gateway_address(given);
+    }
+    if let Some(url) = kubeconfig_gateway(target) {
+        return gateway_address(Some(&url));
+    }
+    let client =
+        Client::try_from(config.clone()).map_err(|e| format!("cannot build a client: {e}"))?;
+    let service = Api::<k8s_openapi::api::core::v1::Service>::namespaced(client, "berth-system")
+        .get_opt("berth-gateway")
+        .await
+        .ok()
+        .flatten();
+    let annotated = service
+        .as_ref()
+        .and_then(|s| s.annotations().get(GATEWAY_EXTENSION).cloned());
+    match annotated {
+        Some(url) => gateway_address(Some(&url)),
+        None => Err(NO_GATEWAY.to_owned()),
+    }
+}
+
+/// The gateway the kubeconfig's cluster names (its extension `berth.dev/gateway`).
+fn kubeconfig_gateway(target: &Target) -> Option<String> {
+    let kubeconfig = match &target.kubeconfig {
+        Some(path) => Kubeconfig::read_from(path).ok()?,
+        None => Kubeconfig::read().ok()?,
+    };
+    let context = target
+        .context
+        .clone()
+        .or_else(|| kubeconfig.current_context.clone())?;
+    let cluster = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == context)?
+        .context
+        .as_ref()?
+        .cluster
+        .clone();
+    let extension = kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster)?
+        .cluster
+        .as_ref()?
+        .extensions
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == GATEWAY_EXTENSION)?
+        .extension
+        .clone();
+    extension
+        .get("url")
+        .and_then(|u| u.as_str())
+        .or_else(|| extension.as_str())
+        .map(str::to_owned)
 }
 
 /// The WebSocket address of the gateway's own page `action` of workspace `namespace/name`.
@@ -282,8 +354,8 @@ pub(crate) fn own_websocket(gateway: &str, namespace: &str, name: &str, action: 
 /// gateway (a WebSocket each, with the user's bearer token), as `kubectl port-forward` does
 /// without `pods/portforward`.
 pub async fn port_forward(args: PortForwardArgs) -> Result<(), String> {
-    let gateway = gateway_address(args.gateway.as_deref())?;
     let (config, namespace) = load(&args.target).await?;
+    let gateway = discover_gateway(args.gateway.as_deref(), &args.target, &config).await?;
     let (local, wanted) =
         match args.port.rsplit_once(':') {
             Some((local, port)) => (
@@ -590,6 +662,30 @@ fn api_words(e: &kube::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kubeconfig's cluster names the gateway (`berth.dev/gateway`, `{url: ...}`), for
+    /// the context in use; one without says nothing.
+    #[test]
+    fn the_kubeconfig_names_the_gateway_of_its_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\ncurrent-context: dev\nclusters:\n- name: dev\n  cluster:\n    server: https://127.0.0.1:6443\n    extensions:\n    - name: berth.dev/gateway\n      extension: {url: 'http://127.0.0.1:8080'}\n- name: prod\n  cluster: {server: 'https://prod:6443'}\ncontexts:\n- name: dev\n  context: {cluster: dev, user: me}\n- name: prod\n  context: {cluster: prod, user: me}\nusers:\n- name: me\n  user: {token: x}\n",
+        )
+        .unwrap();
+        let target = |context: Option<&str>| Target {
+            kubeconfig: Some(path.clone()),
+            context: context.map(str::to_owned),
+            namespace: None,
+        };
+        assert_eq!(
+            kubeconfig_gateway(&target(None)).as_deref(),
+            Some("http://127.0.0.1:8080")
+        );
+        assert_eq!(kubeconfig_gateway(&target(Some("prod"))), None);
+        assert!(NO_GATEWAY.contains("--gateway") && NO_GATEWAY.contains("berth.dev/gateway"));
+    }
 
     #[test]
     fn the_table_aligns_its_columns_and_shows_the_namespace_only_when_asked() {

@@ -1382,18 +1382,24 @@ fn dev_is_a_place_to_use_a_workspace() {
     poll(Duration::from_secs(20), "the left command hung up", || {
         (!proc.exists()).then_some(())
     });
-    let nowhere = Command::new(BERTH)
+    // Without --gateway: berth dev's kubeconfig names its gateway.
+    let found = Command::new(BERTH)
         .args(["open", "web", "--print", "--kubeconfig"])
         .arg(dir.path().join("berth-dev.kubeconfig"))
         .env_remove("BERTH_GATEWAY")
         .output()
         .unwrap();
-    assert!(!nowhere.status.success());
     assert!(
-        String::from_utf8_lossy(&nowhere.stderr)
-            .starts_with("berth open: which gateway? Pass --gateway"),
+        found.status.success(),
         "{}",
-        String::from_utf8_lossy(&nowhere.stderr)
+        String::from_utf8_lossy(&found.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&found.stdout).starts_with(&format!(
+            "http://{gateway}/w/default/web/.berth/login?ticket="
+        )),
+        "{}",
+        String::from_utf8_lossy(&found.stdout)
     );
     stop(&mut dev);
     // Stopped, berth dev leaves nothing behind: not its folder of volumes (pods' files, a copy
