@@ -218,6 +218,13 @@ impl Gateway {
         }))
     }
 
+    /// Stops its watches (a process that stops the API server first says nothing of them).
+    pub fn stop(&self) {
+        for watch in &self.0.watches {
+            watch.abort();
+        }
+    }
+
     /// Every route: `/healthz`, and every other path to [`handle`].
     pub fn router(&self) -> Router {
         Router::new()

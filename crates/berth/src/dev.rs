@@ -424,12 +424,12 @@ fn install_manifests() -> Result<Vec<(&'static str, String)>, String> {
 }
 
 /// The gateway (`berth gateway`), in this process, as its own service account with the RBAC
-/// of `deploy/gateway/`: its address.
+/// of `deploy/gateway/`: its address, and what stops it.
 async fn gateway(
     cluster: &berth_sim::SimCluster,
     client: &kube::Client,
     port: u16,
-) -> Result<std::net::SocketAddr, String> {
+) -> Result<(std::net::SocketAddr, impl FnOnce()), String> {
     berth_sim::manifests::create_all(client, berth_gateway::RBAC, "default")
         .await
         .map_err(|e| format!("cannot create deploy/gateway/rbac.yaml: {e}"))?;
@@ -456,12 +456,16 @@ async fn gateway(
     let gateway = berth_gateway::Gateway::start(gateway_client, config)
         .await
         .map_err(|e| format!("cannot start the gateway: {e}"))?;
-    tokio::spawn(berth_gateway::serve(
+    let serving = tokio::spawn(berth_gateway::serve(
         listener,
-        gateway,
+        gateway.clone(),
         std::future::pending(),
     ));
-    Ok(address)
+    let stop = move || {
+        serving.abort();
+        gateway.stop();
+    };
+    Ok((address, stop))
 }
 
 /// kustomize's `images:` transformer: a container image named `name` gets `newName`,
@@ -624,7 +628,7 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot create deploy/rbac/workspace-service-account.yaml: {e}"))?;
 
-    let gateway = gateway(&cluster, &client, args.gateway_port).await?;
+    let (gateway, stop_gateway) = gateway(&cluster, &client, args.gateway_port).await?;
     // The CLI finds the gateway in the kubeconfig: `berth open web` needs no --gateway.
     own_kubeconfig.text = name_gateway(&args.kubeconfig, &format!("http://{gateway}"))?;
 
@@ -741,6 +745,8 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
     if let Some(operator) = operator {
         operator.abort();
     }
+    // The gateway goes before the API server it watches (it would say it lost it).
+    stop_gateway();
     cluster.shutdown();
     drop(_git_daemon);
     remove_data(data).await;

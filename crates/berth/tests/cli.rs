@@ -800,6 +800,13 @@ fn dev_examples(mut command: Command) -> String {
         !dir.path().join("berth-dev.kubeconfig").exists(),
         "the kubeconfig is removed on exit"
     );
+    // A clean stop says nothing is wrong (the gateway stops before the API server it watches).
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("\"level\":\"ERROR\""))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}");
     stdout
 }
 
