@@ -398,3 +398,78 @@ fn shown<T: Serialize>(value: &T) -> String {
         other => other.to_string(),
     }
 }
+
+/// The port of `workspace` named `wanted` (or with that number; None: its first), among the
+/// ports in force: its own and its kind's, as the operator recorded the kind
+/// (`status.resolved`); else what it has, in words.
+pub fn port_in_force(
+    workspace: &crate::Workspace,
+    wanted: Option<&str>,
+) -> Result<crate::WorkspacePort, String> {
+    use kube::ResourceExt;
+    let ports = match workspace.status.as_ref().and_then(|s| s.resolved.as_ref()) {
+        Some(record) => record.apply(&workspace.spec).ports,
+        None => workspace.spec.ports.clone(),
+    };
+    let name = format!(
+        "{}/{}",
+        workspace.namespace().unwrap_or_default(),
+        workspace.name_any()
+    );
+    let found = match wanted {
+        Some(wanted) => ports
+            .iter()
+            .find(|p| p.name == wanted || p.port.to_string() == wanted),
+        None => ports.first(),
+    };
+    found.cloned().ok_or_else(|| {
+        let names: Vec<String> = ports
+            .iter()
+            .map(|p| format!("{} ({})", p.name, p.port))
+            .collect();
+        match wanted {
+            Some(wanted) => format!(
+                "workspace {name} has no port {wanted}; its ports: {}",
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            ),
+            None => format!("workspace {name} declares no port to open"),
+        }
+    })
+}
+
+#[cfg(test)]
+mod port_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_port_is_found_among_the_workspaces_own_and_its_kinds_by_name_or_number() {
+        let ws: crate::Workspace = serde_json::from_value(json!({
+            "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+            "metadata": {"name": "py", "namespace": "team"},
+            "spec": {"kind": "python", "ports": [{"name": "api", "port": 9000}]},
+            "status": {"resolved": {
+                "kind": "python",
+                "image": {"id": "py311", "spec": {"image": "devbox:1", "ports": [{"name": "http", "port": 8080}]}},
+                "pod": {"id": "small", "spec": {}}
+            }}
+        }))
+        .unwrap();
+        assert_eq!(
+            port_in_force(&ws, None).unwrap().name,
+            "http",
+            "the kind's come first"
+        );
+        assert_eq!(port_in_force(&ws, Some("9000")).unwrap().name, "api");
+        assert_eq!(port_in_force(&ws, Some("http")).unwrap().port, 8080);
+        assert_eq!(
+            port_in_force(&ws, Some("ssh")).unwrap_err(),
+            "workspace team/py has no port ssh; its ports: http (8080), api (9000)"
+        );
+    }
+}

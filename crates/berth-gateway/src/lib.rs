@@ -418,6 +418,10 @@ fn now() -> i64 {
 pub struct Ticket {
     /// The link's path on this gateway (`/w/<ns>/<ws>/.berth/login?ticket=...`).
     pub path: String,
+    /// The port's name it signs in to (the one asked for by name or number, else the
+    /// workspace's first).
+    #[serde(default)]
+    pub port: String,
     /// When it stops working (RFC 3339); it works once.
     pub expires_at: String,
 }
@@ -515,20 +519,22 @@ impl Gateway {
                 .insert(header::ALLOW, HeaderValue::from_static("POST"));
             return response;
         }
-        let (Some(namespace), Some(workspace), Some(port)) = (
+        let (Some(namespace), Some(workspace)) = (
             route::query_value(path, "namespace"),
             route::query_value(path, "workspace"),
-            route::query_value(path, "port"),
         ) else {
             return Page::new(StatusCode::BAD_REQUEST, "Which workspace?")
                 .line(format!(
-                    "{TICKETS}?namespace=<namespace>&workspace=<workspace>&port=<port name>"
+                    "{TICKETS}?namespace=<namespace>&workspace=<workspace>[&port=<port name or number>]"
                 ))
                 .answer(headers);
         };
+        // The port as asked (a name or a number; none: the first), checked once the caller is
+        // known: whoever may connect need not be able to read the workspace to name its port.
+        let asked = route::query_value(path, "port").filter(|p| !p.is_empty());
         let target = match route::target(
             None,
-            &format!("{}{namespace}/{workspace}/{port}/", route::PREFIX),
+            &format!("{}{namespace}/{workspace}/x/", route::PREFIX),
             None,
         ) {
             Ok(target) => target,
@@ -555,6 +561,10 @@ impl Gateway {
         if let Err(refusal) = access.authorize(&user, &namespace, &workspace).await {
             return refusal_page(refusal, &target).answer(headers);
         }
+        let port = match self.port_in_force(&target, asked.as_deref()).await {
+            Ok(port) => port,
+            Err(page) => return page.answer(headers),
+        };
         let claims = session::ticket(user, &namespace, &workspace, Some(&port), now());
         let signed = self.0.key.sign(&claims);
         let login = format!(
@@ -563,6 +573,7 @@ impl Gateway {
             route::OWN
         );
         let ticket = Ticket {
+            port,
             path: login,
             expires_at: jiff::Timestamp::from_second(claims.expires)
                 .map(|t| t.to_string())
@@ -805,13 +816,9 @@ impl Gateway {
     /// connect to the workspace; the same pod and port rules as HTTP.
     async fn tunnel(&self, own: Own, port: String, request: Request) -> Response {
         let headers = request.headers().clone();
-        let path = format!(
-            "{}{}/{}/{port}/",
-            route::PREFIX,
-            own.namespace,
-            own.workspace
-        );
-        let target = match route::target(None, &path, None) {
+        // The port (a name or a number) is checked once the caller is known.
+        let path = format!("{}{}/{}/x/", route::PREFIX, own.namespace, own.workspace);
+        let mut target = match route::target(None, &path, None) {
             Ok(target) => target,
             Err(NoTarget::Malformed(why)) => {
                 return Page::new(StatusCode::BAD_REQUEST, "Not a workspace address")
@@ -829,6 +836,10 @@ impl Gateway {
         {
             Ok((user, _)) => user,
             Err(refused) => return refused,
+        };
+        target.port = match self.port_in_force(&target, Some(&port)).await {
+            Ok(name) => name,
+            Err(page) => return page.answer(&headers),
         };
         let workspace = self.cached_workspace(&target);
         let backend = match self.backend(&target, workspace, None).await {
@@ -1182,6 +1193,18 @@ fn unavailable(e: kube::Error) -> Page {
 }
 
 impl Gateway {
+    /// The name of the port of `target`'s workspace asked for by name or number (None: its
+    /// first), among its ports in force; else the page that says which it has.
+    async fn port_in_force(&self, target: &Target, asked: Option<&str>) -> Result<String, Page> {
+        let workspace = match self.cached_workspace(target) {
+            Some(workspace) => (*workspace).clone(),
+            None => self.live(target).await?.0,
+        };
+        berth_api::resolution::port_in_force(&workspace, asked)
+            .map(|p| p.name)
+            .map_err(|why| Page::new(StatusCode::NOT_FOUND, "No such port").line(why))
+    }
+
     /// The workspace `target` names as the watch last saw it. Only the cache: what is read
     /// before a caller is authenticated must cost the API server nothing (`backend` reads the
     /// API itself when the cache does not show a ready pod).

@@ -167,11 +167,12 @@ pub async fn open(args: OpenArgs) -> Result<(), String> {
     let read = Api::<Workspace>::namespaced(client, &namespace)
         .get(&args.name)
         .await;
-    let port = match (read, &args.port) {
-        (Ok(ws), wanted) => port_of(&ws, wanted.as_deref())?.name,
-        // Allowed to connect but not to read the workspace: the gateway checks the port.
-        (Err(kube::Error::Api(status)), Some(port)) if status.code == 403 => port.clone(),
-        (Err(e), _) => {
+    let port = match read {
+        Ok(ws) => Some(berth_api::resolution::port_in_force(&ws, args.port.as_deref())?.name),
+        // Allowed to connect but not to read the workspace (berth-workspace-connect): the
+        // gateway finds the port, after checking who asks.
+        Err(kube::Error::Api(status)) if status.code == 403 => args.port.clone(),
+        Err(e) => {
             return Err(format!(
                 "cannot read workspace {}: {}",
                 args.name,
@@ -181,11 +182,14 @@ pub async fn open(args: OpenArgs) -> Result<(), String> {
     };
     let token = bearer_token(&config).await?;
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let query = form_urlencoded::Serializer::new(String::new())
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query
         .append_pair("namespace", &namespace)
-        .append_pair("workspace", &args.name)
-        .append_pair("port", &port)
-        .finish();
+        .append_pair("workspace", &args.name);
+    if let Some(port) = &port {
+        query.append_pair("port", port);
+    }
+    let query = query.finish();
     let url = format!("{gateway}{}?{query}", berth_gateway::TICKETS);
     let answer = reqwest::Client::new()
         .post(&url)
@@ -213,6 +217,10 @@ pub async fn open(args: OpenArgs) -> Result<(), String> {
         .map_err(|e| format!("{url} did not answer as berth gateway does: {e}"))?;
     let link = format!("{gateway}{}", ticket.path);
     println!("{link}");
+    let port = match ticket.port.is_empty() {
+        true => port.unwrap_or_default(),
+        false => ticket.port,
+    };
     eprintln!(
         "berth open: workspace {namespace}/{}, port {port}: the link works once, until {}",
         args.name, ticket.expires_at
@@ -221,39 +229,6 @@ pub async fn open(args: OpenArgs) -> Result<(), String> {
         open_browser(&link);
     }
     Ok(())
-}
-
-/// The port of `ws` named `wanted` (or with that number; None: its first), among the ports in
-/// force: its own and its kind's, as the operator recorded the kind (`status.resolved`).
-fn port_of(ws: &Workspace, wanted: Option<&str>) -> Result<berth_api::WorkspacePort, String> {
-    let ports = match ws.status.as_ref().and_then(|s| s.resolved.as_ref()) {
-        Some(record) => record.apply(&ws.spec).ports,
-        None => ws.spec.ports.clone(),
-    };
-    let name = format!("{}/{}", ws.namespace().unwrap_or_default(), ws.name_any());
-    let found = match wanted {
-        Some(wanted) => ports
-            .iter()
-            .find(|p| p.name == wanted || p.port.to_string() == wanted),
-        None => ports.first(),
-    };
-    found.cloned().ok_or_else(|| {
-        let names: Vec<String> = ports
-            .iter()
-            .map(|p| format!("{} ({})", p.name, p.port))
-            .collect();
-        match wanted {
-            Some(wanted) => format!(
-                "workspace {name} has no port {wanted}; its ports: {}",
-                if names.is_empty() {
-                    "none".to_owned()
-                } else {
-                    names.join(", ")
-                }
-            ),
-            None => format!("workspace {name} declares no port to open"),
-        }
-    })
 }
 
 /// The gateway's address from `--gateway` or `BERTH_GATEWAY`, without a trailing slash.
@@ -368,18 +343,30 @@ pub async fn port_forward(args: PortForwardArgs) -> Result<(), String> {
         };
     let client =
         Client::try_from(config.clone()).map_err(|e| format!("cannot build a client: {e}"))?;
-    let ws = Api::<Workspace>::namespaced(client, &namespace)
+    let read = Api::<Workspace>::namespaced(client, &namespace)
         .get(&args.name)
-        .await
-        .map_err(|e| format!("cannot read workspace {}: {}", args.name, api_words(&e)))?;
-    let port = port_of(&ws, Some(&wanted))?;
-    let local = local.unwrap_or_else(|| u16::try_from(port.port).unwrap_or(0));
-    let websocket = own_websocket(
-        &gateway,
-        &namespace,
-        &args.name,
-        &format!("tcp/{}", port.name),
-    );
+        .await;
+    // (name, number): from the workspace; allowed to connect but not to read it
+    // (berth-workspace-connect), as asked, and the gateway finds it after checking who asks.
+    let (name, number) = match read {
+        Ok(ws) => {
+            let port = berth_api::resolution::port_in_force(&ws, Some(&wanted))?;
+            (port.name, u16::try_from(port.port).ok())
+        }
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            (wanted.clone(), wanted.parse::<u16>().ok())
+        }
+        Err(e) => {
+            return Err(format!(
+                "cannot read workspace {}: {}",
+                args.name,
+                api_words(&e)
+            ));
+        }
+    };
+    // Without a local port: the workspace's number, else a free one.
+    let local = local.or(number).unwrap_or(0);
+    let websocket = own_websocket(&gateway, &namespace, &args.name, &format!("tcp/{name}"));
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Refused now rather than at the first connection: who may not connect, a stopped
     // workspace, a port that does not answer.
@@ -390,8 +377,12 @@ pub async fn port_forward(args: PortForwardArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {}:{local}: {e}", args.address))?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     println!(
-        "Forwarding from {bound} -> workspace {namespace}/{} port {} ({})",
-        args.name, port.name, port.port
+        "Forwarding from {bound} -> workspace {namespace}/{} port {}",
+        args.name,
+        match number {
+            Some(number) if number.to_string() != name => format!("{name} ({number})"),
+            _ => name.clone(),
+        }
     );
     let _ = std::io::Write::flush(&mut std::io::stdout());
     let websocket = std::sync::Arc::new(websocket);
@@ -710,32 +701,6 @@ mod tests {
         assert!(
             table(["NAMESPACE", "NAME", "PHASE", "MESSAGE"], &rows, true)
                 .starts_with("NAMESPACE   NAME")
-        );
-    }
-
-    #[test]
-    fn a_port_is_found_among_the_workspaces_own_and_its_kinds_by_name_or_number() {
-        let ws: Workspace = serde_json::from_value(json!({
-            "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
-            "metadata": {"name": "py", "namespace": "team"},
-            "spec": {"kind": "python", "ports": [{"name": "api", "port": 9000}]},
-            "status": {"resolved": {
-                "kind": "python",
-                "image": {"id": "py311", "spec": {"image": "devbox:1", "ports": [{"name": "http", "port": 8080}]}},
-                "pod": {"id": "small", "spec": {}}
-            }}
-        }))
-        .unwrap();
-        assert_eq!(
-            port_of(&ws, None).unwrap().name,
-            "http",
-            "the kind's come first"
-        );
-        assert_eq!(port_of(&ws, Some("9000")).unwrap().name, "api");
-        assert_eq!(port_of(&ws, Some("http")).unwrap().port, 8080);
-        assert_eq!(
-            port_of(&ws, Some("ssh")).unwrap_err(),
-            "workspace team/py has no port ssh; its ports: http (8080), api (9000)"
         );
     }
 }

@@ -1130,12 +1130,64 @@ async fn a_tcp_tunnel_reaches_the_workspaces_port_for_an_allowed_caller_only() {
         }
         other => panic!("bob is refused: {:?}", other.map(|(_, r)| r.status())),
     }
+    // A port by its number too (a caller who may not read the workspace knows no names).
+    let (socket, _) = open(alice.clone(), "8080")
+        .await
+        .expect("the tunnel to port 8080");
+    drop(socket);
     match open(alice, "ssh").await {
         Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
             assert_eq!(response.status(), StatusCode::NOT_FOUND);
         }
         other => panic!("no port ssh: {:?}", other.map(|(_, r)| r.status())),
     }
+}
+
+/// `berth open` for someone who may connect to a workspace but not read it
+/// (`berth-workspace-connect`): the gateway picks the port, by name, by number or the first,
+/// once it knows who asks, and says which ports there are when there is no such one.
+#[tokio::test]
+async fn a_login_link_names_its_port_for_a_caller_who_cannot_read_the_workspace() {
+    let h = Harness::start().await;
+    let first = gateway(&h).await;
+    served(&h, "web").await;
+    let alice = developer(&h, "alice", &["web"]).await;
+    let auth = format!("Bearer {alice}");
+    let mint = |query: &'static str| {
+        let auth = auth.clone();
+        async move {
+            call(
+                first,
+                http::Method::POST,
+                &format!("/.berth/tickets?namespace=default&workspace=web{query}"),
+                &[("authorization", &auth)],
+                "",
+            )
+            .await
+        }
+    };
+    for query in ["", "&port=http", "&port=8080"] {
+        let minted = mint(query).await;
+        assert_eq!(minted.status, StatusCode::OK, "{query}: {}", minted.text());
+        assert_eq!(minted.json()["port"], "http", "{query}");
+        let path = minted.json()["path"].as_str().unwrap().to_owned();
+        let login = get(first, &path, &[]).await;
+        assert_eq!(login.headers[header::LOCATION], "/w/default/web/http/");
+    }
+    let none = mint("&port=ssh").await;
+    assert_eq!(none.status, StatusCode::NOT_FOUND);
+    none.says("workspace default/web has no port ssh; its ports: http (8080)");
+    // Who asks is checked before anything of the workspace is said.
+    let bob = developer(&h, "bob", &[]).await;
+    let refused = call(
+        first,
+        http::Method::POST,
+        "/.berth/tickets?namespace=default&workspace=web&port=ssh",
+        &[("authorization", &format!("Bearer {bob}"))],
+        "",
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
 }
 
 /// What an admin and a developer see of a port's options: a workspace's own port marked
