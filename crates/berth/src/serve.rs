@@ -25,8 +25,20 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
         args.dir.display(),
         args.listen
     );
-    let files = axum::Router::new().fallback_service(tower_http::services::ServeDir::new(args.dir));
+    // Never kept by a browser: once the workspace stops, the same address must show the
+    // gateway's page saying so (and offering to start it), not a copy of the app.
+    let files = axum::Router::new()
+        .fallback_service(tower_http::services::ServeDir::new(args.dir))
+        .layer(axum::middleware::map_response(no_store));
     axum::serve(listener, files)
         .await
         .map_err(|e| format!("serving stopped: {e}"))
+}
+
+async fn no_store(mut response: axum::response::Response) -> axum::response::Response {
+    response.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    response
 }

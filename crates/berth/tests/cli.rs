@@ -2468,3 +2468,39 @@ fn every_flag_has_its_default_and_environment_variable_in_help() {
     }
     assert!(missing.is_empty(), "{missing:#?}");
 }
+
+/// `berth serve` serves a folder's files, never to be kept by a browser: once the workspace
+/// stops, the same address shows the gateway's page (and its start button), not a copy.
+#[test]
+fn serve_serves_files_a_browser_does_not_keep() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("index.html"), "hello\n").unwrap();
+    let port = free_port();
+    let mut serve = Command::new(BERTH)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let response = poll(Duration::from_secs(20), "berth serve to answer", || {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        stream
+            .write_all(b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        Some(response)
+    });
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert!(response.starts_with("HTTP/1.0 200"), "{response}");
+    assert!(
+        response
+            .lines()
+            .any(|l| l.eq_ignore_ascii_case("cache-control: no-store")),
+        "{response}"
+    );
+    assert!(response.ends_with("hello\n"), "{response}");
+}
