@@ -722,11 +722,6 @@ async fn kubectl_get_shows_the_real_columns_of_config_maps_secrets_and_accounts(
         .ok(&["create", "secret", "generic", "token", "--from-literal=t=x"])
         .await;
     kubectl.ok(&["create", "serviceaccount", "builder"]).await;
-    let words = |text: &str| -> Vec<Vec<String>> {
-        text.lines()
-            .map(|l| l.split_whitespace().map(str::to_owned).collect())
-            .collect()
-    };
     let maps = words(&kubectl.ok(&["get", "configmap", "settings"]).await);
     assert_eq!(maps[0], ["NAME", "DATA", "AGE"]);
     assert_eq!(maps[1][..2], ["settings", "2"]);
@@ -765,11 +760,6 @@ async fn kubectl_get_shows_the_real_columns_of_workloads_and_an_external_name() 
     kubectl
         .ok(&["rollout", "status", "deployment/web", "--timeout=30s"])
         .await;
-    let words = |text: &str| -> Vec<Vec<String>> {
-        text.lines()
-            .map(|l| l.split_whitespace().map(str::to_owned).collect())
-            .collect()
-    };
     let deployments = words(&kubectl.ok(&["get", "deployment", "web"]).await);
     assert_eq!(
         deployments[0],
@@ -893,11 +883,6 @@ subjects:
     kubectl
         .run_with_input(&["apply", "-f", "-"], manifest)
         .await;
-    let words = |text: &str| -> Vec<Vec<String>> {
-        text.lines()
-            .map(|l| l.split_whitespace().map(str::to_owned).collect())
-            .collect()
-    };
     let leases = words(&kubectl.ok(&["get", "lease", "leader"]).await);
     assert_eq!(leases[0], ["NAME", "HOLDER", "AGE"]);
     assert_eq!(leases[1][..2], ["leader", "replica-a"]);
@@ -948,4 +933,11 @@ subjects:
     );
     assert_eq!(claim[1][3..5], ["1Gi", "RWO"]);
     assert_eq!(claim[1][6], "<unset>");
+}
+
+/// A table kubectl printed, as its rows' words.
+fn words(text: &str) -> Vec<Vec<String>> {
+    text.lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect()
 }
