@@ -113,8 +113,14 @@ fn start_local(request: &Request) -> Result<Session, String> {
     let mut command = std::process::Command::new(program);
     command.args(args);
     // A shell starts in the home, as sshd starts one.
-    if let Some(home) = std::env::var_os("HOME").filter(|h| std::path::Path::new(h).is_dir()) {
-        command.current_dir(home);
+    if let Some((home, given)) = home(
+        std::env::var_os("HOME"),
+        std::env::var_os(berth_api::agent::HOME_ENV),
+    ) {
+        command.current_dir(&home);
+        if !given {
+            command.env("HOME", &home);
+        }
     }
     let fail = |e: &dyn std::fmt::Display| start_error(&request.command, e);
     if !request.tty {
@@ -196,6 +202,20 @@ fn start_local(request: &Request) -> Result<Session, String> {
         exited,
         hang_up: Some(Box::new(move || hang_up(pid))),
     })
+}
+
+/// The home a shell starts in, and whether it is `HOME` itself: `HOME`, unless it is unset or
+/// `/` (an image's user without a home), then the workspace's home volume (`BERTH_HOME`),
+/// which also becomes its `HOME`; None: the container's working directory.
+fn home(
+    home: Option<std::ffi::OsString>,
+    volume: Option<std::ffi::OsString>,
+) -> Option<(std::path::PathBuf, bool)> {
+    let is_dir = |p: &std::ffi::OsString| std::path::Path::new(p).is_dir();
+    match home.filter(|h| h != "/" && is_dir(h)) {
+        Some(home) => Some((home.into(), true)),
+        None => volume.filter(is_dir).map(|v| (v.into(), false)),
+    }
 }
 
 fn winsize(columns: u16, rows: u16) -> nix::pty::Winsize {
@@ -417,5 +437,31 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shell_starts_in_its_users_home_else_the_workspaces() {
+        let dir = std::env::temp_dir();
+        let dir_text = dir.clone().into_os_string();
+        let os = |s: &str| Some(std::ffi::OsString::from(s));
+        assert_eq!(
+            home(Some(dir_text.clone()), os("/nowhere")),
+            Some((dir.clone(), true))
+        );
+        assert_eq!(
+            home(os("/"), Some(dir_text.clone())),
+            Some((dir.clone(), false))
+        );
+        assert_eq!(
+            home(None, Some(dir_text.clone())),
+            Some((dir.clone(), false))
+        );
+        assert_eq!(home(os("/"), None), None);
+        assert_eq!(home(os("/no/such/home"), os("/no/such/volume")), None);
     }
 }

@@ -14,6 +14,9 @@ pub const TLS_KEY_ENV: &str = "BERTH_AGENT_TLS_KEY";
 pub const ACTIVITY_PORTS_ENV: &str = "BERTH_AGENT_ACTIVITY_PORTS";
 /// The variable carrying the content to clone (a [`ContentSpec`] as JSON).
 pub const CONTENT_ENV: &str = "BERTH_CONTENT";
+/// The variable naming where the workspace's home volume is mounted: a shell starts there when
+/// the image gives its user no home of its own.
+pub const HOME_ENV: &str = "BERTH_HOME";
 /// Where the credentials' secret is mounted in the workspace container.
 pub const CREDENTIALS_DIR: &str = "/etc/berth/content-auth";
 

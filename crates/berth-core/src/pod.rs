@@ -402,6 +402,20 @@ fn agent_env(workspace: &Workspace, agent: &AgentConfig) -> Vec<EnvVar> {
             .collect();
         value(berth_api::agent::ACTIVITY_PORTS_ENV, ports.join(","))
     }))
+    .chain(
+        workspace
+            .spec
+            .pod_template
+            .as_ref()
+            .and_then(|t| t.volumes.as_ref())
+            .and_then(|v| v.home.as_ref())
+            .map(|home| {
+                value(
+                    berth_api::agent::HOME_ENV,
+                    home.mount_path.as_str().to_owned(),
+                )
+            }),
+    )
     .chain(content_spec(workspace).map(|content| {
         value(
             berth_api::agent::CONTENT_ENV,
@@ -957,7 +971,8 @@ pub(crate) mod tests {
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": "BERTH_AGENT_SERVICE_ACCOUNT", "value": "team-a:dev"},
                 {"name": "BERTH_AGENT_PORT", "value": "50051"},
-                {"name": "BERTH_AGENT_ACTIVITY_PORTS", "value": "8080"}
+                {"name": "BERTH_AGENT_ACTIVITY_PORTS", "value": "8080"},
+                {"name": "BERTH_HOME", "value": "/home/dev"}
             ])
         );
         assert_eq!(spec["containers"].as_array().unwrap().len(), 1);
@@ -1175,6 +1190,26 @@ pub(crate) mod tests {
                 "kubelet gRPC probes cannot speak TLS"
             );
         }
+    }
+
+    #[test]
+    fn the_agent_knows_where_the_home_volume_is_so_a_shell_starts_there() {
+        let home = json!({"volumes": {"home": {"size": "1Gi", "mountPath": "/home/dev"}}});
+        let env_of = |spec: serde_json::Value| {
+            let pod = build_pod(&workspace("t", spec), &AgentConfig::default());
+            let spec = serde_json::to_value(pod.spec.unwrap()).unwrap();
+            spec["containers"][0]["env"].clone()
+        };
+        let with =
+            env_of(json!({"image": "devbox:1", "command": ["sleep", "1"], "podTemplate": home}));
+        assert!(
+            with.as_array()
+                .unwrap()
+                .contains(&json!({"name": "BERTH_HOME", "value": "/home/dev"})),
+            "{with}"
+        );
+        let without = env_of(json!({"image": "devbox:1", "command": ["sleep", "1"]}));
+        assert!(!without.to_string().contains("BERTH_HOME"), "{without}");
     }
 
     #[test]

@@ -118,7 +118,7 @@ fn exec_in(processes: ProcessRuntime, context: ContainerContext) -> berth_agent:
             let mut command: Vec<String> = [
                 "/bin/sh",
                 "-c",
-                "cd \"$HOME\" 2>/dev/null; exec \"$@\"",
+                "if [ \"${HOME:-/}\" = / ] && [ -d \"$BERTH_HOME\" ]; then export HOME=\"$BERTH_HOME\"; fi; [ \"${HOME:-/}\" = / ] || cd \"$HOME\" 2>/dev/null; exec \"$@\"",
                 "berth-shell",
             ]
             .map(str::to_owned)
