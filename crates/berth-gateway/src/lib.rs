@@ -474,12 +474,29 @@ impl Gateway {
                         .answer(headers));
                 }
                 None => {
-                    return Err(Page::new(StatusCode::UNAUTHORIZED, "Sign in to reach this workspace")
+                    let mut page = Page::new(StatusCode::UNAUTHORIZED, "Sign in to reach this workspace")
                         .line(format!(
                             "Workspace {}/{} needs a Kubernetes credential: send your bearer token (Authorization: Bearer ...), as kubectl does, or open the login link `berth open {} -n {}` prints.",
                             target.namespace, target.workspace, target.workspace, target.namespace
-                        ))
-                        .answer(headers));
+                        ));
+                    // A browser that came by the path route: its session is on the host.
+                    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+                    if let Some(domain) = self.0.config.base_domain.as_deref()
+                        && route::checked_host(host, Some(domain)).is_none()
+                        && !target.port.is_empty()
+                    {
+                        page = page.line(format!(
+                            "This gateway keeps a browser's session on each workspace's own host: {}.",
+                            route::workspace_host_name(
+                                &target.port,
+                                &target.workspace,
+                                &target.namespace,
+                                domain,
+                                host
+                            )
+                        ));
+                    }
+                    return Err(page.answer(headers));
                 }
             }
         };
@@ -532,19 +549,11 @@ impl Gateway {
         // The port as asked (a name or a number; none: the first), checked once the caller is
         // known: whoever may connect need not be able to read the workspace to name its port.
         let asked = route::query_value(path, "port").filter(|p| !p.is_empty());
-        let target = match route::target(
-            None,
-            &format!("{}{namespace}/{workspace}/x/", route::PREFIX),
-            None,
-        ) {
+        let target = match route::workspace(&namespace, &workspace) {
             Ok(target) => target,
-            Err(NoTarget::Malformed(why)) => {
+            Err(why) => {
                 return Page::new(StatusCode::BAD_REQUEST, "Not a workspace address")
                     .line(why)
-                    .answer(headers);
-            }
-            Err(_) => {
-                return Page::new(StatusCode::BAD_REQUEST, "Not a workspace address")
                     .answer(headers);
             }
         };
@@ -768,16 +777,7 @@ impl Gateway {
                         false => page.line(format!("The authorizer said: {reason}")),
                     }
                 }
-                other => refusal_page(
-                    other,
-                    &route::Target {
-                        namespace: own.namespace.clone(),
-                        workspace: own.workspace.clone(),
-                        port: String::new(),
-                        path: String::new(),
-                        prefix: String::new(),
-                    },
-                ),
+                other => refusal_page(other, &own.target()),
             }
             .answer(&headers);
         }
@@ -817,19 +817,7 @@ impl Gateway {
     async fn tunnel(&self, own: Own, port: String, request: Request) -> Response {
         let headers = request.headers().clone();
         // The port (a name or a number) is checked once the caller is known.
-        let path = format!("{}{}/{}/x/", route::PREFIX, own.namespace, own.workspace);
-        let mut target = match route::target(None, &path, None) {
-            Ok(target) => target,
-            Err(NoTarget::Malformed(why)) => {
-                return Page::new(StatusCode::BAD_REQUEST, "Not a workspace address")
-                    .line(why)
-                    .answer(&headers);
-            }
-            Err(_) => {
-                return Page::new(StatusCode::BAD_REQUEST, "Not a workspace address")
-                    .answer(&headers);
-            }
-        };
+        let mut target = own.target();
         let user = match self
             .caller(&headers, &target, peer_of(&request), request.method())
             .await
@@ -883,13 +871,7 @@ impl Gateway {
     /// could otherwise open a shell in another with its visitor's cookie.
     async fn shell(&self, own: Own, request: Request) -> Response {
         let headers = request.headers().clone();
-        let target = Target {
-            namespace: own.namespace.clone(),
-            workspace: own.workspace.clone(),
-            port: String::new(),
-            path: "/".to_owned(),
-            prefix: String::new(),
-        };
+        let target = own.target();
         let name = format!("{}/{}", own.namespace, own.workspace);
         if route::bearer(&headers).is_none() {
             return Page::new(StatusCode::UNAUTHORIZED, "A shell needs your credential")

@@ -115,6 +115,35 @@ pub fn own(host: Option<&str>, path_and_query: &str, domain: Option<&str>) -> Op
     })
 }
 
+impl Own {
+    /// The workspace as a whole, before any port (its names were checked by [`own`]).
+    pub fn target(&self) -> Target {
+        Target {
+            namespace: self.namespace.clone(),
+            workspace: self.workspace.clone(),
+            port: String::new(),
+            path: "/".to_owned(),
+            // As [`target`] has it: the path route's prefix, none on a host.
+            prefix: self.base.trim_end_matches('/').to_owned(),
+        }
+    }
+}
+
+/// A workspace as a whole on the path route, before a port is chosen (a login link asked for
+/// by name), its names checked as [`target`] checks them.
+pub fn workspace(namespace: &str, workspace: &str) -> Result<Target, String> {
+    match check_names(namespace, workspace, "own") {
+        Err(NoTarget::Malformed(why)) => Err(why),
+        _ => Ok(Target {
+            namespace: namespace.to_owned(),
+            workspace: workspace.to_owned(),
+            port: String::new(),
+            path: "/".to_owned(),
+            prefix: format!("{PREFIX}{namespace}/{workspace}"),
+        }),
+    }
+}
+
 /// Where the session cookie for `target`'s workspace is sent (as [`Own::base`]).
 pub fn session_base(target: &Target) -> String {
     if target.prefix.is_empty() {
@@ -486,6 +515,24 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workspace_as_a_whole_has_names_the_api_server_accepts() {
+        let target = workspace("team-a", "web").unwrap();
+        assert_eq!(
+            (target.namespace.as_str(), target.port.as_str()),
+            ("team-a", "")
+        );
+        assert_eq!(session_base(&target), "/w/team-a/web/");
+        assert_eq!(
+            workspace("Team", "web").unwrap_err(),
+            "\"Team\" is not a namespace name"
+        );
+        assert_eq!(
+            workspace("team-a", "web/x").unwrap_err(),
+            "\"web/x\" is not a workspace name"
+        );
+    }
 
     fn ok(t: Result<Target, NoTarget>) -> (String, String, String, String) {
         let t = t.expect("a target");

@@ -928,10 +928,19 @@ async fn a_session_ends_when_its_service_account_is_deleted() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let again = get(first, "/w/default/web/http/", &[("cookie", &cookie)]).await;
+    let again = eventually(
+        Duration::from_secs(30),
+        "the old session refused as another account's",
+        || async {
+            let answer = get(first, "/w/default/web/http/", &[("cookie", &cookie)]).await;
+            answer
+                .text()
+                .contains("was deleted and made again")
+                .then_some(answer)
+        },
+    )
+    .await;
     assert_eq!(again.status, StatusCode::UNAUTHORIZED, "{}", again.text());
-    again.says("was deleted and made again");
 }
 
 /// What a caller says of where it comes from never reaches the workspace as the gateway's
@@ -1748,6 +1757,14 @@ async fn a_page_of_one_workspace_cannot_use_a_session_for_another() {
             "document.querySelector('h1') && document.querySelector('h1').innerText === 'Sign in to reach this workspace'",
         )
         .await;
+    let text = browser.eval("document.body.innerText").await;
+    assert!(
+        text.as_str().unwrap().contains(&format!(
+            "This gateway keeps a browser's session on each workspace's own host: {}.",
+            host_of("bob")
+        )),
+        "{text}"
+    );
 }
 
 /// A `berth shell` through the gateway, as the CLI speaks it: the start, then what comes back
