@@ -21,7 +21,7 @@ use tonic::{
 
 use crate::proto::{
     GetActivityRequest, GetActivityResponse, GetContentRequest, GetContentResponse,
-    HeartbeatRequest, ShellInput, ShellOutput, WhoAmIRequest, WhoAmIResponse,
+    HeartbeatRequest, ShellInput, ShellOutput, SshInput, SshOutput, WhoAmIRequest, WhoAmIResponse,
     agent_client::AgentClient,
 };
 
@@ -115,6 +115,24 @@ pub async fn shell(
     // No deadline: it would bound the shell.
     let request = bearer(Request::new(inputs), address, token)?;
     let opened = tokio::time::timeout(timeout, client.shell(request))
+        .await
+        .map_err(|_| unreachable(address, format!("no answer within {timeout:?}")))?;
+    answer(address, opened)
+}
+
+/// Opens an SSH connection on the agent at `address` as the bearer of `token`: `inputs` go to
+/// it (its start first), its host key and then the server's bytes come back. `timeout` bounds
+/// connecting and the agent's checks, not the connection.
+pub async fn ssh(
+    address: &str,
+    token: &str,
+    timeout: std::time::Duration,
+    tls: Option<&ClientTls>,
+    inputs: impl tokio_stream::Stream<Item = SshInput> + Send + 'static,
+) -> Result<tonic::Streaming<SshOutput>, CallError> {
+    let mut client = connect_for(address, timeout, None, tls).await?;
+    let request = bearer(Request::new(inputs), address, token)?;
+    let opened = tokio::time::timeout(timeout, client.ssh(request))
         .await
         .map_err(|_| unreachable(address, format!("no answer within {timeout:?}")))?;
     answer(address, opened)

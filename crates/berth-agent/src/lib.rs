@@ -14,6 +14,7 @@ pub mod server;
 pub mod shell;
 #[cfg(feature = "sim")]
 pub mod sim_runtime;
+pub mod ssh;
 pub mod supervisor;
 
 /// The generated protobuf and gRPC code.

@@ -28,13 +28,33 @@ use crate::{
     content::Content,
     proto::{
         GetActivityRequest, GetActivityResponse, GetContentRequest, GetContentResponse,
-        HeartbeatRequest, HeartbeatResponse, ShellInput, ShellOutput, WhoAmIRequest,
-        WhoAmIResponse,
+        HeartbeatRequest, HeartbeatResponse, ShellInput, ShellOutput, SshInput, SshOutput,
+        WhoAmIRequest, WhoAmIResponse,
         agent_server::{Agent, AgentServer},
         shell_input::Input,
+        ssh_input, ssh_output,
     },
     shell::Shells,
+    ssh::Ssh,
 };
+
+/// What the agent opens in the workspace: shells (and SSH sessions) as `shells` says, with
+/// SSH's host key kept in `home` (the workspace's home volume; None: in memory only).
+#[derive(Clone)]
+pub struct Inside {
+    pub shells: Shells,
+    pub home: Option<std::path::PathBuf>,
+}
+
+impl Inside {
+    /// Opens nothing, saying `why`.
+    pub fn nothing(why: &str) -> Self {
+        Inside {
+            shells: Shells::Unavailable(why.to_owned()),
+            home: None,
+        }
+    }
+}
 
 /// The service.
 pub struct AgentService {
@@ -42,6 +62,7 @@ pub struct AgentService {
     activity: Arc<Activity>,
     content: Arc<Content>,
     shells: Shells,
+    ssh: Arc<Ssh>,
 }
 
 impl AgentService {
@@ -49,13 +70,14 @@ impl AgentService {
         auth: Arc<Authenticator>,
         activity: Arc<Activity>,
         content: Arc<Content>,
-        shells: Shells,
+        inside: Inside,
     ) -> Self {
         AgentService {
             auth,
             activity,
             content,
-            shells,
+            ssh: Arc::new(Ssh::new(inside.home, inside.shells.clone())),
+            shells: inside.shells,
         }
     }
 
@@ -77,6 +99,10 @@ impl AgentService {
             .await
     }
 }
+
+/// The output of an SSH connection, as the agent streams it.
+pub type SshStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<SshOutput, Status>> + Send + 'static>>;
 
 /// The output of a shell, as the agent streams it.
 pub type ShellStream =
@@ -147,6 +173,14 @@ impl Agent for AgentService {
     }
 
     type ShellStream = ShellStream;
+    type SshStream = SshStream;
+
+    async fn ssh(
+        &self,
+        request: Request<tonic::Streaming<SshInput>>,
+    ) -> Result<Response<SshStream>, Status> {
+        self.open_ssh(request).await
+    }
 
     async fn shell(
         &self,
@@ -209,6 +243,89 @@ impl Agent for AgentService {
     }
 }
 
+/// How many bytes of an SSH connection are buffered each way between the stream and the SSH
+/// server.
+const SSH_BUFFER: usize = 256 * 1024;
+
+impl AgentService {
+    /// The `Ssh` call: the host key first, then the SSH server over the stream's bytes.
+    async fn open_ssh(
+        &self,
+        request: Request<tonic::Streaming<SshInput>>,
+    ) -> Result<Response<SshStream>, Status> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let caller = self.caller_for(&request, Verb::Shell).await?;
+        let mut inputs = request.into_inner();
+        let start = match inputs.message().await?.and_then(|m| m.input) {
+            Some(ssh_input::Input::Start(start)) => start,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "an SSH stream's first input must be its start",
+                ));
+            }
+        };
+        let host_key = self.ssh.host_key_line().map_err(Status::internal)?;
+        let (out, stream) = tokio::sync::mpsc::channel(16);
+        let _ = out
+            .send(Ok(SshOutput {
+                output: Some(ssh_output::Output::HostKey(host_key)),
+            }))
+            .await;
+        if !start.host_key_only {
+            let on_behalf_of: String = start
+                .on_behalf_of
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(crate::activity::MAX_SOURCE)
+                .collect();
+            tracing::info!(caller = %caller.username, %on_behalf_of, "SSH connection opened");
+            let (ours, theirs) = tokio::io::duplex(SSH_BUFFER);
+            let (mut from_server, mut to_server) = tokio::io::split(ours);
+            let (ssh, activity) = (self.ssh.clone(), self.activity.clone());
+            let served = tokio::spawn(async move {
+                if let Err(e) = ssh.serve(theirs, activity, &on_behalf_of).await {
+                    tracing::info!(%on_behalf_of, error = %e, "SSH connection ended");
+                }
+            });
+            // The client's bytes to the server; its end (or the caller gone) ends the server's
+            // input, and the connection with it.
+            tokio::spawn(async move {
+                while let Ok(Some(message)) = inputs.message().await {
+                    if let Some(ssh_input::Input::Data(bytes)) = message.input
+                        && to_server.write_all(&bytes).await.is_err()
+                    {
+                        break;
+                    }
+                }
+                let _ = to_server.shutdown().await;
+            });
+            tokio::spawn(async move {
+                let mut buffer = vec![0u8; 32 * 1024];
+                loop {
+                    tokio::select! {
+                        read = from_server.read(&mut buffer) => match read {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => {
+                                let chunk = SshOutput {
+                                    output: Some(ssh_output::Output::Data(buffer[..n].to_vec())),
+                                };
+                                if out.send(Ok(chunk)).await.is_err() {
+                                    break;
+                                }
+                            }
+                        },
+                        () = out.closed() => break,
+                    }
+                }
+                served.abort();
+            });
+        }
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(stream),
+        )))
+    }
+}
+
 /// The agent's TLS certificate (it must name [`crate::TLS_SERVER_NAME`]) and key, PEM.
 #[derive(Clone)]
 pub struct TlsIdentity {
@@ -217,14 +334,14 @@ pub struct TlsIdentity {
 }
 
 /// Serves the agent and the health service on `listener` until `shutdown` resolves, over TLS
-/// when given an identity, sampling `activity` meanwhile, opening shells as `shells` says.
+/// when given an identity, sampling `activity` meanwhile, opening shells and SSH as `inside` says.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     auth: Arc<Authenticator>,
     tls: Option<TlsIdentity>,
     activity: Arc<Activity>,
     content: Arc<Content>,
-    shells: Shells,
+    inside: Inside,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let sampler = tokio::spawn(activity.clone().run());
@@ -247,7 +364,7 @@ pub async fn serve(
     builder
         .add_service(health_service)
         .add_service(AgentServer::new(AgentService::new(
-            auth, activity, content, shells,
+            auth, activity, content, inside,
         )))
         .serve_with_incoming_shutdown(Incoming::new(listener), shutdown)
         .await

@@ -297,7 +297,7 @@ impl AsyncWrite for Terminal {
 }
 
 /// The end-of-file character a terminal's line discipline takes as "no more input" (^D).
-const END_OF_FILE: u8 = 0x04;
+pub(crate) const END_OF_FILE: u8 = 0x04;
 
 /// How long output may still come after the command exited (from what it left running, or
 /// still in the pipes) before its exit code is sent.
@@ -421,7 +421,7 @@ async fn pump(
 }
 
 /// Hangs a command up when dropped, unless it exited.
-struct HangUp(Option<Box<dyn FnOnce() + Send>>);
+pub(crate) struct HangUp(pub(crate) Option<Box<dyn FnOnce() + Send>>);
 
 impl Drop for HangUp {
     fn drop(&mut self) {
@@ -432,7 +432,7 @@ impl Drop for HangUp {
 }
 
 /// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

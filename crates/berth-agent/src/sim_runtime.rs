@@ -415,6 +415,12 @@ pub fn start_agent(
                     serve_port(listener, pod).await
                 }));
             }
+            // SSH's host key is kept in the home volume's folder, as in a pod.
+            let inside = crate::server::Inside {
+                home: env(&context.container, berth_api::agent::HOME_ENV)
+                    .and_then(|home| home_dir(&context, &home, claims.as_ref()).ok()),
+                shells,
+            };
             let stop_content = Arc::new(AtomicBool::new(false));
             if let Some(spec) = content.spec() {
                 let home = home_dir(&context, &spec.home, claims.as_ref())?;
@@ -447,7 +453,7 @@ pub fn start_agent(
             let served = content.clone();
             tokio::spawn(async move {
                 let result =
-                    crate::server::serve(listener, auth, tls, activity, served, shells, async {
+                    crate::server::serve(listener, auth, tls, activity, served, inside, async {
                         let _ = stop_rx.await;
                     })
                     .await;

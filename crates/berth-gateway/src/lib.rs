@@ -17,6 +17,7 @@ pub mod pages;
 pub mod route;
 pub mod session;
 pub mod shell;
+pub mod ssh;
 
 use std::{
     future::Future,
@@ -699,6 +700,7 @@ impl Gateway {
             }
             ("start", http::Method::POST) => self.start_button(own, request).await,
             ("shell", http::Method::GET) => self.shell(own, request).await,
+            ("ssh", http::Method::GET) => self.ssh(own, request).await,
             (action, http::Method::GET) if action.starts_with("tcp/") => {
                 let port = action["tcp/".len()..].to_owned();
                 self.tunnel(own, port, request).await
@@ -870,38 +872,106 @@ impl Gateway {
     /// route every workspace's pages share the gateway's origin, so a page of one workspace
     /// could otherwise open a shell in another with its visitor's cookie.
     async fn shell(&self, own: Own, request: Request) -> Response {
+        let (user, agent, request) = match self.agent_for(&own, request, "A shell").await {
+            Ok(found) => found,
+            Err(refused) => return refused,
+        };
+        let upgrade = match websocket(request, "a shell", "berth shell").await {
+            Ok(upgrade) => upgrade,
+            Err(refused) => return refused,
+        };
+        let gateway = self.clone();
+        upgrade.on_upgrade(move |mut socket| async move {
+            let start = match shell::first(&mut socket).await {
+                Ok(start) => start,
+                Err(message) => return shell::refuse(socket, message).await,
+            };
+            let start = shell::start(start, &user.username);
+            let opened = gateway.open_shell(&own.namespace, &agent, start).await;
+            match opened {
+                Ok((inputs, outputs)) => {
+                    let revoked = gateway.revoked(&user, &own.namespace, &own.workspace);
+                    shell::bridge(socket, inputs, outputs, revoked).await
+                }
+                Err(message) => shell::refuse(socket, message).await,
+            }
+        })
+    }
+
+    /// `GET .berth/ssh` as a WebSocket (`berth ssh`, see [`ssh`]): for a caller with a bearer
+    /// token who may connect to the workspace, an SSH connection to the agent's SSH server in
+    /// the ready pod Berth owns for it (its host key first; only that with `?hostKey`). As
+    /// for shells, a browser session opens none.
+    async fn ssh(&self, own: Own, request: Request) -> Response {
+        let key_only = request.uri().query().is_some_and(|q| {
+            q.split('&')
+                .any(|p| p == "hostKey" || p.starts_with("hostKey="))
+        });
+        let (user, agent, request) = match self.agent_for(&own, request, "SSH").await {
+            Ok(found) => found,
+            Err(refused) => return refused,
+        };
+        let upgrade = match websocket(request, "SSH", "berth ssh").await {
+            Ok(upgrade) => upgrade,
+            Err(refused) => return refused,
+        };
+        let gateway = self.clone();
+        upgrade.on_upgrade(move |socket| async move {
+            let start = berth_agent::proto::SshInput {
+                input: Some(berth_agent::proto::ssh_input::Input::Start(
+                    berth_agent::proto::SshStart {
+                        on_behalf_of: user.username.clone(),
+                        host_key_only: key_only,
+                    },
+                )),
+            };
+            match gateway.open_ssh(&own.namespace, &agent, start).await {
+                Ok((inputs, outputs)) => {
+                    let revoked = gateway.revoked(&user, &own.namespace, &own.workspace);
+                    ssh::bridge(socket, inputs, outputs, revoked).await
+                }
+                Err(message) => ssh::refuse(socket, message).await,
+            }
+        })
+    }
+
+    /// For a shell or SSH (`what`): the caller (with a bearer token, allowed to connect to
+    /// the workspace) and the agent of the workspace's ready pod; else the answer saying why
+    /// not.
+    async fn agent_for(
+        &self,
+        own: &Own,
+        request: Request,
+        what: &str,
+    ) -> Result<(User, Agent, Request), Response> {
         let headers = request.headers().clone();
         let target = own.target();
         let name = format!("{}/{}", own.namespace, own.workspace);
         if route::bearer(&headers).is_none() {
-            return Page::new(StatusCode::UNAUTHORIZED, "A shell needs your credential")
+            return Err(Page::new(StatusCode::UNAUTHORIZED, format!("{what} needs your credential"))
                 .line(format!(
-                    "A shell in workspace {name} is opened for the holder of a Kubernetes bearer token (`berth shell {} -n {}` sends yours); a browser session opens none.",
+                    "{what} in workspace {name} is opened for the holder of a Kubernetes bearer token (`berth shell {} -n {}` and `berth ssh` send yours); a browser session opens none.",
                     own.workspace, own.namespace
                 ))
-                .answer(&headers);
+                .answer(&headers));
         }
-        let user = match self
+        let (user, _) = self
             .caller(&headers, &target, peer_of(&request), request.method())
-            .await
-        {
-            Ok((user, _)) => user,
-            Err(refused) => return refused,
-        };
+            .await?;
         if self.0.agent_tokens.is_none() {
-            return Page::new(StatusCode::SERVICE_UNAVAILABLE, "This gateway opens no shells")
+            return Err(Page::new(StatusCode::SERVICE_UNAVAILABLE, "This gateway opens no shells and no SSH")
                 .line("It runs without a service account of its own (berth gateway --service-account), whose token the workspace's agent would accept.")
-                .answer(&headers);
+                .answer(&headers));
         }
         let workspace = self.cached_workspace(&target);
-        let pod = match self.ready_pod(&target, workspace).await {
-            Ok(pod) => pod,
-            Err(page) => return page.answer(&headers),
-        };
+        let pod = self
+            .ready_pod(&target, workspace)
+            .await
+            .map_err(|page| page.answer(&headers))?;
         let Some(address) = agent_address(&pod) else {
-            return Page::new(StatusCode::CONFLICT, "This workspace has no agent")
+            return Err(Page::new(StatusCode::CONFLICT, "This workspace has no agent")
                 .line(format!("No container of workspace {name}'s pod runs Berth's agent, or the pod has no IP yet."))
-                .answer(&headers);
+                .answer(&headers));
         };
         let tls = match (
             berth_core::pod::serves_agent_tls(&pod),
@@ -910,32 +980,51 @@ impl Gateway {
             (false, _) => None,
             (true, Some(ca)) => Some(berth_agent::client::ClientTls { ca_pem: ca.clone() }),
             (true, None) => {
-                return Page::new(StatusCode::SERVICE_UNAVAILABLE, "Cannot reach the workspace's agent")
+                return Err(Page::new(StatusCode::SERVICE_UNAVAILABLE, "Cannot reach the workspace's agent")
                     .line("The agent serves TLS and this gateway has no CA to verify it (berth gateway --agent-tls-ca).")
-                    .answer(&headers);
+                    .answer(&headers));
             }
         };
-        let upgrade = match websocket(request, "a shell", "berth shell").await {
-            Ok(upgrade) => upgrade,
-            Err(refused) => return refused,
-        };
-        let gateway = self.clone();
-        let namespace = own.namespace.clone();
-        upgrade.on_upgrade(move |mut socket| async move {
-            let start = match shell::first(&mut socket).await {
-                Ok(start) => start,
-                Err(message) => return shell::refuse(socket, message).await,
-            };
-            let start = shell::start(start, &user.username);
-            let opened = gateway.open_shell(&namespace, &address, tls, start).await;
-            match opened {
-                Ok((inputs, outputs)) => {
-                    let revoked = gateway.revoked(&user, &namespace, &own.workspace);
-                    shell::bridge(socket, inputs, outputs, revoked).await
+        Ok((user, Agent { address, tls }, request))
+    }
+
+    /// Opens an SSH connection on `agent` with `start` (as [`Gateway::open_shell`] opens a
+    /// shell): the sender of the client's bytes and the agent's outputs, or why not.
+    async fn open_ssh(
+        &self,
+        namespace: &str,
+        agent: &Agent,
+        start: berth_agent::proto::SshInput,
+    ) -> Result<
+        (
+            tokio::sync::mpsc::Sender<berth_agent::proto::SshInput>,
+            tonic::Streaming<berth_agent::proto::SshOutput>,
+        ),
+        String,
+    > {
+        use berth_agent::client::{CallError, ssh, token_rejected};
+        let tokens = self.0.agent_tokens.as_ref().ok_or("no service account")?;
+        let timeout = self.0.config.connect_timeout;
+        let mut renewed = false;
+        loop {
+            let (token, fresh) = tokens.token(namespace).await?;
+            let (inputs, queued) = tokio::sync::mpsc::channel(16);
+            let _ = inputs.try_send(start.clone());
+            let queued = tokio_stream::wrappers::ReceiverStream::new(queued);
+            match ssh(&agent.address, &token, timeout, agent.tls.as_ref(), queued).await {
+                Ok(outputs) => return Ok((inputs, outputs)),
+                Err(CallError::Refused(status))
+                    if !fresh && !renewed && token_rejected(&status) =>
+                {
+                    tokens.forget(namespace, &token).await;
+                    renewed = true;
                 }
-                Err(message) => shell::refuse(socket, message).await,
+                Err(CallError::Refused(status)) => {
+                    return Err(format!("the agent said: {}", status.message()));
+                }
+                Err(unreachable) => return Err(unreachable.to_string()),
             }
-        })
+        }
     }
 
     /// Opens a shell on the agent at `address` with `start`, with the gateway's token for
@@ -944,8 +1033,7 @@ impl Gateway {
     async fn open_shell(
         &self,
         namespace: &str,
-        address: &str,
-        tls: Option<berth_agent::client::ClientTls>,
+        agent: &Agent,
         start: berth_agent::proto::ShellInput,
     ) -> Result<
         (
@@ -963,7 +1051,7 @@ impl Gateway {
             let (inputs, queued) = tokio::sync::mpsc::channel(16);
             let _ = inputs.try_send(start.clone());
             let queued = tokio_stream::wrappers::ReceiverStream::new(queued);
-            match shell(address, &token, timeout, tls.as_ref(), queued).await {
+            match shell(&agent.address, &token, timeout, agent.tls.as_ref(), queued).await {
                 Ok(outputs) => return Ok((inputs, outputs)),
                 Err(CallError::Refused(status))
                     if !fresh && !renewed && token_rejected(&status) =>
@@ -978,6 +1066,12 @@ impl Gateway {
             }
         }
     }
+}
+
+/// Where a workspace's agent is: its address, and the TLS it is reached with.
+struct Agent {
+    address: String,
+    tls: Option<berth_agent::client::ClientTls>,
 }
 
 /// The address (`ip:port`) of Berth's agent in `pod`: the pod's IP and the port the operator

@@ -7,6 +7,7 @@ use std::{net::SocketAddr, sync::Arc};
 use berth_agent::{
     activity::{Activity, Settings},
     auth::{Authenticator, Mode, Scope},
+    server::Inside,
     server::TlsIdentity,
     shell::Shells,
 };
@@ -143,8 +144,8 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
     tracing::info!(address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "berth agent serving");
     if args.until_content {
         let ready = content.clone();
-        let shells = Shells::Unavailable("an init container's agent opens no shells".to_owned());
-        berth_agent::server::serve(listener, auth, tls, activity, content, shells, async move {
+        let inside = Inside::nothing("an init container's agent opens no shells");
+        berth_agent::server::serve(listener, auth, tls, activity, content, inside, async move {
             tokio::select! {
                 _ = ready.told_ready(berth_agent::content::TELL_PATIENCE) => {}
                 _ = crate::wait_for_shutdown_signal() => {
@@ -156,6 +157,10 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
         .map_err(|e| e.to_string())?;
         return Ok(0);
     }
+    // SSH's host key is kept in the workspace's home volume, as the operator names it.
+    let home = std::env::var_os(berth_api::agent::HOME_ENV)
+        .map(std::path::PathBuf::from)
+        .filter(|home| home.is_dir());
     if args.command.is_empty() {
         berth_agent::server::serve(
             listener,
@@ -163,7 +168,10 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
             tls,
             activity,
             content,
-            Shells::Unavailable(berth_agent::shell::BESIDE_ENTRYPOINT.to_owned()),
+            Inside {
+                shells: Shells::Unavailable(berth_agent::shell::BESIDE_ENTRYPOINT.to_owned()),
+                home,
+            },
             crate::wait_for_shutdown_signal(),
         )
         .await
@@ -178,7 +186,10 @@ pub async fn run(args: AgentArgs) -> Result<i32, String> {
         tls,
         activity.clone(),
         content.clone(),
-        Shells::Available(berth_agent::shell::local()),
+        Inside {
+            shells: Shells::Available(berth_agent::shell::local()),
+            home,
+        },
         std::future::pending(),
     ));
     // The workspace's command starts once its content is in place (SIGTERM meanwhile ends

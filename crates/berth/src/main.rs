@@ -11,6 +11,7 @@ mod gateway;
 mod pod_process;
 mod serve;
 mod shell;
+mod ssh;
 mod workspaces;
 
 use std::process::ExitCode;
@@ -61,6 +62,14 @@ enum Command {
     /// stdin is one, through the gateway with your credential; its exit code is berth's:
     /// `berth shell NAME [-- CMD ARGS...]`.
     Shell(shell::ShellArgs),
+    /// SSH into a workspace through the gateway with your credential (OpenSSH with the
+    /// workspace's host key): `berth ssh NAME [-- CMD ARGS...]`. With --stdio, the connection
+    /// itself on stdin and stdout, as OpenSSH's ProxyCommand.
+    Ssh(ssh::SshArgs),
+    /// Print OpenSSH `Host berth--NAME` entries for workspaces (for ssh, scp, sftp, rsync,
+    /// ssh -L, VS Code Remote-SSH, JetBrains Gateway) and write their host keys to
+    /// ~/.ssh/berth_known_hosts, so the first connection is verified.
+    SshConfig(ssh::SshConfigArgs),
     /// Serve workspaces' ports to the people allowed into them: HTTP and WebSocket at
     /// /w/<namespace>/<workspace>/<port>/, for a caller whose bearer token the API server
     /// accepts (TokenReview), or whose browser session a `berth open` link began, and who may
@@ -223,6 +232,8 @@ fn main() -> ExitCode {
         Command::Open(args) => block_on("open", workspaces::open(args)),
         Command::PortForward(args) => block_on("port-forward", workspaces::port_forward(args)),
         Command::Shell(args) => exit_with("shell", shell::run(args)),
+        Command::Ssh(args) => exit_with("ssh", ssh::run(args)),
+        Command::SshConfig(args) => block_on("ssh-config", ssh::config(args)),
         Command::Install { path } => match install(&path) {
             Ok(()) => {
                 println!("berth install: copied to {}", path.display());

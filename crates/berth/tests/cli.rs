@@ -953,6 +953,209 @@ fn interactive_shell(mut shell: Command) {
     );
 }
 
+/// Whether OpenSSH's client is here; without it the SSH part is skipped, unless
+/// `BERTH_REQUIRE_SSHD=1` (CI installs OpenSSH).
+fn openssh_present() -> bool {
+    let present = Command::new("ssh")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !present && std::env::var("BERTH_REQUIRE_SSHD").as_deref() == Ok("1") {
+        panic!("OpenSSH is required (BERTH_REQUIRE_SSHD=1) but `ssh` is not on PATH");
+    }
+    present
+}
+
+/// What a developer's own SSH tools do with berth dev's `web`: `berth ssh-config` writes its
+/// host key and prints its entry; plain OpenSSH with it runs a command there (its exit code
+/// kept), `scp` copies both ways (SFTP: the image's sftp-server), `ssh -L` forwards a local
+/// port to web's server, and `berth ssh web -- CMD` needs no config. Someone not allowed into
+/// the workspace is refused in the gateway's words; a host key that is not the workspace's is
+/// refused by OpenSSH.
+fn openssh_reaches_web(dir: &std::path::Path, gateway: &str, kubeconfig: &std::path::Path) {
+    if !openssh_present() {
+        eprintln!("skipped the SSH part: no ssh");
+        return;
+    }
+    let known_hosts = dir.join("known_hosts");
+    let configured = via("ssh-config", gateway, kubeconfig)
+        .args(["web", "--known-hosts"])
+        .arg(&known_hosts)
+        .output()
+        .unwrap();
+    assert!(
+        configured.status.success(),
+        "{}",
+        String::from_utf8_lossy(&configured.stderr)
+    );
+    let config = dir.join("ssh_config");
+    std::fs::write(&config, &configured.stdout).unwrap();
+    let known = std::fs::read_to_string(&known_hosts).unwrap();
+    assert!(
+        known.starts_with("berth--web--default ssh-ed25519 ") && known.lines().count() == 1,
+        "{known}"
+    );
+    let ssh = |args: &[&str]| {
+        Command::new("ssh")
+            .arg("-F")
+            .arg(&config)
+            .args(["-o", "BatchMode=yes"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let ran = ssh(&[
+        "berth--web",
+        "cat /home/dev/index.html; echo to-stderr >&2; exit 5",
+    ]);
+    assert_eq!(
+        (text(&ran.stdout), text(&ran.stderr), ran.status.code()),
+        ("hello from home\n".into(), "to-stderr\n".into(), Some(5))
+    );
+    // scp both ways, with bytes of every value.
+    let sent: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let (up, down) = (dir.join("up.bin"), dir.join("down.bin"));
+    std::fs::write(&up, &sent).unwrap();
+    let scp = |from: &str, to: &str| {
+        let copied = Command::new("scp")
+            .arg("-F")
+            .arg(&config)
+            .args(["-o", "BatchMode=yes", from, to])
+            .output()
+            .unwrap();
+        assert!(
+            copied.status.success(),
+            "scp {from} {to}: {}",
+            text(&copied.stderr)
+        );
+    };
+    scp(up.to_str().unwrap(), "berth--web:/home/dev/copied.bin");
+    let size = ssh(&["berth--web", "wc -c < /home/dev/copied.bin"]);
+    assert_eq!(text(&size.stdout).trim(), "300000");
+    scp("berth--web:/home/dev/copied.bin", down.to_str().unwrap());
+    assert!(
+        std::fs::read(&down).unwrap() == sent,
+        "the copy came back whole"
+    );
+    // ssh -L: a local port to web's server, as the pod reaches it (berth dev's pods share the
+    // machine's network, so web listens on its pod IP).
+    let pod_ip = text(&ssh(&["berth--web", "echo $POD_IP"]).stdout)
+        .trim()
+        .to_owned();
+    let local = free_port();
+    let mut forward = Command::new("ssh")
+        .arg("-F")
+        .arg(&config)
+        .args([
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-N",
+            "-L",
+        ])
+        .arg(format!("127.0.0.1:{local}:{pod_ip}:8080"))
+        .arg("berth--web")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let body = poll(Duration::from_secs(20), "ssh -L to forward", || {
+        std::net::TcpStream::connect(("127.0.0.1", local))
+            .is_ok()
+            .then(|| get(local))
+            .filter(|body| !body.is_empty())
+    });
+    let _ = forward.kill();
+    let _ = forward.wait();
+    assert_eq!(body, "hello from home\n");
+    // berth ssh: no config needed.
+    let direct = via("ssh", gateway, kubeconfig)
+        .args(["web", "--", "echo $HOME; exit 2"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        (text(&direct.stdout), direct.status.code()),
+        ("/home/dev\n".into(), Some(2)),
+        "{}",
+        text(&direct.stderr)
+    );
+    // A key that is not the workspace's: OpenSSH refuses the connection.
+    let other = "berth--web--default ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMWuf8xx5YHbmGw2n/hN5d4EBZ0QbcUQnPX1etvYQ/AK\n";
+    std::fs::write(&known_hosts, other).unwrap();
+    let spoofed = ssh(&["berth--web", "true"]);
+    assert_eq!(spoofed.status.code(), Some(255));
+    assert!(
+        text(&spoofed.stderr).contains("REMOTE HOST IDENTIFICATION HAS CHANGED"),
+        "{}",
+        text(&spoofed.stderr)
+    );
+    std::fs::write(&known_hosts, &known).unwrap();
+    // Someone with a credential but no right to connect: refused, in the gateway's words.
+    assert!(
+        dev_kubectl(dir, &["create", "serviceaccount", "stranger"])
+            .status
+            .success()
+    );
+    let token = dev_kubectl(dir, &["create", "token", "stranger"]);
+    let token = text(&token.stdout).trim().to_owned();
+    let mine = dev_kubectl(
+        dir,
+        &[
+            "config",
+            "view",
+            "--raw",
+            "-o",
+            "jsonpath={.users[0].user.token}",
+        ],
+    );
+    let stranger = dir.join("stranger.kubeconfig");
+    std::fs::write(
+        &stranger,
+        std::fs::read_to_string(kubeconfig)
+            .unwrap()
+            .replace(&text(&mine.stdout), &token),
+    )
+    .unwrap();
+    let refused = via("ssh-config", gateway, &stranger)
+        .args(["web", "--known-hosts"])
+        .arg(dir.join("stranger_known_hosts"))
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let said = text(&refused.stderr);
+    assert!(
+        said.starts_with(
+            "berth ssh-config: workspace default/web: the gateway refused (403 Forbidden)"
+        ) && said.contains("workspaces/connect"),
+        "{said}"
+    );
+    let stranger_config = dir.join("stranger_ssh_config");
+    std::fs::write(
+        &stranger_config,
+        std::fs::read_to_string(&config)
+            .unwrap()
+            .replace(kubeconfig.to_str().unwrap(), stranger.to_str().unwrap()),
+    )
+    .unwrap();
+    let refused = Command::new("ssh")
+        .arg("-F")
+        .arg(&stranger_config)
+        .args(["-o", "BatchMode=yes", "berth--web", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(255));
+    let said = text(&refused.stderr);
+    assert!(
+        said.contains("berth ssh: the gateway refused (403 Forbidden)")
+            && said.contains("workspaces/connect"),
+        "{said}"
+    );
+}
+
 /// What README promises of `berth dev`'s `web` example: enter it with `kubectl exec`, reach
 /// its server with `kubectl port-forward` and the pod proxy, and find a file written in its
 /// home again after a pause and a resume.
@@ -967,7 +1170,7 @@ fn dev_is_a_place_to_use_a_workspace() {
     let scratch = dir.path().join("tmp");
     std::fs::create_dir(&scratch).unwrap();
     let mut dev = Command::new(BERTH)
-        .args(["dev", "--for", "170s"])
+        .args(["dev", "--for", "240s"])
         .current_dir(dir.path())
         .env("TMPDIR", &scratch)
         .stdout(Stdio::piped())
@@ -1370,6 +1573,7 @@ fn dev_is_a_place_to_use_a_workspace() {
         )
     );
     interactive_shell(via("shell", &gateway, &kubeconfig));
+    openssh_reaches_web(dir.path(), &gateway, &kubeconfig);
     // A caller who goes away (berth shell killed) leaves nothing running in the workspace.
     let mut left = via("shell", &gateway, &kubeconfig)
         .args(["web", "--", "sh", "-c", "echo $$; exec sleep 300"])

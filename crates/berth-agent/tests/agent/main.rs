@@ -136,7 +136,7 @@ impl Setup {
             tls,
             activity,
             berth_agent::content::Content::new(None),
-            shells,
+            berth_agent::server::Inside { shells, home: None },
             std::future::pending(),
         ));
         (address, auth)
