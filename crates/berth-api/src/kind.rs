@@ -86,6 +86,15 @@ pub struct Spawner {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 1024))]
     pub description: String,
+    /// A small picture of the kind for a spawner: an image inline as a data URL
+    /// (`data:image/png;base64,...`, also `image/svg+xml`, `image/webp`, `image/jpeg`), so a
+    /// spawner fetches nothing from elsewhere.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(
+        length(max = 16384),
+        regex(pattern = r"^data:image/(png|svg\+xml|webp|jpeg);base64,[A-Za-z0-9+/]+=*$")
+    )]
+    pub icon: String,
     /// `true` keeps the kind out of a spawner's list; workspaces may still name it.
     #[serde(default)]
     pub hidden: bool,

@@ -20,6 +20,9 @@ pub const FINALIZER: &str = "berth.dev/cleanup";
 /// (any new value): how a spec written while the policy was not enforcing gets checked,
 /// as whoever sets it.
 pub const CHECK: &str = "berth.dev/check";
+/// The annotation that names a workspace's owner, the user who created it (what
+/// `deploy/admission-owners/` checks; the dashboard sets it to the person creating one).
+pub const OWNER: &str = "berth.dev/owner";
 
 /// The fewest hex digits of the hash a shortened or mapped name carries (40 bits).
 pub const MIN_HASH_DIGITS: usize = 10;

@@ -202,28 +202,45 @@ impl Access {
 
     /// Whether `user` may connect to workspace `namespace/name`.
     pub async fn authorize(&self, user: &User, namespace: &str, name: &str) -> Result<(), Refusal> {
-        self.review(user, VERB, Some(SUBRESOURCE), namespace, name)
+        self.review(user, VERB, RESOURCE, Some(SUBRESOURCE), namespace, name)
+            .await
+    }
+
+    /// Whether `user` may `verb` the `resource` (of API group berth.dev; `workspaces`,
+    /// `workspacekinds`) named `name` (empty: any) in `namespace`: what the dashboard asks
+    /// before it shows or offers something.
+    pub async fn may(
+        &self,
+        user: &User,
+        verb: &str,
+        resource: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), Refusal> {
+        self.review(user, verb, resource, None, namespace, name)
             .await
     }
 
     /// Whether `user` may start or stop workspace `namespace/name` (`patch` on it, as
     /// `berth start` needs).
     pub async fn may_patch(&self, user: &User, namespace: &str, name: &str) -> Result<(), Refusal> {
-        self.review(user, "patch", None, namespace, name).await
+        self.review(user, "patch", RESOURCE, None, namespace, name)
+            .await
     }
 
-    /// SubjectAccessReview of `verb` on workspace `namespace/name` (or its `subresource`).
+    /// SubjectAccessReview of `verb` on `resource` `namespace/name` (or its `subresource`).
     async fn review(
         &self,
         user: &User,
         verb: &str,
+        resource: &str,
         subresource: Option<&str>,
         namespace: &str,
         name: &str,
     ) -> Result<(), Refusal> {
         let key = (
             format!(
-                "{}\n{verb} {}",
+                "{}\n{verb} {resource}/{}",
                 identity_key(user),
                 subresource.unwrap_or_default()
             ),
@@ -245,11 +262,11 @@ impl Access {
                 extra: (!user.extra.is_empty()).then(|| user.extra.clone()),
                 resource_attributes: Some(ResourceAttributes {
                     group: Some(GROUP.to_owned()),
-                    resource: Some(RESOURCE.to_owned()),
+                    resource: Some(resource.to_owned()),
                     subresource: subresource.map(str::to_owned),
                     verb: Some(verb.to_owned()),
-                    namespace: Some(namespace.to_owned()),
-                    name: Some(name.to_owned()),
+                    namespace: (!namespace.is_empty()).then(|| namespace.to_owned()),
+                    name: (!name.is_empty()).then(|| name.to_owned()),
                     ..Default::default()
                 }),
                 ..Default::default()

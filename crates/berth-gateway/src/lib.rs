@@ -11,7 +11,11 @@
 /// create exactly what the README documents.
 pub const RBAC: &str = include_str!("../../../deploy/gateway/rbac.yaml");
 
+/// The dashboard's right to act as the person signed in (`deploy/gateway-dashboard/`).
+pub const DASHBOARD_RBAC: &str = include_str!("../../../deploy/gateway-dashboard/rbac.yaml");
+
 pub mod access;
+pub mod dashboard;
 pub mod login;
 pub mod pages;
 pub mod route;
@@ -121,6 +125,8 @@ struct Inner {
     /// Every workspace, and the pods Berth manages, as watches keep them.
     workspaces: Store<Workspace>,
     pods: Store<Pod>,
+    /// Every WorkspaceKind, for the dashboard's spawner.
+    kinds: Store<berth_api::WorkspaceKind>,
     watches: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -197,6 +203,10 @@ impl Gateway {
                 berth_api::labels::MANAGED_BY_VALUE
             )),
         );
+        let (kinds, watch_kinds) = cache(
+            Api::<berth_api::WorkspaceKind>::all(client.clone()),
+            watcher::Config::default(),
+        );
         let agent_tokens = config.service_account.as_ref().map(|(namespace, name)| {
             berth_agent::client::AgentTokens::new(
                 client.clone(),
@@ -210,7 +220,8 @@ impl Gateway {
             agent_tokens,
             workspaces,
             pods,
-            watches: vec![watch_workspaces, watch_pods],
+            kinds,
+            watches: vec![watch_workspaces, watch_pods, watch_kinds],
             access: Access::new(client.clone(), config.review_ttl),
             client,
             config,
@@ -315,6 +326,21 @@ async fn handle(State(gateway): State<Gateway>, request: Request) -> Response {
         .map_or("/", |p| p.as_str())
         .to_owned();
     let domain = gateway.0.config.base_domain.as_deref();
+    if dashboard::is_dashboard_host(host.as_deref(), domain)
+        && path.split('?').next() != Some(TICKETS)
+    {
+        return gateway.dashboard(request).await;
+    }
+    if path
+        .split('?')
+        .next()
+        .is_some_and(|p| p == "/" || p == "/.berth/login")
+        && domain.is_none()
+    {
+        return Page::new(StatusCode::NOT_FOUND, "No dashboard here")
+            .line("Berth's dashboard is served at the gateway's base domain (berth gateway --domain), an origin apart from every workspace's; this gateway has none.")
+            .answer(&headers);
+    }
     if let Some(own) = route::own(host.as_deref(), &path, domain) {
         return gateway.own_page(own, request).await;
     }
@@ -423,6 +449,10 @@ pub struct Ticket {
     /// workspace's first).
     #[serde(default)]
     pub port: String,
+    /// Where the link is opened: the dashboard's host (the gateway's domain, with the port
+    /// the gateway was reached at) for a dashboard link; absent: the gateway's own address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// When it stops working (RFC 3339); it works once.
     pub expires_at: String,
 }
@@ -537,6 +567,12 @@ impl Gateway {
                 .insert(header::ALLOW, HeaderValue::from_static("POST"));
             return response;
         }
+        if path.split_once('?').is_some_and(|(_, q)| {
+            q.split('&')
+                .any(|p| p == "dashboard" || p.starts_with("dashboard="))
+        }) {
+            return self.mint_dashboard_ticket(request).await;
+        }
         let (Some(namespace), Some(workspace)) = (
             route::query_value(path, "namespace"),
             route::query_value(path, "workspace"),
@@ -584,7 +620,51 @@ impl Gateway {
         );
         let ticket = Ticket {
             port,
+            host: None,
             path: login,
+            expires_at: jiff::Timestamp::from_second(claims.expires)
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+        };
+        let mut response = axum::Json(ticket).into_response();
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        response
+    }
+
+    /// `POST /.berth/tickets?dashboard`: a one-time login link to the dashboard for the caller
+    /// (a bearer token the API server accepts); the dashboard shows only what they may see.
+    async fn mint_dashboard_ticket(&self, request: Request) -> Response {
+        let headers = request.headers();
+        let Some(domain) = self.0.config.base_domain.as_deref() else {
+            return Page::new(StatusCode::NOT_FOUND, "No dashboard here")
+                .line("Berth's dashboard is served at the gateway's base domain (berth gateway --domain), an origin apart from every workspace's; this gateway has none.")
+                .answer(headers);
+        };
+        let Some(token) = route::bearer(headers) else {
+            return Page::new(StatusCode::UNAUTHORIZED, "Who is asking?")
+                .line("A login link is made for the holder of a Kubernetes credential: send your bearer token (Authorization: Bearer ...).")
+                .answer(headers);
+        };
+        let user = match self.0.access.authenticate(token, peer_of(&request)).await {
+            Ok(user) => user,
+            Err(refusal) => {
+                return refusal_page(refusal, &route::Target::default()).answer(headers);
+            }
+        };
+        let claims = session::dashboard_ticket(user, now());
+        let listening = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.rsplit_once(':'))
+            .filter(|(_, p)| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+            .map(|(_, p)| format!(":{p}"))
+            .unwrap_or_default();
+        let ticket = Ticket {
+            path: format!("/{}/login?ticket={}", route::OWN, self.0.key.sign(&claims)),
+            port: String::new(),
+            host: Some(format!("{}{listening}", domain.trim_start_matches('.'))),
             expires_at: jiff::Timestamp::from_second(claims.expires)
                 .map(|t| t.to_string())
                 .unwrap_or_default(),

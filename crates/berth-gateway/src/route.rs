@@ -10,7 +10,7 @@ pub const PREFIX: &str = "/w/";
 pub const SESSION_COOKIE: &str = "berth_session";
 
 /// A workspace port a request is for, and the path the workspace's server is asked for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Target {
     pub namespace: String,
     pub workspace: String,

@@ -46,6 +46,9 @@ pub struct Claims {
     /// The port a login leads to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<String>,
+    /// For the dashboard (no workspace): used nowhere else, and no workspace's is used there.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dashboard: bool,
     /// Seconds since the Unix epoch.
     pub expires: i64,
     /// Random, hex: what makes a ticket usable once, and a session's CSRF token its own.
@@ -180,8 +183,17 @@ pub fn ticket(
         namespace: namespace.to_owned(),
         workspace: workspace.to_owned(),
         port: port.map(str::to_owned),
+        dashboard: false,
         expires: now + TICKET_TTL_SECONDS,
         nonce: nonce(),
+    }
+}
+
+/// The claims of a ticket for `user` to sign in to the dashboard.
+pub fn dashboard_ticket(user: User, now: i64) -> Claims {
+    Claims {
+        dashboard: true,
+        ..ticket(user, "", "", None, now)
     }
 }
 
@@ -255,6 +267,28 @@ pub fn cookies(headers: &http::HeaderMap) -> Vec<String> {
         .collect()
 }
 
+/// The first of `values` that is a valid dashboard session; else why the first one is not
+/// (None: there was none).
+pub fn dashboard_session(
+    key: &Key,
+    values: &[String],
+    now: i64,
+) -> Option<Result<Claims, Invalid>> {
+    let mut first_refusal = None;
+    for value in values {
+        match key.verify(value, Kind::Session, now) {
+            Ok(c) if c.dashboard => return Some(Ok(c)),
+            Ok(_) => {
+                first_refusal.get_or_insert(Invalid::OtherWorkspace);
+            }
+            Err(e) => {
+                first_refusal.get_or_insert(e);
+            }
+        }
+    }
+    first_refusal.map(Err)
+}
+
 /// The first of `values` that is a valid session for `namespace/workspace`; else why the
 /// first one is not (None: there was none).
 pub fn session_for(
@@ -267,7 +301,9 @@ pub fn session_for(
     let mut first_refusal = None;
     for value in values {
         match key.verify(value, Kind::Session, now) {
-            Ok(c) if c.namespace == namespace && c.workspace == workspace => return Some(Ok(c)),
+            Ok(c) if !c.dashboard && c.namespace == namespace && c.workspace == workspace => {
+                return Some(Ok(c));
+            }
             Ok(_) => {
                 first_refusal.get_or_insert(Invalid::OtherWorkspace);
             }

@@ -423,6 +423,9 @@ fn install_manifests() -> Result<Vec<(&'static str, String)>, String> {
         .collect()
 }
 
+/// berth dev's gateway's base domain.
+pub const DOMAIN: &str = "localhost";
+
 /// The gateway (`berth gateway`), in this process, as its own service account with the RBAC
 /// of `deploy/gateway/`: its address, and what stops it.
 async fn gateway(
@@ -433,6 +436,9 @@ async fn gateway(
     berth_sim::manifests::create_all(client, berth_gateway::RBAC, "default")
         .await
         .map_err(|e| format!("cannot create deploy/gateway/rbac.yaml: {e}"))?;
+    berth_sim::manifests::create_all(client, berth_gateway::DASHBOARD_RBAC, "default")
+        .await
+        .map_err(|e| format!("cannot create deploy/gateway-dashboard/rbac.yaml: {e}"))?;
     let token = cluster
         .issue_token(
             "berth-system",
@@ -451,6 +457,10 @@ async fn gateway(
     let address = listener.local_addr().map_err(|e| e.to_string())?;
     let config = berth_gateway::Config {
         service_account: Some(("berth-system".to_owned(), "berth-gateway".to_owned())),
+        // Browsers resolve every name under localhost to this machine: the dashboard at
+        // localhost, each workspace's port at <port>--<workspace>--<namespace>.localhost, each
+        // an origin of its own.
+        base_domain: Some(DOMAIN.to_owned()),
         ..Default::default()
     };
     let gateway = berth_gateway::Gateway::start(gateway_client, config)
@@ -666,7 +676,14 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
             "berth dev: a login link for your browser:  berth open web --kubeconfig {kubeconfig}   (the kubeconfig names the gateway, http://{gateway})"
         ),
         format!(
+            "berth dev: your workspaces and a spawner in your browser:  berth dashboard --kubeconfig {kubeconfig}   (at http://{DOMAIN}:{})",
+            gateway.port()
+        ),
+        format!(
             "berth dev: a shell in web's container:  berth shell web --kubeconfig {kubeconfig}"
+        ),
+        format!(
+            "berth dev: SSH for your editor:  berth ssh-config web --kubeconfig {kubeconfig} >> ~/.ssh/config; ssh berth--web"
         ),
         format!(
             "berth dev: make node-1 reject its next pod:  kubectl --kubeconfig {kubeconfig} annotate node node-1 sim.berth.dev/reject-next=1:OutOfcpu"

@@ -55,6 +55,9 @@ enum Command {
     /// Print (and open in a browser) a one-time login link to a workspace's port through the
     /// gateway, for you (your kubeconfig's user, who must be allowed to connect to it).
     Open(workspaces::OpenArgs),
+    /// Print (and open in a browser) a one-time login link to the gateway's dashboard: your
+    /// workspaces, live, with start, stop and delete, and a spawner of kinds you may use.
+    Dashboard(workspaces::DashboardArgs),
     /// Forward a local port to a workspace's port through the gateway (a WebSocket per
     /// connection, with your credential): `berth port-forward NAME [LOCAL:]PORT`.
     PortForward(workspaces::PortForwardArgs),
@@ -230,6 +233,7 @@ fn main() -> ExitCode {
         Command::Start(args) => block_on("start", workspaces::switch(args, true)),
         Command::Stop(args) => block_on("stop", workspaces::switch(args, false)),
         Command::Open(args) => block_on("open", workspaces::open(args)),
+        Command::Dashboard(args) => block_on("dashboard", workspaces::open_dashboard(args)),
         Command::PortForward(args) => block_on("port-forward", workspaces::port_forward(args)),
         Command::Shell(args) => exit_with("shell", shell::run(args)),
         Command::Ssh(args) => exit_with("ssh", ssh::run(args)),

@@ -58,8 +58,8 @@ pub struct SwitchArgs {
 pub struct OpenArgs {
     #[command(flatten)]
     pub target: Target,
-    /// The workspace.
-    pub name: String,
+    /// The workspace (none: the dashboard, your workspaces and a spawner).
+    pub name: Option<String>,
     /// The port, by its name in the workspace's spec (default: its first).
     pub port: Option<String>,
     /// The gateway's address, as your browser reaches it (e.g. https://berth.example.com).
@@ -162,10 +162,13 @@ pub async fn open(args: OpenArgs) -> Result<(), String> {
     let (config, namespace) = load(&args.target).await?;
     let gateway = discover_gateway(args.gateway.as_deref(), &args.target, &config).await?;
     let gateway = gateway.as_str();
+    let Some(name) = args.name.clone() else {
+        return dashboard(&config, gateway, args.print).await;
+    };
     let client =
         Client::try_from(config.clone()).map_err(|e| format!("cannot build a client: {e}"))?;
     let read = Api::<Workspace>::namespaced(client, &namespace)
-        .get(&args.name)
+        .get(&name)
         .await;
     let port = match read {
         Ok(ws) => Some(berth_api::resolution::port_in_force(&ws, args.port.as_deref())?.name),
@@ -173,11 +176,7 @@ pub async fn open(args: OpenArgs) -> Result<(), String> {
         // gateway finds the port, after checking who asks.
         Err(kube::Error::Api(status)) if status.code == 403 => args.port.clone(),
         Err(e) => {
-            return Err(format!(
-                "cannot read workspace {}: {}",
-                args.name,
-                api_words(&e)
-            ));
+            return Err(format!("cannot read workspace {name}: {}", api_words(&e)));
         }
     };
     let token = bearer_token(&config).await?;
@@ -185,14 +184,33 @@ pub async fn open(args: OpenArgs) -> Result<(), String> {
     let mut query = form_urlencoded::Serializer::new(String::new());
     query
         .append_pair("namespace", &namespace)
-        .append_pair("workspace", &args.name);
+        .append_pair("workspace", &name);
     if let Some(port) = &port {
         query.append_pair("port", port);
     }
     let query = query.finish();
     let url = format!("{gateway}{}?{query}", berth_gateway::TICKETS);
+    let ticket = mint(&url, gateway, &token).await?;
+    let link = format!("{gateway}{}", ticket.path);
+    println!("{link}");
+    let port = match ticket.port.is_empty() {
+        true => port.unwrap_or_default(),
+        false => ticket.port,
+    };
+    eprintln!(
+        "berth open: workspace {namespace}/{name}, port {port}: the link works once, until {}",
+        ticket.expires_at
+    );
+    if !args.print && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        open_browser(&link);
+    }
+    Ok(())
+}
+
+/// Asks the gateway at `url` for a login link with the bearer `token`.
+async fn mint(url: &str, gateway: &str, token: &str) -> Result<berth_gateway::Ticket, String> {
     let answer = reqwest::Client::new()
-        .post(&url)
+        .post(url)
         .bearer_auth(token)
         .send()
         .await
@@ -213,19 +231,47 @@ pub async fn open(args: OpenArgs) -> Result<(), String> {
             body.trim_end()
         ));
     }
-    let ticket: berth_gateway::Ticket = serde_json::from_str(&body)
-        .map_err(|e| format!("{url} did not answer as berth gateway does: {e}"))?;
-    let link = format!("{gateway}{}", ticket.path);
-    println!("{link}");
-    let port = match ticket.port.is_empty() {
-        true => port.unwrap_or_default(),
-        false => ticket.port,
+    serde_json::from_str(&body)
+        .map_err(|e| format!("{url} did not answer as berth gateway does: {e}"))
+}
+
+/// Options of `berth dashboard`.
+#[derive(clap::Args, Debug)]
+pub struct DashboardArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The gateway's address (as for `berth open`).
+    #[arg(long, env = "BERTH_GATEWAY")]
+    pub gateway: Option<String>,
+    /// Only print the link; do not start a browser.
+    #[arg(long)]
+    pub print: bool,
+}
+
+/// `berth dashboard` (and `berth open` without a workspace): a one-time login link to the
+/// gateway's dashboard for the kubeconfig's user, printed and opened.
+pub async fn open_dashboard(args: DashboardArgs) -> Result<(), String> {
+    let (config, _) = load(&args.target).await?;
+    let gateway = discover_gateway(args.gateway.as_deref(), &args.target, &config).await?;
+    dashboard(&config, &gateway, args.print).await
+}
+
+async fn dashboard(config: &kube::Config, gateway: &str, print: bool) -> Result<(), String> {
+    let token = bearer_token(config).await?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let url = format!("{gateway}{}?dashboard", berth_gateway::TICKETS);
+    let ticket = mint(&url, gateway, &token).await?;
+    let scheme = gateway.split("://").next().unwrap_or("https");
+    let link = match &ticket.host {
+        Some(host) => format!("{scheme}://{host}{}", ticket.path),
+        None => format!("{gateway}{}", ticket.path),
     };
+    println!("{link}");
     eprintln!(
-        "berth open: workspace {namespace}/{}, port {port}: the link works once, until {}",
-        args.name, ticket.expires_at
+        "berth dashboard: your workspaces and a spawner; the link works once, until {}",
+        ticket.expires_at
     );
-    if !args.print && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+    if !print && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
         open_browser(&link);
     }
     Ok(())

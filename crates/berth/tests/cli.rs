@@ -1067,7 +1067,10 @@ fn openssh_reaches_web(dir: &std::path::Path, gateway: &str, kubeconfig: &std::p
             .then(|| get(local))
             .filter(|body| !body.is_empty())
     });
-    let _ = forward.kill();
+    // As a person ends it (^C): ssh ends its ProxyCommand too.
+    let _ = Command::new("kill")
+        .args(["-TERM", &forward.id().to_string()])
+        .status();
     let _ = forward.wait();
     assert_eq!(body, "hello from home\n");
     // berth ssh: no config needed.
@@ -1455,9 +1458,23 @@ fn dev_is_a_place_to_use_a_workspace() {
         "{}",
         String::from_utf8_lossy(&opened.stderr)
     );
-    let login = request(
+    // berth dev's gateway has a domain (localhost, which browsers resolve): the link goes on
+    // to the port's own host, an origin of its own, where the session lives.
+    let onward = request(
         &gateway,
         &format!("GET {path} HTTP/1.0\r\nHost: {gateway}\r\n\r\n"),
+    );
+    let port = gateway.rsplit(':').next().unwrap();
+    let host = format!("http--web--default.localhost:{port}");
+    let on_host = onward
+        .lines()
+        .find_map(|l| l.strip_prefix("location: "))
+        .and_then(|l| l.strip_prefix(&format!("http://{host}")))
+        .unwrap_or_else(|| panic!("a redirect to web's host: {onward}"))
+        .to_owned();
+    let login = request(
+        &gateway,
+        &format!("GET {on_host} HTTP/1.0\r\nHost: {host}\r\n\r\n"),
     );
     assert!(
         login.starts_with("HTTP/1.0 303") || login.starts_with("HTTP/1.1 303"),
@@ -1471,9 +1488,7 @@ fn dev_is_a_place_to_use_a_workspace() {
         .to_owned();
     let with_session = request(
         &gateway,
-        &format!(
-            "GET /w/default/web/http/ HTTP/1.0\r\nHost: {gateway}\r\nCookie: {cookie}\r\n\r\n"
-        ),
+        &format!("GET / HTTP/1.0\r\nHost: {host}\r\nCookie: {cookie}\r\n\r\n"),
     );
     assert!(
         with_session.ends_with("\r\n\r\nhello from home\n"),
@@ -1481,9 +1496,42 @@ fn dev_is_a_place_to_use_a_workspace() {
     );
     let again = request(
         &gateway,
-        &format!("GET {path} HTTP/1.0\r\nHost: {gateway}\r\n\r\n"),
+        &format!("GET {on_host} HTTP/1.0\r\nHost: {host}\r\n\r\n"),
     );
     assert!(again.contains("it was used before"), "{again}");
+    // berth dashboard: a link to the dashboard at berth dev's domain, where the kubeconfig's
+    // user sees the examples.
+    let opened = via_gateway(&["dashboard", "--print"]);
+    let link = String::from_utf8_lossy(&opened.stdout)
+        .trim_end()
+        .to_owned();
+    let dashboard = format!("localhost:{port}");
+    let path = link
+        .strip_prefix(&format!("http://{dashboard}"))
+        .unwrap_or_else(|| {
+            panic!(
+                "a link to the dashboard: {link} {}",
+                String::from_utf8_lossy(&opened.stderr)
+            )
+        });
+    let signed_in = request(
+        &gateway,
+        &format!("GET {path} HTTP/1.0\r\nHost: {dashboard}\r\n\r\n"),
+    );
+    let cookie = signed_in
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("the dashboard's cookie: {signed_in}"))
+        .to_owned();
+    let listed = request(
+        &gateway,
+        &format!("GET / HTTP/1.0\r\nHost: {dashboard}\r\nCookie: {cookie}\r\n\r\n"),
+    );
+    assert!(
+        listed.contains(r#"<tr data-workspace="default/web">"#),
+        "{listed}"
+    );
     // berth port-forward: a local port whose connections reach web's port through the
     // gateway, with the kubeconfig's credential.
     let mut forward = via("port-forward", &gateway, &kubeconfig)

@@ -20,7 +20,7 @@ async fn gateway(h: &Harness) -> SocketAddr {
     gateway_with(h, berth_gateway::Config::default()).await
 }
 
-async fn gateway_with(h: &Harness, config: berth_gateway::Config) -> SocketAddr {
+pub(crate) async fn gateway_with(h: &Harness, config: berth_gateway::Config) -> SocketAddr {
     berth_sim::manifests::create_all(&h.client, berth_gateway::RBAC, "default")
         .await
         .unwrap();
@@ -51,7 +51,7 @@ async fn replica(h: &Harness, config: berth_gateway::Config) -> SocketAddr {
 }
 
 /// A developer: a service account of `default` with a token, allowed into `workspaces` only.
-async fn developer(h: &Harness, name: &str, workspaces: &[&str]) -> String {
+pub(crate) async fn developer(h: &Harness, name: &str, workspaces: &[&str]) -> String {
     let mut manifest = format!(
         "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {name}\n  namespace: default\n"
     );
@@ -118,35 +118,35 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: default}}]
         .unwrap();
 }
 
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
 }
 
 impl Answer {
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
     /// Asserts that the answer's text has `words` (showing the whole text when not).
     #[track_caller]
-    fn says(&self, words: &str) {
+    pub(crate) fn says(&self, words: &str) {
         let text = self.text();
         assert!(text.contains(words), "{text}");
     }
 
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("{e}: {} {}", self.status, self.text()))
     }
 }
 
-async fn get(gateway: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Answer {
+pub(crate) async fn get(gateway: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Answer {
     call(gateway, http::Method::GET, path, headers, "").await
 }
 
-async fn call(
+pub(crate) async fn call(
     gateway: SocketAddr,
     method: http::Method,
     path: &str,
@@ -176,7 +176,7 @@ async fn call(
     }
 }
 
-async fn served(h: &Harness, name: &str) -> berth_api::Workspace {
+pub(crate) async fn served(h: &Harness, name: &str) -> berth_api::Workspace {
     h.create(
         name,
         json!({"image": "devbox:1", "command": ["serve"], "ports": [{"name": "http", "port": 8080}]}),
@@ -1306,7 +1306,7 @@ async fn a_public_port_is_served_to_anyone_only_where_allowed_and_a_port_may_kee
 
 /// Headless Chromium (Debian's `chromium`), driven over the DevTools protocol: a page of its
 /// own, JavaScript evaluated in it.
-struct Browser {
+pub(crate) struct Browser {
     child: std::process::Child,
     _profile: tempfile::TempDir,
     socket: tokio_tungstenite::WebSocketStream<
@@ -1343,7 +1343,7 @@ impl Browser {
     }
 
     /// [`Browser::start`] with more command-line flags.
-    async fn start_with(flags: &[&str]) -> Option<Browser> {
+    pub(crate) async fn start_with(flags: &[&str]) -> Option<Browser> {
         let program = ["chromium", "chromium-browser"].into_iter().find(|p| {
             std::process::Command::new(p)
                 .arg("--version")
@@ -1417,7 +1417,7 @@ impl Browser {
     }
 
     /// One DevTools command (to the page once attached); its result.
-    async fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&mut self, method: &str, params: Value) -> Value {
         match self.send(method, params).await {
             Ok(result) => result,
             Err(error) => panic!("{method}: {error}"),
@@ -1461,7 +1461,7 @@ impl Browser {
     }
 
     /// The value of a JavaScript expression in the page (a promise is awaited).
-    async fn eval(&mut self, expression: &str) -> Value {
+    pub(crate) async fn eval(&mut self, expression: &str) -> Value {
         let result = self
             .call(
                 "Runtime.evaluate",
@@ -1475,13 +1475,13 @@ impl Browser {
         result["result"]["value"].clone()
     }
 
-    async fn navigate(&mut self, url: &str) {
+    pub(crate) async fn navigate(&mut self, url: &str) {
         self.call("Page.navigate", json!({"url": url})).await;
     }
 
     /// Waits until `condition` (JavaScript) is true in the page, as a person looking at it
     /// (a page that is being replaced is asked again).
-    async fn until(&mut self, what: &str, condition: &str) {
+    pub(crate) async fn until(&mut self, what: &str, condition: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         let expression = format!("document.readyState === 'complete' && !!({condition})");
         loop {

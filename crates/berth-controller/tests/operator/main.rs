@@ -7,6 +7,7 @@ mod admission;
 mod agent;
 mod content;
 mod culling;
+mod dashboard;
 mod gateway;
 mod kinds;
 mod leader;
