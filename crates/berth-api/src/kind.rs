@@ -203,6 +203,12 @@ pub struct ImageConfig {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::workspace::ports_schema")]
     pub ports: Vec<WorkspacePort>,
+    /// The command that serves the option (e.g. a browser IDE on its port), for a workspace
+    /// that gives none of its own; Berth's agent runs and supervises it, so the workspace has
+    /// shells and SSH. The image's entrypoint when absent (and the workspace has no command).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub command: Option<Vec<String>>,
 }
 
 fn pull_policy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

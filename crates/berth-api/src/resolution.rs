@@ -193,6 +193,9 @@ impl KindResolution {
     pub fn apply(&self, spec: &WorkspaceSpec) -> WorkspaceSpec {
         let mut out = spec.clone();
         out.image = self.image.spec.image.clone();
+        if out.command.is_none() {
+            out.command = self.image.spec.command.clone();
+        }
         let own_ports: BTreeSet<(&str, i32)> = spec
             .ports
             .iter()
@@ -281,6 +284,7 @@ impl KindResolution {
             &image_why,
         );
         differ(&mut out, "ports", &was.ports, &is.ports, &image_why);
+        differ(&mut out, "command", &was.command, &is.command, &image_why);
         if out.len() == before {
             option_moved(&mut out, "image", &self.image, &now.image, &image_why);
         }
@@ -470,6 +474,29 @@ mod port_tests {
         assert_eq!(
             port_in_force(&ws, Some("ssh")).unwrap_err(),
             "workspace team/py has no port ssh; its ports: http (8080), api (9000)"
+        );
+    }
+
+    #[test]
+    fn an_image_options_command_runs_unless_the_workspace_gives_its_own() {
+        let record: KindResolution = serde_json::from_value(json!({
+            "kind": "ide",
+            "image": {"id": "editor", "spec": {"image": "devbox:1", "command": ["serve", "--edit"]}},
+            "pod": {"id": "small", "spec": {}}
+        }))
+        .unwrap();
+        let spec = |own: serde_json::Value| -> crate::WorkspaceSpec {
+            serde_json::from_value(own).unwrap()
+        };
+        assert_eq!(
+            record.apply(&spec(json!({"kind": "ide"}))).command,
+            Some(vec!["serve".to_owned(), "--edit".to_owned()])
+        );
+        assert_eq!(
+            record
+                .apply(&spec(json!({"kind": "ide", "command": ["sleep", "1d"]})))
+                .command,
+            Some(vec!["sleep".to_owned(), "1d".to_owned()])
         );
     }
 }

@@ -1532,6 +1532,65 @@ fn dev_is_a_place_to_use_a_workspace() {
         listed.contains(r#"<tr data-workspace="default/web">"#),
         "{listed}"
     );
+    // The dashboard's spawner makes a workspace of the `ide` kind, whose image option runs
+    // Berth's editor on its port: through the gateway it lists, saves and opens a file of the
+    // home, and the file is there for a shell.
+    let csrf = listed
+        .split(r#"name="csrf" value=""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("the page's CSRF token: {listed}"))
+        .to_owned();
+    let form = format!("csrf={csrf}&kind=ide&image=editor&namespace=default&name=notes");
+    let spawned = request(
+        &gateway,
+        &format!(
+            "POST /new HTTP/1.0\r\nHost: {dashboard}\r\nOrigin: http://{dashboard}\r\nCookie: {cookie}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
+            form.len()
+        ),
+    );
+    assert!(
+        spawned.starts_with("HTTP/1.0 303") || spawned.starts_with("HTTP/1.1 303"),
+        "{spawned}"
+    );
+    poll(Duration::from_secs(90), "notes Running", || {
+        let output = dev_kubectl(
+            dir.path(),
+            &["get", "ws", "notes", "-o", "jsonpath={.status.phase}"],
+        );
+        (String::from_utf8_lossy(&output.stdout) == "Running").then_some(())
+    });
+    let ide = |method: &str, path: &str, body: &str| {
+        request(
+            &gateway,
+            &format!(
+                "{method} /w/default/notes/ide/{path} HTTP/1.0\r\nHost: {gateway}\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let page = poll(Duration::from_secs(30), "the editor's page", || {
+        Some(ide("GET", "", "")).filter(|page| page.contains("<title>Berth editor</title>"))
+    });
+    assert!(page.contains("api/list"), "{page}");
+    let saved = ide("PUT", "api/file?path=notes/todo.txt", "write the docs\n");
+    let status = |answer: &str| answer.split(' ').nth(1).unwrap_or_default().to_owned();
+    assert_eq!(status(&saved), "204", "{saved}");
+    let listed_files = ide("GET", "api/list?path=notes", "");
+    assert!(
+        listed_files.ends_with(r#"[{"dir":false,"name":"todo.txt"}]"#),
+        "{listed_files}"
+    );
+    let outside = ide("GET", "api/file?path=../../etc/passwd", "");
+    assert_eq!(status(&outside), "403", "{outside}");
+    let in_shell = via("shell", &gateway, &kubeconfig)
+        .args(["notes", "--", "cat", "/home/dev/notes/todo.txt"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&in_shell.stdout),
+        "write the docs\n"
+    );
     // berth port-forward: a local port whose connections reach web's port through the
     // gateway, with the kubeconfig's credential.
     let mut forward = via("port-forward", &gateway, &kubeconfig)
