@@ -1039,6 +1039,30 @@ fn openssh_reaches_web(dir: &std::path::Path, gateway: &str, kubeconfig: &std::p
         std::fs::read(&down).unwrap() == sent,
         "the copy came back whole"
     );
+    // rsync over ssh (the image's rsync at the other end), where this machine has it.
+    let rsync_here = Command::new("rsync")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !rsync_here && std::env::var("BERTH_REQUIRE_SSHD").as_deref() == Ok("1") {
+        panic!("rsync is required (BERTH_REQUIRE_SSHD=1) but not on PATH");
+    }
+    if rsync_here {
+        let tree = dir.join("tree");
+        std::fs::create_dir_all(tree.join("src")).unwrap();
+        std::fs::write(tree.join("src/lib.rs"), "pub fn answer() -> u8 { 42 }\n").unwrap();
+        let synced = Command::new("rsync")
+            .arg("-a")
+            .arg("-e")
+            .arg(format!("ssh -F {} -o BatchMode=yes", config.display()))
+            .arg(format!("{}/", tree.display()))
+            .arg("berth--web:/home/dev/tree/")
+            .output()
+            .unwrap();
+        assert!(synced.status.success(), "rsync: {}", text(&synced.stderr));
+        let there = ssh(&["berth--web", "cat /home/dev/tree/src/lib.rs"]);
+        assert_eq!(text(&there.stdout), "pub fn answer() -> u8 { 42 }\n");
+    }
     // ssh -L: a local port to web's server, as the pod reaches it (berth dev's pods share the
     // machine's network, so web listens on its pod IP).
     let pod_ip = text(&ssh(&["berth--web", "echo $POD_IP"]).stdout)
