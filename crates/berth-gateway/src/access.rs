@@ -60,6 +60,28 @@ pub enum Refusal {
     Unavailable(String),
 }
 
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::TooMany(wait) => write!(
+                f,
+                "too many refused credentials from your address; try again in {} seconds",
+                wait.as_secs().max(1)
+            ),
+            Refusal::Unauthenticated(why) => {
+                write!(f, "the API server does not accept the credential: {why}")
+            }
+            Refusal::Forbidden { user, reason } if reason.is_empty() => {
+                write!(f, "User \"{user}\" is not allowed")
+            }
+            Refusal::Forbidden { user, reason } => {
+                write!(f, "User \"{user}\" is not allowed: {reason}")
+            }
+            Refusal::Unavailable(why) => write!(f, "the API server cannot be asked: {why}"),
+        }
+    }
+}
+
 /// Answers by key, with when they were given.
 type Remembered<K, V> = Mutex<HashMap<K, (Instant, V)>>;
 

@@ -638,11 +638,7 @@ impl Gateway {
                 .answer(headers));
         }
         if let Err(refusal) = self.0.access.still_exists(&session.user).await {
-            let why = match refusal {
-                Refusal::Unauthenticated(why) | Refusal::Unavailable(why) => why,
-                other => format!("{other:?}"),
-            };
-            return Err(sign_in(format!("Your session ended: {why}.")));
+            return Err(sign_in(format!("Your session ended: {refusal}.")));
         }
         Ok(session)
     }
@@ -990,7 +986,7 @@ impl Gateway {
                     Refusal::Forbidden { user, .. } => {
                         crate::access::missing_permission(&user, &namespace, &name)
                     }
-                    other => format!("{other:?}"),
+                    other => other.to_string(),
                 },
             );
         }

@@ -161,34 +161,56 @@ fn authenticate(sim: &Sim, headers: &HeaderMap) -> ApiResult<Identity> {
     let Some(user) = header_str(headers, "impersonate-user") else {
         return Ok(identity);
     };
-    let allowed = identity.is_superuser()
-        || auth::authorize(
-            &sim.store,
-            &identity,
-            &Attributes {
-                verb: "impersonate".into(),
-                resource: "users".into(),
-                name: user.into(),
-                ..Default::default()
-            },
-        )
-        .allowed;
-    if !allowed {
-        return Err(ApiError::Forbidden {
-            message: format!(
-                "users \"{user}\" is forbidden: User \"{}\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope",
-                identity.username
-            ),
-            kind: "users".into(),
-            name: Some(user.into()),
-            group: String::new(),
-        });
-    }
     let groups: Vec<String> = headers
         .get_all("impersonate-group")
         .iter()
         .filter_map(|v| v.to_str().ok().map(str::to_owned))
         .collect();
+    // As the API server's impersonation filter: a service account's name is checked as that
+    // service account (`serviceaccounts` in its namespace), any other as `users`; each group
+    // as `groups`.
+    let mut asked = vec![match user
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split_once(':'))
+    {
+        Some((namespace, name)) => ("serviceaccounts", namespace.to_owned(), name.to_owned()),
+        None => ("users", String::new(), user.to_owned()),
+    }];
+    asked.extend(
+        groups
+            .iter()
+            .map(|group| ("groups", String::new(), group.clone())),
+    );
+    for (resource, namespace, name) in asked {
+        let allowed = identity.is_superuser()
+            || auth::authorize(
+                &sim.store,
+                &identity,
+                &Attributes {
+                    verb: "impersonate".into(),
+                    resource: resource.into(),
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    ..Default::default()
+                },
+            )
+            .allowed;
+        if !allowed {
+            let scope = match namespace.is_empty() {
+                true => "at the cluster scope".to_owned(),
+                false => format!("in the namespace \"{namespace}\""),
+            };
+            return Err(ApiError::Forbidden {
+                message: format!(
+                    "{resource} \"{name}\" is forbidden: User \"{}\" cannot impersonate resource \"{resource}\" in API group \"\" {scope}",
+                    identity.username
+                ),
+                kind: resource.into(),
+                name: Some(name),
+                group: String::new(),
+            });
+        }
+    }
     Ok(Identity::impersonated(user, groups))
 }
 

@@ -296,6 +296,7 @@ async fn impersonation_is_for_those_allowed_to() {
     )
     .await
     .unwrap();
+    let config_for = config.clone();
     config.auth_info.impersonate = Some("kubernetes-admin".into());
     let sneaky = kube::Client::try_from(config).unwrap();
     let pods: Api<Pod> = Api::namespaced(sneaky, "default");
@@ -305,6 +306,51 @@ async fn impersonation_is_for_those_allowed_to() {
         message.contains("cannot impersonate resource \"users\""),
         "{message}"
     );
+
+    // Allowed to impersonate users only: a service account's name, or a group, is refused
+    // as the API server refuses it.
+    berth_sim::manifests::create_all(
+        &admin,
+        r#"{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "users-only"},
+  "rules": [{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"]}]}
+---
+{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "plain-users-only"},
+  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "users-only"},
+  "subjects": [{"kind": "ServiceAccount", "name": "plain", "namespace": "default"}]}"#,
+        "default",
+    )
+    .await
+    .unwrap();
+    let as_plain = |user: &str, groups: &[&str]| {
+        let mut config = config_for.clone();
+        config.auth_info.impersonate = Some(user.into());
+        config.auth_info.impersonate_groups =
+            (!groups.is_empty()).then(|| groups.iter().map(|g| g.to_string()).collect());
+        Api::<Pod>::namespaced(kube::Client::try_from(config).unwrap(), "default")
+    };
+    let (code, _, message) = api_error(
+        as_plain("alice", &["admins"])
+            .list(&ListParams::default())
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert_eq!(
+        message,
+        "groups \"admins\" is forbidden: User \"system:serviceaccount:default:plain\" cannot impersonate resource \"groups\" in API group \"\" at the cluster scope"
+    );
+    let (code, _, message) = api_error(
+        as_plain("system:serviceaccount:team:bot", &[])
+            .list(&ListParams::default())
+            .await,
+    );
+    assert_eq!(code, 403);
+    assert_eq!(
+        message,
+        "serviceaccounts \"bot\" is forbidden: User \"system:serviceaccount:default:plain\" cannot impersonate resource \"serviceaccounts\" in API group \"\" in the namespace \"team\""
+    );
+    let (code, _, message) = api_error(as_plain("alice", &[]).list(&ListParams::default()).await);
+    assert_eq!(code, 403, "alice herself may not list pods");
+    assert!(message.contains("User \"alice\" cannot list"), "{message}");
 }
 
 #[tokio::test]
