@@ -197,7 +197,7 @@ struct Opened {
 
 impl Connection {
     /// Starts `command` on `id`'s channel; the client is told the request succeeded once it
-    /// runs, else why not (on stderr) and that it failed.
+    /// runs, else why not (on stderr) and exit status 1.
     async fn start(
         &mut self,
         id: ChannelId,
@@ -238,9 +238,12 @@ impl Connection {
                     self.open.clone(),
                 ));
             }
+            // As a shell that cannot run the command: the client shows why, and exits 1.
             Err(why) => {
+                session.channel_success(id)?;
                 session.extended_data(id, 1, format!("berth agent: {why}\r\n").into_bytes())?;
-                session.channel_failure(id)?;
+                session.exit_status_request(id, 1)?;
+                session.eof(id)?;
                 session.close(id)?;
             }
         }

@@ -502,7 +502,8 @@ impl ProcessRuntime {
 
     /// Containers of the images `image` accepts find each host file of `files` at its path
     /// (absolute, read-only) and, without a `command`, run `entrypoint` before their `args`,
-    /// as if their image had them. Call before the runtime is shared.
+    /// as if their image had them (`{podIP}` in it is the pod's address, which a server must
+    /// listen on where pods share this machine's network). Call before the runtime is shared.
     pub fn with_image(
         self,
         image: impl Fn(&str) -> bool + Send + Sync + 'static,
@@ -536,7 +537,16 @@ impl ProcessRuntime {
         if context.container["command"].is_null()
             && let Some(image) = self.image(context)
         {
-            words.splice(0..0, image.entrypoint.iter().cloned());
+            // Pods share this machine's network here, so an image's server listens on its
+            // pod's address: `{podIP}` in an entrypoint is that address.
+            let pod_ip = context.pod_ip.to_string();
+            words.splice(
+                0..0,
+                image
+                    .entrypoint
+                    .iter()
+                    .map(|w| w.replace("{podIP}", &pod_ip)),
+            );
         }
         words
     }

@@ -78,6 +78,10 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "unschedulable.yaml",
         include_str!("../../../examples/unschedulable.yaml"),
     ),
+    (
+        "notebook.yaml",
+        include_str!("../../../examples/notebook.yaml"),
+    ),
     ("web.yaml", include_str!("../../../examples/web.yaml")),
     (
         "workspace-author.yaml",
@@ -423,6 +427,24 @@ fn install_manifests() -> Result<Vec<(&'static str, String)>, String> {
         .collect()
 }
 
+/// The image of `examples/notebook.yaml`, which runs its own entrypoint (no command): here
+/// Berth's editor stands in for the notebook server it would have, on its port.
+fn notebook_image() -> Vec<crate::pod_process::ImageEntrypoint> {
+    vec![crate::pod_process::ImageEntrypoint {
+        image: "ghcr.io/example/notebook".to_owned(),
+        entrypoint: [
+            crate::pod_process::BINARY_IN_IMAGE,
+            "serve",
+            "--edit",
+            "--listen",
+            "{podIP}:8888",
+            "/home/dev",
+        ]
+        .map(str::to_owned)
+        .into(),
+    }]
+}
+
 /// berth dev's gateway's base domain.
 pub const DOMAIN: &str = "localhost";
 
@@ -590,6 +612,7 @@ pub async fn run(args: DevArgs) -> Result<(), String> {
             std::env::current_exe().map_err(|e| format!("cannot find its own binary: {e}"))?,
             Ok(processes),
             true,
+            &notebook_image(),
         )),
         // Claims are plain folders: agents still clone content into them.
         Err(_) => std::sync::Arc::new(berth_agent::sim_runtime::AgentRuntime::with_claims(

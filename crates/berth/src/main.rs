@@ -146,6 +146,20 @@ struct SimArgs {
         env = "BERTH_SIM_CONTAINERS"
     )]
     containers: Containers,
+    /// Give an image an entrypoint, as if the image had it: `IMAGE=ENTRYPOINT` (shell words;
+    /// `{podIP}` is the pod's address, which a server listens on since pods share this
+    /// machine's network; the image also finds this binary at /usr/local/bin/berth), e.g.
+    /// `nginx='python3 -m http.server --bind {podIP} 8080'`. Repeat it for more images (in the
+    /// environment variable, separate them with `;`). The image is matched by repository,
+    /// whatever its tag. Default: none (an image's entrypoint is not on this machine, so a
+    /// container without a command runs nothing, but can be entered).
+    #[arg(long = "image", value_name = "IMAGE=ENTRYPOINT", env = "BERTH_SIM_IMAGE", value_delimiter = ';', value_parser = pod_process::ImageEntrypoint::parse)]
+    images: Vec<pod_process::ImageEntrypoint>,
+    /// A YAML file of image entrypoints, as --image gives them: a list of
+    /// `{image: nginx, entrypoint: [python3, -m, http.server, --bind, "{podIP}", "8080"]}`.
+    /// Default: none.
+    #[arg(long, env = "BERTH_SIM_IMAGES")]
+    images_file: Option<std::path::PathBuf>,
 }
 
 /// What `berth sim` does with containers that are not Berth's.
@@ -365,6 +379,7 @@ fn raise_open_files_limit() -> std::io::Result<()> {
 async fn sim_runtime(
     data: &tempfile::TempDir,
     containers: Containers,
+    images: &[pod_process::ImageEntrypoint],
 ) -> Result<berth_sim::SharedRuntime, String> {
     let binary = std::env::current_exe().map_err(|e| format!("cannot find its own binary: {e}"))?;
     let processes = berth_sim::ProcessRuntime::new(data.path());
@@ -379,6 +394,7 @@ async fn sim_runtime(
         binary,
         processes,
         containers == Containers::Processes,
+        images,
     )))
 }
 
@@ -407,11 +423,21 @@ fn run_sim(args: SimArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let mut images = args.images.clone();
+    if let Some(file) = &args.images_file {
+        match pod_process::ImageEntrypoint::from_file(file) {
+            Ok(more) => images.extend(more),
+            Err(err) => {
+                eprintln!("berth sim: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     runtime.block_on(async {
         let config = berth_sim::SimConfig {
             port: args.port,
             nodes: berth_sim::NodeConfig::several(args.nodes),
-            runtime: match sim_runtime(&data, args.containers).await {
+            runtime: match sim_runtime(&data, args.containers, &images).await {
                 Ok(runtime) => runtime,
                 Err(err) => {
                     eprintln!("berth sim: {err}");

@@ -19,7 +19,75 @@ use berth_sim::{
 };
 
 /// Where Berth's image has the `berth` binary, which is also its entrypoint.
-const BINARY_IN_IMAGE: &str = "/usr/local/bin/berth";
+pub const BINARY_IN_IMAGE: &str = "/usr/local/bin/berth";
+
+/// An entrypoint this machine gives an image (`berth sim --image`), as if the image had it;
+/// the image also finds this binary at [`BINARY_IN_IMAGE`], so `berth serve` can stand in for
+/// its server.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct ImageEntrypoint {
+    /// The image, by repository: `nginx` is also `nginx:1.27` and `docker.io/library/nginx`.
+    pub image: String,
+    /// The entrypoint's words; `{podIP}` is the pod's address.
+    pub entrypoint: Vec<String>,
+}
+
+impl ImageEntrypoint {
+    /// `IMAGE=ENTRYPOINT`, the entrypoint in shell words.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (image, words) = text
+            .split_once('=')
+            .ok_or_else(|| format!("{text:?}: write IMAGE=ENTRYPOINT, e.g. nginx='python3 -m http.server --bind {{podIP}} 80'"))?;
+        let entrypoint = shlex::split(words)
+            .filter(|w| !w.is_empty())
+            .ok_or_else(|| {
+                format!("{text:?}: the entrypoint is not shell words (an unclosed quote?)")
+            })?;
+        if image.trim().is_empty() {
+            return Err(format!("{text:?}: which image?"));
+        }
+        Ok(ImageEntrypoint {
+            image: image.trim().to_owned(),
+            entrypoint,
+        })
+    }
+
+    /// The entries of a YAML file: `- {image: nginx, entrypoint: [python3, -m, http.server]}`.
+    pub fn from_file(path: &std::path::Path) -> Result<Vec<Self>, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let entries: Vec<ImageEntrypoint> = serde_saphyr::from_str(&text).map_err(|e| {
+            format!(
+                "{}: not a list of {{image, entrypoint}}: {e}",
+                path.display()
+            )
+        })?;
+        match entries.iter().find(|e| e.entrypoint.is_empty()) {
+            Some(empty) => Err(format!(
+                "{}: {} has an empty entrypoint",
+                path.display(),
+                empty.image
+            )),
+            None => Ok(entries),
+        }
+    }
+}
+
+/// An image's repository as a registry names it: without its tag or digest, and without
+/// Docker Hub's implicit `docker.io/library/`.
+pub fn repository(image: &str) -> &str {
+    let image = image.split('@').next().unwrap_or(image);
+    // A tag is after the last colon, unless that colon is a registry's port (a slash follows).
+    let image = match image.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => name,
+        _ => image,
+    };
+    image
+        .strip_prefix("docker.io/library/")
+        .or_else(|| image.strip_prefix("docker.io/"))
+        .or_else(|| image.strip_prefix("index.docker.io/library/"))
+        .unwrap_or(image)
+}
 
 /// Runs Berth's containers as processes of this binary, its agents in-process, and, with
 /// `others`, every other container (and a workspace's own command beside its agent) as a
@@ -35,13 +103,28 @@ pub struct PodProcessRuntime {
 impl PodProcessRuntime {
     /// `binary` is this binary, `processes` the runtime (checked: `check_isolation`) or why
     /// there is none.
-    pub fn new(binary: PathBuf, processes: Result<ProcessRuntime, String>, others: bool) -> Self {
+    pub fn new(
+        binary: PathBuf,
+        processes: Result<ProcessRuntime, String>,
+        others: bool,
+        images: &[ImageEntrypoint],
+    ) -> Self {
         let processes = processes.map(|p| {
-            p.with_image(
+            let mut p = p.with_image(
                 is_berth_image,
-                &[(BINARY_IN_IMAGE, binary)],
+                &[(BINARY_IN_IMAGE, binary.clone())],
                 &[BINARY_IN_IMAGE],
-            )
+            );
+            for image in images {
+                let wanted = repository(&image.image).to_owned();
+                let entrypoint: Vec<&str> = image.entrypoint.iter().map(String::as_str).collect();
+                p = p.with_image(
+                    move |name| repository(name) == wanted,
+                    &[(BINARY_IN_IMAGE, binary.clone())],
+                    &entrypoint,
+                );
+            }
+            p
         });
         // Agents clone content into their home claim's folder, where the processes see it.
         let agents = match &processes {
@@ -241,6 +324,44 @@ impl ContainerRuntime for PodProcessRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_is_matched_by_its_repository_whatever_its_tag() {
+        for (image, repo) in [
+            ("nginx", "nginx"),
+            ("nginx:1.27", "nginx"),
+            ("docker.io/library/nginx:latest", "nginx"),
+            ("nginx@sha256:abc", "nginx"),
+            ("localhost:5000/team/app:2", "localhost:5000/team/app"),
+            ("localhost:5000/team/app", "localhost:5000/team/app"),
+            ("ghcr.io/example/notebook:1", "ghcr.io/example/notebook"),
+        ] {
+            assert_eq!(repository(image), repo, "{image}");
+        }
+    }
+
+    #[test]
+    fn an_image_entrypoint_is_written_as_shell_words() {
+        assert_eq!(
+            ImageEntrypoint::parse("nginx=python3 -m http.server --bind '{podIP}' 80").unwrap(),
+            ImageEntrypoint {
+                image: "nginx".into(),
+                entrypoint: ["python3", "-m", "http.server", "--bind", "{podIP}", "80"]
+                    .map(str::to_owned)
+                    .into()
+            }
+        );
+        assert!(
+            ImageEntrypoint::parse("nginx")
+                .unwrap_err()
+                .contains("IMAGE=ENTRYPOINT")
+        );
+        assert!(
+            ImageEntrypoint::parse("nginx='open")
+                .unwrap_err()
+                .contains("shell words")
+        );
+    }
 
     #[test]
     fn berths_image_is_known_by_its_repositorys_last_part() {

@@ -485,6 +485,101 @@ fn sim_serves_nodes_to_kubectl_and_stops_on_sigterm() {
     assert!(!kubeconfig.exists(), "the kubeconfig is removed on exit");
 }
 
+/// `berth sim --image` (and `--images FILE`) gives an image the entrypoint a real image would
+/// have: a pod of `nginx:1.27` with no command serves HTTP on its port, as kubectl's pod proxy
+/// shows; a bad entrypoint is refused before anything starts.
+#[test]
+fn sim_gives_images_their_entrypoints() {
+    if !kubectl_present() {
+        eprintln!("skipped: needs kubectl");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("images.yaml"),
+        "- image: ghcr.io/example/echo\n  entrypoint: [/bin/sh, -c, \"echo from-the-image; exec sleep 600\"]\n",
+    )
+    .unwrap();
+    let refused = Command::new(BERTH)
+        .args(["sim", "--image", "nginx='python3"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("not shell words"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let kubeconfig = dir.path().join("sim.kubeconfig");
+    let mut child = Command::new(BERTH)
+        .args([
+            "sim",
+            "--image",
+            "nginx=python3 -m http.server --bind {podIP} 8080",
+            "--images-file",
+        ])
+        .arg(dir.path().join("images.yaml"))
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("sim.err")).unwrap())
+        .spawn()
+        .unwrap();
+    let stop = |child: &mut std::process::Child| {
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+    };
+    poll(Duration::from_secs(30), "the kubeconfig", || {
+        kubeconfig.exists().then_some(())
+    });
+    let kubectl = |args: &[&str]| {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let said = std::fs::read_to_string(dir.path().join("sim.err")).unwrap_or_default();
+    if said.contains("run nothing") {
+        stop(&mut child);
+        if std::env::var("BERTH_REQUIRE_PROCESSES").as_deref() == Ok("1") {
+            panic!("containers must run as processes here (BERTH_REQUIRE_PROCESSES=1): {said}");
+        }
+        eprintln!("skipped: {said}");
+        return;
+    }
+    let created = kubectl(&[
+        "run",
+        "web",
+        "--image=docker.io/library/nginx:1.27",
+        "--port=8080",
+    ]);
+    assert!(created.status.success(), "{created:?}");
+    let created = kubectl(&["run", "echo", "--image=ghcr.io/example/echo:3"]);
+    assert!(created.status.success(), "{created:?}");
+    let body = poll(Duration::from_secs(60), "nginx's server", || {
+        let out = kubectl(&[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/pods/web:8080/proxy/",
+        ]);
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    });
+    assert!(body.contains("Directory listing for /"), "{body}");
+    let logs = poll(Duration::from_secs(60), "echo's log", || {
+        let out = kubectl(&["logs", "echo"]);
+        Some(String::from_utf8_lossy(&out.stdout).into_owned()).filter(|l| !l.is_empty())
+    });
+    assert_eq!(logs, "from-the-image\n");
+    stop(&mut child);
+}
+
 #[test]
 fn controller_refuses_bad_flags_with_a_clear_message() {
     let output = Command::new(BERTH)
@@ -757,6 +852,7 @@ fn dev_examples(mut command: Command) -> String {
     assert!(last("basic", "Running").is_some(), "{stdout}");
     assert!(last("with-secret", "Running").is_some(), "{stdout}");
     assert!(last("web", "Running").is_some(), "{stdout}");
+    assert!(last("notebook", "Running").is_some(), "{stdout}");
     // Workspaces of the example kinds.
     assert!(last("shell", "Running").is_some(), "{stdout}");
     assert!(last("python", "Running").is_some(), "{stdout}");
@@ -1109,6 +1205,69 @@ fn openssh_reaches_web(dir: &std::path::Path, gateway: &str, kubeconfig: &std::p
         "{}",
         text(&direct.stderr)
     );
+    // A workspace that runs its image's entrypoint (notebook): its port through `ssh -L`, and
+    // a command refused saying why.
+    let notebook = via("ssh-config", gateway, kubeconfig)
+        .args(["notebook", "--known-hosts"])
+        .arg(dir.join("notebook_known_hosts"))
+        .output()
+        .unwrap();
+    assert!(notebook.status.success(), "{}", text(&notebook.stderr));
+    let notebook_config = dir.join("notebook_ssh_config");
+    std::fs::write(&notebook_config, &notebook.stdout).unwrap();
+    let refused = Command::new("ssh")
+        .arg("-F")
+        .arg(&notebook_config)
+        .args(["-o", "BatchMode=yes", "berth--notebook", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(
+        (refused.status.code(), text(&refused.stderr)),
+        (
+            Some(1),
+            format!("berth agent: {}\r\n", berth_agent::shell::BESIDE_ENTRYPOINT)
+        )
+    );
+    let notebook_ip = dev_kubectl(
+        dir,
+        &[
+            "get",
+            "pod",
+            "notebook-ws",
+            "-o",
+            "jsonpath={.status.podIP}",
+        ],
+    );
+    let notebook_ip = text(&notebook_ip.stdout);
+    let local = free_port();
+    let mut forward = Command::new("ssh")
+        .arg("-F")
+        .arg(&notebook_config)
+        .args([
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-N",
+            "-L",
+        ])
+        .arg(format!("127.0.0.1:{local}:{notebook_ip}:8888"))
+        .arg("berth--notebook")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let page = poll(Duration::from_secs(20), "ssh -L to the notebook", || {
+        std::net::TcpStream::connect(("127.0.0.1", local))
+            .is_ok()
+            .then(|| get(local))
+            .filter(|body| !body.is_empty())
+    });
+    let _ = Command::new("kill")
+        .args(["-TERM", &forward.id().to_string()])
+        .status();
+    let _ = forward.wait();
+    assert!(page.contains("<title>Berth editor</title>"), "{page}");
     // A key that is not the workspace's: OpenSSH refuses the connection.
     let other = "berth--web--default ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMWuf8xx5YHbmGw2n/hN5d4EBZ0QbcUQnPX1etvYQ/AK\n";
     std::fs::write(&known_hosts, other).unwrap();
