@@ -265,7 +265,7 @@ async fn a_person_signs_in_spawns_from_a_kind_watches_it_start_and_stops_it() {
         .await;
     h.until_phase("mine", berth_api::Phase::Stopped).await;
 
-    // Its page: why it is not running, and its events.
+    // Its page: its events.
     browser
         .navigate(&format!("{site}/workspaces/default/mine"))
         .await;
@@ -300,6 +300,35 @@ async fn a_person_signs_in_spawns_from_a_kind_watches_it_start_and_stops_it() {
         browser.eval("document.querySelector('#name').value").await,
         json!("web")
     );
+
+    // Delete, from its page, once she ticks that the home goes too.
+    browser
+        .navigate(&format!("{site}/workspaces/default/mine"))
+        .await;
+    browser
+        .until("its page", "document.querySelector('input[name=sure]')")
+        .await;
+    browser
+        .eval(
+            "document.querySelector('input[name=sure]').checked = true;
+             document.querySelector('input[name=sure]').form.requestSubmit()",
+        )
+        .await;
+    browser
+        .until(
+            "mine gone from the list",
+            r#"document.querySelector('tbody[data-live]') && !document.querySelector('tr[data-workspace="default/mine"]')"#,
+        )
+        .await;
+    eventually(Duration::from_secs(30), "mine deleted", || async {
+        h.workspaces()
+            .get_opt("mine")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
 
     // The session is the dashboard's: a request from a workspace's page is refused.
     let cookies = browser
