@@ -16,14 +16,15 @@ use serde_json::json;
 /// Which cluster, context and namespace: as kubectl takes them.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Target {
-    /// The kubeconfig to use (default: $KUBECONFIG, else ~/.kube/config, else in-cluster).
-    #[arg(long, global = true)]
+    /// The kubeconfig to use (default: $KUBECONFIG, a list of files as kubectl takes it, else
+    /// ~/.kube/config, else in-cluster).
+    #[arg(long, global = true, env = "BERTH_KUBECONFIG")]
     pub kubeconfig: Option<std::path::PathBuf>,
     /// The kubeconfig context to use (default: its current context).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "BERTH_CONTEXT")]
     pub context: Option<String>,
     /// The namespace (default: the context's, else `default`).
-    #[arg(short, long, global = true)]
+    #[arg(short, long, global = true, env = "BERTH_NAMESPACE")]
     pub namespace: Option<String>,
 }
 

@@ -64,6 +64,43 @@ fn install_copies_an_executable_berth() {
 }
 
 /// A port no one listens on now.
+/// A process of the test's, stopped as a person stops it (SIGTERM, then its exit awaited) when
+/// the test ends, also when it fails: a failed test leaves no `berth dev` (nor its git daemon,
+/// mounts and folders, which it removes as it stops) behind.
+struct Stopped(std::process::Child);
+
+impl std::ops::Deref for Stopped {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Stopped {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.0.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while let Ok(None) = self.0.try_wait() {
+                if Instant::now() > deadline {
+                    let _ = self.0.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        let _ = self.0.wait();
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -412,8 +449,10 @@ fn kubectl_present() -> bool {
         .args(["version", "--client"])
         .output()
         .is_ok_and(|o| o.status.success());
-    if !present && std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() == Ok("1") {
-        panic!("kubectl is required (BERTH_REQUIRE_KUBECTL=1) but not found on PATH");
+    if !present && std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() != Ok("0") {
+        panic!(
+            "kubectl is needed for this test and is not on PATH: install it (any version from 1.27; README, \"What the tests need\"), or set BERTH_REQUIRE_KUBECTL=0 to skip what needs it"
+        );
     }
     present
 }
@@ -511,21 +550,23 @@ fn sim_gives_images_their_entrypoints() {
         String::from_utf8_lossy(&refused.stderr)
     );
     let kubeconfig = dir.path().join("sim.kubeconfig");
-    let mut child = Command::new(BERTH)
-        .args([
-            "sim",
-            "--image",
-            "nginx=python3 -m http.server --bind {podIP} 8080",
-            "--images-file",
-        ])
-        .arg(dir.path().join("images.yaml"))
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .current_dir(dir.path())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("sim.err")).unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = Stopped(
+        Command::new(BERTH)
+            .args([
+                "sim",
+                "--image",
+                "nginx=python3 -m http.server --bind {podIP} 8080",
+                "--images-file",
+            ])
+            .arg(dir.path().join("images.yaml"))
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("sim.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let stop = |child: &mut std::process::Child| {
         let _ = Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
@@ -1355,14 +1396,16 @@ fn dev_is_a_place_to_use_a_workspace() {
     // berth dev's folder of volumes and its git server's repositories go here.
     let scratch = dir.path().join("tmp");
     std::fs::create_dir(&scratch).unwrap();
-    let mut dev = Command::new(BERTH)
-        .args(["dev", "--for", "240s"])
-        .current_dir(dir.path())
-        .env("TMPDIR", &scratch)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut dev = Stopped(
+        Command::new(BERTH)
+            .args(["dev", "--for", "240s"])
+            .current_dir(dir.path())
+            .env("TMPDIR", &scratch)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(dev.stdout.take().unwrap()));
     let first = lines.next().unwrap().unwrap();
     // The gateway's address, from its hint line (none when berth dev says it cannot run pods).
@@ -2140,14 +2183,16 @@ mod failover {
     }
 }
 
-/// The machine's kubectl, or None (then the test is skipped, unless `BERTH_REQUIRE_KUBECTL=1`).
+/// The machine's kubectl, or None (then the test is skipped, only with `BERTH_REQUIRE_KUBECTL=0`).
 fn kubectl() -> Option<&'static str> {
     let found = Command::new("kubectl")
         .args(["version", "--client"])
         .output()
         .is_ok_and(|o| o.status.success());
-    if !found && std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() == Ok("1") {
-        panic!("kubectl is required (BERTH_REQUIRE_KUBECTL=1) but not found");
+    if !found && std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() != Ok("0") {
+        panic!(
+            "kubectl is needed for this test and is not on PATH: install it (any version from 1.27; README, \"What the tests need\"), or set BERTH_REQUIRE_KUBECTL=0 to skip what needs it"
+        );
     }
     found.then_some("kubectl")
 }
@@ -2418,13 +2463,15 @@ fn dev_works_from_an_installed_binary_and_guards_its_kubeconfig() {
 
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("berth-dev.kubeconfig");
-    let mut first = Command::new(BERTH)
-        .args(["dev", "--for", "20s"])
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut first = Stopped(
+        Command::new(BERTH)
+            .args(["dev", "--for", "20s"])
+            .current_dir(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while !kubeconfig.exists() {
         assert!(
@@ -2965,6 +3012,42 @@ fn every_flag_has_its_default_and_environment_variable_in_help() {
 
 /// `berth serve` serves a folder's files, never to be kept by a browser: once the workspace
 /// stops, the same address shows the gateway's page (and its start button), not a copy.
+/// The developer's subcommands say, in `--help`, the environment variable of each flag that
+/// picks the cluster, the namespace and the gateway, and that variable is read.
+#[test]
+fn client_flags_show_and_read_their_environment_variables() {
+    for sub in [
+        "ls",
+        "start",
+        "stop",
+        "open",
+        "dashboard",
+        "port-forward",
+        "shell",
+        "ssh",
+        "ssh-config",
+    ] {
+        let help = Command::new(BERTH).args([sub, "--help"]).output().unwrap();
+        let help = String::from_utf8_lossy(&help.stdout);
+        for variable in ["BERTH_KUBECONFIG", "BERTH_CONTEXT", "BERTH_NAMESPACE"] {
+            assert!(
+                help.contains(&format!("[env: {variable}=")),
+                "{sub}: {variable}\n{help}"
+            );
+        }
+        if sub != "ls" && sub != "start" && sub != "stop" {
+            assert!(help.contains("[env: BERTH_GATEWAY="), "{sub}\n{help}");
+        }
+    }
+    let read = Command::new(BERTH)
+        .arg("ls")
+        .env("BERTH_KUBECONFIG", "/no/such/kubeconfig")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&read.stderr);
+    assert!(said.contains("/no/such/kubeconfig"), "{said}");
+}
+
 #[test]
 fn serve_serves_files_a_browser_does_not_keep() {
     use std::io::{Read, Write};

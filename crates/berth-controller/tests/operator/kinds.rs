@@ -282,17 +282,17 @@ async fn a_kinds_change_never_restarts_a_workspace_and_its_next_start_applies_it
 struct Kubectl(std::path::PathBuf);
 
 impl Kubectl {
-    /// When kubectl is on the machine (required where `BERTH_REQUIRE_KUBECTL=1`).
+    /// When kubectl is on the machine (required unless `BERTH_REQUIRE_KUBECTL=0`).
     fn for_sim(h: &Harness) -> Option<Kubectl> {
         if std::process::Command::new("kubectl")
             .args(["version", "--client"])
             .output()
             .is_err()
         {
-            assert_ne!(
+            assert_eq!(
                 std::env::var("BERTH_REQUIRE_KUBECTL").as_deref(),
-                Ok("1"),
-                "kubectl is required"
+                Ok("0"),
+                "kubectl is needed for this test and is not on PATH: install it (any version from 1.27; README, \"What the tests need\"), or set BERTH_REQUIRE_KUBECTL=0 to skip what needs it"
             );
             return None;
         }

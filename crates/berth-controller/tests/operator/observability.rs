@@ -214,8 +214,10 @@ async fn kubectl_describe_shows_the_workspace_story() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !present {
-        if std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() == Ok("1") {
-            panic!("kubectl is required (BERTH_REQUIRE_KUBECTL=1) but not found on PATH");
+        if std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() != Ok("0") {
+            panic!(
+                "kubectl is needed for this test and is not on PATH: install it (any version from 1.27; README, \"What the tests need\"), or set BERTH_REQUIRE_KUBECTL=0 to skip what needs it"
+            );
         }
         eprintln!("skipping: kubectl is not installed");
         return;
@@ -324,10 +326,10 @@ async fn kubectl_get_ws_shows_a_short_message_in_every_phase_family() {
         .output()
         .is_err()
     {
-        assert_ne!(
+        assert_eq!(
             std::env::var("BERTH_REQUIRE_KUBECTL").as_deref(),
-            Ok("1"),
-            "kubectl is required"
+            Ok("0"),
+            "kubectl is needed for this test and is not on PATH: install it (any version from 1.27; README, \"What the tests need\"), or set BERTH_REQUIRE_KUBECTL=0 to skip what needs it"
         );
         return;
     }

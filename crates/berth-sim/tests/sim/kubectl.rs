@@ -1,6 +1,8 @@
 //! The machine's `kubectl` against the sim through a written kubeconfig: the yardstick that
-//! the sim behaves like a real API server. Skips with a printed reason when kubectl is absent,
-//! unless `BERTH_REQUIRE_KUBECTL=1` (set by `.ci/run`).
+//! the sim behaves like a real API server. Fails saying what is missing when kubectl is absent,
+//! unless `BERTH_REQUIRE_KUBECTL=0` (then it skips, saying so). The versioned kubectls
+//! (`kubectl.1.27` ... beside `kubectl`) are required only with `BERTH_REQUIRE_KUBECTL=1`
+//! (set by `.ci/run`).
 
 use std::{path::PathBuf, process::Output, time::Duration};
 
@@ -24,12 +26,12 @@ impl Kubectl {
             .output()
             .is_ok_and(|o| o.status.success());
         if !present {
-            if std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() == Ok("1") {
-                panic!("kubectl is required (BERTH_REQUIRE_KUBECTL=1) but not found on PATH");
+            if std::env::var("BERTH_REQUIRE_KUBECTL").as_deref() != Ok("0") {
+                panic!(
+                    "kubectl is needed for this test and is not on PATH: install it (any version from 1.27; README, \"What the tests need\"), or set BERTH_REQUIRE_KUBECTL=0 to skip what needs it"
+                );
             }
-            eprintln!(
-                "skipping: kubectl is not installed; set BERTH_REQUIRE_KUBECTL=1 to make this a failure"
-            );
+            eprintln!("skipping: kubectl is not installed (BERTH_REQUIRE_KUBECTL=0)");
             return None;
         }
         Some(Kubectl::with_binary(sim, "kubectl".into()))
