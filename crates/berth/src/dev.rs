@@ -62,6 +62,7 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "no-auth-delegator.yaml",
         include_str!("../../../examples/no-auth-delegator.yaml"),
     ),
+    ("notebook.yaml", include_str!("../../../examples/notebook.yaml")),
     (
         "pinned-to-node-1.yaml",
         include_str!("../../../examples/pinned-to-node-1.yaml"),
@@ -77,10 +78,6 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     (
         "unschedulable.yaml",
         include_str!("../../../examples/unschedulable.yaml"),
-    ),
-    (
-        "notebook.yaml",
-        include_str!("../../../examples/notebook.yaml"),
     ),
     ("web.yaml", include_str!("../../../examples/web.yaml")),
     (
