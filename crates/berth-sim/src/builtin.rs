@@ -410,11 +410,26 @@ pub fn default_workload(rt: &ResourceType, object: &mut Value) {
     default_pod_spec(&mut object["spec"]["template"]["spec"]);
 }
 
+/// Fills in what the real server defaults in a Job or CronJob, its pod template included;
+/// on create, also the selector and labels that tie a Job to its pods.
+pub fn default_batch(rt: &ResourceType, object: &mut Value, create: bool) {
+    match rt.resource.as_str() {
+        "jobs" => crate::batch::default_job(object, create),
+        _ => crate::batch::default_cron_job(object),
+    }
+    default_pod_spec(crate::batch::template_spec(&rt.resource, object));
+}
+
 /// Fills in what the real API server defaults on create. `next_ip` allocates ClusterIPs.
 pub fn default_on_create(rt: &ResourceType, object: &mut Value, next_ip: impl FnOnce() -> String) {
     if rt.group == "apps" {
         default_workload(rt, object);
         object["status"] = crate::apps::new_status(&rt.resource);
+        return;
+    }
+    if rt.group == "batch" {
+        default_batch(rt, object, true);
+        object["status"] = json!({});
         return;
     }
     if rt.is_custom || !rt.group.is_empty() && rt.group != "apiextensions.k8s.io" {
@@ -677,6 +692,9 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
     let mut causes = validate_metadata(object);
     if rt.group == "apps" {
         causes.extend(crate::apps::validate(object));
+    }
+    if rt.group == "batch" {
+        causes.extend(crate::batch::validate(&rt.resource, object));
     }
     if rt.group == "networking.k8s.io" && rt.resource == "networkpolicies" {
         causes.extend(crate::network_policies::validate(object));

@@ -91,6 +91,7 @@ impl SimCluster {
             tasks.spawn(crate::kubelet::run(sim.clone()));
         }
         tasks.spawn(crate::workloads::run(sim.clone()));
+        tasks.spawn(crate::batch::run(sim.clone()));
         tasks.spawn(crate::endpoints::run(sim.clone()));
         let closer_sim = sim.clone();
         tasks.spawn(async move {

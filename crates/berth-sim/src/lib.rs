@@ -5,6 +5,7 @@ mod admission_policies;
 mod apply;
 mod apps;
 mod auth;
+mod batch;
 mod builtin;
 mod cluster;
 mod config;

@@ -1,5 +1,5 @@
 //! Request bodies in Kubernetes' protobuf encoding, as kubectl's typed commands send them
-//! (`create deployment|service|quota|pdb|secret|configmap|namespace|serviceaccount|role|
+//! (`create deployment|job|cronjob|service|quota|pdb|secret|configmap|namespace|serviceaccount|role|
 //! rolebinding|clusterrole|clusterrolebinding|token`, `auth can-i`, `auth whoami`): decoded by
 //! prost into k8s-pb's types, then written as the JSON the sim stores. The sim reads the
 //! fields those commands set; a body that sets anything more is refused (415, "send it as
@@ -11,7 +11,7 @@ use base64::Engine;
 use k8s_pb::{
     api::{
         apps::v1 as apps, authentication::v1 as authn, authorization::v1 as authz,
-        core::v1 as core, policy::v1 as policy, rbac::v1 as rbac,
+        batch::v1 as batch, core::v1 as core, policy::v1 as policy, rbac::v1 as rbac,
     },
     apimachinery::pkg::{apis::meta::v1 as meta, runtime::Unknown, util::intstr::IntOrString},
 };
@@ -161,7 +161,21 @@ fn each<T>(values: Vec<T>, convert: impl Fn(T) -> Converted) -> Result<Vec<Value
 }
 
 fn object_meta(mut m: meta::ObjectMeta) -> Converted {
+    // `create job --from=cronjob/NAME` names the CronJob as the Job's owner.
+    let owners = each(std::mem::take(&mut m.owner_references), |mut r| {
+        let out = Out::default()
+            .put("apiVersion", r.api_version.take())
+            .put("kind", r.kind.take())
+            .put("name", r.name.take())
+            .put("uid", r.uid.take())
+            .put("controller", r.controller.take())
+            .put("blockOwnerDeletion", r.block_owner_deletion.take())
+            .done();
+        nothing_left("OwnerReference", r)?;
+        Ok(out)
+    })?;
     let out = Out::default()
+        .list("ownerReferences", owners)
         .put("name", m.name.take())
         .put("generateName", m.generate_name.take())
         .put("namespace", m.namespace.take())
@@ -309,6 +323,7 @@ fn pod_template(mut t: core::PodTemplateSpec) -> Converted {
             .put("dnsPolicy", spec.dns_policy.take())
             .put("serviceAccountName", spec.service_account_name.take())
             .put("schedulerName", spec.scheduler_name.take())
+            .put("enableServiceLinks", spec.enable_service_links.take())
             .map("nodeSelector", std::mem::take(&mut spec.node_selector))
             .value("securityContext", security)
             .done();
@@ -338,6 +353,74 @@ fn deployment(mut d: apps::Deployment) -> Converted {
     })?;
     let metadata = d.metadata.take();
     object("Deployment", metadata, spec, d)
+}
+
+fn job_spec(mut spec: batch::JobSpec) -> Converted {
+    let out = Out::default()
+        .put("parallelism", spec.parallelism.take())
+        .put("completions", spec.completions.take())
+        .put("activeDeadlineSeconds", spec.active_deadline_seconds.take())
+        .put("backoffLimit", spec.backoff_limit.take())
+        .put("backoffLimitPerIndex", spec.backoff_limit_per_index.take())
+        .put("maxFailedIndexes", spec.max_failed_indexes.take())
+        .value("selector", opt(spec.selector.take(), label_selector)?)
+        .put("manualSelector", spec.manual_selector.take())
+        .value("template", opt(spec.template.take(), pod_template)?)
+        .put(
+            "ttlSecondsAfterFinished",
+            spec.ttl_seconds_after_finished.take(),
+        )
+        .put("completionMode", spec.completion_mode.take())
+        .put("suspend", spec.suspend.take())
+        .put("podReplacementPolicy", spec.pod_replacement_policy.take())
+        .done();
+    nothing_left("JobSpec", spec)?;
+    Ok(out)
+}
+
+fn job(mut j: batch::Job) -> Converted {
+    j.status.take();
+    let spec = opt(j.spec.take(), job_spec)?;
+    let metadata = j.metadata.take();
+    object("Job", metadata, spec, j)
+}
+
+fn cron_job(mut c: batch::CronJob) -> Converted {
+    c.status.take();
+    let spec = opt(c.spec.take(), |mut spec| {
+        let template = opt(spec.job_template.take(), |mut t| {
+            let metadata = opt(t.metadata.take(), object_meta)?;
+            let out = Out::default()
+                .value("metadata", metadata)
+                .value("spec", opt(t.spec.take(), job_spec)?)
+                .done();
+            nothing_left("JobTemplateSpec", t)?;
+            Ok(out)
+        })?;
+        let out = Out::default()
+            .put("schedule", spec.schedule.take())
+            .put("timeZone", spec.time_zone.take())
+            .put(
+                "startingDeadlineSeconds",
+                spec.starting_deadline_seconds.take(),
+            )
+            .put("concurrencyPolicy", spec.concurrency_policy.take())
+            .put("suspend", spec.suspend.take())
+            .value("jobTemplate", template)
+            .put(
+                "successfulJobsHistoryLimit",
+                spec.successful_jobs_history_limit.take(),
+            )
+            .put(
+                "failedJobsHistoryLimit",
+                spec.failed_jobs_history_limit.take(),
+            )
+            .done();
+        nothing_left("CronJobSpec", spec)?;
+        Ok(out)
+    })?;
+    let metadata = c.metadata.take();
+    object("CronJob", metadata, spec, c)
 }
 
 fn pod_disruption_budget(mut p: policy::PodDisruptionBudget) -> Converted {
@@ -602,6 +685,8 @@ pub fn decode(body: &[u8]) -> ApiResult<Value> {
     let converted = match (api_version.as_str(), kind.as_str()) {
         ("v1", "Service") => read(raw, service)?,
         ("apps/v1", "Deployment") => read(raw, deployment)?,
+        ("batch/v1", "Job") => read(raw, job)?,
+        ("batch/v1", "CronJob") => read(raw, cron_job)?,
         ("policy/v1", "PodDisruptionBudget") => read(raw, pod_disruption_budget)?,
         ("v1", "ResourceQuota") => read(raw, resource_quota)?,
         ("v1", "Secret") => read(raw, secret)?,

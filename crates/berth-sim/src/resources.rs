@@ -398,6 +398,28 @@ fn builtin_types() -> Vec<ResourceType> {
             behaviour: Stored,
         },
         Spec {
+            group: "batch",
+            version: "v1",
+            resource: "jobs",
+            kind: "Job",
+            namespaced: true,
+            short: &[],
+            subresources: &["status"],
+            fields: &["status.successful"],
+            behaviour: Stored,
+        },
+        Spec {
+            group: "batch",
+            version: "v1",
+            resource: "cronjobs",
+            kind: "CronJob",
+            namespaced: true,
+            short: &["cj"],
+            subresources: &["status"],
+            fields: &[],
+            behaviour: Stored,
+        },
+        Spec {
             group: "policy",
             version: "v1",
             resource: "poddisruptionbudgets",
@@ -629,7 +651,7 @@ fn builtin_types() -> Vec<ResourceType> {
                 short_names: s.short.iter().map(|x| x.to_string()).collect(),
                 categories: if matches!(
                     s.resource,
-                    "pods" | "services" | "deployments" | "replicasets"
+                    "pods" | "services" | "deployments" | "replicasets" | "jobs" | "cronjobs"
                 ) {
                     vec!["all".to_owned()]
                 } else {
@@ -645,6 +667,8 @@ fn builtin_types() -> Vec<ResourceType> {
                         | "customresourcedefinitions"
                         | "deployments"
                         | "replicasets"
+                        | "jobs"
+                        | "cronjobs"
                         | "poddisruptionbudgets"
                         | "networkpolicies"
                         | "validatingadmissionpolicies"

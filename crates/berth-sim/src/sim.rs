@@ -976,6 +976,9 @@ impl Sim {
             if rt.group == "apps" {
                 builtin::default_workload(rt, &mut new);
             }
+            if rt.group == "batch" {
+                builtin::default_batch(rt, &mut new, false);
+            }
         }
         let mut warnings =
             self.admit_fields(rt, &mut new, Some(current), ctx.field_validation, &name)?;

@@ -212,6 +212,106 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
             ),
             age_column(),
         ],
+        ("batch", "jobs") => vec![
+            name,
+            column("Status", "string", "", "Status of the job.", 0),
+            column(
+                "Completions",
+                "string",
+                "",
+                "The desired number of successfully finished pods the job should be run with.",
+                0,
+            ),
+            column(
+                "Duration",
+                "string",
+                "",
+                "Time required to complete the job.",
+                0,
+            ),
+            age_column(),
+            column(
+                "Containers",
+                "string",
+                "",
+                "Names of each container in the template.",
+                1,
+            ),
+            column(
+                "Images",
+                "string",
+                "",
+                "Images referenced by each container in the template.",
+                1,
+            ),
+            column(
+                "Selector",
+                "string",
+                "",
+                "Selector that selects the pods of this job.",
+                1,
+            ),
+        ],
+        ("batch", "cronjobs") => vec![
+            name,
+            column(
+                "Schedule",
+                "string",
+                "",
+                "The schedule in Cron format, see https://en.wikipedia.org/wiki/Cron.",
+                0,
+            ),
+            column(
+                "Timezone",
+                "string",
+                "",
+                "The time zone name for the given schedule, see https://en.wikipedia.org/wiki/List_of_tz_database_time_zones. If not specified, this will default to the time zone of the kube-controller-manager process. The set of valid time zone names and the time zone offset is loaded from the system-wide time zone database by the API server during CronJob validation and the controller manager during execution. If no system-wide time zone database can be found a bundled version of the database is used instead. If the time zone name becomes invalid during the lifetime of a CronJob or due to a change in host configuration, the controller will stop creating new new Jobs and will create a system event with the reason UnknownTimeZone. More information can be found in https://kubernetes.io/docs/concepts/workloads/controllers/cron-jobs/#time-zones",
+                0,
+            ),
+            column(
+                "Suspend",
+                "boolean",
+                "",
+                "This flag tells the controller to suspend subsequent executions, it does not apply to already started executions.  Defaults to false.",
+                0,
+            ),
+            column(
+                "Active",
+                "integer",
+                "",
+                "A list of pointers to currently running jobs.",
+                0,
+            ),
+            column(
+                "Last Schedule",
+                "string",
+                "",
+                "Information when was the last time the job was successfully scheduled.",
+                0,
+            ),
+            age_column(),
+            column(
+                "Containers",
+                "string",
+                "",
+                "Names of each container in the template.",
+                1,
+            ),
+            column(
+                "Images",
+                "string",
+                "",
+                "Images referenced by each container in the template.",
+                1,
+            ),
+            column(
+                "Selector",
+                "string",
+                "",
+                "Selector that selects the pods of this job.",
+                1,
+            ),
+        ],
         ("apps", "replicasets") => vec![
             name,
             column("Desired", "integer", "", "Number of desired pods.", 0),
@@ -784,6 +884,8 @@ fn cells(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], now: Timesta
                 json!(age(object, now)),
             ]
         }
+        ("batch", "jobs") => job_cells(object, now),
+        ("batch", "cronjobs") => cron_job_cells(object, now),
         ("apps", "replicasets") => vec![
             json!(object["spec"]["replicas"].as_i64().unwrap_or(0)),
             json!(object["status"]["replicas"].as_i64().unwrap_or(0)),
@@ -946,6 +1048,88 @@ pub fn table(
         "columnDefinitions": definitions,
         "rows": objects.iter().map(|o| row(rt, o, &cols, include, now)).collect::<Vec<_>>(),
     })
+}
+
+/// A pod template's containers and images, comma-separated, as the wide columns show them.
+fn template_cells(template: &Value) -> (String, String) {
+    let containers = template["spec"]["containers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let names: Vec<&str> = containers
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let images: Vec<&str> = containers
+        .iter()
+        .filter_map(|c| c["image"].as_str())
+        .collect();
+    (names.join(","), images.join(","))
+}
+
+/// A label selector as kubectl writes it (`a=b,c in (d)`), `<none>` when empty.
+fn selector_text(selector: &Value) -> String {
+    match crate::apps::selector_string(selector) {
+        text if text.is_empty() => "<none>".to_owned(),
+        text => text,
+    }
+}
+
+/// A Job's row: its state, `succeeded/completions`, how long it ran (or runs), its age.
+fn job_cells(job: &Value, now: Timestamp) -> Vec<Value> {
+    let succeeded = job["status"]["succeeded"].as_i64().unwrap_or(0);
+    let completions = match (
+        job["spec"]["completions"].as_i64(),
+        job["spec"]["parallelism"].as_i64(),
+    ) {
+        (Some(completions), _) => format!("{succeeded}/{completions}"),
+        (None, Some(parallelism)) if parallelism > 1 => format!("{succeeded}/1 of {parallelism}"),
+        _ => format!("{succeeded}/1"),
+    };
+    let at = |field: &str| {
+        job["status"][field]
+            .as_str()
+            .and_then(|t| t.parse::<Timestamp>().ok())
+    };
+    let duration = match (at("startTime"), at("completionTime")) {
+        (Some(start), Some(end)) => human_duration(end.duration_since(start).as_secs()),
+        (Some(start), None) => human_duration(now.duration_since(start).as_secs()),
+        _ => String::new(),
+    };
+    let (containers, images) = template_cells(&job["spec"]["template"]);
+    vec![
+        json!(crate::batch::job_status(job)),
+        json!(completions),
+        json!(duration),
+        json!(age(job, now)),
+        json!(containers),
+        json!(images),
+        json!(selector_text(&job["spec"]["selector"])),
+    ]
+}
+
+/// A CronJob's row: its schedule and time zone, whether suspended, how many Jobs run, when it
+/// last ran, its age.
+fn cron_job_cells(cron_job: &Value, now: Timestamp) -> Vec<Value> {
+    let last = cron_job["status"]["lastScheduleTime"]
+        .as_str()
+        .and_then(|t| t.parse::<Timestamp>().ok())
+        .map(|t| human_duration(now.duration_since(t).as_secs()))
+        .unwrap_or_else(|| "<none>".to_owned());
+    let (containers, images) = template_cells(&cron_job["spec"]["jobTemplate"]["spec"]["template"]);
+    vec![
+        json!(cron_job["spec"]["schedule"].as_str().unwrap_or_default()),
+        json!(cron_job["spec"]["timeZone"].as_str().unwrap_or("<none>")),
+        json!(cron_job["spec"]["suspend"].as_bool().unwrap_or(false)),
+        json!(count(&cron_job["status"]["active"])),
+        json!(last),
+        json!(age(cron_job, now)),
+        json!(containers),
+        json!(images),
+        json!(selector_text(
+            &cron_job["spec"]["jobTemplate"]["spec"]["selector"]
+        )),
+    ]
 }
 
 /// At most three entries, then how many more, as kubectl's printer lists endpoints.

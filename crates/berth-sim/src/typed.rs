@@ -55,6 +55,8 @@ const BUILTINS: &[Builtin] = &[
     ),
     builtin!("apps", "deployments", apps::Deployment),
     builtin!("apps", "replicasets", apps::ReplicaSet),
+    builtin!("batch", "jobs", k8s_openapi::api::batch::v1::Job),
+    builtin!("batch", "cronjobs", k8s_openapi::api::batch::v1::CronJob),
     builtin!(
         "policy",
         "poddisruptionbudgets",

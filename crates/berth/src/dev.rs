@@ -62,7 +62,10 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "no-auth-delegator.yaml",
         include_str!("../../../examples/no-auth-delegator.yaml"),
     ),
-    ("notebook.yaml", include_str!("../../../examples/notebook.yaml")),
+    (
+        "notebook.yaml",
+        include_str!("../../../examples/notebook.yaml"),
+    ),
     (
         "pinned-to-node-1.yaml",
         include_str!("../../../examples/pinned-to-node-1.yaml"),

@@ -1359,3 +1359,142 @@ fn standard_signals<'a>(line: &[&'a str]) -> (&'a str, u64) {
     let mask = u64::from_str_radix(line[1], 16).unwrap();
     (line[0], mask & 0x7fff_ffff)
 }
+
+/// kubectl's Job and CronJob workflow, as on a cluster: `create job` runs its command in a pod
+/// to completion (`wait --for=condition=complete`, `logs job/NAME`, the table's STATUS and
+/// COMPLETIONS); a Job whose pods keep failing is Failed once past its backoffLimit, in the
+/// controller's words; a pod template that restarts Always is refused in the server's words;
+/// `create cronjob` and `create job --from=cronjob/NAME` make a Job of its template, which
+/// completes and shows in the CronJob's status.
+/// With the newest kubectl and the oldest (1.27).
+#[tokio::test]
+async fn jobs_run_to_completion_and_cron_jobs_make_them() {
+    for version in [None, Some("1.27")] {
+        let Some((sim, _runtime, _data)) = process_cluster().await else {
+            return;
+        };
+        let kubectl = match version {
+            None => crate::kubectl::Kubectl::for_cluster(&sim),
+            Some(version) => crate::kubectl::Kubectl::version(&sim, version),
+        };
+        if let Some(kubectl) = kubectl {
+            job_workflow(&kubectl).await;
+        }
+    }
+}
+
+async fn job_workflow(kubectl: &crate::kubectl::Kubectl) {
+    kubectl
+        .ok(&[
+            "create",
+            "job",
+            "hello",
+            "--image=busybox",
+            "--",
+            "sh",
+            "-c",
+            "echo hello from the job",
+        ])
+        .await;
+    kubectl
+        .ok(&[
+            "wait",
+            "--for=condition=complete",
+            "job/hello",
+            "--timeout=60s",
+        ])
+        .await;
+    assert_eq!(
+        kubectl.ok(&["logs", "job/hello"]).await,
+        "hello from the job\n"
+    );
+    let table = kubectl.ok(&["get", "jobs"]).await;
+    let mut lines = table.lines();
+    assert_eq!(
+        lines.next().unwrap().split_whitespace().collect::<Vec<_>>(),
+        ["NAME", "STATUS", "COMPLETIONS", "DURATION", "AGE"]
+    );
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(&row[..3], ["hello", "Complete", "1/1"], "{table}");
+    let conditions = kubectl
+        .ok(&[
+            "get",
+            "job",
+            "hello",
+            "-o",
+            "jsonpath={.status.conditions[*].type} {.status.succeeded}",
+        ])
+        .await;
+    assert_eq!(conditions, "SuccessCriteriaMet Complete 1");
+
+    let failing = r#"{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "broken"},
+        "spec": {"backoffLimit": 1, "template": {"spec": {"restartPolicy": "Never",
+        "containers": [{"name": "c", "image": "busybox", "command": ["sh", "-c", "exit 3"]}]}}}}"#;
+    kubectl
+        .run_with_input(&["create", "-f", "-"], failing)
+        .await;
+    kubectl
+        .ok(&[
+            "wait",
+            "--for=condition=failed",
+            "job/broken",
+            "--timeout=60s",
+        ])
+        .await;
+    let failed = kubectl
+        .ok(&["get", "job", "broken", "-o", "jsonpath={.status.failed} {.status.conditions[?(@.type==\"Failed\")].reason}: {.status.conditions[?(@.type==\"Failed\")].message}"])
+        .await;
+    assert_eq!(
+        failed,
+        "2 BackoffLimitExceeded: Job has reached the specified backoff limit"
+    );
+
+    let always = failing
+        .replace("broken", "always")
+        .replace("\"Never\"", "\"Always\"");
+    let refused = kubectl
+        .fails_with_input(&["create", "-f", "-"], &always)
+        .await;
+    assert!(
+        refused.contains(r#"spec.template.spec.restartPolicy: Unsupported value: "Always": supported values: "OnFailure", "Never""#),
+        "{refused}"
+    );
+
+    kubectl
+        .ok(&[
+            "create",
+            "cronjob",
+            "tick",
+            "--image=busybox",
+            "--schedule=*/5 * * * *",
+            "--",
+            "sh",
+            "-c",
+            "echo tick",
+        ])
+        .await;
+    let header = kubectl.ok(&["get", "cronjobs"]).await;
+    assert_eq!(
+        header
+            .lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        [
+            "NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "ACTIVE", "LAST", "SCHEDULE", "AGE"
+        ]
+    );
+    kubectl
+        .ok(&["create", "job", "tick-now", "--from=cronjob/tick"])
+        .await;
+    kubectl
+        .ok(&[
+            "wait",
+            "--for=condition=complete",
+            "job/tick-now",
+            "--timeout=60s",
+        ])
+        .await;
+    assert_eq!(kubectl.ok(&["logs", "job/tick-now"]).await, "tick\n");
+}
