@@ -386,7 +386,7 @@ pub fn default_pod_spec(spec: &mut Value) {
             spec[key] = value;
         }
     }
-    for list in ["containers", "initContainers"] {
+    for list in ["containers", "initContainers", "ephemeralContainers"] {
         if let Some(containers) = spec[list].as_array_mut() {
             containers.iter_mut().for_each(default_container);
         }
@@ -932,6 +932,84 @@ pub fn claim_update_forbidden(old: &Value, new: &Value) -> Vec<Cause> {
 }
 
 /// Fields of a pod spec that an update may change; everything else is immutable.
+/// What the real server refuses in an update of a pod's `ephemeralcontainers`: an ephemeral
+/// container changed or removed, a name another container has, a field an ephemeral container
+/// may not set.
+pub fn ephemeral_update_forbidden(old: &Value, new: &Value) -> Vec<Cause> {
+    let mut causes = vec![];
+    let list = |pod: &Value| {
+        pod["spec"]["ephemeralContainers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let (before, after) = (list(old), list(new));
+    for (i, was) in before.iter().enumerate() {
+        match after.iter().find(|c| c["name"] == was["name"]) {
+            None => causes.push(Cause {
+                reason: "FieldValueForbidden".to_owned(),
+                message: format!(
+                    "Forbidden: existing ephemeral containers {:?} may not be removed\n",
+                    was["name"].as_str().unwrap_or_default()
+                ),
+                field: "spec.ephemeralContainers".to_owned(),
+            }),
+            Some(now) if now != was => causes.push(Cause {
+                reason: "FieldValueForbidden".to_owned(),
+                message: "Forbidden: may not be changed".to_owned(),
+                field: format!("spec.ephemeralContainers[{i}]"),
+            }),
+            Some(_) => {}
+        }
+    }
+    let mut names: Vec<String> = ["containers", "initContainers"]
+        .iter()
+        .flat_map(|l| new["spec"][*l].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["name"].as_str().map(str::to_owned))
+        .collect();
+    for (i, container) in after.iter().enumerate() {
+        let field = |f: &str| format!("spec.ephemeralContainers[{i}].{f}");
+        let name = container["name"].as_str().unwrap_or_default();
+        if name.is_empty() {
+            causes.push(required(&field("name")));
+        } else if names.iter().any(|n| n == name) {
+            causes.push(Cause {
+                reason: "FieldValueDuplicate".to_owned(),
+                message: format!("Duplicate value: \"{name}\""),
+                field: field("name"),
+            });
+        }
+        names.push(name.to_owned());
+        if container["image"].as_str().is_none_or(str::is_empty) {
+            causes.push(required(&field("image")));
+        }
+        for forbidden in [
+            "ports",
+            "livenessProbe",
+            "readinessProbe",
+            "startupProbe",
+            "lifecycle",
+            "resources",
+            "restartPolicy",
+        ] {
+            let set = match &container[forbidden] {
+                Value::Null => false,
+                Value::Object(o) => !o.is_empty(),
+                Value::Array(a) => !a.is_empty(),
+                _ => true,
+            };
+            if set {
+                causes.push(Cause {
+                    reason: "FieldValueForbidden".to_owned(),
+                    message: "Forbidden: cannot be set for an Ephemeral Container".to_owned(),
+                    field: field(forbidden),
+                });
+            }
+        }
+    }
+    causes
+}
+
 pub fn pod_spec_update_forbidden(old: &Value, new: &Value) -> Option<Cause> {
     let strip = |pod: &Value| {
         let mut spec = pod["spec"].clone();

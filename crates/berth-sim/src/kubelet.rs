@@ -59,6 +59,9 @@ struct Worker {
     exit_rx: tokio::sync::mpsc::UnboundedReceiver<(String, i32)>,
     /// Containers stopped to be replaced (their spec changed): their exit is not a crash.
     replaced: std::collections::HashSet<String>,
+    /// Ephemeral containers started (`kubectl debug`): each runs once, is never restarted, and
+    /// its exit changes nothing else of the pod.
+    ephemeral: std::collections::HashSet<String>,
     /// Readiness probes failed in a row, by container: a ready container turns unready only
     /// after its probe's `failureThreshold` of them (3 by default), as with a real kubelet.
     probe_failures: HashMap<String, u32>,
@@ -1384,7 +1387,10 @@ impl Worker {
             }
             let exited = tokio::select! {
                 changed = self.updates.changed() => {
-                    if changed.is_err() || self.restart_changed().await.is_err() {
+                    if changed.is_err()
+                        || self.restart_changed().await.is_err()
+                        || self.start_ephemeral().await.is_err()
+                    {
                         return;
                     }
                     None
@@ -1393,6 +1399,16 @@ impl Worker {
                 _ = probe_tick.tick() => { self.update_readiness().await; None }
             };
             let Some((name, code)) = exited else { continue };
+            if self.ephemeral.contains(&name) {
+                self.running.remove(&name);
+                let terminated = self.exited(&name, code);
+                self.status(|pod| {
+                    Self::ephemeral_status(pod, &name, |s| {
+                        s["state"] = json!({"terminated": terminated});
+                    });
+                });
+                continue;
+            }
             if self.replaced.remove(&name) {
                 // The old container of one restarted for a new definition.
                 continue;
@@ -1451,6 +1467,120 @@ impl Worker {
             }
             self.update_readiness().await;
         }
+    }
+
+    /// Sets one ephemeral container's status entry.
+    fn ephemeral_status(pod: &mut Value, name: &str, update: impl Fn(&mut Value)) {
+        let mut statuses = pod["status"]["ephemeralContainerStatuses"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let image = pod["spec"]["ephemeralContainers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+            .map(|c| c["image"].clone())
+            .unwrap_or(Value::Null);
+        let index = match statuses.iter().position(|s| s["name"] == name) {
+            Some(i) => i,
+            None => {
+                statuses.push(json!({"name": name, "image": image, "imageID": "", "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}));
+                statuses.len() - 1
+            }
+        };
+        update(&mut statuses[index]);
+        pod["status"]["ephemeralContainerStatuses"] = json!(statuses);
+    }
+
+    /// Starts the ephemeral containers `kubectl debug` added to the pod's spec (through
+    /// `pods/ephemeralcontainers`), once each, as the kubelet does: pulled, created and started
+    /// beside the pod's containers, with the pod's volumes it mounts and its environment.
+    async fn start_ephemeral(&mut self) -> Result<(), Interrupt> {
+        let Some(pod) = self.pod() else {
+            return Ok(());
+        };
+        let added: Vec<Value> = pod["spec"]["ephemeralContainers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| {
+                !self
+                    .ephemeral
+                    .contains(c["name"].as_str().unwrap_or_default())
+            })
+            .collect();
+        for container in added {
+            let name = container["name"].as_str().unwrap_or_default().to_owned();
+            self.ephemeral.insert(name.clone());
+            let path = format!("spec.ephemeralContainers{{{name}}}");
+            let image = container["image"].as_str().unwrap_or_default().to_owned();
+            self.status(|pod| Self::ephemeral_status(pod, &name, |_| {}));
+            self.event(
+                Some(&path),
+                "Normal",
+                "Pulled",
+                &format!("Container image \"{image}\" already present on machine"),
+            );
+            self.wait(self.sim.config.timings.container_start).await?;
+            self.event(
+                Some(&path),
+                "Normal",
+                "Created",
+                &format!("Created container: {name}"),
+            );
+            let context = self.context(&container, false);
+            let kept = context.clone();
+            match self.sim.config.runtime.start(context).await {
+                Ok(running) => {
+                    self.sim
+                        .containers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert((self.uid.clone(), name.clone()), kept);
+                    self.event(
+                        Some(&path),
+                        "Normal",
+                        "Started",
+                        &format!("Started container {name}"),
+                    );
+                    let started_at = now_rfc3339();
+                    let id = container_id();
+                    self.status(|pod| {
+                        Self::ephemeral_status(pod, &name, |s| {
+                            s["state"] = json!({"running": {"startedAt": started_at}});
+                            s["containerID"] = json!(id);
+                            s["imageID"] = json!(format!(
+                                "{}@sha256:{}",
+                                s["image"].as_str().unwrap_or_default(),
+                                "0".repeat(64)
+                            ));
+                        })
+                    });
+                    let RunningContainer { exited, stop } = running;
+                    let exits = self.exit_tx.clone();
+                    let reported = name.clone();
+                    tokio::spawn(async move {
+                        let code = exited.await.unwrap_or(137);
+                        let _ = exits.send((reported, code));
+                    });
+                    self.running.insert(name, stop);
+                }
+                Err(error) => {
+                    self.event(
+                        Some(&path),
+                        "Warning",
+                        "Failed",
+                        &format!("Error: failed to create containerd task: {error}"),
+                    );
+                    self.status(|pod| {
+                        Self::ephemeral_status(pod, &name, |s| {
+                            s["state"] = json!({"waiting": {"reason": "RunContainerError", "message": error}})
+                        })
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A running container whose image changed in the pod's spec is killed and started again
@@ -1700,6 +1830,7 @@ pub async fn run(sim: Arc<Sim>) {
                 exit_tx,
                 exit_rx,
                 replaced: Default::default(),
+                ephemeral: Default::default(),
                 probe_failures: Default::default(),
             };
             tokio::spawn(worker.run());

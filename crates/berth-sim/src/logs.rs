@@ -258,20 +258,28 @@ fn still_running(
         return false;
     };
     pod["metadata"]["uid"] == *uid
-        && ["initContainerStatuses", "containerStatuses"]
-            .iter()
-            .flat_map(|list| pod["status"][list].as_array().into_iter().flatten())
-            .find(|s| s["name"] == container)
-            .is_some_and(|s| s["state"]["terminated"].is_null())
+        && [
+            "initContainerStatuses",
+            "containerStatuses",
+            "ephemeralContainerStatuses",
+        ]
+        .iter()
+        .flat_map(|list| pod["status"][list].as_array().into_iter().flatten())
+        .find(|s| s["name"] == container)
+        .is_some_and(|s| s["state"]["terminated"].is_null())
 }
 
 /// The container a log request is for, or why there is none to read.
 fn check_log_container(pod: &Value, name: &str, container: Option<&str>) -> ApiResult<String> {
     let container = crate::pods::container_named(pod, name, container)?;
-    let status = ["initContainerStatuses", "containerStatuses"]
-        .iter()
-        .flat_map(|list| pod["status"][list].as_array().into_iter().flatten())
-        .find(|s| s["name"] == container.as_str());
+    let status = [
+        "initContainerStatuses",
+        "containerStatuses",
+        "ephemeralContainerStatuses",
+    ]
+    .iter()
+    .flat_map(|list| pod["status"][list].as_array().into_iter().flatten())
+    .find(|s| s["name"] == container.as_str());
     let waiting = match status {
         None => Some("ContainerCreating".to_owned()),
         Some(s) if s["state"]["waiting"].is_object() && s["lastState"]["terminated"].is_null() => {

@@ -114,8 +114,15 @@ pub fn container_named(pod: &Value, name: &str, wanted: Option<&str>) -> ApiResu
             .collect()
     };
     let (containers, init) = (names("containers"), names("initContainers"));
+    let ephemeral = names("ephemeralContainers");
     match wanted.filter(|w| !w.is_empty()) {
-        Some(wanted) if containers.iter().chain(&init).any(|c| c == wanted) => {
+        Some(wanted)
+            if containers
+                .iter()
+                .chain(&init)
+                .chain(&ephemeral)
+                .any(|c| c == wanted) =>
+        {
             Ok(wanted.to_owned())
         }
         Some(wanted) => Err(ApiError::bad_request(format!(

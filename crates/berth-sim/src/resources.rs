@@ -263,6 +263,7 @@ fn builtin_types() -> Vec<ResourceType> {
                 "attach",
                 "portforward",
                 "proxy",
+                "ephemeralcontainers",
             ],
             fields: &[
                 "spec.nodeName",

@@ -881,7 +881,18 @@ impl Sim {
         body: Value,
         subresource: &str,
     ) -> Value {
-        let mut new = if subresource == "status" {
+        let mut new = if subresource == "ephemeralcontainers" {
+            // Only the ephemeral containers are taken from the body.
+            let mut new = current.clone();
+            new["spec"]["ephemeralContainers"] = body["spec"]["ephemeralContainers"].clone();
+            if new["spec"]["ephemeralContainers"].is_null()
+                && let Some(spec) = new["spec"].as_object_mut()
+            {
+                spec.remove("ephemeralContainers");
+            }
+            builtin::default_pod_spec(&mut new["spec"]);
+            new
+        } else if subresource == "status" {
             let mut new = current.clone();
             match body.get("status") {
                 Some(status) => new["status"] = status.clone(),
@@ -995,6 +1006,9 @@ impl Sim {
         let mut causes = builtin::validate(rt, &new);
         if rt.resource == "pods" && rt.group.is_empty() && subresource.is_empty() {
             causes.extend(builtin::pod_spec_update_forbidden(current, &new));
+        }
+        if rt.resource == "pods" && rt.group.is_empty() && subresource == "ephemeralcontainers" {
+            causes.extend(builtin::ephemeral_update_forbidden(current, &new));
         }
         if rt.resource == "persistentvolumeclaims" && rt.group.is_empty() && subresource.is_empty()
         {

@@ -1498,3 +1498,91 @@ async fn job_workflow(kubectl: &crate::kubectl::Kubectl) {
         .await;
     assert_eq!(kubectl.ok(&["logs", "job/tick-now"]).await, "tick\n");
 }
+
+/// `kubectl debug POD` as on a cluster (the newest kubectl and 1.27): an ephemeral container
+/// added through `pods/ephemeralcontainers` runs beside the pod's, its output in `kubectl
+/// logs -c`, its state in `ephemeralContainerStatuses`; with `-i` the person's input reaches
+/// it. Changing or removing one is refused in the server's words.
+#[tokio::test]
+async fn kubectl_debug_runs_an_ephemeral_container_in_the_pod() {
+    for version in [None, Some("1.27")] {
+        let Some((sim, _runtime, _data)) = process_cluster().await else {
+            return;
+        };
+        let kubectl = match version {
+            None => crate::kubectl::Kubectl::for_cluster(&sim),
+            Some(version) => crate::kubectl::Kubectl::version(&sim, version),
+        };
+        let Some(kubectl) = kubectl else { continue };
+        kubectl
+            .ok(&["run", "app", "--image=busybox", "--", "sleep", "600"])
+            .await;
+        kubectl
+            .ok(&["wait", "--for=condition=Ready", "pod/app", "--timeout=60s"])
+            .await;
+        kubectl
+            .ok(&[
+                "debug",
+                "app",
+                "--image=busybox",
+                "--container=look",
+                "--",
+                "sh",
+                "-c",
+                "echo from the debugger; exit 3",
+            ])
+            .await;
+        let state =
+            "{.status.ephemeralContainerStatuses[?(@.name==\"look\")].state.terminated.exitCode}";
+        let mut code = String::new();
+        for _ in 0..100 {
+            code = kubectl
+                .ok(&["get", "pod", "app", "-o", &format!("jsonpath={state}")])
+                .await;
+            if !code.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(code, "3");
+        assert_eq!(
+            kubectl.ok(&["logs", "app", "-c", "look"]).await,
+            "from the debugger\n"
+        );
+        let typed = kubectl
+            .run_with_input(
+                &[
+                    "debug",
+                    "-i",
+                    "app",
+                    "--image=busybox",
+                    "--container=talk",
+                    "--",
+                    "sh",
+                ],
+                "echo typed $((6 * 7))\nexit\n",
+            )
+            .await;
+        assert!(
+            String::from_utf8_lossy(&typed.stdout).contains("typed 42"),
+            "{typed:?}"
+        );
+        let pods: Api<Pod> = Api::default_namespaced(sim.client().await.unwrap());
+        let refused = pods
+            .patch_subresource(
+                "ephemeralcontainers",
+                "app",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Json::<()>(
+                    serde_json::from_value(
+                        json!([{"op": "remove", "path": "/spec/ephemeralContainers/0"}]),
+                    )
+                    .unwrap(),
+                ),
+            )
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("may not be removed"), "{refused}");
+    }
+}
