@@ -37,6 +37,10 @@ const SCRIPT: &str = include_str!("dashboard.js");
 /// (itself kept by a watch), and sent again when it changed.
 pub const LIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// How many quiet looks at the table pass before the live stream sends a comment, so that a
+/// proxy that closes idle streams keeps it.
+const KEEPALIVE_TICKS: u32 = 15;
+
 /// Whether `host` (a request's `Host`) is the dashboard's: the gateway's base domain itself.
 pub fn is_dashboard_host(host: Option<&str>, domain: Option<&str>) -> bool {
     let (Some(host), Some(domain)) = (host, domain) else {
@@ -766,6 +770,7 @@ impl Gateway {
         let gateway = self.clone();
         let stream = async_stream(move |sender| async move {
             let mut last = String::new();
+            let mut quiet = 0u32;
             loop {
                 if gateway.0.access.still_exists(&session.user).await.is_err()
                     || session.expires <= now()
@@ -773,14 +778,33 @@ impl Gateway {
                     return;
                 }
                 let body = table_body(&gateway.rows_for(&session.user).await, &csrf);
-                if body != last {
-                    let event: String = body.lines().map(|l| format!("data: {l}\n")).collect();
-                    if sender.send(format!("{event}\n")).await.is_err() {
-                        return;
+                let event = match body != last {
+                    true => {
+                        quiet = 0;
+                        let lines: String = body.lines().map(|l| format!("data: {l}\n")).collect();
+                        last = body;
+                        Some(format!("{lines}\n"))
                     }
-                    last = body;
+                    // A comment now and then, so a proxy between keeps the stream open.
+                    false if quiet >= KEEPALIVE_TICKS => {
+                        quiet = 0;
+                        Some(": still here\n\n".to_owned())
+                    }
+                    false => {
+                        quiet += 1;
+                        None
+                    }
+                };
+                if let Some(event) = event
+                    && sender.send(event).await.is_err()
+                {
+                    return;
                 }
-                tokio::time::sleep(LIVE_EVERY).await;
+                // A page that went away ends this at once, not at the next change.
+                tokio::select! {
+                    () = sender.closed() => return,
+                    () = tokio::time::sleep(LIVE_EVERY) => {}
+                }
             }
         });
         let mut response = Response::new(Body::from_stream(stream));
