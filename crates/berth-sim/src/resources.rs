@@ -27,6 +27,9 @@ pub enum Behaviour {
     Stored,
     /// Create-only reviews that are answered, never stored (TokenReview, SubjectAccessReview...).
     Review,
+    /// Objects the server keeps itself, which clients may only get and list
+    /// (ComponentStatus).
+    ReadOnly,
 }
 
 /// A printer column of a Table response.
@@ -88,6 +91,7 @@ impl ResourceType {
     pub fn verbs(&self) -> Vec<&'static str> {
         match self.behaviour {
             Behaviour::Review => vec!["create"],
+            Behaviour::ReadOnly => vec!["get", "list"],
             Behaviour::Stored => {
                 vec![
                     "create",
@@ -223,7 +227,7 @@ const EVENT_V1_FIELDS: &[&str] = &[
 ];
 
 fn builtin_types() -> Vec<ResourceType> {
-    use Behaviour::{Review, Stored};
+    use Behaviour::{ReadOnly, Review, Stored};
     let specs = [
         Spec {
             group: "",
@@ -397,6 +401,17 @@ fn builtin_types() -> Vec<ResourceType> {
             subresources: &["status", "scale"],
             fields: &["status.replicas"],
             behaviour: Stored,
+        },
+        Spec {
+            group: "",
+            version: "v1",
+            resource: "componentstatuses",
+            kind: "ComponentStatus",
+            namespaced: false,
+            short: &["cs"],
+            subresources: &[],
+            fields: &[],
+            behaviour: ReadOnly,
         },
         Spec {
             group: "batch",

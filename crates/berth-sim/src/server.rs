@@ -147,6 +147,9 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// The warning the real server sends with every read of ComponentStatuses.
+const COMPONENT_STATUS_DEPRECATED: &str = "v1 ComponentStatus is deprecated in v1.19+";
+
 /// Who is asking: the bearer token's identity, possibly impersonating someone else.
 fn authenticate(sim: &Sim, headers: &HeaderMap) -> ApiResult<Identity> {
     let identity =
@@ -497,6 +500,19 @@ async fn route(
         return Ok(json_response(StatusCode::CREATED, &answered, &[]));
     }
 
+    if rt.behaviour == Behaviour::ReadOnly && !matches!(verb, "get" | "list") {
+        return Err(ApiError::MethodNotAllowed {
+            message: "the server does not allow this method on the requested resource".to_owned(),
+        });
+    }
+    // As the real server says of every read of them.
+    let deprecated: Vec<String> = match rt.resource.as_str() {
+        "componentstatuses" if rt.group.is_empty() => {
+            vec![COMPONENT_STATUS_DEPRECATED.to_owned()]
+        }
+        _ => vec![],
+    };
+
     if subresource == "scale" && (rt.is_custom || rt.group == "apps") {
         let patch_type = match verb {
             "patch" => Some(
@@ -534,7 +550,7 @@ async fn route(
             Ok(json_response(
                 StatusCode::OK,
                 &watch::render(&rt, &object, render),
-                &[],
+                &deprecated,
             ))
         }
         "list" => {
@@ -566,7 +582,7 @@ async fn route(
                     include,
                 ),
             };
-            Ok(json_response(StatusCode::OK, &body, &[]))
+            Ok(json_response(StatusCode::OK, &body, &deprecated))
         }
         "watch" => {
             let mut fields =

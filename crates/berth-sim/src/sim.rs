@@ -287,6 +287,19 @@ impl Sim {
                 &ctx,
             );
         }
+        // The components the (deprecated) ComponentStatus API reports, healthy.
+        if let Some(statuses) = self.resource_type("", "v1", "componentstatuses") {
+            for component in ["scheduler", "controller-manager", "etcd-0"] {
+                let _ = self.create(
+                    &statuses,
+                    "",
+                    json!({"apiVersion": "v1", "kind": "ComponentStatus",
+                        "metadata": {"name": component},
+                        "conditions": [{"type": "Healthy", "status": "True", "message": "ok"}]}),
+                    &ctx,
+                );
+            }
+        }
         // The API server's own Service, on the first address of the service range.
         if let Some(services) = self.resource_type("", "v1", "services") {
             let _ = self.create(

@@ -212,6 +212,30 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
             ),
             age_column(),
         ],
+        ("", "componentstatuses") => vec![
+            name,
+            column(
+                "Status",
+                "string",
+                "",
+                "Status of the component conditions",
+                0,
+            ),
+            column(
+                "Message",
+                "string",
+                "",
+                "Message of the component conditions",
+                0,
+            ),
+            column(
+                "Error",
+                "string",
+                "",
+                "Error of the component conditions",
+                0,
+            ),
+        ],
         ("batch", "jobs") => vec![
             name,
             column("Status", "string", "", "Status of the job.", 0),
@@ -883,6 +907,20 @@ fn cells(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], now: Timesta
                 json!(status("availableReplicas")),
                 json!(age(object, now)),
             ]
+        }
+        ("", "componentstatuses") => {
+            let healthy = object["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "Healthy");
+            let status = match healthy.map(|c| c["status"] == "True") {
+                Some(true) => "Healthy",
+                Some(false) => "Unhealthy",
+                None => "Unknown",
+            };
+            let said = |key: &str| json!(healthy.and_then(|c| c[key].as_str()).unwrap_or_default());
+            vec![json!(status), said("message"), said("error")]
         }
         ("batch", "jobs") => job_cells(object, now),
         ("batch", "cronjobs") => cron_job_cells(object, now),

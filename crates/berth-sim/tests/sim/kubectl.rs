@@ -939,3 +939,38 @@ fn words(text: &str) -> Vec<Vec<String>> {
         .map(|l| l.split_whitespace().map(str::to_owned).collect())
         .collect()
 }
+
+/// `kubectl get componentstatuses` (deprecated, still served): the control plane's components,
+/// healthy, with the real columns and the server's deprecation warning; they can only be read.
+#[tokio::test]
+async fn component_statuses_are_read_only_and_say_they_are_deprecated() {
+    let sim = crate::support::cluster_with_nodes().await;
+    for version in ["1.27", "1.33"] {
+        let Some(kubectl) = Kubectl::version(&sim, version) else {
+            return;
+        };
+        let shown = kubectl.run(&["get", "componentstatuses"]).await;
+        assert!(shown.status.success(), "kubectl {version}: {shown:?}");
+        let table = String::from_utf8_lossy(&shown.stdout);
+        let rows: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows[0], ["NAME", "STATUS", "MESSAGE", "ERROR"], "{table}");
+        assert!(
+            rows.contains(&vec!["scheduler", "Healthy", "ok"]),
+            "{table}"
+        );
+        assert!(rows.contains(&vec!["etcd-0", "Healthy", "ok"]), "{table}");
+        assert!(
+            String::from_utf8_lossy(&shown.stderr)
+                .contains("Warning: v1 ComponentStatus is deprecated in v1.19+"),
+            "kubectl {version}: {shown:?}"
+        );
+        let refused = kubectl.fails(&["delete", "cs", "scheduler"]).await;
+        assert!(
+            refused.contains("the server does not allow this method on the requested resource"),
+            "kubectl {version}: {refused}"
+        );
+    }
+}
