@@ -1068,30 +1068,30 @@ impl Gateway {
         Ok((user, Agent { address, tls }, request))
     }
 
-    /// Opens an SSH connection on `agent` with `start` (as [`Gateway::open_shell`] opens a
-    /// shell): the sender of the client's bytes and the agent's outputs, or why not.
-    async fn open_ssh(
+    /// Opens a stream (a shell, an SSH connection) on an agent with `start` first, by `call`,
+    /// with the gateway's token for `namespace` (requested again, and the stream asked for
+    /// again, when the agent rejected a cached one); the sender of further inputs and the
+    /// outputs, or why not, in words.
+    async fn open_stream<I, O, F, Fut>(
         &self,
         namespace: &str,
-        agent: &Agent,
-        start: berth_agent::proto::SshInput,
-    ) -> Result<
-        (
-            tokio::sync::mpsc::Sender<berth_agent::proto::SshInput>,
-            tonic::Streaming<berth_agent::proto::SshOutput>,
-        ),
-        String,
-    > {
-        use berth_agent::client::{CallError, ssh, token_rejected};
+        start: I,
+        call: F,
+    ) -> Result<(tokio::sync::mpsc::Sender<I>, tonic::Streaming<O>), String>
+    where
+        I: Clone + Send + 'static,
+        F: Fn(String, tokio_stream::wrappers::ReceiverStream<I>) -> Fut,
+        Fut: Future<Output = Result<tonic::Streaming<O>, berth_agent::client::CallError>>,
+    {
+        use berth_agent::client::{CallError, token_rejected};
         let tokens = self.0.agent_tokens.as_ref().ok_or("no service account")?;
-        let timeout = self.0.config.connect_timeout;
         let mut renewed = false;
         loop {
             let (token, fresh) = tokens.token(namespace).await?;
             let (inputs, queued) = tokio::sync::mpsc::channel(16);
             let _ = inputs.try_send(start.clone());
             let queued = tokio_stream::wrappers::ReceiverStream::new(queued);
-            match ssh(&agent.address, &token, timeout, agent.tls.as_ref(), queued).await {
+            match call(token.clone(), queued).await {
                 Ok(outputs) => return Ok((inputs, outputs)),
                 Err(CallError::Refused(status))
                     if !fresh && !renewed && token_rejected(&status) =>
@@ -1107,9 +1107,7 @@ impl Gateway {
         }
     }
 
-    /// Opens a shell on the agent at `address` with `start`, with the gateway's token for
-    /// `namespace` (requested again, and the shell asked for again, when the agent rejected a
-    /// cached one); the sender of further inputs and the outputs, or why not, in words.
+    /// Opens a shell on `agent` with `start` ([`Gateway::open_stream`]).
     async fn open_shell(
         &self,
         namespace: &str,
@@ -1122,29 +1120,34 @@ impl Gateway {
         ),
         String,
     > {
-        use berth_agent::client::{CallError, shell, token_rejected};
-        let tokens = self.0.agent_tokens.as_ref().ok_or("no service account")?;
         let timeout = self.0.config.connect_timeout;
-        let mut renewed = false;
-        loop {
-            let (token, fresh) = tokens.token(namespace).await?;
-            let (inputs, queued) = tokio::sync::mpsc::channel(16);
-            let _ = inputs.try_send(start.clone());
-            let queued = tokio_stream::wrappers::ReceiverStream::new(queued);
-            match shell(&agent.address, &token, timeout, agent.tls.as_ref(), queued).await {
-                Ok(outputs) => return Ok((inputs, outputs)),
-                Err(CallError::Refused(status))
-                    if !fresh && !renewed && token_rejected(&status) =>
-                {
-                    tokens.forget(namespace, &token).await;
-                    renewed = true;
-                }
-                Err(CallError::Refused(status)) => {
-                    return Err(format!("the agent said: {}", status.message()));
-                }
-                Err(unreachable) => return Err(unreachable.to_string()),
-            }
-        }
+        self.open_stream(namespace, start, |token, queued| async move {
+            berth_agent::client::shell(&agent.address, &token, timeout, agent.tls.as_ref(), queued)
+                .await
+        })
+        .await
+    }
+
+    /// Opens an SSH connection on `agent` with `start` ([`Gateway::open_stream`]): the sender
+    /// of the client's bytes and the agent's outputs, or why not.
+    async fn open_ssh(
+        &self,
+        namespace: &str,
+        agent: &Agent,
+        start: berth_agent::proto::SshInput,
+    ) -> Result<
+        (
+            tokio::sync::mpsc::Sender<berth_agent::proto::SshInput>,
+            tonic::Streaming<berth_agent::proto::SshOutput>,
+        ),
+        String,
+    > {
+        let timeout = self.0.config.connect_timeout;
+        self.open_stream(namespace, start, |token, queued| async move {
+            berth_agent::client::ssh(&agent.address, &token, timeout, agent.tls.as_ref(), queued)
+                .await
+        })
+        .await
     }
 }
 

@@ -132,6 +132,14 @@ fn pod_field(pod: &Value, path: &str) -> Option<String> {
     value.as_str().map(str::to_owned)
 }
 
+/// Which list of a pod's container statuses a container is reported in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Statuses {
+    Init,
+    Containers,
+    Ephemeral,
+}
+
 fn container_id() -> String {
     let bytes: [u8; 32] = rand::random();
     format!(
@@ -1002,39 +1010,11 @@ impl Worker {
         let kept = context.clone();
         match self.sim.config.runtime.start(context).await {
             Ok(running) => {
-                self.sim
-                    .containers
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert((self.uid.clone(), name.clone()), kept);
-                self.event(
-                    Some(&path),
-                    "Normal",
-                    "Started",
-                    &format!("Started container {name}"),
-                );
-                let started_at = now_rfc3339();
-                let id = container_id();
-                self.status(|pod| {
-                    Self::container_status(pod, init, &name, |s| {
-                        s["state"] = json!({"running": {"startedAt": started_at}});
-                        s["started"] = json!(true);
-                        s["containerID"] = json!(id);
-                        s["imageID"] = json!(format!(
-                            "{}@sha256:{}",
-                            s["image"].as_str().unwrap_or_default(),
-                            "0".repeat(64)
-                        ));
-                    })
-                });
-                let RunningContainer { exited, stop } = running;
-                let exits = self.exit_tx.clone();
-                let reported = name.clone();
-                tokio::spawn(async move {
-                    let code = exited.await.unwrap_or(137);
-                    let _ = exits.send((reported, code));
-                });
-                self.running.insert(name, stop);
+                let list = match init {
+                    true => Statuses::Init,
+                    false => Statuses::Containers,
+                };
+                self.started(&name, &path, kept, running, list);
                 Ok(())
             }
             Err(error) => {
@@ -1469,6 +1449,55 @@ impl Worker {
         }
     }
 
+    /// A container the runtime started: kept for exec and attach, `Started`, its status
+    /// running, its exit reported to the worker.
+    fn started(
+        &mut self,
+        name: &str,
+        path: &str,
+        context: ContainerContext,
+        running: RunningContainer,
+        list: Statuses,
+    ) {
+        self.sim
+            .containers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((self.uid.clone(), name.to_owned()), context);
+        self.event(
+            Some(path),
+            "Normal",
+            "Started",
+            &format!("Started container {name}"),
+        );
+        let started_at = now_rfc3339();
+        let id = container_id();
+        let running_now = |s: &mut Value| {
+            s["state"] = json!({"running": {"startedAt": started_at}});
+            if list != Statuses::Ephemeral {
+                s["started"] = json!(true);
+            }
+            s["containerID"] = json!(id);
+            s["imageID"] = json!(format!(
+                "{}@sha256:{}",
+                s["image"].as_str().unwrap_or_default(),
+                "0".repeat(64)
+            ));
+        };
+        self.status(|pod| match list {
+            Statuses::Ephemeral => Self::ephemeral_status(pod, name, running_now),
+            _ => Self::container_status(pod, list == Statuses::Init, name, running_now),
+        });
+        let RunningContainer { exited, stop } = running;
+        let exits = self.exit_tx.clone();
+        let reported = name.to_owned();
+        tokio::spawn(async move {
+            let code = exited.await.unwrap_or(137);
+            let _ = exits.send((reported, code));
+        });
+        self.running.insert(name.to_owned(), stop);
+    }
+
     /// Sets one ephemeral container's status entry.
     fn ephemeral_status(pod: &mut Value, name: &str, update: impl Fn(&mut Value)) {
         let mut statuses = pod["status"]["ephemeralContainerStatuses"]
@@ -1531,40 +1560,7 @@ impl Worker {
             let context = self.context(&container, false);
             let kept = context.clone();
             match self.sim.config.runtime.start(context).await {
-                Ok(running) => {
-                    self.sim
-                        .containers
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert((self.uid.clone(), name.clone()), kept);
-                    self.event(
-                        Some(&path),
-                        "Normal",
-                        "Started",
-                        &format!("Started container {name}"),
-                    );
-                    let started_at = now_rfc3339();
-                    let id = container_id();
-                    self.status(|pod| {
-                        Self::ephemeral_status(pod, &name, |s| {
-                            s["state"] = json!({"running": {"startedAt": started_at}});
-                            s["containerID"] = json!(id);
-                            s["imageID"] = json!(format!(
-                                "{}@sha256:{}",
-                                s["image"].as_str().unwrap_or_default(),
-                                "0".repeat(64)
-                            ));
-                        })
-                    });
-                    let RunningContainer { exited, stop } = running;
-                    let exits = self.exit_tx.clone();
-                    let reported = name.clone();
-                    tokio::spawn(async move {
-                        let code = exited.await.unwrap_or(137);
-                        let _ = exits.send((reported, code));
-                    });
-                    self.running.insert(name, stop);
-                }
+                Ok(running) => self.started(&name, &path, kept, running, Statuses::Ephemeral),
                 Err(error) => {
                     self.event(
                         Some(&path),
