@@ -1361,6 +1361,10 @@ impl Worker {
             .min()
             .unwrap_or(Duration::from_secs(10));
         let mut probe_tick = tokio::time::interval(period.max(self.sim.config.timings.readiness));
+        // A change made while the pod was starting (its waits saw the update) is acted on now.
+        if self.restart_changed().await.is_err() || self.start_ephemeral().await.is_err() {
+            return;
+        }
         loop {
             if self.deleting() {
                 return;
@@ -1484,9 +1488,15 @@ impl Worker {
                 "0".repeat(64)
             ));
         };
+        // A pod is Running from the update that says its first container runs, as the
+        // kubelet computes the phase from the statuses it writes.
         self.status(|pod| match list {
             Statuses::Ephemeral => Self::ephemeral_status(pod, name, running_now),
-            _ => Self::container_status(pod, list == Statuses::Init, name, running_now),
+            Statuses::Init => Self::container_status(pod, true, name, running_now),
+            Statuses::Containers => {
+                Self::container_status(pod, false, name, running_now);
+                pod["status"]["phase"] = json!("Running");
+            }
         });
         let RunningContainer { exited, stop } = running;
         let exits = self.exit_tx.clone();

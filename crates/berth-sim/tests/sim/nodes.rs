@@ -975,6 +975,55 @@ async fn a_new_image_restarts_the_container_in_the_same_pod() {
     );
 }
 
+/// Every version of a starting pod a watcher sees is consistent, as the kubelet writes its
+/// status in one piece: the update that says the first container runs also says the pod is
+/// `Running`, never a running container in a `Pending` pod (which a controller would read as
+/// "not started yet").
+#[tokio::test]
+async fn a_pod_is_running_in_the_same_update_as_its_first_running_container() {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::api::{WatchEvent, WatchParams};
+
+    let sim = cluster_with_nodes().await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let from = sim.revision().to_string();
+    pods.create(&PostParams::default(), &pod_with("web", json!({})))
+        .await
+        .unwrap();
+    let mut stream = pods
+        .watch(&WatchParams::default().fields("metadata.name=web"), &from)
+        .await
+        .unwrap()
+        .boxed();
+    let mut seen = vec![];
+    let first_running = tokio::time::timeout(WAIT, async {
+        while let Some(event) = stream.try_next().await.unwrap() {
+            let (WatchEvent::Added(pod) | WatchEvent::Modified(pod)) = event else {
+                continue;
+            };
+            let status = pod.status.clone().unwrap_or_default();
+            let running = status
+                .container_statuses
+                .iter()
+                .flatten()
+                .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()));
+            let phase = status.phase.clone().unwrap_or_default();
+            seen.push((phase.clone(), running));
+            if running || phase == "Running" {
+                return (phase, running);
+            }
+        }
+        panic!("the watch ended");
+    })
+    .await
+    .expect("the pod to start");
+    assert_eq!(
+        first_running,
+        ("Running".to_owned(), true),
+        "versions seen: {seen:?}"
+    );
+}
+
 /// `log?follow=true` (kubectl logs -f) stays connected while the container runs and ends when
 /// it stops, as with a real kubelet.
 #[tokio::test]
