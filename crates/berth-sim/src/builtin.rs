@@ -696,6 +696,9 @@ pub fn validate(rt: &ResourceType, object: &Value) -> Vec<Cause> {
     if rt.group == "batch" {
         causes.extend(crate::batch::validate(&rt.resource, object));
     }
+    if rt.group == "certificates.k8s.io" {
+        causes.extend(crate::certificates::validate(object));
+    }
     if rt.group == "networking.k8s.io" && rt.resource == "networkpolicies" {
         causes.extend(crate::network_policies::validate(object));
     }

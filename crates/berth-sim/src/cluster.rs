@@ -52,7 +52,7 @@ pub struct SimCluster {
 impl SimCluster {
     /// Starts a cluster on a free loopback port (or `config.port`).
     pub async fn start(config: SimConfig) -> Result<Self, StartError> {
-        let authority = Authority::generate()?;
+        let authority = Arc::new(Authority::generate()?);
         let tls = authority.server_config(&["127.0.0.1", "localhost", "kubernetes.default.svc"])?;
         let listener = TcpListener::bind(("127.0.0.1", config.port)).await?;
         let address = listener.local_addr()?;
@@ -68,6 +68,7 @@ impl SimCluster {
         let sim = Arc::new(Sim::new(config, terminations_tx));
         let _ = sim.address.set(address.to_string());
         let _ = sim.ca_pem.set(authority.ca_pem().to_owned());
+        let _ = sim.authority.set(authority.clone());
 
         let mut tasks = JoinSet::new();
         // The controllers subscribe before anything is written, so they see every object.
@@ -92,6 +93,7 @@ impl SimCluster {
         }
         tasks.spawn(crate::workloads::run(sim.clone()));
         tasks.spawn(crate::batch::run(sim.clone()));
+        tasks.spawn(crate::certificates::run(sim.clone()));
         tasks.spawn(crate::endpoints::run(sim.clone()));
         let closer_sim = sim.clone();
         tasks.spawn(async move {
@@ -147,7 +149,7 @@ impl SimCluster {
                 };
                 failing = false;
                 let acceptor = acceptor.clone();
-                let service = TowerToHyperService::new(router.clone());
+                let router = router.clone();
                 connections.spawn(async move {
                     // As the kube-apiserver's ReadHeaderTimeout bounds it: a client that never
                     // completes its handshake holds no descriptor for long.
@@ -158,6 +160,15 @@ impl SimCluster {
                     let Ok(Ok(tls_stream)) = handshake.await else {
                         return;
                     };
+                    let client = tls_stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(<[_]>::first)
+                        .and_then(crate::tls::client_identity);
+                    let service = TowerToHyperService::new(
+                        router.layer(axum::Extension(crate::server::ClientCertificate(client))),
+                    );
                     let _ = auto::Builder::new(TokioExecutor::new())
                         .serve_connection_with_upgrades(TokioIo::new(tls_stream), service)
                         .await;

@@ -1,6 +1,7 @@
 //! Request bodies in Kubernetes' protobuf encoding, as kubectl's typed commands send them
 //! (`create deployment|job|cronjob|service|quota|pdb|secret|configmap|namespace|serviceaccount|role|
-//! rolebinding|clusterrole|clusterrolebinding|token`, `auth can-i`, `auth whoami`): decoded by
+//! rolebinding|clusterrole|clusterrolebinding|token`, `auth can-i`, `auth whoami`,
+//! `certificate approve|deny`): decoded by
 //! prost into k8s-pb's types, then written as the JSON the sim stores. The sim reads the
 //! fields those commands set; a body that sets anything more is refused (415, "send it as
 //! JSON"), never stored in part. The sim answers in JSON, which those clients accept.
@@ -174,16 +175,127 @@ fn object_meta(mut m: meta::ObjectMeta) -> Converted {
         nothing_left("OwnerReference", r)?;
         Ok(out)
     })?;
+    // An update sends the object as it was read: what the server keeps itself (uid, times,
+    // managed fields) is read and then replaced by the server's own; the resource version
+    // makes the write conditional.
+    let managed = each(std::mem::take(&mut m.managed_fields), |mut f| {
+        let fields = f
+            .fields_v1
+            .take()
+            .and_then(|v| v.raw)
+            .and_then(|raw| serde_json::from_slice::<Value>(&raw).ok());
+        let out = Out::default()
+            .put("manager", f.manager.take())
+            .put("operation", f.operation.take())
+            .put("apiVersion", f.api_version.take())
+            .put("time", f.time.take().and_then(time))
+            .put("fieldsType", f.fields_type.take())
+            .value("fieldsV1", fields)
+            .put("subresource", f.subresource.take())
+            .done();
+        nothing_left("ManagedFieldsEntry", f)?;
+        Ok(out)
+    })?;
     let out = Out::default()
         .list("ownerReferences", owners)
         .put("name", m.name.take())
         .put("generateName", m.generate_name.take())
         .put("namespace", m.namespace.take())
+        .put("uid", m.uid.take())
+        .put("resourceVersion", m.resource_version.take())
+        .put("generation", m.generation.take())
+        .put(
+            "creationTimestamp",
+            m.creation_timestamp.take().and_then(time),
+        )
+        .put(
+            "deletionTimestamp",
+            m.deletion_timestamp.take().and_then(time),
+        )
+        .put(
+            "deletionGracePeriodSeconds",
+            m.deletion_grace_period_seconds.take(),
+        )
         .map("labels", std::mem::take(&mut m.labels))
         .map("annotations", std::mem::take(&mut m.annotations))
         .list("finalizers", std::mem::take(&mut m.finalizers))
+        .list("managedFields", managed)
         .done();
     nothing_left("ObjectMeta", m)?;
+    Ok(out)
+}
+
+/// A `metav1.Time` as the JSON form writes it (RFC 3339, seconds); Go's zero time is absent.
+fn time(t: meta::Time) -> Option<String> {
+    let seconds = t.seconds.unwrap_or(ZERO_TIME_SECONDS);
+    if seconds == ZERO_TIME_SECONDS {
+        return None;
+    }
+    jiff::Timestamp::from_second(seconds)
+        .ok()
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+}
+
+fn certificate_signing_request(
+    mut c: k8s_pb::api::certificates::v1::CertificateSigningRequest,
+) -> Converted {
+    let spec = opt(c.spec.take(), |mut s| {
+        let extra: BTreeMap<String, Vec<String>> = std::mem::take(&mut s.extra)
+            .into_iter()
+            .map(|(k, v)| (k, v.items))
+            .collect();
+        let out = Out::default()
+            .put(
+                "request",
+                s.request
+                    .take()
+                    .map(|r| base64::engine::general_purpose::STANDARD.encode(r)),
+            )
+            .put("signerName", s.signer_name.take())
+            .put("expirationSeconds", s.expiration_seconds.take())
+            .list("usages", std::mem::take(&mut s.usages))
+            .put("username", s.username.take())
+            .put("uid", s.uid.take())
+            .list("groups", std::mem::take(&mut s.groups))
+            .put("extra", (!extra.is_empty()).then_some(extra))
+            .done();
+        nothing_left("CertificateSigningRequestSpec", s)?;
+        Ok(out)
+    })?;
+    let status = opt(c.status.take(), |mut s| {
+        let conditions = each(std::mem::take(&mut s.conditions), |mut k| {
+            let out = Out::default()
+                .put("type", k.r#type.take())
+                .put("status", k.status.take())
+                .put("reason", k.reason.take())
+                .put("message", k.message.take())
+                .put("lastUpdateTime", k.last_update_time.take().and_then(time))
+                .put(
+                    "lastTransitionTime",
+                    k.last_transition_time.take().and_then(time),
+                )
+                .done();
+            nothing_left("CertificateSigningRequestCondition", k)?;
+            Ok(out)
+        })?;
+        let out = Out::default()
+            .list("conditions", conditions)
+            .put(
+                "certificate",
+                s.certificate
+                    .take()
+                    .filter(|c| !c.is_empty())
+                    .map(|c| base64::engine::general_purpose::STANDARD.encode(c)),
+            )
+            .done();
+        nothing_left("CertificateSigningRequestStatus", s)?;
+        Ok(out)
+    })?;
+    let metadata = c.metadata.take();
+    let mut out = object("CertificateSigningRequest", metadata, spec, c)?;
+    if let Some(status) = status.filter(|s| s.as_object().is_some_and(|m| !m.is_empty())) {
+        out["status"] = status;
+    }
     Ok(out)
 }
 
@@ -689,6 +801,9 @@ pub fn decode(body: &[u8]) -> ApiResult<Value> {
         ("batch/v1", "CronJob") => read(raw, cron_job)?,
         ("policy/v1", "PodDisruptionBudget") => read(raw, pod_disruption_budget)?,
         ("v1", "ResourceQuota") => read(raw, resource_quota)?,
+        ("certificates.k8s.io/v1", "CertificateSigningRequest") => {
+            read(raw, certificate_signing_request)?
+        }
         ("v1", "Secret") => read(raw, secret)?,
         ("v1", "ConfigMap") => read(raw, config_map)?,
         ("v1", "Namespace") => read(raw, |mut n: core::Namespace| {

@@ -436,6 +436,17 @@ fn builtin_types() -> Vec<ResourceType> {
             behaviour: Stored,
         },
         Spec {
+            group: "certificates.k8s.io",
+            version: "v1",
+            resource: "certificatesigningrequests",
+            kind: "CertificateSigningRequest",
+            namespaced: false,
+            short: &["csr"],
+            subresources: &["approval", "status"],
+            fields: &["spec.signerName"],
+            behaviour: Stored,
+        },
+        Spec {
             group: "policy",
             version: "v1",
             resource: "poddisruptionbudgets",

@@ -39,10 +39,36 @@ struct LogInfo {
     lost_reply: Option<ApiError>,
 }
 
+/// The CertificateApproval admission plugin, for a write of a CSR's `/approval`.
+fn approval_admitted(
+    sim: &Sim,
+    rt: &ResourceType,
+    subresource: &str,
+    namespace: &str,
+    name: &str,
+    user: &Identity,
+) -> ApiResult<()> {
+    if rt.group != "certificates.k8s.io" || subresource != "approval" {
+        return Ok(());
+    }
+    match sim.store.get(&rt.storage, namespace, name) {
+        Some(current) => crate::certificates::check_approval(&sim.store, user, &current),
+        None => Ok(()),
+    }
+}
+
+/// The user a verified client certificate names, on each request of its connection.
+#[derive(Clone, Debug)]
+pub struct ClientCertificate(pub Option<Identity>);
+
 /// The one handler: every request comes here.
 pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
     let path = request.uri().path().to_owned();
-    let request = match pass_through(&sim, &path, request).await {
+    let client = request
+        .extensions()
+        .get::<ClientCertificate>()
+        .and_then(|c| c.0.clone());
+    let request = match pass_through(&sim, &path, request, client.as_ref()).await {
         Ok(response) => return response,
         Err(request) => request,
     };
@@ -65,6 +91,7 @@ pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
         parts.uri.path(),
         parts.uri.query().unwrap_or(""),
         &parts.headers,
+        client.as_ref(),
         bytes,
         &mut info,
     )
@@ -89,7 +116,12 @@ pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
 /// The requests that are not objects: exec, attach and port-forward (upgraded to streams) and
 /// the proxy subresources (passed on to a pod, or answered as a node's kubelet). The request
 /// back when it is none of them.
-async fn pass_through(sim: &Arc<Sim>, path: &str, request: Request) -> Result<Response, Request> {
+async fn pass_through(
+    sim: &Arc<Sim>,
+    path: &str,
+    request: Request,
+    client: Option<&Identity>,
+) -> Result<Response, Request> {
     let stream = crate::streams::target(path);
     let proxied = stream
         .is_none()
@@ -106,7 +138,7 @@ async fn pass_through(sim: &Arc<Sim>, path: &str, request: Request) -> Result<Re
         (None, None, Some(_)) => (crate::proxy::verb(request.method()), "nodes", "proxy"),
         (None, None, None) => return Err(request),
     };
-    let (user, answer) = match authenticate(sim, request.headers()) {
+    let (user, answer) = match authenticate(sim, request.headers(), client) {
         Err(e) => (String::new(), Err(e)),
         Ok(identity) => {
             let user = identity.username.clone();
@@ -150,17 +182,21 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// The warning the real server sends with every read of ComponentStatuses.
 const COMPONENT_STATUS_DEPRECATED: &str = "v1 ComponentStatus is deprecated in v1.19+";
 
-/// Who is asking: the bearer token's identity, possibly impersonating someone else.
-fn authenticate(sim: &Sim, headers: &HeaderMap) -> ApiResult<Identity> {
-    let identity =
-        match header_str(headers, "authorization").and_then(|v| v.strip_prefix("Bearer ")) {
+/// Who is asking: the client certificate's user or the bearer token's identity, possibly
+/// impersonating someone else.
+fn authenticate(sim: &Sim, headers: &HeaderMap, client: Option<&Identity>) -> ApiResult<Identity> {
+    let bearer = header_str(headers, "authorization").and_then(|v| v.strip_prefix("Bearer "));
+    let identity = match (client, bearer) {
+        (Some(user), _) => user.clone(),
+        (None, bearer) => match bearer {
             Some(token) => sim
                 .tokens
                 .review_current(&sim.store, token.trim(), &[API_AUDIENCE.to_owned()])
                 .map(|(who, _)| who)
                 .map_err(|_| ApiError::Unauthorized)?,
             None => Identity::anonymous(),
-        };
+        },
+    };
     let Some(user) = header_str(headers, "impersonate-user") else {
         return Ok(identity);
     };
@@ -300,10 +336,11 @@ async fn route(
     path: &str,
     query: &str,
     headers: &HeaderMap,
+    client: Option<&Identity>,
     bytes: Bytes,
     info: &mut LogInfo,
 ) -> ApiResult<Response> {
-    let identity = authenticate(sim, headers)?;
+    let identity = authenticate(sim, headers, client)?;
     info.user = identity.username.clone();
     let query = query_map(query);
     let path = path.trim_end_matches('/');
@@ -623,6 +660,10 @@ async fn route(
         }
         "create" => {
             let body = decode_body(headers, &bytes)?;
+            let mut body = body;
+            if rt.group == "certificates.k8s.io" {
+                crate::certificates::on_create(&mut body, &identity);
+            }
             match (rt.resource.as_str(), subresource) {
                 (_, "") => {
                     let mut warnings = vec![];
@@ -660,6 +701,7 @@ async fn route(
         }
         "update" => {
             let body = decode_body(headers, &bytes)?;
+            approval_admitted(sim, &rt, subresource, namespace, name, &identity)?;
             let sub = if subresource == "finalize" {
                 ""
             } else {
@@ -687,6 +729,7 @@ async fn route(
                 message: format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type})"),
             })?;
             let body = decode_body(headers, &bytes)?;
+            approval_admitted(sim, &rt, subresource, namespace, name, &identity)?;
             let force = query.get("force").is_some_and(|f| f == "true");
             let mut ctx = ctx;
             if patch_type == PatchType::Apply {

@@ -149,6 +149,8 @@ pub struct Sim {
     pub expire_next_watch: AtomicBool,
     pub address: OnceLock<String>,
     pub ca_pem: OnceLock<String>,
+    /// The cluster's CA, which the controller manager's signer issues certificates from.
+    pub authority: OnceLock<Arc<crate::tls::Authority>>,
     next_cluster_ip: AtomicU32,
     pub faults: crate::faults::Faults,
     pub recorder: crate::recorder::Recorder,
@@ -225,6 +227,7 @@ impl Sim {
             expire_next_watch: AtomicBool::new(false),
             address: OnceLock::new(),
             ca_pem: OnceLock::new(),
+            authority: OnceLock::new(),
             next_cluster_ip: AtomicU32::new(1),
             faults: crate::faults::Faults::new(seed),
             recorder: crate::recorder::Recorder::default(),
@@ -894,7 +897,9 @@ impl Sim {
         body: Value,
         subresource: &str,
     ) -> Value {
-        let mut new = if subresource == "ephemeralcontainers" {
+        let mut new = if rt.group == "certificates.k8s.io" {
+            crate::certificates::merge(current, &body, subresource)
+        } else if subresource == "ephemeralcontainers" {
             // Only the ephemeral containers are taken from the body.
             let mut new = current.clone();
             new["spec"]["ephemeralContainers"] = body["spec"]["ephemeralContainers"].clone();
@@ -1026,6 +1031,13 @@ impl Sim {
         if rt.resource == "persistentvolumeclaims" && rt.group.is_empty() && subresource.is_empty()
         {
             causes.extend(builtin::claim_update_forbidden(current, &new));
+        }
+        if rt.group == "certificates.k8s.io" {
+            causes.extend(crate::certificates::validate_update(
+                current,
+                &new,
+                subresource,
+            ));
         }
         if subresource.is_empty() {
             causes.extend(builtin::immutable_update_forbidden(rt, current, &new));

@@ -236,6 +236,32 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
                 0,
             ),
         ],
+        ("certificates.k8s.io", "certificatesigningrequests") => vec![
+            name,
+            age_column(),
+            column(
+                "SignerName",
+                "string",
+                "",
+                "signerName indicates the requested signer, and is a qualified name.",
+                0,
+            ),
+            column("Requestor", "string", "", "Name of requestor", 0),
+            column(
+                "RequestedDuration",
+                "string",
+                "",
+                "expirationSeconds is the requested duration of validity of the issued certificate.",
+                0,
+            ),
+            column(
+                "Condition",
+                "string",
+                "",
+                "Condition indicates if the certificate has been approved or denied",
+                0,
+            ),
+        ],
         ("batch", "jobs") => vec![
             name,
             column("Status", "string", "", "Status of the job.", 0),
@@ -922,6 +948,18 @@ fn cells(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], now: Timesta
             let said = |key: &str| json!(healthy.and_then(|c| c[key].as_str()).unwrap_or_default());
             vec![json!(status), said("message"), said("error")]
         }
+        ("certificates.k8s.io", "certificatesigningrequests") => vec![
+            json!(age(object, now)),
+            json!(object["spec"]["signerName"].as_str().unwrap_or_default()),
+            json!(object["spec"]["username"].as_str().unwrap_or_default()),
+            json!(
+                object["spec"]["expirationSeconds"]
+                    .as_i64()
+                    .map(human_duration)
+                    .unwrap_or_else(|| "<none>".to_owned())
+            ),
+            json!(crate::certificates::condition_cell(object)),
+        ],
         ("batch", "jobs") => job_cells(object, now),
         ("batch", "cronjobs") => cron_job_cells(object, now),
         ("apps", "replicasets") => vec![

@@ -79,18 +79,79 @@ impl Authority {
         ))
     }
 
+    /// A certificate for a certificate signing request, valid for `ttl` (backdated five
+    /// minutes when that is 8 hours or more, as the controller manager's signer does), with
+    /// the usages `usages` sets; PEM.
+    pub fn sign_request(
+        &self,
+        mut request: rcgen::CertificateSigningRequestParams,
+        ttl: std::time::Duration,
+        usages: impl FnOnce(&mut CertificateParams),
+    ) -> Result<String, TlsError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs() as i64;
+        let backdate = if ttl >= std::time::Duration::from_secs(8 * 3600) {
+            300
+        } else {
+            0
+        };
+        let at = |seconds: i64| {
+            time::OffsetDateTime::from_unix_timestamp(seconds)
+                .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+        };
+        let params = &mut request.params;
+        params.not_before = at(now - backdate);
+        params.not_after = at(now + ttl.as_secs() as i64 - backdate);
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.serial_number = Some(rcgen::SerialNumber::from_slice(&rand::random::<[u8; 16]>()));
+        params.use_authority_key_identifier_extension = true;
+        usages(params);
+        Ok(request.signed_by(&self.issuer)?.pem())
+    }
+
     /// A rustls server configuration serving a certificate for `names`, speaking HTTP/2 and
-    /// HTTP/1.1.
+    /// HTTP/1.1. A client may present a certificate of this CA (it is then that user, as with
+    /// the API server's `--client-ca-file`) or none.
     pub fn server_config(&self, names: &[&str]) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         let (chain, key, _, _) = self.issue(names)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.ca_der.clone())?;
+        let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| rustls::Error::General(e.to_string()))?;
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
+            .with_client_cert_verifier(clients)
             .with_single_cert(chain, key)?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
+}
+
+/// The user a verified client certificate names: its common name, and its organizations as
+/// groups, as the API server's x509 authenticator reads them.
+pub fn client_identity(certificate: &CertificateDer<'_>) -> Option<crate::auth::Identity> {
+    use x509_parser::prelude::FromDer;
+    let (_, parsed) = x509_parser::certificate::X509Certificate::from_der(certificate).ok()?;
+    let subject = parsed.subject();
+    let username = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
+    let mut groups: Vec<String> = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_owned))
+        .collect();
+    groups.push("system:authenticated".to_owned());
+    Some(crate::auth::Identity {
+        username,
+        uid: String::new(),
+        groups,
+    })
 }
 
 /// A client configuration that trusts the certificates of `bundle` (PEM) as Go's TLS client

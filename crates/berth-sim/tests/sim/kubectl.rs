@@ -51,6 +51,18 @@ impl Kubectl {
         }
     }
 
+    /// This kubectl with a kubeconfig of its own (another user of the same cluster).
+    pub fn with_kubeconfig(&self, kubeconfig: &str) -> Kubectl {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(&path, kubeconfig).unwrap();
+        Kubectl {
+            binary: self.binary.clone(),
+            kubeconfig: path,
+            _dir: dir,
+        }
+    }
+
     fn with_binary(sim: &SimCluster, binary: PathBuf) -> Kubectl {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
@@ -83,7 +95,7 @@ impl Kubectl {
         command
     }
 
-    async fn run(&self, args: &[&str]) -> Output {
+    pub async fn run(&self, args: &[&str]) -> Output {
         tokio::time::timeout(Duration::from_secs(60), self.command(args).output())
             .await
             .expect("kubectl finishes")
@@ -130,7 +142,7 @@ impl Kubectl {
             .unwrap()
     }
 
-    async fn apply_stdin(&self, args: &[&str], input: &str) -> String {
+    pub async fn apply_stdin(&self, args: &[&str], input: &str) -> String {
         let output = self.run_with_input(args, input).await;
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         assert!(

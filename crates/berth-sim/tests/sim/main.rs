@@ -8,6 +8,7 @@ mod admission_policies;
 mod api;
 mod apps;
 mod auth;
+mod certificates;
 mod conformance;
 mod crd;
 mod deletion;
