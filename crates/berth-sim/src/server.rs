@@ -85,18 +85,16 @@ pub async fn handle(State(sim): State<Arc<Sim>>, request: Request) -> Response {
         resource: parts.uri.path().to_owned(),
         ..Default::default()
     };
-    let response = route(
-        &sim,
-        &parts.method,
-        parts.uri.path(),
-        parts.uri.query().unwrap_or(""),
-        &parts.headers,
-        client.as_ref(),
-        bytes,
-        &mut info,
-    )
-    .await
-    .unwrap_or_else(IntoResponse::into_response);
+    let incoming = Incoming {
+        method: &parts.method,
+        path: parts.uri.path(),
+        query: parts.uri.query().unwrap_or(""),
+        headers: &parts.headers,
+        client: client.as_ref(),
+    };
+    let response = route(&sim, incoming, bytes, &mut info)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
     // The request was carried out; its answer is lost.
     let response = match info.lost_reply.take() {
         Some(error) if response.status().is_success() => error.into_response(),
@@ -330,16 +328,28 @@ fn non_resource(sim: &Sim, identity: &Identity, path: &str) -> ApiResult<()> {
     }
 }
 
+/// A request as `route` reads it: what was asked, and who asked (a client certificate's user).
+struct Incoming<'a> {
+    method: &'a Method,
+    path: &'a str,
+    query: &'a str,
+    headers: &'a HeaderMap,
+    client: Option<&'a Identity>,
+}
+
 async fn route(
     sim: &Arc<Sim>,
-    method: &Method,
-    path: &str,
-    query: &str,
-    headers: &HeaderMap,
-    client: Option<&Identity>,
+    incoming: Incoming<'_>,
     bytes: Bytes,
     info: &mut LogInfo,
 ) -> ApiResult<Response> {
+    let Incoming {
+        method,
+        path,
+        query,
+        headers,
+        client,
+    } = incoming;
     let identity = authenticate(sim, headers, client)?;
     info.user = identity.username.clone();
     let query = query_map(query);
