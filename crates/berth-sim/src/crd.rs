@@ -95,11 +95,22 @@ pub fn serve(registry: &mut Registry, crd: &Value) {
     // removable); only creates are refused, by `check_definition_open`.
     registry.remove_group_resource(&group, &plural);
     let storage: crate::resources::StorageKey = format!("{group}/{plural}").into();
-    for version in spec["versions"].as_array().cloned().unwrap_or_default() {
+    let versions = spec["versions"].as_array().cloned().unwrap_or_default();
+    let schema_of = |version: &Value| {
+        let schema = version["schema"]["openAPIV3Schema"].clone();
+        (!schema.is_null()).then(|| Arc::new(CrdSchema::new(schema)))
+    };
+    let storage_version = (versions.len() > 1)
+        .then(|| versions.iter().find(|v| v["storage"] == true))
+        .flatten()
+        .map(|v| crate::resources::StorageVersion {
+            api_version: format!("{group}/{}", v["name"].as_str().unwrap_or_default()),
+            schema: schema_of(v),
+        });
+    for version in versions.iter().cloned() {
         if version["served"] != true {
             continue;
         }
-        let schema = version["schema"]["openAPIV3Schema"].clone();
         let columns = version["additionalPrinterColumns"]
             .as_array()
             .map(|cols| {
@@ -144,10 +155,15 @@ pub fn serve(registry: &mut Registry, crd: &Value) {
             categories: strings(&spec["names"]["categories"]),
             subresources,
             storage: storage.clone(),
-            view: View::Native,
+            view: if storage_version.is_some() {
+                View::Versioned
+            } else {
+                View::Native
+            },
             behaviour: crate::resources::Behaviour::Stored,
             tracks_generation: true,
-            schema: (!schema.is_null()).then(|| Arc::new(CrdSchema::new(schema))),
+            schema: schema_of(&version),
+            storage_version: storage_version.clone(),
             printer_columns: columns,
             field_labels: version["selectableFields"]
                 .as_array()

@@ -99,7 +99,7 @@ impl Graph {
 fn type_of(sim: &Sim, storage: &str) -> Option<Arc<ResourceType>> {
     sim.registry()
         .all()
-        .find(|t| &*t.storage == storage && t.view == crate::resources::View::Native)
+        .find(|t| &*t.storage == storage && t.view != crate::resources::View::EventsV1)
         .cloned()
 }
 
@@ -258,7 +258,7 @@ fn process_namespace(sim: &Sim, namespace: &Value) {
         .all()
         .filter(|t| {
             t.namespaced
-                && t.view == crate::resources::View::Native
+                && t.view != crate::resources::View::EventsV1
                 && t.behaviour == crate::resources::Behaviour::Stored
         })
         .cloned()

@@ -7,6 +7,7 @@ mod apps;
 mod auth;
 mod batch;
 mod builtin;
+mod cel_optional;
 mod certificates;
 mod cluster;
 mod config;

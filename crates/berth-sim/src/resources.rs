@@ -18,6 +18,18 @@ pub enum View {
     Native,
     /// events.k8s.io/v1 view of core/v1 events.
     EventsV1,
+    /// One version of a custom resource with several: objects are stored in the storage
+    /// version, pruned to its schema, and shown in the version asked for, pruned to that
+    /// version's schema (the `None` conversion strategy).
+    Versioned,
+}
+
+/// Where a custom resource with several versions keeps its objects: the storage version.
+#[derive(Clone, Debug)]
+pub struct StorageVersion {
+    /// `group/version`.
+    pub api_version: String,
+    pub schema: Option<Arc<CrdSchema>>,
 }
 
 /// What a type is for the server.
@@ -66,6 +78,8 @@ pub struct ResourceType {
     pub tracks_generation: bool,
     /// For custom resources: the structural schema with its CEL rules.
     pub schema: Option<Arc<CrdSchema>>,
+    /// For a custom resource with several versions: its storage version.
+    pub storage_version: Option<StorageVersion>,
     /// CRD printer columns, or empty for built-in defaults.
     pub printer_columns: Vec<PrinterColumn>,
     /// Field selectors this type supports besides metadata.name/namespace.
@@ -702,6 +716,7 @@ fn builtin_types() -> Vec<ResourceType> {
                         | "validatingadmissionpolicybindings"
                 ),
                 schema: None,
+                storage_version: None,
                 printer_columns: vec![],
                 field_labels: s.fields.iter().map(|x| x.to_string()).collect(),
                 is_custom: false,

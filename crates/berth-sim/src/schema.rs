@@ -13,6 +13,8 @@ pub struct CrdSchema {
     pub root: Value,
     compiled: kube_cel::CompiledSchema,
     has_rules: bool,
+    /// Rules rewritten for the optional types (`cel_optional`), each with the rule as written.
+    rewritten: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for CrdSchema {
@@ -23,13 +25,23 @@ impl std::fmt::Debug for CrdSchema {
 
 impl CrdSchema {
     pub fn new(root: Value) -> Self {
-        let compiled = kube_cel::compile_schema(&root);
+        let mut evaluated = root.clone();
+        let rewritten = crate::cel_optional::rewrite_schema(&mut evaluated);
+        let compiled = kube_cel::compile_schema(&evaluated);
         let has_rules = root.to_string().contains("x-kubernetes-validations");
         CrdSchema {
             root,
             compiled,
             has_rules,
+            rewritten,
         }
+    }
+
+    /// `text` with each rewritten rule in it named as it was written.
+    fn as_written(&self, text: &str) -> String {
+        self.rewritten
+            .iter()
+            .fold(text.to_owned(), |text, (new, old)| text.replace(new, old))
     }
 
     /// Removes fields the schema does not declare; returns their paths (for strict field
@@ -76,11 +88,13 @@ impl CrdSchema {
                     // `string`; nothing for an int-or-string).
                     let (field, schema) = key_path(&self.root, &error.field_path);
                     let value_type = schema["type"].as_str().unwrap_or_default();
+                    let rule = self.as_written(&error.rule);
+                    let message = self.as_written(&error.message);
                     let detail = match error.kind {
                         kube_cel::ErrorKind::EvaluationError => {
-                            self.evaluation_error(&error.rule, &error.message)
+                            self.evaluation_error(&rule, &message)
                         }
-                        _ => error.message.clone(),
+                        _ => message,
                     };
                     // A rule's `reason` words the cause as the real validator does.
                     let (reason, message) = match error.reason.as_deref() {

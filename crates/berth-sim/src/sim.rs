@@ -327,13 +327,35 @@ impl Sim {
         match rt.view {
             View::Native => stored.clone(),
             View::EventsV1 => events::to_v1(stored),
+            View::Versioned => {
+                let mut view = stored.clone();
+                let api_version = rt.api_version();
+                if view["apiVersion"] != api_version.as_str() {
+                    view["apiVersion"] = json!(api_version);
+                    if let Some(schema) = &rt.schema {
+                        schema.prune(&mut view);
+                    }
+                }
+                view
+            }
         }
     }
 
     fn to_storage(&self, rt: &ResourceType, body: Value) -> Value {
         match rt.view {
-            View::Native => body,
+            View::Native | View::Versioned => body,
             View::EventsV1 => events::from_v1(&body),
+        }
+    }
+
+    /// An admitted object of a custom resource with several versions, in its storage version:
+    /// what that version's schema does not define is pruned.
+    fn into_storage_version(rt: &ResourceType, object: &mut Value) {
+        if let Some(storage) = &rt.storage_version {
+            object["apiVersion"] = json!(storage.api_version);
+            if let Some(schema) = &storage.schema {
+                schema.prune(object);
+            }
         }
     }
 
@@ -342,6 +364,13 @@ impl Sim {
         match rt.view {
             View::Native => (rt.api_version(), rt.kind.clone()),
             View::EventsV1 => ("v1".to_owned(), "Event".to_owned()),
+            View::Versioned => (
+                rt.storage_version
+                    .as_ref()
+                    .map(|s| s.api_version.clone())
+                    .unwrap_or_else(|| rt.api_version()),
+                rt.kind.clone(),
+            ),
         }
     }
 
@@ -751,6 +780,7 @@ impl Sim {
             builtin::cluster_ip(self.next_cluster_ip.fetch_add(1, Ordering::Relaxed))
         });
         let mut warnings = self.admit_fields(rt, &mut object, None, ctx.field_validation, &name)?;
+        Self::into_storage_version(rt, &mut object);
         if &*rt.storage == "/events" {
             events::normalize_times(&mut object).map_err(|message| {
                 ApiError::bad_request(format!(
@@ -1011,6 +1041,7 @@ impl Sim {
         }
         let mut warnings =
             self.admit_fields(rt, &mut new, Some(current), ctx.field_validation, &name)?;
+        Self::into_storage_version(rt, &mut new);
         if &*rt.storage == "/events" {
             events::normalize_times(&mut new).map_err(|message| {
                 ApiError::bad_request(format!(
