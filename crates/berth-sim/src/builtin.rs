@@ -297,7 +297,7 @@ fn image_pull_policy(image: &str) -> &'static str {
     }
 }
 
-fn qos_class(pod: &Value) -> &'static str {
+pub fn qos_class(pod: &Value) -> &'static str {
     let containers = pod["spec"]["containers"]
         .as_array()
         .cloned()
@@ -1037,4 +1037,136 @@ pub fn pod_spec_update_forbidden(old: &Value, new: &Value) -> Option<Cause> {
         message: "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)".to_owned(),
         field: "spec".to_owned(),
     })
+}
+
+/// What `pods/resize` takes from an update: each container's `resources` and
+/// `resizePolicy`, matched by position; a change to the list of containers is kept, for
+/// `resize_forbidden` to refuse. Every other change is dropped, as the real strategy does.
+pub fn merge_resize(current: &Value, body: &Value) -> Value {
+    let mut new = current.clone();
+    let wanted = body["spec"]["containers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let same_names = new["spec"]["containers"].as_array().is_some_and(|have| {
+        have.len() == wanted.len()
+            && have
+                .iter()
+                .zip(&wanted)
+                .all(|(a, b)| a["name"] == b["name"])
+    });
+    if !same_names {
+        new["spec"]["containers"] = Value::Array(wanted);
+        return new;
+    }
+    if let Some(have) = new["spec"]["containers"].as_array_mut() {
+        for (container, asked) in have.iter_mut().zip(&wanted) {
+            for field in ["resources", "resizePolicy"] {
+                match asked.get(field) {
+                    Some(value) => container[field] = value.clone(),
+                    None => {
+                        if let Some(map) = container.as_object_mut() {
+                            map.remove(field);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    new
+}
+
+/// What a resize may not do (`ValidatePodResize`, 1.33).
+pub fn resize_forbidden(current: &Value, new: &Value) -> Vec<Cause> {
+    let forbidden = |field: &str, message: &str| Cause {
+        reason: "FieldValueForbidden".to_owned(),
+        message: format!("Forbidden: {message}"),
+        field: field.to_owned(),
+    };
+    let have = current["spec"]["containers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let want = new["spec"]["containers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if have.len() != want.len() {
+        return vec![forbidden(
+            "spec.containers",
+            "containers may not be added or removed on resize",
+        )];
+    }
+    let mut causes = vec![];
+    for (i, (old, container)) in have.iter().zip(&want).enumerate() {
+        if old["name"] != container["name"] {
+            causes.push(forbidden(
+                &format!("spec.containers[{i}].name"),
+                "containers may not be renamed or reordered on resize",
+            ));
+            continue;
+        }
+        let resources = |c: &Value, kind: &str| -> std::collections::BTreeMap<String, Value> {
+            c["resources"][kind]
+                .as_object()
+                .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                .unwrap_or_default()
+        };
+        for kind in ["requests", "limits"] {
+            let (before, after) = (resources(old, kind), resources(container, kind));
+            let path = format!("spec.containers[{i}].resources.{kind}");
+            if before.keys().any(|k| !after.contains_key(k)) {
+                causes.push(forbidden(
+                    &path,
+                    &format!("resource {kind} cannot be removed"),
+                ));
+            }
+            let changed = before
+                .keys()
+                .chain(after.keys())
+                .any(|k| k != "cpu" && k != "memory" && before.get(k) != after.get(k));
+            if changed {
+                causes.push(forbidden(
+                    "spec",
+                    "only cpu and memory resources are mutable",
+                ));
+            }
+        }
+        // 1.33: a memory limit may only go down (or be added) with RestartContainer.
+        let restarts_for_memory = container["resizePolicy"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["resourceName"] == "memory" && p["restartPolicy"] == "RestartContainer");
+        let memory = |c: &Value| {
+            c["resources"]["limits"]["memory"]
+                .as_str()
+                .and_then(crate::quantity::parse_milli)
+        };
+        if !restarts_for_memory {
+            let path = format!("spec.containers[{i}].resources.limits[memory]");
+            match (memory(old), memory(container)) {
+                (Some(before), Some(after)) if after < before => causes.push(forbidden(
+                    &path,
+                    "memory limits cannot be decreased unless resizePolicy is RestartContainer",
+                )),
+                (None, Some(_)) => causes.push(forbidden(
+                    &path,
+                    "memory limits cannot be added unless resizePolicy is RestartContainer",
+                )),
+                _ => {}
+            }
+        }
+    }
+    if causes.is_empty() && qos_class(current) != qos_class(new) {
+        causes.push(Cause {
+            reason: "FieldValueInvalid".to_owned(),
+            message: format!(
+                "Invalid value: \"{}\": Pod QOS Class may not change as a result of resizing",
+                qos_class(new)
+            ),
+            field: "spec".to_owned(),
+        });
+    }
+    causes
 }

@@ -140,6 +140,34 @@ enum Statuses {
     Ephemeral,
 }
 
+/// The resources a container runs with (its spec's requests and limits), as its status
+/// reports them.
+fn running_resources(container: &Value) -> Value {
+    let mut resources = serde_json::Map::new();
+    for kind in ["requests", "limits"] {
+        if let Some(map) = container["resources"][kind]
+            .as_object()
+            .filter(|m| !m.is_empty())
+        {
+            resources.insert(kind.to_owned(), Value::Object(map.clone()));
+        }
+    }
+    Value::Object(resources)
+}
+
+/// A container status's `resources` and `allocatedResources` (its requests).
+fn set_resources(status: &mut Value, resources: &Value) {
+    status["resources"] = resources.clone();
+    match resources.get("requests") {
+        Some(requests) => status["allocatedResources"] = requests.clone(),
+        None => {
+            if let Some(map) = status.as_object_mut() {
+                map.remove("allocatedResources");
+            }
+        }
+    }
+}
+
 fn container_id() -> String {
     let bytes: [u8; 32] = rand::random();
     format!(
@@ -1365,6 +1393,7 @@ impl Worker {
         if self.restart_changed().await.is_err() || self.start_ephemeral().await.is_err() {
             return;
         }
+        self.report_resources();
         loop {
             if self.deleting() {
                 return;
@@ -1377,6 +1406,7 @@ impl Worker {
                     {
                         return;
                     }
+                    self.report_resources();
                     None
                 }
                 exit = self.exit_rx.recv() => exit,
@@ -1476,6 +1506,12 @@ impl Worker {
         );
         let started_at = now_rfc3339();
         let id = container_id();
+        let resources = self
+            .containers(false)
+            .iter()
+            .find(|c| c["name"] == name)
+            .map(running_resources)
+            .unwrap_or_default();
         let running_now = |s: &mut Value| {
             s["state"] = json!({"running": {"startedAt": started_at}});
             if list != Statuses::Ephemeral {
@@ -1495,9 +1531,11 @@ impl Worker {
             Statuses::Init => Self::container_status(pod, true, name, running_now),
             Statuses::Containers => {
                 Self::container_status(pod, false, name, running_now);
+                Self::container_status(pod, false, name, |s| set_resources(s, &resources));
                 pod["status"]["phase"] = json!("Running");
             }
         });
+
         let RunningContainer { exited, stop } = running;
         let exits = self.exit_tx.clone();
         let reported = name.to_owned();
@@ -1506,6 +1544,40 @@ impl Worker {
             let _ = exits.send((reported, code));
         });
         self.running.insert(name.to_owned(), stop);
+    }
+
+    /// The resources each container runs with, in its status (`resources`,
+    /// `allocatedResources`): a resize (`pods/resize`) is applied in place at once, as a
+    /// process's limits need no restart.
+    fn report_resources(&self) {
+        let Some(pod) = self.pod() else { return };
+        let wanted: Vec<(String, Value)> = self
+            .containers(false)
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap_or_default().to_owned(),
+                    running_resources(c),
+                )
+            })
+            .collect();
+        let statuses = pod["status"]["containerStatuses"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let stale = wanted.iter().any(|(name, resources)| {
+            statuses
+                .iter()
+                .find(|s| s["name"] == name.as_str())
+                .is_some_and(|s| &s["resources"] != resources)
+        });
+        if stale {
+            self.status(|pod| {
+                for (name, resources) in &wanted {
+                    Self::container_status(pod, false, name, |s| set_resources(s, resources));
+                }
+            });
+        }
     }
 
     /// Sets one ephemeral container's status entry.

@@ -282,6 +282,7 @@ fn builtin_types() -> Vec<ResourceType> {
                 "portforward",
                 "proxy",
                 "ephemeralcontainers",
+                "resize",
             ],
             fields: &[
                 "spec.nodeName",

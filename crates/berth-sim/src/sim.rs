@@ -929,6 +929,8 @@ impl Sim {
     ) -> Value {
         let mut new = if rt.group == "certificates.k8s.io" {
             crate::certificates::merge(current, &body, subresource)
+        } else if subresource == "resize" {
+            builtin::merge_resize(current, &body)
         } else if subresource == "ephemeralcontainers" {
             // Only the ephemeral containers are taken from the body.
             let mut new = current.clone();
@@ -1055,6 +1057,9 @@ impl Sim {
         let mut causes = builtin::validate(rt, &new);
         if rt.resource == "pods" && rt.group.is_empty() && subresource.is_empty() {
             causes.extend(builtin::pod_spec_update_forbidden(current, &new));
+        }
+        if rt.resource == "pods" && rt.group.is_empty() && subresource == "resize" {
+            causes.extend(builtin::resize_forbidden(current, &new));
         }
         if rt.resource == "pods" && rt.group.is_empty() && subresource == "ephemeralcontainers" {
             causes.extend(builtin::ephemeral_update_forbidden(current, &new));

@@ -1187,3 +1187,127 @@ async fn the_node_proxy_reaches_the_kubelets_endpoints() {
         "{refused}"
     );
 }
+
+/// `pods/resize` (kube-rs's `get_resize`/`patch_resize`, as its `pod_resize` example, and
+/// `kubectl patch --subresource resize`): only cpu and memory of containers change, in place,
+/// in the same pod, and the status says what it runs with; what a resize may not do is
+/// refused in the server's words.
+#[tokio::test]
+async fn a_pod_is_resized_in_place_through_its_resize_subresource() {
+    use kube::api::{Patch, PatchParams};
+
+    let sim = cluster_with_nodes().await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let resources = json!({"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "200m", "memory": "256Mi"}});
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &pod_with("resize-demo", json!({"containers": [{"name": "main", "image": "nginx:1.27", "resources": resources}]})),
+        )
+        .await
+        .unwrap();
+    let running = phase_of(&pods, "resize-demo", "Running").await;
+    let status = running.status.unwrap().container_statuses.unwrap()[0].clone();
+    assert_eq!(
+        serde_json::to_value(status.resources).unwrap(),
+        resources,
+        "the status says what the container runs with"
+    );
+    let read = pods.get_resize("resize-demo").await.unwrap();
+    assert_eq!(read.metadata.uid, created.metadata.uid);
+
+    let bigger = json!({"requests": {"cpu": "150m", "memory": "256Mi"}, "limits": {"cpu": "300m", "memory": "512Mi"}});
+    // An image in a resize is dropped, not applied: only resources change.
+    let patch = json!({"spec": {"containers": [{"name": "main", "image": "nginx:1.28", "resources": bigger}]}});
+    let resized = pods
+        .patch_resize(
+            "resize-demo",
+            &PatchParams::default(),
+            &Patch::Strategic(patch),
+        )
+        .await
+        .unwrap();
+    let container = &resized.spec.as_ref().unwrap().containers[0];
+    assert_eq!(serde_json::to_value(&container.resources).unwrap(), bigger);
+    assert_eq!(container.image.as_deref(), Some("nginx:1.27"));
+    assert_eq!(resized.metadata.generation, Some(2));
+    let applied = eventually(WAIT, "the kubelet to apply the resize", || async {
+        let pod = pods.get("resize-demo").await.unwrap();
+        let status = pod
+            .status
+            .as_ref()?
+            .container_statuses
+            .as_ref()?
+            .first()?
+            .clone();
+        (serde_json::to_value(&status.resources).ok()? == bigger).then_some(status)
+    })
+    .await;
+    assert_eq!(applied.restart_count, 0, "resized in place");
+
+    // Through the pod itself, resources stay immutable.
+    let (code, _, message) = api_error(
+        pods.patch(
+            "resize-demo",
+            &PatchParams::default(),
+            &Patch::Strategic(
+                json!({"spec": {"containers": [{"name": "main", "resources": resources}]}}),
+            ),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("pod updates may not change fields other than"),
+        "{message}"
+    );
+    // A smaller memory limit needs RestartContainer; the QoS class may not change.
+    let smaller = json!({"spec": {"containers": [{"name": "main", "resources": resources}]}});
+    let (code, _, message) = api_error(
+        pods.patch_resize(
+            "resize-demo",
+            &PatchParams::default(),
+            &Patch::Strategic(smaller),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("spec.containers[0].resources.limits[memory]: Forbidden: memory limits cannot be decreased unless resizePolicy is RestartContainer"),
+        "{message}"
+    );
+    let guaranteed = json!({"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "300m", "memory": "512Mi"}, "limits": {"cpu": "300m", "memory": "512Mi"}}}]}});
+    let (code, _, message) = api_error(
+        pods.patch_resize(
+            "resize-demo",
+            &PatchParams::default(),
+            &Patch::Strategic(guaranteed),
+        )
+        .await,
+    );
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("spec: Invalid value: \"Guaranteed\": Pod QOS Class may not change as a result of resizing"),
+        "{message}"
+    );
+
+    // kubectl's own resize (1.33 speaks --subresource resize).
+    if let Some(kubectl) = crate::kubectl::Kubectl::version(&sim, "1.33") {
+        kubectl
+            .ok(&[
+                "patch", "pod", "resize-demo", "--subresource", "resize", "--patch",
+                r#"{"spec":{"containers":[{"name":"main","resources":{"requests":{"cpu":"200m"}}}]}}"#,
+            ])
+            .await;
+        let cpu = kubectl
+            .ok(&[
+                "get",
+                "pod",
+                "resize-demo",
+                "-o",
+                "jsonpath={.spec.containers[0].resources.requests.cpu}",
+            ])
+            .await;
+        assert_eq!(cpu, "200m");
+    }
+}
