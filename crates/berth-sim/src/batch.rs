@@ -54,6 +54,7 @@ pub fn default_job(job: &mut Value, create: bool) {
         _ => {}
     }
     set_default(spec, "backoffLimit", json!(6));
+    set_default(spec, "manualSelector", json!(false));
     set_default(spec, "completionMode", json!("NonIndexed"));
     set_default(spec, "suspend", json!(false));
     set_default(spec, "podReplacementPolicy", json!("TerminatingOrFailed"));
@@ -85,15 +86,8 @@ pub fn default_cron_job(cron_job: &mut Value) {
     set_default(spec, "suspend", json!(false));
     set_default(spec, "successfulJobsHistoryLimit", json!(3));
     set_default(spec, "failedJobsHistoryLimit", json!(1));
-    let job_spec = &mut spec["jobTemplate"]["spec"];
-    set_default(job_spec, "backoffLimit", json!(6));
-    set_default(job_spec, "completionMode", json!("NonIndexed"));
-    set_default(job_spec, "suspend", json!(false));
-    set_default(
-        job_spec,
-        "podReplacementPolicy",
-        json!("TerminatingOrFailed"),
-    );
+    // The Job template's own fields are defaulted when its Job is created, not here (the
+    // real `SetObjectDefaults_CronJob` defaults only the pod template).
 }
 
 /// The pod template of a Job or a CronJob, whose spec the caller defaults as a pod's.
@@ -116,16 +110,17 @@ pub fn validate(resource: &str, object: &Value) -> Vec<Cause> {
     };
     match template["spec"]["restartPolicy"].as_str() {
         Some("OnFailure" | "Never") => {}
+        // `Always` (a pod's default) is "required" to be another, as the real check words it.
+        None | Some("Always") => causes.push(Cause {
+            reason: "FieldValueRequired".to_owned(),
+            message: "Required value: valid values: \"OnFailure\", \"Never\"".to_owned(),
+            field: format!("{prefix}.spec.restartPolicy"),
+        }),
         Some(other) => causes.push(Cause {
             reason: "FieldValueNotSupported".to_owned(),
             message: format!(
                 "Unsupported value: \"{other}\": supported values: \"OnFailure\", \"Never\""
             ),
-            field: format!("{prefix}.spec.restartPolicy"),
-        }),
-        None => causes.push(Cause {
-            reason: "FieldValueRequired".to_owned(),
-            message: "Required value: valid values: \"OnFailure\", \"Never\"".to_owned(),
             field: format!("{prefix}.spec.restartPolicy"),
         }),
     }
@@ -163,7 +158,7 @@ fn parse_schedule(text: &str) -> Result<croner::Cron, String> {
     text.parse::<croner::Cron>().map_err(|e| e.to_string())
 }
 
-/// A Job's state for `kubectl get jobs`' STATUS column: Complete, Failed, Suspended or Running.
+/// A Job's state for `kubectl get jobs`' STATUS column.
 pub fn job_status(job: &Value) -> &'static str {
     let has = |type_: &str| {
         job["status"]["conditions"]
@@ -172,16 +167,17 @@ pub fn job_status(job: &Value) -> &'static str {
             .flatten()
             .any(|c| c["type"] == type_ && c["status"] == "True")
     };
+    // In the order of 1.33's printer.
     if has("Complete") {
         "Complete"
     } else if has("Failed") {
         "Failed"
-    } else if has("FailureTarget") {
-        "FailureTarget"
-    } else if has("SuccessCriteriaMet") {
-        "SuccessCriteriaMet"
+    } else if job["metadata"]["deletionTimestamp"].is_string() {
+        "Terminating"
     } else if has("Suspended") {
         "Suspended"
+    } else if has("FailureTarget") {
+        "FailureTarget"
     } else {
         "Running"
     }
@@ -370,7 +366,7 @@ impl Controllers {
                 message,
                 "job-controller",
             );
-        } else if completions.is_some_and(|c| succeeded >= c)
+        } else if (completions.is_some_and(|c| succeeded >= c) && active.is_empty())
             || (completions.is_none() && succeeded > 0 && active.is_empty())
         {
             conditions.push(condition(
@@ -713,7 +709,7 @@ mod tests {
         assert_eq!(causes[0].field, "spec.template.spec.restartPolicy");
         assert_eq!(
             causes[0].message,
-            "Unsupported value: \"Always\": supported values: \"OnFailure\", \"Never\""
+            "Required value: valid values: \"OnFailure\", \"Never\""
         );
     }
 

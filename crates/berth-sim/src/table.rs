@@ -56,7 +56,10 @@ pub fn human_duration(seconds: i64) -> String {
     } else if hours < 24 * 365 * 2 {
         format!("{}d", hours / 24)
     } else if hours < 24 * 365 * 8 {
-        format!("{}y{}d", hours / 24 / 365, (hours / 24) % 365)
+        match (hours / 24) % 365 {
+            0 => format!("{}y", hours / 24 / 365),
+            days => format!("{}y{days}d", hours / 24 / 365),
+        }
     } else {
         format!("{}y", hours / 24 / 365)
     }
@@ -1196,7 +1199,12 @@ fn cron_job_cells(cron_job: &Value, now: Timestamp) -> Vec<Value> {
     vec![
         json!(cron_job["spec"]["schedule"].as_str().unwrap_or_default()),
         json!(cron_job["spec"]["timeZone"].as_str().unwrap_or("<none>")),
-        json!(cron_job["spec"]["suspend"].as_bool().unwrap_or(false)),
+        // `printBoolPtr`: a string, as kubectl prints it.
+        json!(match cron_job["spec"]["suspend"].as_bool() {
+            Some(true) => "True",
+            Some(false) => "False",
+            None => "<unset>",
+        }),
         json!(count(&cron_job["status"]["active"])),
         json!(last),
         json!(age(cron_job, now)),

@@ -1456,7 +1456,7 @@ async fn job_workflow(kubectl: &crate::kubectl::Kubectl) {
         .fails_with_input(&["create", "-f", "-"], &always)
         .await;
     assert!(
-        refused.contains(r#"spec.template.spec.restartPolicy: Unsupported value: "Always": supported values: "OnFailure", "Never""#),
+        refused.contains(r#"spec.template.spec.restartPolicy: Required value: valid values: "OnFailure", "Never""#),
         "{refused}"
     );
 
@@ -1485,6 +1485,10 @@ async fn job_workflow(kubectl: &crate::kubectl::Kubectl) {
             "NAME", "SCHEDULE", "TIMEZONE", "SUSPEND", "ACTIVE", "LAST", "SCHEDULE", "AGE"
         ]
     );
+    // SUSPEND is the printer's string, not a JSON boolean.
+    let row: Vec<&str> = header.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[..4], ["tick", "*/5", "*", "*"], "{header}");
+    assert!(row.contains(&"False"), "{header}");
     kubectl
         .ok(&["create", "job", "tick-now", "--from=cronjob/tick"])
         .await;
