@@ -1,6 +1,7 @@
 //! The `proxy` subresource of nodes: `/api/v1/nodes/NAME[:PORT]/proxy/PATH` reaches the node's
 //! kubelet, whose read-only endpoints the sim answers from the store: `/healthz`, `/pods`,
-//! `/configz` and `/metrics`; any other path is the kubelet's `404 page not found`.
+//! `/configz`, `/metrics` and `/stats/summary` (what each running container's processes use,
+//! measured by the runtime); any other path is the kubelet's `404 page not found`.
 
 use std::sync::Arc;
 
@@ -101,6 +102,11 @@ pub async fn serve(
             }})
             .to_string(),
         ),
+        "/stats/summary" => answer(
+            StatusCode::OK,
+            json_type,
+            summary(&sim, &node, &on_node).to_string(),
+        ),
         "/metrics" => answer(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
@@ -111,6 +117,74 @@ pub async fn serve(
             "text/plain; charset=utf-8",
             "404 page not found\n".into(),
         ),
+    })
+}
+
+/// The kubelet's Summary API (`stats/v1alpha1`): the node and each running pod, with what
+/// its containers' processes use now (memory as working set and RSS, CPU time), as the
+/// runtime measures them. Containers the runtime runs nothing for report no usage, as a
+/// kubelet reports none it could not read.
+fn summary(sim: &Sim, node: &Value, pods: &[&Value]) -> Value {
+    let now = crate::meta::now_rfc3339();
+    let runtime = &sim.config.runtime;
+    let mut node_memory = 0u64;
+    let mut node_cpu = 0u64;
+    let stats = |usage: crate::runtime::Usage| {
+        (
+            json!({"time": now, "usageCoreNanoSeconds": usage.cpu_nanoseconds}),
+            json!({"time": now, "usageBytes": usage.memory_bytes, "workingSetBytes": usage.memory_bytes, "rssBytes": usage.memory_bytes, "pageFaults": 0, "majorPageFaults": 0}),
+        )
+    };
+    let mut pod_stats = vec![];
+    for pod in pods.iter().filter(|p| p["status"]["phase"] == "Running") {
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+        let mut total = crate::runtime::Usage::default();
+        let mut containers = vec![];
+        for status in pod["status"]["containerStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let Some(started) = status["state"]["running"]["startedAt"].as_str() else {
+                continue;
+            };
+            let name = status["name"].as_str().unwrap_or_default();
+            let mut entry = json!({"name": name, "startTime": started});
+            if let Some(usage) = runtime.usage(uid, name) {
+                let (cpu, memory) = stats(usage);
+                entry["cpu"] = cpu;
+                entry["memory"] = memory;
+                total.memory_bytes += usage.memory_bytes;
+                total.cpu_nanoseconds += usage.cpu_nanoseconds;
+                total.processes += usage.processes;
+            }
+            containers.push(entry);
+        }
+        node_memory += total.memory_bytes;
+        node_cpu += total.cpu_nanoseconds;
+        let (cpu, memory) = stats(total);
+        pod_stats.push(json!({
+            "podRef": {"name": pod["metadata"]["name"], "namespace": pod["metadata"]["namespace"], "uid": uid},
+            "startTime": pod["status"]["startTime"],
+            "containers": containers,
+            "cpu": cpu,
+            "memory": memory,
+            "process_stats": {"process_count": total.processes},
+        }));
+    }
+    let capacity = node["status"]["capacity"]["memory"]
+        .as_str()
+        .and_then(crate::quantity::units)
+        .and_then(|b| u64::try_from(b).ok())
+        .unwrap_or(0);
+    json!({
+        "node": {
+            "nodeName": node["metadata"]["name"],
+            "startTime": node["metadata"]["creationTimestamp"],
+            "cpu": {"time": now, "usageCoreNanoSeconds": node_cpu},
+            "memory": {"time": now, "availableBytes": capacity.saturating_sub(node_memory), "usageBytes": node_memory, "workingSetBytes": node_memory, "rssBytes": node_memory},
+        },
+        "pods": pod_stats,
     })
 }
 

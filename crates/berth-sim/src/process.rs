@@ -83,6 +83,8 @@ struct Inner {
     bounded: Mutex<HashMap<String, u64>>,
     /// The stdin of each running container whose spec asks for one, by (pod UID, container).
     stdins: Mutex<HashMap<(String, String), ContainerStdin>>,
+    /// The process group of each running container's main process, by (pod UID, container).
+    groups: Mutex<HashMap<(String, String), u32>>,
 }
 
 /// A running container's stdin: a pipe, or its terminal's controller side.
@@ -496,6 +498,7 @@ impl ProcessRuntime {
                 images: vec![],
                 bounded: Mutex::default(),
                 stdins: Mutex::default(),
+                groups: Mutex::default(),
             }),
         }
     }
@@ -946,6 +949,13 @@ impl ProcessRuntime {
             }
             let mut child = this.spawn_container(&context, &layout, &argv)?;
             let pid = child.id();
+            if let Some(pid) = pid {
+                this.inner
+                    .groups
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(key.clone(), pid);
+            }
             if let Some(limit) = context.container["resources"]["limits"]["memory"]
                 .as_str()
                 .and_then(crate::quantity::units)
@@ -979,6 +989,15 @@ impl ProcessRuntime {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&key);
+                let mut groups = stdins
+                    .inner
+                    .groups
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if groups.get(&key) == pid.as_ref() {
+                    groups.remove(&key);
+                }
+                drop(groups);
                 let _ = exit_tx.send(exit_code(status));
             });
             Ok(RunningContainer { exited, stop })
@@ -1100,21 +1119,46 @@ fn share(
 
 /// The resident memory of the processes of group `pgid`, in bytes, from `/proc`.
 fn group_memory(pgid: u32) -> u64 {
+    group_usage(pgid).memory_bytes
+}
+
+/// What the processes of group `pgid` use, from `/proc`: resident memory, CPU time (user
+/// and system), how many there are.
+fn group_usage(pgid: u32) -> crate::runtime::Usage {
     let page = 4096;
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| {
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // After the command's name in parentheses: state, ppid, pgrp, ...
-            let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-            (fields.get(2)?.parse::<u32>().ok()? == pgid).then_some(())?;
-            let statm = std::fs::read_to_string(entry.path().join("statm")).ok()?;
-            statm.split_whitespace().nth(1)?.parse::<u64>().ok()
-        })
-        .sum::<u64>()
-        * page
+    // SAFETY: sysconf has no preconditions.
+    let ticks = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .unwrap_or(100)
+        .max(1);
+    let mut usage = crate::runtime::Usage::default();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // After the command's name in parentheses: state, ppid, pgrp, ... utime (12th),
+        // stime (13th).
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.get(2).and_then(|g| g.parse::<u32>().ok()) != Some(pgid) {
+            continue;
+        }
+        let time = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|t| t.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        usage.cpu_nanoseconds += (time(11) + time(12)) * 1_000_000_000 / ticks;
+        usage.processes += 1;
+        let resident = std::fs::read_to_string(entry.path().join("statm"))
+            .ok()
+            .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .unwrap_or(0);
+        usage.memory_bytes += resident * page;
+    }
+    usage
 }
 
 /// The kernel's OOM killer for one container: its processes together over `limit` bytes are
@@ -1178,6 +1222,16 @@ fn probe_context() -> ContainerContext {
 }
 
 impl ContainerRuntime for ProcessRuntime {
+    fn usage(&self, pod_uid: &str, container: &str) -> Option<crate::runtime::Usage> {
+        let pgid = *self
+            .inner
+            .groups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(pod_uid.to_owned(), container.to_owned()))?;
+        Some(group_usage(pgid))
+    }
+
     fn start(&self, context: ContainerContext) -> BoxFuture<Result<RunningContainer, String>> {
         let argv = self.command_line(&context);
         if argv.is_empty() && context.init {

@@ -126,6 +126,16 @@ pub struct AttachedInput {
     pub resize: Option<Box<dyn Fn(u16, u16) + Send + Sync>>,
 }
 
+/// What a container's processes use, as the kubelet's summary reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Resident memory of its processes, bytes.
+    pub memory_bytes: u64,
+    /// CPU time its processes have used (user and system), nanoseconds.
+    pub cpu_nanoseconds: u64,
+    pub processes: u64,
+}
+
 /// A boxed future, as the runtime trait returns.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
@@ -165,6 +175,13 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// with `stdinOnce`, the first attach that ends closes it for good.
     fn attach(&self, context: &ContainerContext) -> Option<AttachedInput> {
         let _ = context;
+        None
+    }
+
+    /// What a running container uses now (its processes' memory and CPU time), for the
+    /// kubelet's `/stats/summary`; None where the runtime runs nothing to measure.
+    fn usage(&self, pod_uid: &str, container: &str) -> Option<Usage> {
+        let _ = (pod_uid, container);
         None
     }
 

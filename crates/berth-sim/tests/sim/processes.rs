@@ -1590,3 +1590,59 @@ async fn kubectl_debug_runs_an_ephemeral_container_in_the_pod() {
         assert!(refused.contains("may not be removed"), "{refused}");
     }
 }
+
+/// The kubelet's Summary API through the node proxy (kube-rs's `request_raw` example asks for
+/// it; `kubectl get --raw` too): each running pod with its containers, what their processes
+/// use (measured, so more than nothing for a shell holding 16 MiB), and the node.
+#[tokio::test]
+async fn the_kubelet_summarizes_what_its_pods_use() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    create::<Pod>(
+        &client,
+        shell_pod(
+            "busy",
+            "x=$(head -c 16000000 /dev/zero | tr '\\0' a); echo filled; sleep 300",
+            json!({}),
+        ),
+    )
+    .await;
+    let pod = running(&pods, "busy").await;
+    log_contains(&pods, "busy", "filled").await;
+    let node = pod.spec.unwrap().node_name.unwrap();
+    let path = format!("/api/v1/nodes/{node}/proxy/stats/summary");
+    let summary: Value = client
+        .request(http::Request::get(&path).body(Vec::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(summary["node"]["nodeName"], node.as_str());
+    let busy = summary["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["podRef"]["name"] == "busy")
+        .unwrap_or_else(|| panic!("the pod in {summary}"));
+    assert_eq!(busy["podRef"]["namespace"], "default");
+    let container = &busy["containers"][0];
+    assert_eq!(container["name"], "main");
+    let memory = container["memory"]["workingSetBytes"].as_u64().unwrap();
+    assert!(
+        memory > 16_000_000,
+        "the shell's 16 MB are counted: {memory}"
+    );
+    assert!(busy["process_stats"]["process_count"].as_u64().unwrap() >= 1);
+    assert!(
+        summary["node"]["memory"]["workingSetBytes"]
+            .as_u64()
+            .unwrap()
+            >= memory
+    );
+    if let Some(kubectl) = Kubectl::for_cluster(&sim) {
+        let raw = kubectl.ok(&["get", "--raw", &path]).await;
+        let read: Value = serde_json::from_str(&raw).unwrap();
+        assert_eq!(read["node"]["nodeName"], node.as_str());
+    }
+}
