@@ -278,6 +278,19 @@ pub fn check_name(rt: &ResourceType, name: &str) -> Option<Cause> {
     match (rt.group.as_str(), rt.resource.as_str()) {
         ("", "namespaces") => check_label(field, name),
         ("", "services") => check_dns1035(field, name),
+        // `version.group`, and `v1.` for the core group (the aggregator's own rule).
+        ("apiregistration.k8s.io", "apiservices") => match name.split_once('.') {
+            Some((version, group)) => check_dns1035(field, version).or_else(|| {
+                (!group.is_empty())
+                    .then(|| check_subdomain(field, group))
+                    .flatten()
+            }),
+            None => Some(invalid(
+                field,
+                name,
+                "must be in the form of <version>.<group>",
+            )),
+        },
         ("rbac.authorization.k8s.io", _) => {
             (name.contains('/') || name.contains('%') || name == "." || name == "..")
                 .then(|| invalid(field, name, "may not contain '/' or '%'"))

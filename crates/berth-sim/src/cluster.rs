@@ -46,6 +46,8 @@ pub struct SimCluster {
     sim: Arc<Sim>,
     address: SocketAddr,
     token: String,
+    /// The superuser's client certificate and key (PEM), as kubeadm writes `admin.conf`.
+    admin_certificate: (String, String),
     tasks: JoinSet<()>,
 }
 
@@ -176,10 +178,13 @@ impl SimCluster {
                 while connections.try_join_next().is_some() {}
             }
         });
+        let admin_certificate =
+            authority.issue_client(crate::auth::SUPERUSER, &["system:masters"])?;
         Ok(SimCluster {
             sim,
             address,
             token,
+            admin_certificate,
             tasks,
         })
     }
@@ -244,9 +249,21 @@ impl SimCluster {
         }
     }
 
-    /// Writes the superuser kubeconfig as YAML.
+    /// Writes the superuser kubeconfig as YAML: its token and, as a kubeadm cluster's
+    /// `admin.conf`, a client certificate of the cluster's CA (for clients that bring their own
+    /// TLS stack and no token).
     pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
-        let yaml = serde_saphyr::to_string(&self.kubeconfig()).map_err(std::io::Error::other)?;
+        let mut kubeconfig = self.kubeconfig();
+        if let Some(user) = kubeconfig
+            .auth_infos
+            .first_mut()
+            .and_then(|u| u.auth_info.as_mut())
+        {
+            let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+            user.client_certificate_data = Some(encode(&self.admin_certificate.0));
+            user.client_key_data = Some(encode(&self.admin_certificate.1).into());
+        }
+        let yaml = serde_saphyr::to_string(&kubeconfig).map_err(std::io::Error::other)?;
         // Written beside it and renamed over it, so a reader that sees the file sees it whole.
         let path = path.as_ref();
         let mut partial = path.as_os_str().to_owned();

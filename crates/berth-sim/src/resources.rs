@@ -451,6 +451,17 @@ fn builtin_types() -> Vec<ResourceType> {
             behaviour: Stored,
         },
         Spec {
+            group: "apiregistration.k8s.io",
+            version: "v1",
+            resource: "apiservices",
+            kind: "APIService",
+            namespaced: false,
+            short: &[],
+            subresources: &["status"],
+            fields: &[],
+            behaviour: ReadOnly,
+        },
+        Spec {
             group: "certificates.k8s.io",
             version: "v1",
             resource: "certificatesigningrequests",

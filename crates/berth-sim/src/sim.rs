@@ -303,6 +303,16 @@ impl Sim {
                 );
             }
         }
+        // Every served group version is a local APIService, as the aggregator lists them.
+        let registry = self.registry();
+        let mut local: Vec<(String, String)> = vec![(String::new(), "v1".to_owned())];
+        for (group, versions) in registry.groups() {
+            local.extend(versions.into_iter().map(|v| (group.clone(), v)));
+        }
+        drop(registry);
+        for (group, version) in local {
+            self.register_api_service(&group, &version, false);
+        }
         // The API server's own Service, on the first address of the service range.
         if let Some(services) = self.resource_type("", "v1", "services") {
             let _ = self.create(
@@ -913,10 +923,51 @@ impl Sim {
             });
     }
 
-    /// Serves the resources a CRD defines (or stops serving those it no longer does).
+    /// Serves the resources a CRD defines (or stops serving those it no longer does), and
+    /// registers each served version as an APIService, as the API server's CRD
+    /// autoregistration does.
     pub fn register_crd(&self, crd: &Value) {
         let mut registry = self.registry.write().unwrap_or_else(|p| p.into_inner());
         crate::crd::serve(&mut registry, crd);
+        drop(registry);
+        let group = crd["spec"]["group"].as_str().unwrap_or_default();
+        for version in crd["spec"]["versions"].as_array().into_iter().flatten() {
+            if version["served"] == true
+                && let Some(name) = version["name"].as_str()
+            {
+                self.register_api_service(group, name, true);
+            }
+        }
+    }
+
+    /// The APIService of a local group version (`v1.apps`, `v1.` for the core group), unless
+    /// it exists: always available, as local ones are.
+    fn register_api_service(&self, group: &str, version: &str, automanaged: bool) {
+        let Some(rt) = self.resource_type("apiregistration.k8s.io", "v1", "apiservices") else {
+            return;
+        };
+        let name = format!("{version}.{group}");
+        if self.store.get(&rt.storage, "", &name).is_some() {
+            return;
+        }
+        let (group_priority, version_priority) = match (automanaged, group) {
+            (true, _) => (1000, 100),
+            (false, "") => (18000, 1),
+            (false, _) => (17000, 15),
+        };
+        let mut service = json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+            "metadata": {"name": name},
+            "spec": {"version": version, "groupPriorityMinimum": group_priority, "versionPriority": version_priority},
+            "status": {"conditions": [{"type": "Available", "status": "True", "lastTransitionTime": now_rfc3339(),
+                "reason": "Local", "message": "Local APIServices are always available"}]}});
+        if !group.is_empty() {
+            service["spec"]["group"] = json!(group);
+        }
+        if automanaged {
+            service["metadata"]["labels"] =
+                json!({"kube-aggregator.kubernetes.io/automanaged": "true"});
+        }
+        let _ = self.create(&rt, "", service, &WriteContext::system("kube-apiserver"));
     }
 
     /// Merges an update body with the stored object as the type's strategy does.
@@ -1198,6 +1249,28 @@ impl Sim {
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove_group_resource(group, plural);
+            // An automanaged APIService goes with the last resource of its group version.
+            let served = self.registry().groups().remove(group).unwrap_or_default();
+            for version in gone["spec"]["versions"].as_array().into_iter().flatten() {
+                let Some(version) = version["name"].as_str() else {
+                    continue;
+                };
+                let name = format!("{version}.{group}");
+                if !served.iter().any(|v| v == version)
+                    && let Some(service) =
+                        self.store
+                            .get("apiregistration.k8s.io/apiservices", "", &name)
+                    && service["metadata"]["labels"]["kube-aggregator.kubernetes.io/automanaged"]
+                        == "true"
+                {
+                    let _ = self.store.remove(
+                        &crate::resources::StorageKey::from("apiregistration.k8s.io/apiservices"),
+                        "",
+                        &name,
+                        resource_version(&service).unwrap_or_default(),
+                    );
+                }
+            }
         }
     }
 

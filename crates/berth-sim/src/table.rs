@@ -239,6 +239,24 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
                 0,
             ),
         ],
+        ("apiregistration.k8s.io", "apiservices") => vec![
+            name,
+            column(
+                "Service",
+                "string",
+                "",
+                "The reference to the service that hosts this API endpoint.",
+                0,
+            ),
+            column(
+                "Available",
+                "string",
+                "",
+                "Whether this service is available.",
+                0,
+            ),
+            age_column(),
+        ],
         ("certificates.k8s.io", "certificatesigningrequests") => vec![
             name,
             age_column(),
@@ -950,6 +968,33 @@ fn cells(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], now: Timesta
             };
             let said = |key: &str| json!(healthy.and_then(|c| c[key].as_str()).unwrap_or_default());
             vec![json!(status), said("message"), said("error")]
+        }
+        ("apiregistration.k8s.io", "apiservices") => {
+            let service = &object["spec"]["service"];
+            let service = if service.is_object() {
+                format!(
+                    "{}/{}",
+                    service["namespace"].as_str().unwrap_or_default(),
+                    service["name"].as_str().unwrap_or_default()
+                )
+            } else {
+                "Local".to_owned()
+            };
+            let available = object["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "Available");
+            let available = match available {
+                Some(c) if c["status"] == "True" => "True".to_owned(),
+                Some(c) => format!(
+                    "{} ({})",
+                    c["status"].as_str().unwrap_or_default(),
+                    c["reason"].as_str().unwrap_or_default()
+                ),
+                None => "Unknown".to_owned(),
+            };
+            vec![json!(service), json!(available), json!(age(object, now))]
         }
         ("certificates.k8s.io", "certificatesigningrequests") => vec![
             json!(age(object, now)),

@@ -79,6 +79,30 @@ impl Authority {
         ))
     }
 
+    /// A client certificate for user `name` in the groups `organizations`, as (certificate,
+    /// key), PEM.
+    pub fn issue_client(
+        &self,
+        name: &str,
+        organizations: &[&str],
+    ) -> Result<(String, String), TlsError> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, name);
+        for organization in organizations {
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, *organization);
+        }
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
     /// A certificate for a certificate signing request, valid for `ttl` (backdated five
     /// minutes when that is 8 hours or more, as the controller manager's signer does), with
     /// the usages `usages` sets; PEM.

@@ -58,6 +58,11 @@ const BUILTINS: &[Builtin] = &[
     builtin!("batch", "jobs", k8s_openapi::api::batch::v1::Job),
     builtin!("batch", "cronjobs", k8s_openapi::api::batch::v1::CronJob),
     builtin!(
+        "apiregistration.k8s.io",
+        "apiservices",
+        k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService
+    ),
+    builtin!(
         "certificates.k8s.io",
         "certificatesigningrequests",
         k8s_openapi::api::certificates::v1::CertificateSigningRequest

@@ -282,3 +282,100 @@ async fn kube_rs_approves_through_the_approval_subresource() {
     );
     csrs.delete("fake", &DeleteParams::default()).await.unwrap();
 }
+
+/// The written kubeconfig carries a client certificate of the cluster's CA, as kubeadm's
+/// `admin.conf` does: a client that brings its own TLS stack and no token (kube's
+/// `custom_client_openssl_tls_configuration`) is the superuser by it alone.
+#[tokio::test]
+async fn the_written_kubeconfig_is_the_superuser_by_its_certificate_alone() {
+    let sim = cluster().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    sim.write_kubeconfig(&path).unwrap();
+    let mut kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+    let user = kubeconfig.auth_infos[0].auth_info.as_mut().unwrap();
+    assert!(user.client_certificate_data.is_some());
+    user.token = None;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::default_namespaced(client.clone());
+    pods.list(&Default::default()).await.unwrap();
+    let review: k8s_openapi::api::authentication::v1::SelfSubjectReview = Api::all(client)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let user = review.status.unwrap().user_info.unwrap();
+    assert_eq!(user.username.as_deref(), Some("kubernetes-admin"));
+    assert_eq!(
+        user.groups.unwrap(),
+        ["system:masters", "system:authenticated"]
+    );
+}
+
+/// Every served group version is a local APIService, a CRD's versions too (automanaged,
+/// gone with the CRD); kube's `group_discovery_oneshot` finds and lists them.
+#[tokio::test]
+async fn served_group_versions_are_listed_as_local_api_services() {
+    use kube::core::DynamicObject;
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let group = kube::discovery::group(&client, "apiregistration.k8s.io")
+        .await
+        .unwrap();
+    let (resource, _) = group.recommended_kind("APIService").unwrap();
+    let services: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let names = |list: Vec<DynamicObject>| -> Vec<String> {
+        list.into_iter().filter_map(|s| s.metadata.name).collect()
+    };
+    let listed = names(services.list(&Default::default()).await.unwrap().items);
+    for name in [
+        "v1.",
+        "v1.apps",
+        "v1.batch",
+        "v1.certificates.k8s.io",
+        "v1.apiregistration.k8s.io",
+    ] {
+        assert!(listed.iter().any(|n| n == name), "{name} in {listed:?}");
+    }
+    let core = services.get("v1.").await.unwrap();
+    assert_eq!(core.data["status"]["conditions"][0]["reason"], "Local");
+
+    crate::support::install_workspace_crd(&client).await;
+    let crd = services.get("v1alpha1.berth.dev").await.unwrap();
+    assert_eq!(
+        crd.metadata.labels.unwrap()["kube-aggregator.kubernetes.io/automanaged"],
+        "true"
+    );
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client.clone());
+    crds.delete("workspaces.berth.dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(WAIT, "the CRD's APIService to go", || async {
+        services
+            .get_opt("v1alpha1.berth.dev")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // Clients cannot make their own (the aggregation layer is not served).
+    let (code, _, _) = api_error(
+        services
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": "v1.example.com"}, "spec": {"group": "example.com", "version": "v1", "groupPriorityMinimum": 1000, "versionPriority": 15}})).unwrap(),
+            )
+            .await,
+    );
+    assert_eq!(code, 405);
+}
