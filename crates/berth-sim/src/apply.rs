@@ -15,8 +15,113 @@ use crate::{
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Step {
     Field(String),
-    /// A list element identified by its merge key, e.g. `{"name":"app"}`.
+    /// A list element identified by its merge key, e.g. `{"name":"app"}` (by all of its
+    /// keys, for a list with several).
     Key(String, String),
+    /// An element of a list that is a set, by its value (JSON), e.g. `3` or `"a"`.
+    Value(String),
+}
+
+/// How a list merges under server-side apply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum ListShape {
+    /// Replaced whole, owned as one field.
+    Atomic,
+    /// Elements by the values of these keys.
+    Keys(Vec<String>),
+    /// Elements by value.
+    Set,
+}
+
+/// Where in a type's shape a value is: a custom resource's schema node (its
+/// `x-kubernetes-list-type` says how lists merge), or a built-in type's (merge keys by field
+/// name, as the sim knows them).
+#[derive(Clone, Copy, Debug)]
+pub struct Shape<'a> {
+    schema: Option<&'a Value>,
+    custom: bool,
+}
+
+impl<'a> Shape<'a> {
+    /// The shape of a built-in type's objects.
+    pub const BUILTIN: Shape<'static> = Shape {
+        schema: None,
+        custom: false,
+    };
+
+    /// The shape of a custom resource with this (root) schema.
+    pub fn custom(schema: &'a Value) -> Self {
+        Shape {
+            schema: Some(schema),
+            custom: true,
+        }
+    }
+
+    /// The shape of field `field` of an object of this shape (`metadata` is every kind's).
+    fn field(self, field: &str, top: bool) -> Shape<'a> {
+        if top && field == "metadata" {
+            return Shape::BUILTIN;
+        }
+        let schema = self.schema.and_then(|s| {
+            s["properties"]
+                .get(field)
+                .or_else(|| s.get("additionalProperties").filter(|a| a.is_object()))
+        });
+        Shape {
+            schema,
+            custom: self.custom,
+        }
+    }
+
+    /// The shape of an element of a list of this shape.
+    fn items(self) -> Shape<'a> {
+        Shape {
+            schema: self.schema.and_then(|s| s.get("items")),
+            custom: self.custom,
+        }
+    }
+
+    /// How the list `field` of this shape merges.
+    fn list(self, field: &str, first: Option<&Value>) -> ListShape {
+        if let Some(schema) = self.schema {
+            return match schema["x-kubernetes-list-type"].as_str() {
+                Some("set") => ListShape::Set,
+                Some("map") => ListShape::Keys(
+                    schema["x-kubernetes-list-map-keys"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|k| k.as_str().map(str::to_owned))
+                        .collect(),
+                ),
+                _ => ListShape::Atomic,
+            };
+        }
+        if self.custom {
+            return ListShape::Atomic;
+        }
+        match merge_key(field, first) {
+            Some(key) => ListShape::Keys(vec![key.to_owned()]),
+            None if field == "finalizers" => ListShape::Set,
+            None => ListShape::Atomic,
+        }
+    }
+}
+
+/// Whether `path` ends at one of the keys of the list element it is in.
+fn is_key_field(path: &Path) -> bool {
+    match path.as_slice() {
+        [.., Step::Key(_, id), Step::Field(field)] => serde_json::from_str::<Value>(id)
+            .ok()
+            .is_some_and(|id| id.get(field).is_some()),
+        _ => false,
+    }
+}
+
+/// Whether list element `element` is the one `id` (a JSON object of its keys) names.
+fn is_element(element: &Value, id: &Value) -> bool {
+    id.as_object()
+        .is_some_and(|keys| !keys.is_empty() && keys.iter().all(|(k, v)| element.get(k) == Some(v)))
 }
 
 /// A field path.
@@ -30,7 +135,7 @@ const TRACKED_METADATA: &[&str] = &["labels", "annotations", "finalizers", "owne
 
 /// The fields set in `object`, as server-side apply tracks them. `status` is tracked only for
 /// the status subresource; for the main resource it is left out, and vice versa.
-pub fn fields_of(object: &Value, status_only: bool) -> FieldSet {
+pub fn fields_of(object: &Value, status_only: bool, shape: Shape<'_>) -> FieldSet {
     let mut set = FieldSet::new();
     if let Value::Object(map) = object {
         for (key, value) in map {
@@ -47,6 +152,7 @@ pub fn fields_of(object: &Value, status_only: bool) -> FieldSet {
                                         Step::Field((*field).into()),
                                     ],
                                     &mut set,
+                                    Shape::BUILTIN,
                                 );
                             }
                         }
@@ -54,7 +160,12 @@ pub fn fields_of(object: &Value, status_only: bool) -> FieldSet {
                 }
                 "status" if !status_only => {}
                 _ if status_only && key != "status" => {}
-                _ => walk(value, vec![Step::Field(key.clone())], &mut set),
+                _ => walk(
+                    value,
+                    vec![Step::Field(key.clone())],
+                    &mut set,
+                    shape.field(key, true),
+                ),
             }
         }
     }
@@ -68,41 +179,58 @@ fn field_name(path: &Path) -> &str {
     }
 }
 
-fn key_string(element: &Value, key: &str) -> Option<String> {
-    element.get(key).map(|v| json!({ key: v }).to_string())
+/// The id of a list element: a JSON object of its keys' values.
+fn key_string(element: &Value, keys: &[String]) -> Option<String> {
+    let mut id = Map::new();
+    for key in keys {
+        id.insert(key.clone(), element.get(key)?.clone());
+    }
+    Some(Value::Object(id).to_string())
 }
 
-fn walk(value: &Value, path: Path, set: &mut FieldSet) {
+fn walk(value: &Value, path: Path, set: &mut FieldSet, shape: Shape<'_>) {
     match value {
         Value::Object(map) if !map.is_empty() && field_name(&path) != "ownerReferences" => {
             for (k, v) in map {
                 let mut child = path.clone();
                 child.push(Step::Field(k.clone()));
-                walk(v, child, set);
+                walk(v, child, set, shape.field(k, false));
             }
         }
         Value::Array(items) => {
             let field = field_name(&path).to_owned();
-            match merge_key(&field, items.first()) {
-                Some(key) if items.iter().all(|e| e.get(key).is_some()) => {
+            match shape.list(&field, items.first()) {
+                ListShape::Keys(keys)
+                    if !keys.is_empty()
+                        && items
+                            .iter()
+                            .all(|e| keys.iter().all(|k| e.get(k).is_some())) =>
+                {
                     for element in items {
                         let mut child = path.clone();
                         child.push(Step::Key(
-                            key.to_owned(),
-                            key_string(element, key).unwrap_or_default(),
+                            keys[0].clone(),
+                            key_string(element, &keys).unwrap_or_default(),
                         ));
                         match element {
-                            Value::Object(m) if m.len() > 1 => {
+                            Value::Object(m) if m.len() > keys.len() => {
                                 for (k, v) in m {
                                     let mut grandchild = child.clone();
                                     grandchild.push(Step::Field(k.clone()));
-                                    walk(v, grandchild, set);
+                                    walk(v, grandchild, set, shape.items().field(k, false));
                                 }
                             }
                             _ => {
                                 set.insert(child);
                             }
                         }
+                    }
+                }
+                ListShape::Set if !items.is_empty() => {
+                    for element in items {
+                        let mut child = path.clone();
+                        child.push(Step::Value(element.to_string()));
+                        set.insert(child);
                     }
                 }
                 _ => {
@@ -122,11 +250,13 @@ pub fn get<'a>(object: &'a Value, path: &Path) -> Option<&'a Value> {
     for step in path {
         node = match step {
             Step::Field(f) => node.get(f)?,
-            Step::Key(key, id) => {
+            Step::Key(_, id) => {
                 let wanted: Value = serde_json::from_str(id).ok()?;
-                node.as_array()?
-                    .iter()
-                    .find(|e| e.get(key) == wanted.get(key))?
+                node.as_array()?.iter().find(|e| is_element(e, &wanted))?
+            }
+            Step::Value(value) => {
+                let wanted: Value = serde_json::from_str(value).ok()?;
+                node.as_array()?.iter().find(|e| **e == wanted)?
             }
         };
     }
@@ -145,18 +275,20 @@ pub fn remove(object: &mut Value, path: &Path) {
                 Some(n) => n,
                 None => return,
             },
-            Step::Key(key, id) => {
+            Step::Key(_, id) => {
                 let Ok(wanted) = serde_json::from_str::<Value>(id) else {
                     return;
                 };
                 match node
                     .as_array_mut()
-                    .and_then(|a| a.iter_mut().find(|e| e.get(key) == wanted.get(key)))
+                    .and_then(|a| a.iter_mut().find(|e| is_element(e, &wanted)))
                 {
                     Some(n) => n,
                     None => return,
                 }
             }
+            // A set's element holds nothing further.
+            Step::Value(_) => return,
         };
     }
     match last {
@@ -165,37 +297,59 @@ pub fn remove(object: &mut Value, path: &Path) {
                 map.remove(f);
             }
         }
-        Step::Key(key, id) => {
+        Step::Key(_, id) => {
             if let (Value::Array(items), Ok(wanted)) = (node, serde_json::from_str::<Value>(id)) {
-                items.retain(|e| e.get(key) != wanted.get(key));
+                items.retain(|e| !is_element(e, &wanted));
+            }
+        }
+        Step::Value(value) => {
+            if let (Value::Array(items), Ok(wanted)) = (node, serde_json::from_str::<Value>(value))
+            {
+                items.retain(|e| *e != wanted);
             }
         }
     }
 }
 
 /// Merges an applied configuration into the live object: maps recursively, keyed lists by
-/// key, everything else replaced.
-pub fn merge_applied(live: &mut Value, applied: &Value, field: &str) {
+/// key, sets by value, everything else replaced.
+fn merge_applied(live: &mut Value, applied: &Value, field: &str, shape: Shape<'_>, top: bool) {
     match (live, applied) {
         (Value::Object(l), Value::Object(a)) => {
             for (k, v) in a {
                 match l.get_mut(k) {
-                    Some(existing) if (k != "ownerReferences") => merge_applied(existing, v, k),
+                    Some(existing) if (k != "ownerReferences") => {
+                        merge_applied(existing, v, k, shape.field(k, top), false)
+                    }
                     _ => {
                         l.insert(k.clone(), v.clone());
                     }
                 }
             }
         }
-        (Value::Array(l), Value::Array(a)) => match merge_key(field, a.first()) {
-            Some(key)
-                if a.iter().all(|e| e.get(key).is_some())
-                    && l.iter().all(|e| e.get(key).is_some()) =>
+        (Value::Array(l), Value::Array(a)) => match shape.list(field, a.first()) {
+            ListShape::Keys(keys)
+                if !keys.is_empty()
+                    && a.iter()
+                        .chain(l.iter())
+                        .all(|e| keys.iter().all(|k| e.get(k).is_some())) =>
             {
                 for element in a {
-                    match l.iter_mut().find(|e| e.get(key) == element.get(key)) {
-                        Some(existing) => merge_applied(existing, element, ""),
+                    let id: Value = key_string(element, &keys)
+                        .and_then(|id| serde_json::from_str(&id).ok())
+                        .unwrap_or_default();
+                    match l.iter_mut().find(|e| is_element(e, &id)) {
+                        Some(existing) => {
+                            merge_applied(existing, element, "", shape.items(), false)
+                        }
                         None => l.push(element.clone()),
+                    }
+                }
+            }
+            ListShape::Set => {
+                for element in a {
+                    if !l.contains(element) {
+                        l.push(element.clone());
                     }
                 }
             }
@@ -214,6 +368,7 @@ pub fn to_fields_v1(set: &FieldSet) -> Value {
             let (name, is_element) = match step {
                 Step::Field(f) => (format!("f:{f}"), false),
                 Step::Key(_, id) => (format!("k:{id}"), true),
+                Step::Value(value) => (format!("v:{value}"), false),
             };
             let entry = node
                 .entry(name)
@@ -251,6 +406,8 @@ pub fn from_fields_v1(tree: &Value) -> FieldSet {
                     .and_then(|m| m.keys().next().cloned())
                     .unwrap_or_default();
                 Step::Key(key, id.to_owned())
+            } else if let Some(value) = k.strip_prefix("v:") {
+                Step::Value(value.to_owned())
             } else {
                 continue;
             };
@@ -277,6 +434,7 @@ pub fn display(path: &Path) -> String {
                 let value: Value = serde_json::from_str(id).unwrap_or_default();
                 out.push_str(&format!("[{key}={}]", value[key.as_str()]));
             }
+            Step::Value(value) => out.push_str(&format!("[{value}]")),
         }
     }
     out
@@ -347,22 +505,27 @@ pub struct Writer<'a> {
     pub api_version: &'a str,
     pub subresource: &'a str,
     pub now: &'a str,
+    /// The shape of the written type's objects (how its lists merge).
+    pub shape: Shape<'a>,
 }
 
 /// Records an Update-operation write: the writer owns the fields it changed; other managers
 /// lose them; removed fields are forgotten.
 pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer<'_>) {
     let status_only = writer.subresource == "status";
-    let old_fields = old.map(|o| fields_of(o, status_only)).unwrap_or_default();
-    let new_fields = fields_of(new, status_only);
+    let shape = writer.shape;
+    let old_fields = old
+        .map(|o| fields_of(o, status_only, shape))
+        .unwrap_or_default();
+    let new_fields = fields_of(new, status_only, shape);
     let changed: FieldSet = new_fields
         .iter()
         .filter(|p| old.and_then(|o| get(o, p)) != get(new, p) || !old_fields.contains(*p))
         .cloned()
         .collect();
     let mut list = old.map(entries).unwrap_or_default();
-    let all_new = fields_of(new, false)
-        .union(&fields_of(new, true))
+    let all_new = fields_of(new, false, shape)
+        .union(&fields_of(new, true, shape))
         .cloned()
         .collect::<FieldSet>();
     for entry in &mut list {
@@ -420,7 +583,7 @@ pub fn apply(
     name: &str,
 ) -> Result<Value, ApiError> {
     let status_only = writer.subresource == "status";
-    let applied_fields = fields_of(applied, status_only);
+    let applied_fields = fields_of(applied, status_only, writer.shape);
     let mut list = entries(live);
 
     let mut conflicts: BTreeMap<Path, Vec<String>> = BTreeMap::new();
@@ -492,12 +655,31 @@ pub fn apply(
         });
     }
     let mut result = live.clone();
-    for path in previously_applied.difference(&applied_fields) {
+    // A list element is found by its keys: those go after its other fields.
+    let mut stopped: Vec<&Path> = previously_applied.difference(&applied_fields).collect();
+    stopped.sort_by_key(|path| (is_key_field(path), path.len()));
+    for path in stopped {
         let owned_elsewhere = list.iter().any(|e| {
             !(e.manager == writer.manager && e.operation == "Apply") && e.fields.contains(path)
         });
         if !owned_elsewhere {
-            remove(&mut result, path);
+            if is_key_field(path) {
+                // A key goes with its element, once nothing but keys is left of it.
+                let element: Path = path[..path.len() - 1].to_vec();
+                let only_keys = match (element.last(), get(&result, &element)) {
+                    (Some(Step::Key(_, id)), Some(Value::Object(fields))) => {
+                        serde_json::from_str::<Value>(id)
+                            .is_ok_and(|id| fields.keys().all(|k| id.get(k).is_some()))
+                    }
+                    _ => false,
+                };
+                if !only_keys || get(applied, &element).is_some() {
+                    continue;
+                }
+                remove(&mut result, &element);
+            } else {
+                remove(&mut result, path);
+            }
             // A map or list the manager no longer applies at all goes with its last field.
             for depth in (1..path.len()).rev() {
                 let parent: Path = path[..depth].to_vec();
@@ -522,7 +704,7 @@ pub fn apply(
             meta.retain(|k, _| TRACKED_METADATA.contains(&k.as_str()));
         }
     }
-    merge_applied(&mut result, &applied_body, "");
+    merge_applied(&mut result, &applied_body, "", writer.shape, true);
     upsert(&mut list, writer, "Apply", applied_fields, true);
     set_entries(&mut result, &list);
     Ok(result)
@@ -538,13 +720,14 @@ mod tests {
             api_version: "v1",
             subresource: "",
             now: "2026-01-01T00:00:00Z",
+            shape: Shape::BUILTIN,
         }
     }
 
     #[test]
     fn fields_v1_round_trips() {
         let obj = json!({"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"name": "app", "image": "x"}], "replicas": 2}});
-        let set = fields_of(&obj, false);
+        let set = fields_of(&obj, false, Shape::BUILTIN);
         let tree = to_fields_v1(&set);
         assert_eq!(
             tree,

@@ -369,6 +369,14 @@ impl Sim {
         }
     }
 
+    /// How server-side apply merges the lists of a type's objects.
+    fn shape(rt: &ResourceType) -> apply::Shape<'_> {
+        match &rt.schema {
+            Some(schema) => apply::Shape::custom(&schema.root),
+            None => apply::Shape::BUILTIN,
+        }
+    }
+
     /// The stored api version/kind of a type's objects.
     fn storage_identity(rt: &ResourceType) -> (String, String) {
         match rt.view {
@@ -844,6 +852,7 @@ impl Sim {
                     api_version: &rt.api_version(),
                     subresource: "",
                     now: &now,
+                    shape: Self::shape(rt),
                 },
             ),
         }
@@ -1180,6 +1189,7 @@ impl Sim {
                         api_version: &rt.api_version(),
                         subresource,
                         now: &now,
+                        shape: Self::shape(rt),
                     },
                 );
             }
@@ -1385,6 +1395,7 @@ impl Sim {
                         api_version: &rt.api_version(),
                         subresource,
                         now: &now,
+                        shape: Self::shape(rt),
                     };
                     let v =
                         apply::apply(&view, body, &writer, force, &rt.resource, &rt.group, name)?;
@@ -1453,6 +1464,7 @@ impl Sim {
             api_version: &rt.api_version(),
             subresource: "",
             now: &now,
+            shape: Self::shape(rt),
         };
         let mut object = apply::apply(
             &json!({"metadata": {}}),

@@ -725,3 +725,91 @@ async fn a_workspace_kind_is_refused_unless_its_options_hold_together() {
         );
     }
 }
+
+/// Server-side apply merges a custom resource's lists as its schema says: a `set` by value
+/// and a `map` by its keys, each element owned by whoever applied it (kube-rs's
+/// `crd_derive_schema`: another manager's `[3]` joins `[2]`); an atomic list is replaced.
+#[tokio::test]
+async fn apply_merges_sets_and_maps_of_a_custom_resource_as_its_schema_says() {
+    use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "shelves.example.com"},
+        "spec": {"group": "example.com", "scope": "Namespaced",
+            "names": {"plural": "shelves", "singular": "shelf", "kind": "Shelf"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {"spec": {"type": "object", "properties": {
+                    "tags": {"type": "array", "x-kubernetes-list-type": "set", "items": {"type": "integer"}},
+                    "atomic": {"type": "array", "items": {"type": "integer"}},
+                    "books": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["shelf", "slot"],
+                        "items": {"type": "object", "required": ["shelf", "slot"], "properties": {
+                            "shelf": {"type": "string"}, "slot": {"type": "integer"}, "title": {"type": "string"}}}}
+                }}}
+            }}}]}
+    });
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd).unwrap(),
+    )
+    .await
+    .unwrap();
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", "v1", "Shelf"),
+        "shelves",
+    );
+    let shelves: Api<DynamicObject> = Api::namespaced_with(client, "default", &resource);
+    let apply = |manager: &'static str, spec: Value| {
+        let shelves = shelves.clone();
+        async move {
+            let body = json!({"apiVersion": "example.com/v1", "kind": "Shelf", "metadata": {"name": "s"}, "spec": spec});
+            shelves
+                .patch(
+                    "s",
+                    &PatchParams::apply(manager).force(),
+                    &Patch::Apply(&body),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{manager} applying {body}: {e}"))
+        }
+    };
+    apply(
+        "first",
+        json!({"tags": [2], "atomic": [2], "books": [{"shelf": "a", "slot": 1, "title": "Dune"}]}),
+    )
+    .await;
+    let merged = apply(
+        "second",
+        json!({"tags": [3], "atomic": [3], "books": [{"shelf": "a", "slot": 2, "title": "Emma"}]}),
+    )
+    .await;
+    assert_eq!(merged.data["spec"]["tags"], json!([2, 3]));
+    assert_eq!(merged.data["spec"]["atomic"], json!([3]));
+    assert_eq!(
+        merged.data["spec"]["books"],
+        json!([{"shelf": "a", "slot": 1, "title": "Dune"}, {"shelf": "a", "slot": 2, "title": "Emma"}])
+    );
+    let second = merged
+        .metadata
+        .managed_fields
+        .unwrap()
+        .into_iter()
+        .find(|m| m.manager.as_deref() == Some("second"))
+        .unwrap();
+    let fields = serde_json::to_value(second.fields_v1.unwrap()).unwrap();
+    assert_eq!(fields["f:spec"]["f:tags"]["v:3"], json!({}), "{fields}");
+    assert!(
+        fields["f:spec"]["f:books"]["k:{\"shelf\":\"a\",\"slot\":2}"].is_object(),
+        "{fields}"
+    );
+    // What a manager stops applying goes; what another owns stays.
+    let after = apply("second", json!({"atomic": [3]})).await;
+    assert_eq!(after.data["spec"]["tags"], json!([2]));
+    assert_eq!(
+        after.data["spec"]["books"],
+        json!([{"shelf": "a", "slot": 1, "title": "Dune"}])
+    );
+}
