@@ -105,7 +105,7 @@ pub async fn serve(
         "/stats/summary" => answer(
             StatusCode::OK,
             json_type,
-            summary(&sim, &node, &on_node).to_string(),
+            summary(&sim, &node, &on_node).await.to_string(),
         ),
         "/metrics" => answer(
             StatusCode::OK,
@@ -120,49 +120,86 @@ pub async fn serve(
     })
 }
 
+/// How far apart the two readings are that a CPU rate (`usageNanoCores`) is taken from.
+const CPU_SAMPLE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The kubelet's Summary API (`stats/v1alpha1`): the node and each running pod, with what
-/// its containers' processes use now (memory as working set and RSS, CPU time), as the
-/// runtime measures them. Containers the runtime runs nothing for report no usage, as a
-/// kubelet reports none it could not read.
-fn summary(sim: &Sim, node: &Value, pods: &[&Value]) -> Value {
-    let now = crate::meta::now_rfc3339();
+/// its containers' processes use now (memory as working set and RSS, CPU time and its rate
+/// over two readings), as the runtime measures them. Containers the runtime runs nothing for
+/// report no usage, as a kubelet reports none it could not read.
+async fn summary(sim: &Sim, node: &Value, pods: &[&Value]) -> Value {
     let runtime = &sim.config.runtime;
-    let mut node_memory = 0u64;
-    let mut node_cpu = 0u64;
-    let stats = |usage: crate::runtime::Usage| {
-        (
-            json!({"time": now, "usageCoreNanoSeconds": usage.cpu_nanoseconds}),
-            json!({"time": now, "usageBytes": usage.memory_bytes, "workingSetBytes": usage.memory_bytes, "rssBytes": usage.memory_bytes, "pageFaults": 0, "majorPageFaults": 0}),
-        )
-    };
-    let mut pod_stats = vec![];
-    for pod in pods.iter().filter(|p| p["status"]["phase"] == "Running") {
-        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
-        let mut total = crate::runtime::Usage::default();
-        let mut containers = vec![];
-        for status in pod["status"]["containerStatuses"]
+    let running: Vec<&Value> = pods
+        .iter()
+        .copied()
+        .filter(|p| p["status"]["phase"] == "Running")
+        .collect();
+    let containers_of = |pod: &Value| -> Vec<(String, String)> {
+        pod["status"]["containerStatuses"]
             .as_array()
             .into_iter()
             .flatten()
-        {
-            let Some(started) = status["state"]["running"]["startedAt"].as_str() else {
-                continue;
-            };
-            let name = status["name"].as_str().unwrap_or_default();
+            .filter_map(|s| {
+                let started = s["state"]["running"]["startedAt"].as_str()?;
+                Some((s["name"].as_str()?.to_owned(), started.to_owned()))
+            })
+            .collect()
+    };
+    let read = || {
+        running
+            .iter()
+            .map(|pod| {
+                let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+                containers_of(pod)
+                    .iter()
+                    .map(|(name, _)| runtime.usage(uid, name))
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = read();
+    tokio::time::sleep(CPU_SAMPLE).await;
+    let after = read();
+    let now = crate::meta::now_rfc3339();
+    let rate = |earlier: u64, later: u64| {
+        (u128::from(later.saturating_sub(earlier)) * 1_000_000_000 / CPU_SAMPLE.as_nanos()) as u64
+    };
+    let stats = |usage: crate::runtime::Usage, cores: u64| {
+        (
+            json!({"time": now, "usageNanoCores": cores, "usageCoreNanoSeconds": usage.cpu_nanoseconds}),
+            json!({"time": now, "usageBytes": usage.memory_bytes, "workingSetBytes": usage.memory_bytes, "rssBytes": usage.memory_bytes, "pageFaults": 0, "majorPageFaults": 0}),
+        )
+    };
+    let mut node_total = crate::runtime::Usage::default();
+    let mut node_cores = 0u64;
+    let mut pod_stats = vec![];
+    for (p, pod) in running.iter().enumerate() {
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+        let mut total = crate::runtime::Usage::default();
+        let mut cores = 0u64;
+        let mut containers = vec![];
+        for (c, (name, started)) in containers_of(pod).into_iter().enumerate() {
             let mut entry = json!({"name": name, "startTime": started});
-            if let Some(usage) = runtime.usage(uid, name) {
-                let (cpu, memory) = stats(usage);
+            let earlier = before.get(p).and_then(|u| u.get(c)).copied().flatten();
+            if let Some(usage) = after.get(p).and_then(|u| u.get(c)).copied().flatten() {
+                let used = rate(
+                    earlier.unwrap_or(usage).cpu_nanoseconds,
+                    usage.cpu_nanoseconds,
+                );
+                let (cpu, memory) = stats(usage, used);
                 entry["cpu"] = cpu;
                 entry["memory"] = memory;
                 total.memory_bytes += usage.memory_bytes;
                 total.cpu_nanoseconds += usage.cpu_nanoseconds;
                 total.processes += usage.processes;
+                cores += used;
             }
             containers.push(entry);
         }
-        node_memory += total.memory_bytes;
-        node_cpu += total.cpu_nanoseconds;
-        let (cpu, memory) = stats(total);
+        node_total.memory_bytes += total.memory_bytes;
+        node_total.cpu_nanoseconds += total.cpu_nanoseconds;
+        node_cores += cores;
+        let (cpu, memory) = stats(total, cores);
         pod_stats.push(json!({
             "podRef": {"name": pod["metadata"]["name"], "namespace": pod["metadata"]["namespace"], "uid": uid},
             "startTime": pod["status"]["startTime"],
@@ -177,12 +214,14 @@ fn summary(sim: &Sim, node: &Value, pods: &[&Value]) -> Value {
         .and_then(crate::quantity::units)
         .and_then(|b| u64::try_from(b).ok())
         .unwrap_or(0);
+    let (cpu, mut memory) = stats(node_total, node_cores);
+    memory["availableBytes"] = json!(capacity.saturating_sub(node_total.memory_bytes));
     json!({
         "node": {
             "nodeName": node["metadata"]["name"],
             "startTime": node["metadata"]["creationTimestamp"],
-            "cpu": {"time": now, "usageCoreNanoSeconds": node_cpu},
-            "memory": {"time": now, "availableBytes": capacity.saturating_sub(node_memory), "usageBytes": node_memory, "workingSetBytes": node_memory, "rssBytes": node_memory},
+            "cpu": cpu,
+            "memory": memory,
         },
         "pods": pod_stats,
     })

@@ -1640,6 +1640,15 @@ async fn the_kubelet_summarizes_what_its_pods_use() {
             .unwrap()
             >= memory
     );
+    // A rate and a total of CPU, as kube-rs's `request_raw` reads them.
+    assert!(
+        summary["node"]["cpu"]["usageNanoCores"].is_u64(),
+        "{summary}"
+    );
+    assert!(
+        container["cpu"]["usageCoreNanoSeconds"].is_u64(),
+        "{summary}"
+    );
     if let Some(kubectl) = Kubectl::for_cluster(&sim) {
         let raw = kubectl.ok(&["get", "--raw", &path]).await;
         let read: Value = serde_json::from_str(&raw).unwrap();
