@@ -1,7 +1,7 @@
 //! Request bodies in Kubernetes' protobuf encoding, as kubectl's typed commands send them
 //! (`create deployment|job|cronjob|service|quota|pdb|secret|configmap|namespace|serviceaccount|role|
 //! rolebinding|clusterrole|clusterrolebinding|token`, `auth can-i`, `auth whoami`,
-//! `certificate approve|deny`): decoded by
+//! `certificate approve|deny`, `debug --copy-to`, `debug node/`): decoded by
 //! prost into k8s-pb's types, then written as the JSON the sim stores. The sim reads the
 //! fields those commands set; a body that sets anything more is refused (415, "send it as
 //! JSON"), never stored in part. The sim answers in JSON, which those clients accept.
@@ -381,11 +381,76 @@ fn container(mut c: core::Container) -> Converted {
         Ok(out)
     })?;
     let env = each(std::mem::take(&mut c.env), |mut e| {
+        let from = opt(e.value_from.take(), env_source)?;
         let out = Out::default()
             .put("name", e.name.take())
             .put("value", e.value.take())
+            .value("valueFrom", from)
             .done();
         nothing_left("EnvVar", e)?;
+        Ok(out)
+    })?;
+    let env_from = each(std::mem::take(&mut c.env_from), |mut e| {
+        let reference = |name: Option<String>, optional: Option<bool>| {
+            Out::default()
+                .put("name", name)
+                .keep("optional", optional)
+                .done()
+        };
+        let config_map = e.config_map_ref.take().map(|mut r| {
+            let name = r.local_object_reference.take().and_then(|l| l.name);
+            reference(name, r.optional.take())
+        });
+        let secret = e.secret_ref.take().map(|mut r| {
+            let name = r.local_object_reference.take().and_then(|l| l.name);
+            reference(name, r.optional.take())
+        });
+        let out = Out::default()
+            .put("prefix", e.prefix.take())
+            .value("configMapRef", config_map)
+            .value("secretRef", secret)
+            .done();
+        nothing_left("EnvFromSource", e)?;
+        Ok(out)
+    })?;
+    let mounts = each(std::mem::take(&mut c.volume_mounts), |mut m| {
+        let out = Out::default()
+            .put("name", m.name.take())
+            .put("readOnly", m.read_only.take())
+            .put("mountPath", m.mount_path.take())
+            .put("subPath", m.sub_path.take())
+            .put("mountPropagation", m.mount_propagation.take())
+            .put("subPathExpr", m.sub_path_expr.take())
+            .done();
+        nothing_left("VolumeMount", m)?;
+        Ok(out)
+    })?;
+    let probes = [
+        ("livenessProbe", opt(c.liveness_probe.take(), probe)?),
+        ("readinessProbe", opt(c.readiness_probe.take(), probe)?),
+        ("startupProbe", opt(c.startup_probe.take(), probe)?),
+    ];
+    let security = opt(c.security_context.take(), |mut s| {
+        let capabilities = s.capabilities.take().map(|mut k| {
+            Out::default()
+                .list("add", std::mem::take(&mut k.add))
+                .list("drop", std::mem::take(&mut k.drop))
+                .done()
+        });
+        let out = Out::default()
+            .value("capabilities", capabilities)
+            .keep("privileged", s.privileged.take())
+            .keep("runAsUser", s.run_as_user.take())
+            .keep("runAsGroup", s.run_as_group.take())
+            .keep("runAsNonRoot", s.run_as_non_root.take())
+            .keep("readOnlyRootFilesystem", s.read_only_root_filesystem.take())
+            .keep(
+                "allowPrivilegeEscalation",
+                s.allow_privilege_escalation.take(),
+            )
+            .value("seccompProfile", opt(s.seccomp_profile.take(), seccomp)?)
+            .done();
+        nothing_left("SecurityContext", s)?;
         Ok(out)
     })?;
     let resources = opt(c.resources.take(), |mut r| {
@@ -403,17 +468,364 @@ fn container(mut c: core::Container) -> Converted {
         .list("args", std::mem::take(&mut c.args))
         .put("workingDir", c.working_dir.take())
         .list("ports", ports)
+        .list("envFrom", env_from)
         .list("env", env)
         .value("resources", resources)
+        .list("volumeMounts", mounts)
         .put("imagePullPolicy", c.image_pull_policy.take())
         .put("terminationMessagePath", c.termination_message_path.take())
         .put(
             "terminationMessagePolicy",
             c.termination_message_policy.take(),
         )
+        .value("securityContext", security)
+        .put("stdin", c.stdin.take())
+        .put("stdinOnce", c.stdin_once.take())
+        .put("tty", c.tty.take())
         .done();
+    let mut out = out;
+    for (key, value) in probes {
+        if let Some(value) = value {
+            out[key] = value;
+        }
+    }
     nothing_left("Container", c)?;
     Ok(out)
+}
+
+fn seccomp(mut p: core::SeccompProfile) -> Converted {
+    let out = Out::default()
+        .put("type", p.r#type.take())
+        .put("localhostProfile", p.localhost_profile.take())
+        .done();
+    nothing_left("SeccompProfile", p)?;
+    Ok(out)
+}
+
+fn field_selector(mut f: core::ObjectFieldSelector) -> Converted {
+    let out = Out::default()
+        .put("apiVersion", f.api_version.take())
+        .put("fieldPath", f.field_path.take())
+        .done();
+    nothing_left("ObjectFieldSelector", f)?;
+    Ok(out)
+}
+
+fn resource_selector(mut r: core::ResourceFieldSelector) -> Converted {
+    let out = Out::default()
+        .put("containerName", r.container_name.take())
+        .put("resource", r.resource.take())
+        .put("divisor", r.divisor.take().and_then(|q| q.string))
+        .done();
+    nothing_left("ResourceFieldSelector", r)?;
+    Ok(out)
+}
+
+fn env_source(mut v: core::EnvVarSource) -> Converted {
+    let key_ref = |name: Option<String>, key: Option<String>, optional: Option<bool>| {
+        Out::default()
+            .put("name", name)
+            .put("key", key)
+            .keep("optional", optional)
+            .done()
+    };
+    let config_map = v.config_map_key_ref.take().map(|mut r| {
+        let name = r.local_object_reference.take().and_then(|l| l.name);
+        key_ref(name, r.key.take(), r.optional.take())
+    });
+    let secret = v.secret_key_ref.take().map(|mut r| {
+        let name = r.local_object_reference.take().and_then(|l| l.name);
+        key_ref(name, r.key.take(), r.optional.take())
+    });
+    let out = Out::default()
+        .value("fieldRef", opt(v.field_ref.take(), field_selector)?)
+        .value(
+            "resourceFieldRef",
+            opt(v.resource_field_ref.take(), resource_selector)?,
+        )
+        .value("configMapKeyRef", config_map)
+        .value("secretKeyRef", secret)
+        .done();
+    nothing_left("EnvVarSource", v)?;
+    Ok(out)
+}
+
+fn probe(mut p: core::Probe) -> Converted {
+    let handler = p.handler.take().unwrap_or_default();
+    let mut handler = handler;
+    let exec = handler
+        .exec
+        .take()
+        .map(|mut e| json!({"command": std::mem::take(&mut e.command)}));
+    let http_get = opt(handler.http_get.take(), |mut h| {
+        if !h.http_headers.is_empty() {
+            return Err(Leftover("HTTPGetAction"));
+        }
+        let out = Out::default()
+            .put("path", h.path.take())
+            .value("port", h.port.take().and_then(int_or_string))
+            .put("host", h.host.take())
+            .put("scheme", h.scheme.take())
+            .done();
+        nothing_left("HTTPGetAction", h)?;
+        Ok(out)
+    })?;
+    let tcp = opt(handler.tcp_socket.take(), |mut t| {
+        let out = Out::default()
+            .value("port", t.port.take().and_then(int_or_string))
+            .put("host", t.host.take())
+            .done();
+        nothing_left("TCPSocketAction", t)?;
+        Ok(out)
+    })?;
+    nothing_left("ProbeHandler", handler)?;
+    let out = Out::default()
+        .value("exec", exec)
+        .value("httpGet", http_get)
+        .value("tcpSocket", tcp)
+        .put("initialDelaySeconds", p.initial_delay_seconds.take())
+        .put("timeoutSeconds", p.timeout_seconds.take())
+        .put("periodSeconds", p.period_seconds.take())
+        .put("successThreshold", p.success_threshold.take())
+        .put("failureThreshold", p.failure_threshold.take())
+        .keep(
+            "terminationGracePeriodSeconds",
+            p.termination_grace_period_seconds.take(),
+        )
+        .done();
+    nothing_left("Probe", p)?;
+    Ok(out)
+}
+
+fn key_to_path(mut k: core::KeyToPath) -> Converted {
+    let out = Out::default()
+        .put("key", k.key.take())
+        .put("path", k.path.take())
+        .keep("mode", k.mode.take())
+        .done();
+    nothing_left("KeyToPath", k)?;
+    Ok(out)
+}
+
+fn downward_files(files: Vec<core::DownwardAPIVolumeFile>) -> Result<Vec<Value>, Leftover> {
+    each(files, |mut f| {
+        let out = Out::default()
+            .put("path", f.path.take())
+            .value("fieldRef", opt(f.field_ref.take(), field_selector)?)
+            .value(
+                "resourceFieldRef",
+                opt(f.resource_field_ref.take(), resource_selector)?,
+            )
+            .keep("mode", f.mode.take())
+            .done();
+        nothing_left("DownwardAPIVolumeFile", f)?;
+        Ok(out)
+    })
+}
+
+fn volume(mut v: core::Volume) -> Converted {
+    let mut source = v.volume_source.take().unwrap_or_default();
+    let host_path = opt(source.host_path.take(), |mut h| {
+        let out = Out::default()
+            .put("path", h.path.take())
+            .keep("type", h.r#type.take())
+            .done();
+        nothing_left("HostPathVolumeSource", h)?;
+        Ok(out)
+    })?;
+    let empty_dir = opt(source.empty_dir.take(), |mut e| {
+        let out = Out::default()
+            .put("medium", e.medium.take())
+            .put("sizeLimit", e.size_limit.take().and_then(|q| q.string))
+            .done();
+        nothing_left("EmptyDirVolumeSource", e)?;
+        Ok(out)
+    })?;
+    let config_map = opt(source.config_map.take(), |mut c| {
+        let out = Out::default()
+            .put("name", c.local_object_reference.take().and_then(|l| l.name))
+            .list("items", each(std::mem::take(&mut c.items), key_to_path)?)
+            .keep("defaultMode", c.default_mode.take())
+            .keep("optional", c.optional.take())
+            .done();
+        nothing_left("ConfigMapVolumeSource", c)?;
+        Ok(out)
+    })?;
+    let secret = opt(source.secret.take(), |mut c| {
+        let out = Out::default()
+            .put("secretName", c.secret_name.take())
+            .list("items", each(std::mem::take(&mut c.items), key_to_path)?)
+            .keep("defaultMode", c.default_mode.take())
+            .keep("optional", c.optional.take())
+            .done();
+        nothing_left("SecretVolumeSource", c)?;
+        Ok(out)
+    })?;
+    let claim = opt(source.persistent_volume_claim.take(), |mut c| {
+        let out = Out::default()
+            .put("claimName", c.claim_name.take())
+            .put("readOnly", c.read_only.take())
+            .done();
+        nothing_left("PersistentVolumeClaimVolumeSource", c)?;
+        Ok(out)
+    })?;
+    let downward = opt(source.downward_api.take(), |mut d| {
+        let out = Out::default()
+            .list("items", downward_files(std::mem::take(&mut d.items))?)
+            .keep("defaultMode", d.default_mode.take())
+            .done();
+        nothing_left("DownwardAPIVolumeSource", d)?;
+        Ok(out)
+    })?;
+    let projected = opt(source.projected.take(), |mut p| {
+        let sources = each(std::mem::take(&mut p.sources), |mut s| {
+            let token = opt(s.service_account_token.take(), |mut t| {
+                let out = Out::default()
+                    .put("audience", t.audience.take())
+                    .keep("expirationSeconds", t.expiration_seconds.take())
+                    .put("path", t.path.take())
+                    .done();
+                nothing_left("ServiceAccountTokenProjection", t)?;
+                Ok(out)
+            })?;
+            let config_map = opt(s.config_map.take(), |mut c| {
+                let out = Out::default()
+                    .put("name", c.local_object_reference.take().and_then(|l| l.name))
+                    .list("items", each(std::mem::take(&mut c.items), key_to_path)?)
+                    .keep("optional", c.optional.take())
+                    .done();
+                nothing_left("ConfigMapProjection", c)?;
+                Ok(out)
+            })?;
+            let secret = opt(s.secret.take(), |mut c| {
+                let out = Out::default()
+                    .put("name", c.local_object_reference.take().and_then(|l| l.name))
+                    .list("items", each(std::mem::take(&mut c.items), key_to_path)?)
+                    .keep("optional", c.optional.take())
+                    .done();
+                nothing_left("SecretProjection", c)?;
+                Ok(out)
+            })?;
+            let downward = opt(s.downward_api.take(), |mut d| {
+                let out = Out::default()
+                    .list("items", downward_files(std::mem::take(&mut d.items))?)
+                    .done();
+                nothing_left("DownwardAPIProjection", d)?;
+                Ok(out)
+            })?;
+            let out = Out::default()
+                .value("serviceAccountToken", token)
+                .value("configMap", config_map)
+                .value("secret", secret)
+                .value("downwardAPI", downward)
+                .done();
+            nothing_left("VolumeProjection", s)?;
+            Ok(out)
+        })?;
+        let out = Out::default()
+            .list("sources", sources)
+            .keep("defaultMode", p.default_mode.take())
+            .done();
+        nothing_left("ProjectedVolumeSource", p)?;
+        Ok(out)
+    })?;
+    nothing_left("VolumeSource", source)?;
+    let out = Out::default()
+        .put("name", v.name.take())
+        .value("hostPath", host_path)
+        .value("emptyDir", empty_dir)
+        .value("configMap", config_map)
+        .value("secret", secret)
+        .value("persistentVolumeClaim", claim)
+        .value("downwardAPI", downward)
+        .value("projected", projected)
+        .done();
+    nothing_left("Volume", v)?;
+    Ok(out)
+}
+
+/// A pod's spec as `kubectl debug` sends it (a copy of a pod's, or a node debugger's).
+fn pod_spec(mut spec: core::PodSpec) -> Converted {
+    let security = opt(spec.security_context.take(), |mut s| {
+        let out = Out::default()
+            .keep("runAsUser", s.run_as_user.take())
+            .keep("runAsGroup", s.run_as_group.take())
+            .keep("runAsNonRoot", s.run_as_non_root.take())
+            .list(
+                "supplementalGroups",
+                std::mem::take(&mut s.supplemental_groups),
+            )
+            .keep("fsGroup", s.fs_group.take())
+            .value("seccompProfile", opt(s.seccomp_profile.take(), seccomp)?)
+            .done();
+        nothing_left("PodSecurityContext", s)?;
+        Ok(out)
+    })?;
+    let tolerations = each(std::mem::take(&mut spec.tolerations), |mut t| {
+        let out = Out::default()
+            .put("key", t.key.take())
+            .put("operator", t.operator.take())
+            .put("value", t.value.take())
+            .put("effect", t.effect.take())
+            .keep("tolerationSeconds", t.toleration_seconds.take())
+            .done();
+        nothing_left("Toleration", t)?;
+        Ok(out)
+    })?;
+    let pull_secrets: Vec<Value> = std::mem::take(&mut spec.image_pull_secrets)
+        .into_iter()
+        .map(|l| json!({"name": l.name.unwrap_or_default()}))
+        .collect();
+    let out = Out::default()
+        .list("volumes", each(std::mem::take(&mut spec.volumes), volume)?)
+        .list(
+            "initContainers",
+            each(std::mem::take(&mut spec.init_containers), container)?,
+        )
+        .list(
+            "containers",
+            each(std::mem::take(&mut spec.containers), container)?,
+        )
+        .put("restartPolicy", spec.restart_policy.take())
+        .keep(
+            "terminationGracePeriodSeconds",
+            spec.termination_grace_period_seconds.take(),
+        )
+        .keep("activeDeadlineSeconds", spec.active_deadline_seconds.take())
+        .put("dnsPolicy", spec.dns_policy.take())
+        .map("nodeSelector", std::mem::take(&mut spec.node_selector))
+        .put("serviceAccountName", spec.service_account_name.take())
+        .put("serviceAccount", spec.service_account.take())
+        .keep(
+            "automountServiceAccountToken",
+            spec.automount_service_account_token.take(),
+        )
+        .put("nodeName", spec.node_name.take())
+        .put("hostNetwork", spec.host_network.take())
+        .put("hostPID", spec.host_pid.take())
+        .put("hostIPC", spec.host_ipc.take())
+        .keep("shareProcessNamespace", spec.share_process_namespace.take())
+        .value("securityContext", security)
+        .list("imagePullSecrets", pull_secrets)
+        .put("hostname", spec.hostname.take())
+        .put("subdomain", spec.subdomain.take())
+        .put("schedulerName", spec.scheduler_name.take())
+        .list("tolerations", tolerations)
+        .put("priorityClassName", spec.priority_class_name.take())
+        .keep("priority", spec.priority.take())
+        .keep("enableServiceLinks", spec.enable_service_links.take())
+        .put("preemptionPolicy", spec.preemption_policy.take())
+        .done();
+    nothing_left("PodSpec", spec)?;
+    Ok(out)
+}
+
+fn pod(mut p: core::Pod) -> Converted {
+    // What a client sends as status is not kept on create.
+    p.status.take();
+    let spec = opt(p.spec.take(), pod_spec)?;
+    let metadata = p.metadata.take();
+    object("Pod", metadata, spec, p)
 }
 
 fn pod_template(mut t: core::PodTemplateSpec) -> Converted {
@@ -796,6 +1208,7 @@ pub fn decode(body: &[u8]) -> ApiResult<Value> {
     let raw = raw.as_slice();
     let converted = match (api_version.as_str(), kind.as_str()) {
         ("v1", "Service") => read(raw, service)?,
+        ("v1", "Pod") => read(raw, pod)?,
         ("apps/v1", "Deployment") => read(raw, deployment)?,
         ("batch/v1", "Job") => read(raw, job)?,
         ("batch/v1", "CronJob") => read(raw, cron_job)?,

@@ -1588,6 +1588,73 @@ async fn kubectl_debug_runs_an_ephemeral_container_in_the_pod() {
             .unwrap_err()
             .to_string();
         assert!(refused.contains("may not be removed"), "{refused}");
+
+        // A copy of the pod with a debugger beside its container (1.33 sends it as protobuf,
+        // with everything the server had added to the original's spec).
+        kubectl
+            .ok(&[
+                "debug",
+                "app",
+                "--copy-to=app-copy",
+                "--image=busybox",
+                "--container=copy",
+                "--",
+                "sh",
+                "-c",
+                "echo in the copy; sleep 600",
+            ])
+            .await;
+        let copy = running(&pods, "app-copy").await;
+        let names: Vec<String> = copy
+            .spec
+            .unwrap()
+            .containers
+            .into_iter()
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(names, ["app", "copy"]);
+        let said = eventually(
+            Duration::from_secs(20),
+            "the copy's debugger to speak",
+            || async {
+                let log = kubectl.ok(&["logs", "app-copy", "-c", "copy"]).await;
+                log.contains("in the copy").then_some(log)
+            },
+        )
+        .await;
+        assert_eq!(said, "in the copy\n");
+        // A node debugger: on the node, in its namespaces, tolerating everything.
+        let created = kubectl
+            .ok(&[
+                "debug",
+                "node/node-1",
+                "--image=busybox",
+                "--",
+                "sh",
+                "-c",
+                "echo on the node; sleep 600",
+            ])
+            .await;
+        let debugger = pods
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("node-debugger-node-1-"))
+            })
+            .unwrap_or_else(|| panic!("a node debugger pod: {created}"));
+        let spec = debugger.spec.clone().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("node-1"));
+        assert_eq!(spec.host_pid, Some(true));
+        assert_eq!(spec.host_network, Some(true));
+        let name = debugger.metadata.name.unwrap();
+        running(&pods, &name).await;
+        log_contains(&pods, &name, "on the node").await;
     }
 }
 
