@@ -343,18 +343,59 @@ impl Controllers {
             .cloned()
             .unwrap_or_default();
         let mut active_count = active.len() as i64;
-        if job["spec"]["suspend"] == json!(true) {
-            status["active"] = json!(0);
-        } else if failed > backoff_limit {
-            for pod in &active {
-                let _ = self.sim.delete(
-                    &self.pods,
-                    namespace(pod),
-                    name(pod),
-                    &DeleteOptions::default(),
-                    &ctx,
-                );
+        let suspended = job["spec"]["suspend"] == json!(true);
+        let was_suspended = conditions
+            .iter()
+            .any(|c| c["type"] == "Suspended" && c["status"] == "True");
+        // The Job controller's own pod deletions, each said by an event.
+        let delete_active = |active: &[&&Arc<Value>]| {
+            for pod in active {
+                if self
+                    .sim
+                    .delete(
+                        &self.pods,
+                        namespace(pod),
+                        name(pod),
+                        &DeleteOptions::default(),
+                        &ctx,
+                    )
+                    .is_ok()
+                {
+                    self.event(
+                        job,
+                        "Normal",
+                        "SuccessfulDelete",
+                        &format!("Deleted pod: {}", name(pod)),
+                        "job-controller",
+                    );
+                }
             }
+        };
+        if suspended != was_suspended {
+            let (state, reason, message, event) = if suspended {
+                ("True", "JobSuspended", "Job suspended", "Suspended")
+            } else {
+                ("False", "JobResumed", "Job resumed", "Resumed")
+            };
+            conditions.retain(|c| c["type"] != "Suspended");
+            let mut changed = condition("Suspended", reason, message);
+            changed["status"] = json!(state);
+            conditions.push(changed);
+            self.event(job, "Normal", event, message, "job-controller");
+            if !suspended {
+                // A resumed Job's time counts from its resumption.
+                status["startTime"] = json!(now);
+            }
+        }
+        if suspended {
+            // A suspended Job runs nothing, and its time does not run.
+            delete_active(&active);
+            active_count = 0;
+            if let Some(map) = status.as_object_mut() {
+                map.remove("startTime");
+            }
+        } else if failed > backoff_limit {
+            delete_active(&active);
             active_count = 0;
             let message = "Job has reached the specified backoff limit";
             conditions.push(condition("FailureTarget", "BackoffLimitExceeded", message));
@@ -477,26 +518,57 @@ impl Controllers {
         if !status.is_object() {
             status = json!({});
         }
-        // Finished Jobs seen, and the history pruned to its limits.
+        // Each Job that finished since it was listed active is seen, whatever its end; the
+        // last success is the latest completion of any.
+        let was_active: Vec<String> = status["active"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["uid"].as_str().map(str::to_owned))
+            .collect();
+        for job in owned
+            .iter()
+            .filter(|j| finished(j) && was_active.iter().any(|u| u == uid(j)))
+        {
+            self.event(
+                cron_job,
+                "Normal",
+                "SawCompletedJob",
+                &format!(
+                    "Saw completed job: {}, condition: {}",
+                    name(job),
+                    job_status(job)
+                ),
+                "cronjob-controller",
+            );
+        }
+        if let Some(latest) = owned
+            .iter()
+            .filter(|j| job_status(j) == "Complete")
+            .filter_map(|j| j["status"]["completionTime"].as_str())
+            .max()
+            && status["lastSuccessfulTime"]
+                .as_str()
+                .is_none_or(|known| known < latest)
+        {
+            status["lastSuccessfulTime"] = json!(latest);
+        }
+        // The history pruned to its limits, oldest start first.
+        owned.sort_by_key(|j| {
+            (
+                j["status"]["startTime"].is_null(),
+                j["status"]["startTime"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                name(j).to_owned(),
+            )
+        });
         for (state, limit) in [
             ("Complete", count(cron_job, "successfulJobsHistoryLimit")),
             ("Failed", count(cron_job, "failedJobsHistoryLimit")),
         ] {
             let done: Vec<&Arc<Value>> = owned.iter().filter(|j| job_status(j) == state).collect();
-            if state == "Complete"
-                && let Some(last) = done.last()
-                && let Some(at) = last["status"]["completionTime"].as_str()
-                && status["lastSuccessfulTime"].as_str() != Some(at)
-            {
-                status["lastSuccessfulTime"] = json!(at);
-                self.event(
-                    cron_job,
-                    "Normal",
-                    "SawCompletedJob",
-                    &format!("Saw completed job: {}, condition: Complete", name(last)),
-                    "cronjob-controller",
-                );
-            }
             let extra = done.len().saturating_sub(limit.max(0) as usize);
             for old in done.iter().take(extra) {
                 let options = DeleteOptions {
@@ -535,10 +607,19 @@ impl Controllers {
                 .as_str()
                 .unwrap_or("Allow");
             let go = match policy {
-                "Forbid" => running.is_empty(),
+                "Forbid" if !running.is_empty() => {
+                    self.event(
+                        cron_job,
+                        "Normal",
+                        "JobAlreadyActive",
+                        "Not starting job because prior execution is running and concurrency policy is Forbid",
+                        "cronjob-controller",
+                    );
+                    false
+                }
                 "Replace" => {
                     for old in &running {
-                        let _ = self.sim.delete(
+                        let deleted = self.sim.delete(
                             &self.jobs,
                             namespace(old),
                             name(old),
@@ -548,6 +629,22 @@ impl Controllers {
                             },
                             &ctx,
                         );
+                        match deleted {
+                            Ok(_) => self.event(
+                                cron_job,
+                                "Normal",
+                                "SuccessfulDelete",
+                                &format!("Deleted job {}", name(old)),
+                                "cronjob-controller",
+                            ),
+                            Err(error) => self.event(
+                                cron_job,
+                                "Warning",
+                                "FailedDelete",
+                                &format!("Deleted job: {error}"),
+                                "cronjob-controller",
+                            ),
+                        }
                     }
                     true
                 }

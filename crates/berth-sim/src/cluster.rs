@@ -48,10 +48,77 @@ pub struct SimCluster {
     token: String,
     /// The superuser's client certificate and key (PEM), as kubeadm writes `admin.conf`.
     admin_certificate: (String, String),
+    /// The API server's TLS configuration, which a node's kubelet endpoint serves too.
+    tls: Arc<rustls::ServerConfig>,
     tasks: JoinSet<()>,
 }
 
+/// Serves `router` over TLS on `listener`: each connection's verified client certificate
+/// names its user (`ClientCertificate` on every request); a client that never completes its
+/// handshake holds no descriptor for long, and a failing accept pauses instead of spinning.
+async fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, router: axum::Router) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let mut connections = JoinSet::new();
+    let mut failing = false;
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) if crate::server::one_connection_failed(&error) => continue,
+            // Out of descriptors or memory: accepting again at once fails again, and
+            // would spin while the connections waiting to be accepted are never taken.
+            Err(error) => {
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!(%error, "the API server cannot accept connections; pausing 1 s");
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        failing = false;
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        connections.spawn(async move {
+            // As the kube-apiserver's ReadHeaderTimeout bounds it.
+            let handshake =
+                tokio::time::timeout(std::time::Duration::from_secs(32), acceptor.accept(stream));
+            let Ok(Ok(tls_stream)) = handshake.await else {
+                return;
+            };
+            let client = tls_stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(<[_]>::first)
+                .and_then(crate::tls::client_identity);
+            let service = TowerToHyperService::new(
+                router.layer(axum::Extension(crate::server::ClientCertificate(client))),
+            );
+            let _ = auto::Builder::new(TokioExecutor::new())
+                .serve_connection_with_upgrades(TokioIo::new(tls_stream), service)
+                .await;
+        });
+        while connections.try_join_next().is_some() {}
+    }
+}
+
 impl SimCluster {
+    /// Serves node `node`'s kubelet API on 127.0.0.1:`port` (0: a free one), as a real
+    /// kubelet serves its port 10250: `/exec`, `/attach`, `/portForward` and `/containerLogs`
+    /// of the node's pods, and `/pods`, `/stats/summary` and the rest of what the node proxy
+    /// reaches; authenticated as the API server does, authorized on `nodes/proxy`. The node's
+    /// `daemonEndpoints` name the port. Returns the address.
+    pub async fn serve_kubelet(&mut self, node: &str, port: u16) -> std::io::Result<SocketAddr> {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await?;
+        let address = listener.local_addr()?;
+        self.sim.set_kubelet_port(node, address.port());
+        let router = axum::Router::new()
+            .fallback(crate::node_proxy::kubelet)
+            .with_state((self.sim.clone(), Arc::<str>::from(node)));
+        self.tasks
+            .spawn(serve_tls(listener, self.tls.clone(), router));
+        Ok(address)
+    }
+
     /// Starts a cluster on a free loopback port (or `config.port`).
     pub async fn start(config: SimConfig) -> Result<Self, StartError> {
         let authority = Arc::new(Authority::generate()?);
@@ -131,53 +198,7 @@ impl SimCluster {
         let router = axum::Router::new()
             .fallback(crate::server::handle)
             .with_state(sim.clone());
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-        tasks.spawn(async move {
-            let mut connections = JoinSet::new();
-            let mut failing = false;
-            loop {
-                let stream = match listener.accept().await {
-                    Ok((stream, _)) => stream,
-                    Err(error) if crate::server::one_connection_failed(&error) => continue,
-                    // Out of descriptors or memory: accepting again at once fails again, and
-                    // would spin while the connections waiting to be accepted are never taken.
-                    Err(error) => {
-                        if !std::mem::replace(&mut failing, true) {
-                            tracing::warn!(%error, "the API server cannot accept connections; pausing 1 s");
-                        }
-                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                        continue;
-                    }
-                };
-                failing = false;
-                let acceptor = acceptor.clone();
-                let router = router.clone();
-                connections.spawn(async move {
-                    // As the kube-apiserver's ReadHeaderTimeout bounds it: a client that never
-                    // completes its handshake holds no descriptor for long.
-                    let handshake = tokio::time::timeout(
-                        std::time::Duration::from_secs(32),
-                        acceptor.accept(stream),
-                    );
-                    let Ok(Ok(tls_stream)) = handshake.await else {
-                        return;
-                    };
-                    let client = tls_stream
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(<[_]>::first)
-                        .and_then(crate::tls::client_identity);
-                    let service = TowerToHyperService::new(
-                        router.layer(axum::Extension(crate::server::ClientCertificate(client))),
-                    );
-                    let _ = auto::Builder::new(TokioExecutor::new())
-                        .serve_connection_with_upgrades(TokioIo::new(tls_stream), service)
-                        .await;
-                });
-                while connections.try_join_next().is_some() {}
-            }
-        });
+        tasks.spawn(serve_tls(listener, tls.clone(), router));
         let admin_certificate =
             authority.issue_client(crate::auth::SUPERUSER, &["system:masters"])?;
         Ok(SimCluster {
@@ -185,6 +206,7 @@ impl SimCluster {
             address,
             token,
             admin_certificate,
+            tls,
             tasks,
         })
     }

@@ -120,6 +120,119 @@ pub async fn serve(
     })
 }
 
+/// A request to node `node`'s own kubelet port (`SimCluster::serve_kubelet`): the streaming
+/// endpoints of its pods (`/exec|attach/NS/POD/CONTAINER`, `/portForward/NS/POD`,
+/// `/containerLogs/NS/POD/CONTAINER`) become the API server's pod subresources, anything else
+/// the node proxy's path, after the caller is authenticated and allowed `nodes/proxy` (as a
+/// kubelet asks the API server with a SubjectAccessReview). A pod of another node does not
+/// exist here.
+pub async fn kubelet(
+    axum::extract::State((sim, node)): axum::extract::State<(Arc<Sim>, Arc<str>)>,
+    mut request: Request,
+) -> Response {
+    use axum::response::IntoResponse;
+    let path = request.uri().path().to_owned();
+    let query = request.uri().query().unwrap_or_default().to_owned();
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    // `NS/POD[/UID]`: the pod, on this node (and with this UID, when named).
+    let on_this_node = |namespace: &str, pod: &str, uid: Option<&str>| {
+        sim.store.get("/pods", namespace, pod).is_some_and(|p| {
+            p["spec"]["nodeName"] == *node && uid.is_none_or(|uid| p["metadata"]["uid"] == uid)
+        })
+    };
+    // The kubelet's stream parameters (`input`, `output`, `error`, `tty`) in the API
+    // server's words (`stdin=true`, ...), and the container.
+    let with_container = |container: &str| {
+        let mut out = form_urlencoded::Serializer::new(String::new());
+        for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+            let renamed = match key.as_ref() {
+                "input" => Some("stdin"),
+                "output" => Some("stdout"),
+                "error" => Some("stderr"),
+                "tty" => Some("tty"),
+                _ => None,
+            };
+            match renamed {
+                Some(name) => out.append_pair(
+                    name,
+                    if matches!(value.as_ref(), "1" | "true") {
+                        "true"
+                    } else {
+                        "false"
+                    },
+                ),
+                None => out.append_pair(&key, &value),
+            };
+        }
+        out.append_pair("container", container);
+        out.finish()
+    };
+    let (verb, rest) = segments.split_first().unwrap_or((&"", &[]));
+    let (namespace, pod, uid, container) = match rest {
+        [namespace, pod] => (*namespace, *pod, None, None),
+        [namespace, pod, container] => (*namespace, *pod, None, Some(*container)),
+        [namespace, pod, uid, container] => (*namespace, *pod, Some(*uid), Some(*container)),
+        _ => ("", "", None, None),
+    };
+    let rewritten = match (*verb, container) {
+        ("exec" | "attach", Some(container)) => on_this_node(namespace, pod, uid).then(|| {
+            format!(
+                "/api/v1/namespaces/{namespace}/pods/{pod}/{verb}?{}",
+                with_container(container)
+            )
+        }),
+        ("portForward", None) if !pod.is_empty() => on_this_node(namespace, pod, uid)
+            .then(|| format!("/api/v1/namespaces/{namespace}/pods/{pod}/portforward?{query}")),
+        ("containerLogs", Some(container)) => on_this_node(namespace, pod, uid).then(|| {
+            format!(
+                "/api/v1/namespaces/{namespace}/pods/{pod}/log?{}",
+                with_container(container)
+            )
+        }),
+        _ => Some(format!(
+            "/api/v1/nodes/{node}/proxy{path}{}{query}",
+            if query.is_empty() { "" } else { "?" }
+        )),
+    };
+    let Some(rewritten) = rewritten else {
+        return answer(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "pod does not exist\n".into(),
+        );
+    };
+    // The kubelet's own authorization first: `nodes/proxy` on this node.
+    let client = request
+        .extensions()
+        .get::<crate::server::ClientCertificate>()
+        .and_then(|c| c.0.clone());
+    let identity = match crate::server::authenticate(&sim, request.headers(), client.as_ref()) {
+        Ok(identity) => identity,
+        Err(error) => return error.into_response(),
+    };
+    let attrs = Attributes {
+        verb: crate::proxy::verb(request.method()).to_owned(),
+        resource: "nodes".into(),
+        subresource: "proxy".into(),
+        name: node.to_string(),
+        ..Default::default()
+    };
+    if let Err(error) = auth::require(&sim.store, &identity, &attrs) {
+        return error.into_response();
+    }
+    match rewritten.parse() {
+        Ok(uri) => *request.uri_mut() = uri,
+        Err(_) => {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                "text/plain; charset=utf-8",
+                "bad path\n".into(),
+            );
+        }
+    }
+    crate::server::handle(axum::extract::State(sim), request).await
+}
+
 /// How far apart the two readings are that a CPU rate (`usageNanoCores`) is taken from.
 const CPU_SAMPLE: std::time::Duration = std::time::Duration::from_millis(100);
 

@@ -182,7 +182,11 @@ const COMPONENT_STATUS_DEPRECATED: &str = "v1 ComponentStatus is deprecated in v
 
 /// Who is asking: the client certificate's user or the bearer token's identity, possibly
 /// impersonating someone else.
-fn authenticate(sim: &Sim, headers: &HeaderMap, client: Option<&Identity>) -> ApiResult<Identity> {
+pub(crate) fn authenticate(
+    sim: &Sim,
+    headers: &HeaderMap,
+    client: Option<&Identity>,
+) -> ApiResult<Identity> {
     let bearer = header_str(headers, "authorization").and_then(|v| v.strip_prefix("Bearer "));
     let identity = match (client, bearer) {
         (Some(user), _) => user.clone(),

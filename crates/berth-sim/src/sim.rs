@@ -949,6 +949,26 @@ impl Sim {
         }
     }
 
+    /// Says in node `node`'s status on which port its kubelet serves (`daemonEndpoints`).
+    pub fn set_kubelet_port(&self, node: &str, port: u16) {
+        let (Some(rt), Some(current)) = (
+            self.resource_type("", "v1", "nodes"),
+            self.store.get("/nodes", "", node),
+        ) else {
+            return;
+        };
+        let mut updated = (*current).clone();
+        updated["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] = json!(port);
+        let _ = self.update(
+            &rt,
+            "",
+            node,
+            "status",
+            updated,
+            &WriteContext::system("kubelet"),
+        );
+    }
+
     /// The APIService of a local group version (`v1.apps`, `v1.` for the core group), unless
     /// it exists: always available, as local ones are.
     fn register_api_service(&self, group: &str, version: &str, automanaged: bool) {

@@ -720,4 +720,85 @@ async fn run() {
         "| sim process: open files, peak while starting / all running and idle | {sim_fds_peak} / {} |",
         descriptors(sim.pid())
     );
+
+    let run_figures = Figures(vec![
+        ("created -> all Running (s)", to_running.as_secs_f64()),
+        ("pod Ready -> Running p99 (ms)", ready_p99),
+        ("operator RSS after the start (MiB)", rss),
+        ("operator RSS after idling (MiB)", rss_idle),
+        ("operator RSS restarted (MiB)", rss_restarted),
+        ("operator CPU per start (ms)", cpu * 1000.0 / n as f64),
+        ("reconciles per start", reconciles_during / n as f64),
+    ]);
+    guard(
+        &format!("{n}{}", if of_a_kind { "-kind" } else { "" }),
+        &run_figures,
+    );
+}
+
+/// A run's figures that must not grow, by name; lower is better for each.
+struct Figures(Vec<(&'static str, f64)>);
+
+/// Where the last recorded run's figures are kept, per size (`bench/scale-recorded.json`).
+const RECORDED: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../bench/scale-recorded.json"
+);
+/// How much worse than the recorded run a figure may be before the benchmark fails.
+const TOLERANCE: f64 = 0.20;
+
+/// The regression guard: each figure against the last recorded run of this size, failing the
+/// benchmark (exit 1) when one is more than 20 % worse; `BERTH_BENCH_RECORD=1` records this
+/// run instead (with `BERTH_BENCH_COMMIT`, the commit it measured).
+fn guard(size: &str, figures: &Figures) {
+    let mut recorded: serde_json::Value = std::fs::read_to_string(RECORDED)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_else(|| serde_json::json!({}));
+    if std::env::var("BERTH_BENCH_RECORD").as_deref() == Ok("1") {
+        let mut entry = serde_json::Map::new();
+        for (name, value) in &figures.0 {
+            entry.insert(
+                (*name).to_owned(),
+                serde_json::json!((value * 100.0).round() / 100.0),
+            );
+        }
+        if let Ok(commit) = std::env::var("BERTH_BENCH_COMMIT") {
+            entry.insert("commit".to_owned(), serde_json::json!(commit));
+        }
+        recorded[size] = serde_json::Value::Object(entry);
+        let text = serde_json::to_string_pretty(&recorded).unwrap_or_default();
+        std::fs::write(RECORDED, text + "\n").expect("bench/scale-recorded.json is writable");
+        println!("\nrecorded as the run of {size} to compare with (bench/scale-recorded.json)");
+        return;
+    }
+    let Some(last) = recorded.get(size) else {
+        println!(
+            "\nno recorded run of {size} to compare with: BERTH_BENCH_RECORD=1 records this one"
+        );
+        return;
+    };
+    let worse: Vec<String> = figures
+        .0
+        .iter()
+        .filter_map(|(name, value)| {
+            let before = last[*name].as_f64()?;
+            (before > 0.0 && *value > before * (1.0 + TOLERANCE)).then(|| {
+                format!(
+                    "{name}: {value:.2}, was {before:.2} (+{:.0} %)",
+                    (value / before - 1.0) * 100.0
+                )
+            })
+        })
+        .collect();
+    if worse.is_empty() {
+        println!("\nno figure is more than 20 % worse than the recorded run of {size}");
+        return;
+    }
+    eprintln!(
+        "\nREGRESSION against the recorded run of {size} ({}):\n- {}",
+        last["commit"].as_str().unwrap_or("commit not recorded"),
+        worse.join("\n- ")
+    );
+    std::process::exit(1);
 }

@@ -160,6 +160,11 @@ struct SimArgs {
     /// Default: none.
     #[arg(long, env = "BERTH_SIM_IMAGES")]
     images_file: Option<std::path::PathBuf>,
+    /// Serve node-1's kubelet API on this port of 127.0.0.1 (`/exec`, `/pods`,
+    /// `/stats/summary`, ... as a kubelet serves 10250; authorized on `nodes/proxy`), for
+    /// clients that talk to a kubelet directly. Default: none (the node proxy reaches it).
+    #[arg(long, env = "BERTH_SIM_KUBELET_PORT")]
+    kubelet_port: Option<u16>,
 }
 
 /// What `berth sim` does with containers that are not Berth's.
@@ -451,13 +456,22 @@ fn run_sim(args: SimArgs) -> ExitCode {
             },
             ..Default::default()
         };
-        let cluster = match berth_sim::SimCluster::start(config).await {
+        let mut cluster = match berth_sim::SimCluster::start(config).await {
             Ok(cluster) => cluster,
             Err(err) => {
                 eprintln!("berth sim: {err}");
                 return ExitCode::FAILURE;
             }
         };
+        if let Some(port) = args.kubelet_port {
+            match cluster.serve_kubelet("node-1", port).await {
+                Ok(address) => println!("berth sim: node-1's kubelet at https://{address}"),
+                Err(err) => {
+                    eprintln!("berth sim: cannot serve node-1's kubelet on port {port}: {err}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
         if let Err(err) = cluster.write_kubeconfig(&args.kubeconfig) {
             eprintln!(
                 "berth sim: cannot write {}: {err}",

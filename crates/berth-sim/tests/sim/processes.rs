@@ -1722,3 +1722,245 @@ async fn the_kubelet_summarizes_what_its_pods_use() {
         assert_eq!(read["node"]["nodeName"], node.as_str());
     }
 }
+
+/// A Job created suspended runs nothing and says so (`Suspended`, `JobSuspended`, an event);
+/// resumed, it starts its pods, its time counts from then, and it completes; suspended again
+/// while running, its pods are deleted, each said by `SuccessfulDelete`.
+#[tokio::test]
+async fn a_suspended_job_runs_nothing_until_it_is_resumed() {
+    use k8s_openapi::api::{batch::v1::Job, core::v1::Event};
+    use kube::api::{ListParams, Patch, PatchParams};
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    let jobs: Api<Job> = Api::default_namespaced(client.clone());
+    let events: Api<Event> = Api::default_namespaced(client.clone());
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let job = |name: &str, script: &str| {
+        json!({"metadata": {"name": name}, "spec": {"suspend": true, "template": {"spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", script]}]}}}})
+    };
+    let reasons = |name: &'static str| {
+        let events = events.clone();
+        async move {
+            events
+                .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+                .collect::<Vec<_>>()
+        }
+    };
+    let suspended_condition = |job: &Job| {
+        job.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == "Suspended")
+            .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+    };
+    create::<Job>(&client, job("later", "echo done")).await;
+    let held = eventually(
+        Duration::from_secs(20),
+        "the Job to say it is suspended",
+        || async {
+            let job = jobs.get("later").await.unwrap();
+            (suspended_condition(&job)? == ("True".to_owned(), "JobSuspended".to_owned()))
+                .then_some(job)
+        },
+    )
+    .await;
+    assert!(
+        held.status.unwrap().start_time.is_none(),
+        "no time runs while suspended"
+    );
+    assert!(
+        reasons("later")
+            .await
+            .contains(&("Suspended".to_owned(), "Job suspended".to_owned()))
+    );
+    assert!(
+        pods.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+
+    let resume = Patch::Merge(json!({"spec": {"suspend": false}}));
+    jobs.patch("later", &PatchParams::default(), &resume)
+        .await
+        .unwrap();
+    let done = eventually(
+        Duration::from_secs(30),
+        "the resumed Job to complete",
+        || async {
+            let job = jobs.get("later").await.unwrap();
+            (crate::support::job_complete(&job)).then_some(job)
+        },
+    )
+    .await;
+    assert_eq!(
+        suspended_condition(&done),
+        Some(("False".to_owned(), "JobResumed".to_owned()))
+    );
+    assert!(done.status.unwrap().start_time.is_some());
+    assert!(
+        reasons("later")
+            .await
+            .contains(&("Resumed".to_owned(), "Job resumed".to_owned()))
+    );
+
+    // Suspended while it runs: its pod goes.
+    let mut running_job = job("long", "sleep 600");
+    running_job["spec"]["suspend"] = json!(false);
+    create::<Job>(&client, running_job).await;
+    let pod = eventually(Duration::from_secs(20), "the Job's pod to run", || async {
+        let list = pods
+            .list(&ListParams::default().labels("job-name=long"))
+            .await
+            .unwrap();
+        list.items
+            .into_iter()
+            .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+    })
+    .await;
+    let suspend = Patch::Merge(json!({"spec": {"suspend": true}}));
+    jobs.patch("long", &PatchParams::default(), &suspend)
+        .await
+        .unwrap();
+    let pod_name = pod.metadata.name.unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the suspended Job's pod to go",
+        || async {
+            pods.get_opt(&pod_name)
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        reasons("long").await.contains(&(
+            "SuccessfulDelete".to_owned(),
+            format!("Deleted pod: {pod_name}")
+        )),
+        "{:?}",
+        reasons("long").await
+    );
+}
+
+/// A node's kubelet on a port of its own (`berth sim --kubelet-port`, as kube's own
+/// `pod_can_exec_and_write_to_stdin_from_node_proxy` reaches a kubelet): exec into its pods
+/// with kube-rs's `kubelet_node_exec`, `/pods`, and nothing of pods on other nodes; a caller
+/// without `nodes/proxy` is refused as the kubelet's authorizer refuses.
+#[tokio::test]
+async fn a_nodes_kubelet_serves_exec_on_its_own_port() {
+    use kube::core::kubelet_debug::KubeletDebugParams;
+    let Some((mut sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    create::<Pod>(&client, shell_pod("here", "sleep 300", json!({}))).await;
+    let pod = running(&pods, "here").await;
+    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let address = sim.serve_kubelet(&node, 0).await.unwrap();
+    let reported = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get(&node)
+        .await
+        .unwrap();
+    assert_eq!(
+        reported
+            .status
+            .unwrap()
+            .daemon_endpoints
+            .unwrap()
+            .kubelet_endpoint
+            .unwrap()
+            .port,
+        i32::from(address.port())
+    );
+
+    let mut config = kube::Config::from_custom_kubeconfig(sim.kubeconfig(), &Default::default())
+        .await
+        .unwrap();
+    config.cluster_url = format!("https://localhost:{}", address.port())
+        .parse()
+        .unwrap();
+    let kubelet = kube::Client::try_from(config).unwrap();
+    let params = KubeletDebugParams {
+        name: "here",
+        namespace: "default",
+        pod_uid: None,
+    };
+    let mut attached = kubelet
+        .kubelet_node_exec(
+            &params,
+            "main",
+            vec!["sh", "-c", "echo from the kubelet"],
+            &AttachParams::default().stdout(true).stderr(false),
+        )
+        .await
+        .unwrap();
+    let mut said = String::new();
+    attached
+        .stdout()
+        .unwrap()
+        .read_to_string(&mut said)
+        .await
+        .unwrap();
+    assert_eq!(said, "from the kubelet\n");
+    let listed: Value = kubelet
+        .request(http::Request::get("/pods").body(Vec::new()).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        listed["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["metadata"]["name"] == "here"),
+        "{listed}"
+    );
+    // A pod that is not on this node is not here.
+    let elsewhere = KubeletDebugParams {
+        name: "nowhere",
+        namespace: "default",
+        pod_uid: None,
+    };
+    let missing = kubelet
+        .kubelet_node_exec(&elsewhere, "main", vec!["true"], &AttachParams::default())
+        .await;
+    assert!(missing.is_err());
+    // A service account without nodes/proxy: the kubelet refuses it.
+    let token = sim
+        .issue_token("default", "default", &[], Duration::from_secs(600))
+        .unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(
+        sim.kubeconfig_with_token("nobody", &token),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    config.cluster_url = format!("https://localhost:{}", address.port())
+        .parse()
+        .unwrap();
+    let nobody = kube::Client::try_from(config).unwrap();
+    let refused = nobody
+        .request::<Value>(http::Request::get("/pods").body(Vec::new()).unwrap())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("nodes/proxy") || refused.contains("forbidden"),
+        "{refused}"
+    );
+}

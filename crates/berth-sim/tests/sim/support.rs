@@ -124,3 +124,14 @@ pub async fn get_raw(client: &kube::Client, path: &str, accept: &str) -> (u16, S
         .to_vec();
     (code, content_type, body)
 }
+
+/// Whether a Job's status says it is Complete.
+pub fn job_complete(job: &k8s_openapi::api::batch::v1::Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+        })
+}
