@@ -663,6 +663,13 @@ impl ProcessRuntime {
         let root = pod.join("containers").join(name).join("root");
         let fail = |what: &str, e: std::io::Error| format!("cannot {what}: {e}");
         std::fs::create_dir_all(&root).map_err(|e| fail("make the container's root", e))?;
+        // The root is the container's writable layer: the image's user (the sim's stand-in
+        // for an image's root) may write in it, as a container's root may in a real one
+        // (`kubectl cp` into `/`). Where the sim may not change owners, it stays the sim's.
+        let owner = user(context);
+        if owner.uid == IMAGE_USER {
+            let _ = std::os::unix::fs::chown(&root, Some(owner.uid), Some(owner.gid));
+        }
         let image_files: &[(PathBuf, PathBuf)] = self
             .image(context)
             .map(|i| i.files.as_slice())

@@ -1964,3 +1964,51 @@ async fn a_nodes_kubelet_serves_exec_on_its_own_port() {
         "{refused}"
     );
 }
+
+/// A container's root is its writable layer: the image's user may write there (`kubectl cp`
+/// into `/`), while the host's system folders it sees stay read-only.
+#[tokio::test]
+async fn a_container_may_write_in_its_own_root_but_not_in_the_hosts_folders() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    create::<Pod>(&client, shell_pod("layer", "sleep 300", json!({}))).await;
+    running(&pods, "layer").await;
+    let (out, _, status) = exec(
+        &pods,
+        "layer",
+        &["sh", "-c", "tar xf - -C / && cat /copied.txt"],
+        Some(&tar_of("copied.txt", "copied in\n")),
+    )
+    .await;
+    assert_eq!(status.status.as_deref(), Some("Success"), "{status:?}");
+    assert_eq!(out, "copied in\n");
+    let (_, err, status) = exec(&pods, "layer", &["sh", "-c", "touch /usr/bin/x"], None).await;
+    assert_ne!(status.status.as_deref(), Some("Success"));
+    assert!(
+        err.contains("Read-only") || err.contains("Permission denied"),
+        "{err}"
+    );
+}
+
+/// A tar archive of one file, as text (the archive's bytes are ASCII here).
+fn tar_of(name: &str, content: &str) -> String {
+    let mut header = vec![0u8; 512];
+    header[..name.len()].copy_from_slice(name.as_bytes());
+    header[100..107].copy_from_slice(b"0000644");
+    header[108..115].copy_from_slice(b"0000000");
+    header[116..123].copy_from_slice(b"0000000");
+    let size = format!("{:011o}", content.len());
+    header[124..135].copy_from_slice(size.as_bytes());
+    header[136..147].copy_from_slice(b"00000000000");
+    header[156] = b'0';
+    header[148..156].copy_from_slice(b"        ");
+    let sum: u32 = header.iter().map(|b| u32::from(*b)).sum();
+    header[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    let mut archive = header;
+    archive.extend_from_slice(content.as_bytes());
+    archive.resize(512 + content.len().div_ceil(512) * 512 + 1024, 0);
+    String::from_utf8(archive).unwrap()
+}
