@@ -151,6 +151,9 @@ struct User {
     uid: u32,
     gid: u32,
     fs_group: Option<u32>,
+    /// May bind ports below 1024 (`CAP_NET_BIND_SERVICE`, in a container runtime's default
+    /// set): the image's user, the stand-in for an image's root, unless the container drops it.
+    binds_low_ports: bool,
 }
 
 fn c_path(path: &Path) -> std::io::Result<CString> {
@@ -196,10 +199,70 @@ fn user(context: &ContainerContext) -> User {
             .and_then(|v| u32::try_from(v).ok())
     };
     let uid = field("runAsUser").unwrap_or(IMAGE_USER);
+    let capabilities = &container["capabilities"];
+    let listed = |list: &str, name: &str| {
+        capabilities[list]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|c| c == name || c == &format!("CAP_{name}")))
+    };
+    let dropped = listed("drop", "ALL") || listed("drop", "NET_BIND_SERVICE");
     User {
         uid,
         gid: field("runAsGroup").unwrap_or(if uid == IMAGE_USER { IMAGE_USER } else { 0 }),
         fs_group: pod["fsGroup"].as_u64().and_then(|v| u32::try_from(v).ok()),
+        binds_low_ports: listed("add", "NET_BIND_SERVICE") || (uid == IMAGE_USER && !dropped),
+    }
+}
+
+/// Keeps `CAP_NET_BIND_SERVICE` across the switch to a container's user, as an ambient
+/// capability its command inherits; called between `PR_SET_KEEPCAPS` and the `setuid` it
+/// survived. Best effort: where the sim holds no such capability, nothing changes.
+///
+/// # Safety
+/// Only between fork and exec (async-signal-safe calls only).
+unsafe fn keep_bind_service() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    const NET_BIND_SERVICE: u32 = 10;
+    let header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let bit = 1u32 << NET_BIND_SERVICE;
+    let data = [
+        Data {
+            effective: bit,
+            permitted: bit,
+            inheritable: bit,
+        },
+        Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: the header and the two data words are the kernel's v3 layout.
+    unsafe {
+        if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) == 0 {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+                NET_BIND_SERVICE as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            );
+        }
     }
 }
 
@@ -375,7 +438,13 @@ impl Enter {
                 let groups: [libc::gid_t; 1] = [user.fs_group.unwrap_or(user.gid)];
                 check(libc::setgroups(1, groups.as_ptr()))?;
                 check(libc::setgid(user.gid))?;
+                if user.binds_low_ports {
+                    libc::prctl(libc::PR_SET_KEEPCAPS, 1 as libc::c_ulong, 0, 0, 0);
+                }
                 check(libc::setuid(user.uid))?;
+                if user.binds_low_ports {
+                    keep_bind_service();
+                }
             }
         }
         Ok(())

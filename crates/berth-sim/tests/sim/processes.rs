@@ -369,9 +369,10 @@ async fn a_container_never_runs_as_the_sims_own_user() {
         None,
     )
     .await;
+    // Nothing but binding low ports (a runtime's default NET_BIND_SERVICE).
     assert_eq!(
         out.split_whitespace().collect::<Vec<_>>(),
-        ["CapEff:", "0000000000000000"]
+        ["CapEff:", "0000000000000400"]
     );
     // The sim's own process (this test's) is not readable: its environment, its files.
     let me = std::process::id().to_string();
@@ -2011,4 +2012,53 @@ fn tar_of(name: &str, content: &str) -> String {
     archive.extend_from_slice(content.as_bytes());
     archive.resize(512 + content.len().div_ceil(512) * 512 + 1024, 0);
     String::from_utf8(archive).unwrap()
+}
+
+/// The image's user may bind a port below 1024 (a container runtime's default
+/// `NET_BIND_SERVICE`: an nginx on 80), unless its container drops the capability, as the
+/// restricted Pod Security level asks.
+#[tokio::test]
+async fn a_container_binds_port_80_unless_it_drops_the_capability() {
+    let Some((sim, _runtime, _data)) = process_cluster().await else {
+        return;
+    };
+    if std::process::Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("python3 is needed for this test (a server on port 80)");
+    }
+    let client = sim.client().await.unwrap();
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let server = |name: &str, security: Value| {
+        json!({"metadata": {"name": name}, "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "main", "image": "nginx", "securityContext": security,
+            "command": ["sh", "-c", "cd /tmp && echo served > index.html && exec python3 -m http.server --bind $POD_IP 80"],
+            "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}]}})
+    };
+    create::<Pod>(&client, server("web", json!({}))).await;
+    running(&pods, "web").await;
+    let page = eventually(
+        Duration::from_secs(20),
+        "the server on port 80 to answer",
+        || async {
+            let (code, _, body) = get_raw(
+                &client,
+                "/api/v1/namespaces/default/pods/web:80/proxy/index.html",
+                "*/*",
+            )
+            .await;
+            (code == 200).then(|| String::from_utf8_lossy(&body).into_owned())
+        },
+    )
+    .await;
+    assert_eq!(page, "served\n");
+
+    create::<Pod>(
+        &client,
+        server("dropped", json!({"capabilities": {"drop": ["ALL"]}})),
+    )
+    .await;
+    log_contains(&pods, "dropped", "Permission denied").await;
 }
