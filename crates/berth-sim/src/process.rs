@@ -1508,7 +1508,8 @@ mod tests {
             User {
                 uid: IMAGE_USER,
                 gid: IMAGE_USER,
-                fs_group: None
+                fs_group: None,
+                binds_low_ports: true,
             },
             "the image's user, never the sim's"
         );
@@ -1520,9 +1521,15 @@ mod tests {
             User {
                 uid: 1001,
                 gid: 100,
-                fs_group: Some(2000)
+                fs_group: Some(2000),
+                binds_low_ports: false,
             }
         );
+        let dropped = user(&context(
+            serde_json::json!({}),
+            serde_json::json!({"capabilities": {"drop": ["ALL"]}}),
+        ));
+        assert!(!dropped.binds_low_ports, "dropped with ALL");
     }
 
     #[test]
