@@ -70,6 +70,7 @@ pub async fn bridge(
             }
         }
     };
+    let sink = &mut to_caller;
     let down = async move {
         let mut revoked = std::pin::pin!(revoked);
         loop {
@@ -86,29 +87,39 @@ pub async fn bridge(
                 })) => Message::Binary(bytes.into()),
                 Ok(Some(_)) => continue,
                 // The SSH connection's own end.
-                Ok(None) => break,
+                Ok(None) => return,
                 Err(status) => {
                     let why = match status.code() {
                         tonic::Code::PermissionDenied => status.message().to_owned(),
                         _ => format!("the agent said: {}", status.message()),
                     };
-                    let _ = to_caller.send(said(&Said::Error(why))).await;
-                    break;
+                    let _ = sink.send(said(&Said::Error(why))).await;
+                    return;
                 }
             };
-            if to_caller.send(message).await.is_err() {
+            if sink.send(message).await.is_err() {
                 return;
             }
         }
-        let _ = to_caller.send(Message::Close(None)).await;
     };
-    let mut up = std::pin::pin!(up);
-    tokio::select! {
-        () = &mut up => {}
-        () = down => {
-            let _ = tokio::time::timeout(CLOSING, up).await;
-        }
+    // The caller is always told the end with a close, never a connection dropped without
+    // its closing handshake: when the agent's stream ends, at once (then the caller's close is
+    // awaited a moment); when the caller closes first, once the agent's stream has had a
+    // moment to end (it does when the caller's input does).
+    let (mut up, mut down) = (Box::pin(up), Box::pin(down));
+    let caller_first = tokio::select! {
+        () = &mut up => true,
+        () = &mut down => false,
+    };
+    if caller_first {
+        let _ = tokio::time::timeout(CLOSING, &mut down).await;
     }
+    drop(down);
+    let _ = to_caller.send(Message::Close(None)).await;
+    if !caller_first {
+        let _ = tokio::time::timeout(CLOSING, &mut up).await;
+    }
+    let _ = to_caller.close().await;
 }
 
 #[cfg(test)]

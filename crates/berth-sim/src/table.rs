@@ -419,7 +419,7 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
                 "Holder",
                 "string",
                 "",
-                "holderIdentity contains the identity of the holder of a current lease.",
+                "holderIdentity contains the identity of the holder of a current lease. If Coordinated Leader Election is used, the holder identity must be equal to the elected LeaseCandidate.metadata.name field.",
                 0,
             ),
             age_column(),
@@ -451,21 +451,15 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
                 "Access Modes",
                 "string",
                 "",
-                "accessModes contains the actual access modes the volume backing the PVC has.",
+                "accessModes contains the actual access modes the volume backing the PVC has. More info: https://kubernetes.io/docs/concepts/storage/persistent-volumes#access-modes-1",
                 0,
             ),
-            column(
-                "StorageClass",
-                "string",
-                "",
-                "storageClassName is the name of the StorageClass required by the claim.",
-                0,
-            ),
+            column("StorageClass", "string", "", "StorageClass of the pvc", 0),
             column(
                 "VolumeAttributesClass",
                 "string",
                 "",
-                "volumeAttributesClassName may be used to set the VolumeAttributesClass used by this claim.",
+                "VolumeAttributesClass of the pvc",
                 0,
             ),
             age_column(),
@@ -483,14 +477,14 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
                 "Min Available",
                 "string",
                 "",
-                "The minimum number or percentage of available pods this budget requires.",
+                "The minimum number of pods that must be available.",
                 0,
             ),
             column(
                 "Max Unavailable",
                 "string",
                 "",
-                "The maximum number or percentage of unavailable pods this budget requires.",
+                "The maximum number of pods that may be unavailable.",
                 0,
             ),
             column(
@@ -508,7 +502,7 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
                 "Role",
                 "string",
                 "",
-                "RoleRef can reference a Role in the current namespace or a ClusterRole in the global namespace.",
+                "RoleRef can reference a Role in the current namespace or a ClusterRole in the global namespace. If the RoleRef cannot be resolved, the Authorizer must return an error.",
                 0,
             ),
             age_column(),
@@ -676,39 +670,56 @@ fn columns(rt: &ResourceType) -> Vec<PrinterColumn> {
 
 /// A claim's row: its phase, volume, capacity, access modes (as kubectl abbreviates them),
 /// class, attributes class, age and (wide) volume mode.
+/// A claim's row as 1.33's printer writes it: capacity and access modes once it names its
+/// volume, `Terminating` while deleted, the modes in a fixed order without repeats.
 fn claim_cells(claim: &Value, now: Timestamp) -> Vec<Value> {
-    let bound = claim["status"]["phase"] == "Bound";
-    let modes: Vec<&str> = claim["status"]["accessModes"]
+    let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+    let has_volume = !text(&claim["spec"]["volumeName"]).is_empty();
+    let present: Vec<&str> = claim["status"]["accessModes"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|m| match m.as_str()? {
-            "ReadWriteOnce" => Some("RWO"),
-            "ReadOnlyMany" => Some("ROX"),
-            "ReadWriteMany" => Some("RWX"),
-            "ReadWriteOncePod" => Some("RWOP"),
-            _ => None,
-        })
+        .filter_map(Value::as_str)
         .collect();
-    let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+    let modes: Vec<&str> = [
+        ("ReadWriteOnce", "RWO"),
+        ("ReadOnlyMany", "ROX"),
+        ("ReadWriteMany", "RWX"),
+        ("ReadWriteOncePod", "RWOP"),
+    ]
+    .iter()
+    .filter(|(mode, _)| present.contains(mode))
+    .map(|(_, short)| *short)
+    .collect();
+    let phase = if claim["metadata"]["deletionTimestamp"].is_string() {
+        "Terminating".to_owned()
+    } else {
+        text(&claim["status"]["phase"])
+    };
+    let class = claim["spec"]["storageClassName"]
+        .as_str()
+        .or_else(|| {
+            claim["metadata"]["annotations"]["volume.beta.kubernetes.io/storage-class"].as_str()
+        })
+        .unwrap_or_default();
     vec![
-        json!(claim["status"]["phase"].as_str().unwrap_or("Pending")),
+        json!(phase),
         json!(text(&claim["spec"]["volumeName"])),
-        json!(match bound {
+        json!(match has_volume {
             true => text(&claim["status"]["capacity"]["storage"]),
             false => String::new(),
         }),
-        json!(match bound {
+        json!(match has_volume {
             true => modes.join(","),
             false => String::new(),
         }),
-        json!(text(&claim["spec"]["storageClassName"])),
+        json!(class),
         json!(match claim["spec"]["volumeAttributesClassName"].as_str() {
             Some(class) => class.to_owned(),
             None => "<unset>".to_owned(),
         }),
         json!(age(claim, now)),
-        json!(claim["spec"]["volumeMode"].as_str().unwrap_or("Filesystem")),
+        json!(claim["spec"]["volumeMode"].as_str().unwrap_or("<unset>")),
     ]
 }
 
@@ -1055,10 +1066,14 @@ fn cells(rt: &ResourceType, object: &Value, cols: &[PrinterColumn], now: Timesta
                     .into_iter()
                     .flatten()
                     .filter(|s| s["kind"] == kind)
-                    .map(|s| match (kind, s["namespace"].as_str()) {
-                        ("ServiceAccount", Some(ns)) => {
-                            format!("{ns}/{}", s["name"].as_str().unwrap_or_default())
-                        }
+                    // `SubjectsStrings`: a service account as `namespace/name`, even with
+                    // no namespace.
+                    .map(|s| match kind {
+                        "ServiceAccount" => format!(
+                            "{}/{}",
+                            s["namespace"].as_str().unwrap_or_default(),
+                            s["name"].as_str().unwrap_or_default()
+                        ),
                         _ => s["name"].as_str().unwrap_or_default().to_owned(),
                     })
                     .collect::<Vec<_>>()
@@ -1334,6 +1349,26 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_claims_row_reads_as_the_printer_writes_it() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let claim = json!({"metadata": {"creationTimestamp": "2026-01-01T00:00:00Z",
+                "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"volumeName": "pv-1"},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteMany", "ReadWriteOnce", "ReadWriteOnce"]}});
+        let cells = claim_cells(&claim, now);
+        assert_eq!(cells[0], "Terminating");
+        assert_eq!(cells[2], "1Gi");
+        assert_eq!(cells[3], "RWO,RWX", "in the printer's order, once each");
+        assert_eq!(cells[7], "<unset>", "no volume mode said");
+        let unbound = json!({"metadata": {}, "spec": {}, "status": {}});
+        let cells = claim_cells(&unbound, now);
+        assert_eq!(cells[0], "", "no phase yet");
+        assert_eq!(cells[2], "");
+        assert_eq!(human_duration(2 * 365 * 24 * 3600), "2y");
+    }
 
     #[test]
     fn ages_read_like_kubectl() {
