@@ -1075,14 +1075,7 @@ pub fn merge_resize(current: &Value, body: &Value) -> Value {
     if let Some(have) = new["spec"]["containers"].as_array_mut() {
         for (container, asked) in have.iter_mut().zip(&wanted) {
             for field in ["resources", "resizePolicy"] {
-                match asked.get(field) {
-                    Some(value) => container[field] = value.clone(),
-                    None => {
-                        if let Some(map) = container.as_object_mut() {
-                            map.remove(field);
-                        }
-                    }
-                }
+                crate::meta::carry(container, field, asked.get(field));
             }
         }
     }

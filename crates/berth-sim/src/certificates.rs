@@ -158,14 +158,7 @@ pub fn merge(current: &Value, body: &Value, subresource: &str) -> Value {
         _ => {
             let mut new = body.clone();
             new["spec"] = current["spec"].clone();
-            match current.get("status") {
-                Some(status) => new["status"] = status.clone(),
-                None => {
-                    if let Some(map) = new.as_object_mut() {
-                        map.remove("status");
-                    }
-                }
-            }
+            crate::meta::carry(&mut new, "status", current.get("status"));
             new
         }
     }

@@ -158,14 +158,7 @@ fn running_resources(container: &Value) -> Value {
 /// A container status's `resources` and `allocatedResources` (its requests).
 fn set_resources(status: &mut Value, resources: &Value) {
     status["resources"] = resources.clone();
-    match resources.get("requests") {
-        Some(requests) => status["allocatedResources"] = requests.clone(),
-        None => {
-            if let Some(map) = status.as_object_mut() {
-                map.remove("allocatedResources");
-            }
-        }
-    }
+    crate::meta::carry(status, "allocatedResources", resources.get("requests"));
 }
 
 fn container_id() -> String {
@@ -326,7 +319,8 @@ impl Worker {
                 statuses.len() - 1
             }
         };
-        statuses[index]["image"] = image;
+        // The image stays the one the container was started with: a changed spec shows in
+        // the status only once the container is restarted for it (`restart_changed`).
         update(&mut statuses[index]);
         pod["status"][list] = json!(statuses);
     }
@@ -1506,13 +1500,17 @@ impl Worker {
         );
         let started_at = now_rfc3339();
         let id = container_id();
-        let resources = self
-            .containers(false)
-            .iter()
-            .find(|c| c["name"] == name)
-            .map(running_resources)
-            .unwrap_or_default();
+        let spec = self
+            .containers(list == Statuses::Init)
+            .into_iter()
+            .find(|c| c["name"] == name);
+        let resources = spec.as_ref().map(running_resources).unwrap_or_default();
+        // A container started now runs the image its spec names now.
+        let image = spec.map(|c| c["image"].clone()).unwrap_or(Value::Null);
         let running_now = |s: &mut Value| {
+            if list != Statuses::Ephemeral && !image.is_null() {
+                s["image"] = image.clone();
+            }
             s["state"] = json!({"running": {"startedAt": started_at}});
             if list != Statuses::Ephemeral {
                 s["started"] = json!(true);

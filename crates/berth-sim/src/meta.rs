@@ -7,6 +7,19 @@ use jiff::Timestamp;
 use rand::Rng;
 use serde_json::Value;
 
+/// Sets `object[key]` to `value`, or removes the key when there is none (a field a write
+/// carries over from another version of the object, present or not).
+pub fn carry(object: &mut Value, key: &str, value: Option<&Value>) {
+    match value {
+        Some(value) => object[key] = value.clone(),
+        None => {
+            if let Some(map) = object.as_object_mut() {
+                map.remove(key);
+            }
+        }
+    }
+}
+
 /// An RFC 3339 timestamp with second precision, as metadata timestamps are written.
 /// Now, truncated to the second as the real server's metav1.Time stores it.
 pub fn now_rfc3339() -> String {

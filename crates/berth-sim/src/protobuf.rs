@@ -688,24 +688,22 @@ fn volume(mut v: core::Volume) -> Converted {
                 nothing_left("ServiceAccountTokenProjection", t)?;
                 Ok(out)
             })?;
-            let config_map = opt(s.config_map.take(), |mut c| {
-                let out = Out::default()
-                    .put("name", c.local_object_reference.take().and_then(|l| l.name))
-                    .list("items", each(std::mem::take(&mut c.items), key_to_path)?)
-                    .keep("optional", c.optional.take())
-                    .done();
-                nothing_left("ConfigMapProjection", c)?;
-                Ok(out)
-            })?;
-            let secret = opt(s.secret.take(), |mut c| {
-                let out = Out::default()
-                    .put("name", c.local_object_reference.take().and_then(|l| l.name))
-                    .list("items", each(std::mem::take(&mut c.items), key_to_path)?)
-                    .keep("optional", c.optional.take())
-                    .done();
-                nothing_left("SecretProjection", c)?;
-                Ok(out)
-            })?;
+            // A config map's and a secret's projections have the same fields.
+            macro_rules! keys_projection {
+                ($source:expr, $what:literal) => {
+                    opt($source, |mut c| {
+                        let out = Out::default()
+                            .put("name", c.local_object_reference.take().and_then(|l| l.name))
+                            .list("items", each(std::mem::take(&mut c.items), key_to_path)?)
+                            .keep("optional", c.optional.take())
+                            .done();
+                        nothing_left($what, c)?;
+                        Ok(out)
+                    })?
+                };
+            }
+            let config_map = keys_projection!(s.config_map.take(), "ConfigMapProjection");
+            let secret = keys_projection!(s.secret.take(), "SecretProjection");
             let downward = opt(s.downward_api.take(), |mut d| {
                 let out = Out::default()
                     .list("items", downward_files(std::mem::take(&mut d.items))?)

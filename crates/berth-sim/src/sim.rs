@@ -1024,26 +1024,12 @@ impl Sim {
             new
         } else if subresource == "status" {
             let mut new = current.clone();
-            match body.get("status") {
-                Some(status) => new["status"] = status.clone(),
-                None => {
-                    if let Some(map) = new.as_object_mut() {
-                        map.remove("status");
-                    }
-                }
-            }
+            crate::meta::carry(&mut new, "status", body.get("status"));
             new
         } else {
             let mut new = body;
             if rt.has_status() {
-                match current.get("status") {
-                    Some(status) => new["status"] = status.clone(),
-                    None => {
-                        if let Some(map) = new.as_object_mut() {
-                            map.remove("status");
-                        }
-                    }
-                }
+                crate::meta::carry(&mut new, "status", current.get("status"));
             }
             new
         };

@@ -936,7 +936,50 @@ async fn a_new_image_restarts_the_container_in_the_same_pod() {
         .create(&PostParams::default(), &pod_with("web", json!({})))
         .await
         .unwrap();
-    phase_of(&pods, "web", "Running").await;
+    let first = phase_of(&pods, "web", "Running").await;
+    let first_id = first.status.unwrap().container_statuses.unwrap()[0]
+        .container_id
+        .clone();
+    // Every version a watcher sees: the status names the new image only for the new
+    // container, never for the one still running the old image.
+    let watched = {
+        use futures::{StreamExt, TryStreamExt};
+        let stream = pods
+            .watch(
+                &kube::api::WatchParams::default().fields("metadata.name=web"),
+                &sim.revision().to_string(),
+            )
+            .await
+            .unwrap()
+            .boxed();
+        tokio::spawn(async move {
+            let mut stream = stream;
+            let mut claimed_early = vec![];
+            // Until the new container runs (or the watch falls silent for a while).
+            while let Ok(Ok(Some(event))) =
+                tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await
+            {
+                let kube::api::WatchEvent::Modified(pod) = event else {
+                    continue;
+                };
+                let Some(status) = pod.status.and_then(|s| s.container_statuses) else {
+                    continue;
+                };
+                let running = status[0]
+                    .state
+                    .as_ref()
+                    .is_some_and(|s| s.running.is_some());
+                if status[0].image == "nginx:1.28" && running {
+                    if status[0].container_id == first_id {
+                        claimed_early.push(status[0].clone());
+                    } else {
+                        break;
+                    }
+                }
+            }
+            claimed_early
+        })
+    };
     let change: json_patch::Patch = serde_json::from_value(
         json!([{"op": "replace", "path": "/spec/containers/0/image", "value": "nginx:1.28"}]),
     )
@@ -960,6 +1003,8 @@ async fn a_new_image_restarts_the_container_in_the_same_pod() {
     })
     .await;
     assert_eq!(restarted.metadata.uid, created.metadata.uid, "the same pod");
+    let claimed_early = watched.await.unwrap();
+    assert!(claimed_early.is_empty(), "{claimed_early:?}");
     let events = events_for(&client, &created).await;
     let killing = find(&events, "Killing").expect("a Killing event");
     assert_eq!(
