@@ -78,37 +78,18 @@ fn request_bytes(csr: &Value) -> Vec<u8> {
 /// The first PEM block of `bytes`, parsed as a certificate request whose signature holds, as
 /// the API server's `ParseCSR` does.
 fn parse_request(bytes: &[u8]) -> Result<rcgen::CertificateSigningRequestParams, String> {
-    let text = String::from_utf8_lossy(bytes);
-    let block = pem_block(&text).ok_or("PEM block type must be CERTIFICATE REQUEST")?;
-    if block.0 != "CERTIFICATE REQUEST" {
-        return Err("PEM block type must be CERTIFICATE REQUEST".to_owned());
-    }
-    let der = rustls::pki_types::CertificateSigningRequestDer::from(block.1);
+    use rustls::pki_types::pem::{PemObject, SectionKind};
+    let der = match <(SectionKind, Vec<u8>)>::from_pem_slice(bytes) {
+        Ok((SectionKind::Csr, der)) => der,
+        _ => return Err("PEM block type must be CERTIFICATE REQUEST".to_owned()),
+    };
+    let der = rustls::pki_types::CertificateSigningRequestDer::from(der);
     rcgen::CertificateSigningRequestParams::from_der(&der).map_err(|error| match error {
         rcgen::Error::InvalidCertificationRequestSignature => {
-            "x509: ECDSA verification failure".to_owned()
+            "x509: signature verification failed".to_owned()
         }
         other => format!("asn1: structure error: {other}"),
     })
-}
-
-/// The type and contents of the first PEM block in `text`.
-fn pem_block(text: &str) -> Option<(String, Vec<u8>)> {
-    use base64::Engine;
-    let start = text.find("-----BEGIN ")?;
-    let rest = &text[start + 11..];
-    let label_end = rest.find("-----")?;
-    let label = rest[..label_end].to_owned();
-    let body_start = label_end + 5;
-    let end = rest.find(&format!("-----END {label}-----"))?;
-    let body: String = rest[body_start..end]
-        .chars()
-        .filter(|c| !c.is_whitespace())
-        .collect();
-    let der = base64::engine::general_purpose::STANDARD
-        .decode(body)
-        .ok()?;
-    Some((label, der))
 }
 
 /// What the server writes on create, whatever the client sent: who asked, and no status
