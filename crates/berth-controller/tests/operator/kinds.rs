@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use berth_api::{Phase, Workspace, WorkspaceKind};
 use k8s_openapi::api::{
+    admissionregistration::v1::ValidatingAdmissionPolicyBinding,
     core::v1::{Pod, ServiceAccount},
     rbac::v1::{Role, RoleBinding},
 };
@@ -350,7 +351,7 @@ async fn grant(h: &Harness, account: &str, role: &str) {
         .unwrap();
 }
 
-fn refused(result: Result<Workspace, kube::Error>) -> (u16, String) {
+fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> (u16, String) {
     match result {
         Err(kube::Error::Api(status)) => (status.code, status.message),
         other => panic!("expected a refusal, got {other:?}"),
@@ -465,7 +466,24 @@ async fn a_kind_is_used_only_by_whom_rbac_allows_and_a_missing_one_is_said() {
     create_kind(&h, later).await;
     h.until_phase("early", Phase::Running).await;
 
-    // Deleted under a running workspace: it keeps running; its next start waits for the kind.
+    // In use, the kind may not go (once its status counts the workspace, at most a second
+    // late); an admin who removes the policy's binding deletes it anyway. The workspace keeps
+    // running from its record; its next start waits for the kind.
+    crate::support::eventually(Duration::from_secs(10), "the kind counts its workspace", || async {
+        let kind = kinds(&h).get("later").await.unwrap();
+        (kind.status?.workspaces == 1).then_some(())
+    })
+    .await;
+    let (code, message) = refused(kinds(&h).delete("later", &Default::default()).await);
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("WorkspaceKind later is used by 1 workspace(s)"),
+        "{message}"
+    );
+    Api::<ValidatingAdmissionPolicyBinding>::all(h.client.clone())
+        .delete("workspacekinds.berth.dev", &Default::default())
+        .await
+        .unwrap();
     kinds(&h)
         .delete("later", &Default::default())
         .await
