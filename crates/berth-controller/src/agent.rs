@@ -13,13 +13,13 @@ use std::{
     time::Duration,
 };
 
+use crate::cached_pod::CachedPod;
 use berth_agent::client::{
     AgentTokens, CallError, ClientTls, get_activity, get_content, token_rejected, who_am_i,
 };
 use berth_api::{Workspace, condition::Reason};
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use kube::{Client, ResourceExt, runtime::reflector::ObjectRef};
 use tokio::sync::watch;
 use tracing::{Instrument, info, warn};
@@ -28,6 +28,7 @@ use crate::{
     config::AgentConfig,
     content::{ContentCheck, ContentOutcome},
     idle::{self, ActivityCheck, ActivityOutcome},
+    lanes::FifoPool,
     metrics::{Metrics, ResultLabel},
     state::{self, AgentCheck, AgentOutcome},
 };
@@ -45,8 +46,9 @@ pub fn refusal_reason(code: tonic::Code) -> Reason {
     }
 }
 
-/// How long a reconcile waits for a WhoAmI before leaving it to finish in the background (and
-/// wake the workspace then): a slow or silent agent never holds a reconcile worker.
+/// How long a reconcile that started a WhoAmI waits for it before leaving it to finish in the
+/// background (the workspace is reconciled in the agent lane when it ends): a slow or silent
+/// agent never holds a reconcile worker.
 const INLINE_WAIT: Duration = Duration::from_millis(250);
 
 type Key = (String, String);
@@ -163,23 +165,33 @@ struct Shared {
     attempts: Mutex<HashMap<Key, Attempt>>,
     activity: Mutex<HashMap<Key, Ask<ActivityCheck>>>,
     content: Mutex<HashMap<Key, Ask<ContentCheck>>>,
-    /// Wakes a workspace whose check finished in the background.
+    /// Wakes a workspace whose `GetActivity` or `GetContent` answer came in the background.
     wake: UnboundedSender<ObjectRef<Workspace>>,
+    /// The WhoAmI calls: in the order they were asked for, `checks_in_flight` at once.
+    checks: FifoPool,
+    /// Hands a workspace whose WhoAmI ended to the agent lane (`lanes.rs`).
+    checked: UnboundedSender<ObjectRef<Workspace>>,
 }
 
 /// Checks agents for the reconcile loop.
+#[derive(Clone)]
 pub struct AgentChecker {
     shared: Arc<Shared>,
 }
 
+/// Where the checker hands back the workspaces whose calls ended.
+pub struct Woken {
+    /// Those whose `GetActivity` or `GetContent` answer came: the controller's queue.
+    pub answered: UnboundedReceiver<ObjectRef<Workspace>>,
+    /// Those whose WhoAmI ended: the agent lane's.
+    pub checked: UnboundedReceiver<ObjectRef<Workspace>>,
+}
+
 impl AgentChecker {
-    /// The checker, and the stream of workspaces to reconcile when a background check ends.
-    pub fn new(
-        client: Client,
-        config: AgentConfig,
-        metrics: Arc<Metrics>,
-    ) -> (Self, UnboundedReceiver<ObjectRef<Workspace>>) {
-        let (wake, woken) = futures::channel::mpsc::unbounded();
+    /// The checker, and the streams of workspaces to reconcile when a background call ends.
+    pub fn new(client: Client, config: AgentConfig, metrics: Arc<Metrics>) -> (Self, Woken) {
+        let (wake, answered) = futures::channel::mpsc::unbounded();
+        let (checked_tx, checked) = futures::channel::mpsc::unbounded();
         let tokens = AgentTokens::new(
             client.clone(),
             "the operator's",
@@ -187,6 +199,7 @@ impl AgentChecker {
             &config.service_account.name,
             config.token_lifetime,
         );
+        let config_in_flight = config.checks_in_flight;
         let shared = Shared {
             config,
             metrics,
@@ -195,13 +208,41 @@ impl AgentChecker {
             activity: Default::default(),
             content: Default::default(),
             wake,
+            checks: FifoPool::new(config_in_flight),
+            checked: checked_tx,
         };
         (
             AgentChecker {
                 shared: Arc::new(shared),
             },
-            woken,
+            Woken { answered, checked },
         )
+    }
+
+    /// Starts the first check of the agent of a pod the cache just showed ready, when one is
+    /// due (`state::agent_to_check`) and none was made or asked for this pod: straight from
+    /// the pod watch, so a check waits only behind checks of pods that turned ready before it,
+    /// never behind the controller's queue. Its end reconciles the workspace in the agent lane.
+    pub fn start_for_ready_pod(&self, workspace: &Workspace, pod: &CachedPod) {
+        let shared = &self.shared;
+        let Some(address) = state::agent_to_check(workspace, Some(pod), shared.config.port) else {
+            return;
+        };
+        let key = (
+            workspace.namespace().unwrap_or_default(),
+            workspace.name_any(),
+        );
+        let pod_uid = pod.uid().unwrap_or_default();
+        let tls = crate::pod::serves_agent_tls(pod);
+        let mut attempts = shared.attempts();
+        let known = match attempts.get(&key) {
+            Some(Attempt::InFlight { pod_uid: uid, .. }) => *uid == pod_uid,
+            Some(Attempt::Done { check, .. }) => check.pod_uid == pod_uid,
+            None => false,
+        };
+        if !known {
+            Shared::start_locked(shared, &mut attempts, key, pod_uid, address, tls, 0, None);
+        }
     }
 
     /// The check of the workspace's pod's agent, when it needs one: the result of a call, made
@@ -211,7 +252,7 @@ impl AgentChecker {
     pub async fn check(
         &self,
         workspace: &Workspace,
-        pod: Option<&Pod>,
+        pod: Option<&CachedPod>,
         now: Timestamp,
     ) -> Option<AgentCheck> {
         let shared = &self.shared;
@@ -226,7 +267,9 @@ impl AgentChecker {
         let pod_uid = pod.and_then(|p| p.uid()).unwrap_or_default();
         let mut done = match shared.result(&key, &pod_uid, now) {
             Lookup::Result(check) => return Some(check),
-            Lookup::Running(done, _) => done,
+            // Started elsewhere (the pod watch, an earlier reconcile): its end reconciles the
+            // workspace in the agent lane; this reconcile does not wait for it.
+            Lookup::Running(previous) => return previous,
             Lookup::Due { failures, previous } => {
                 let tls = pod.is_some_and(crate::pod::serves_agent_tls);
                 let (key, uid) = (key.clone(), pod_uid.clone());
@@ -237,7 +280,7 @@ impl AgentChecker {
         match shared.result(&key, &pod_uid, now) {
             Lookup::Result(check) => Some(check),
             // A retry still running: the last failure stands (the status does not flap).
-            Lookup::Running(_, previous) => previous,
+            Lookup::Running(previous) => previous,
             Lookup::Due { .. } => None,
         }
     }
@@ -249,7 +292,7 @@ impl AgentChecker {
     pub async fn activity(
         &self,
         workspace: &Workspace,
-        pod: Option<&Pod>,
+        pod: Option<&CachedPod>,
         now: Timestamp,
     ) -> Option<ActivityCheck> {
         let shared = &self.shared;
@@ -295,6 +338,11 @@ impl AgentChecker {
         }
     }
 
+    /// Hands the workspace to the controller's queue.
+    pub fn wake(&self, workspace: ObjectRef<Workspace>) {
+        let _ = self.shared.wake.unbounded_send(workspace);
+    }
+
     /// Forgets a workspace that is going away (a call still running then stores nothing).
     pub fn forget(&self, workspace: &Workspace) {
         let key = (
@@ -312,7 +360,7 @@ impl AgentChecker {
     pub async fn content(
         &self,
         workspace: &Workspace,
-        pod: Option<&Pod>,
+        pod: Option<&CachedPod>,
         now: Timestamp,
         interval: Duration,
     ) -> Option<ContentCheck> {
@@ -359,7 +407,7 @@ impl AgentChecker {
 enum Lookup {
     Result(AgentCheck),
     /// A call runs; the failure before it, if any, still stands.
-    Running(watch::Receiver<bool>, Option<AgentCheck>),
+    Running(Option<AgentCheck>),
     /// A call is due; `failures` so far for this pod, and the last of them.
     Due {
         failures: u32,
@@ -579,17 +627,14 @@ impl Shared {
         match attempts.get_mut(key) {
             Some(Attempt::InFlight {
                 pod_uid: uid,
-                done,
                 previous,
-            }) if uid == pod_uid => Lookup::Running(
-                done.clone(),
-                previous.clone().map(|check| AgentCheck {
-                    fresh: false,
-                    // The wake comes when the call ends, within its timeout.
-                    retry_in: self.config.timeout,
-                    ..check
-                }),
-            ),
+                ..
+            }) if uid == pod_uid => Lookup::Running(previous.clone().map(|check| AgentCheck {
+                fresh: false,
+                // The wake comes when the call ends, within its timeout.
+                retry_in: self.config.timeout,
+                ..check
+            })),
             Some(Attempt::Done {
                 check,
                 failures,
@@ -614,7 +659,8 @@ impl Shared {
         }
     }
 
-    /// Starts a WhoAmI in the background; returns what turns true when its result is stored.
+    /// Starts a WhoAmI in the background, behind those asked for before it; returns what
+    /// turns true when its result is stored.
     fn start(
         shared: &Arc<Shared>,
         key: Key,
@@ -624,8 +670,44 @@ impl Shared {
         failures: u32,
         previous: Option<AgentCheck>,
     ) -> watch::Receiver<bool> {
+        let mut attempts = shared.attempts();
+        Shared::start_locked(
+            shared,
+            &mut attempts,
+            key,
+            pod_uid,
+            address,
+            tls,
+            failures,
+            previous,
+        )
+    }
+
+    /// [`Shared::start`], with the attempts already locked (so whether one runs and starting
+    /// one are a single step).
+    #[allow(clippy::too_many_arguments)]
+    fn start_locked(
+        shared: &Arc<Shared>,
+        attempts: &mut HashMap<Key, Attempt>,
+        key: Key,
+        pod_uid: String,
+        address: String,
+        tls: bool,
+        failures: u32,
+        previous: Option<AgentCheck>,
+    ) -> watch::Receiver<bool> {
+        // Started by someone else meanwhile (the pod watch and a reconcile at once): one call.
+        if let Some(Attempt::InFlight {
+            pod_uid: running,
+            done,
+            ..
+        }) = attempts.get(&key)
+            && *running == pod_uid
+        {
+            return done.clone();
+        }
         let (done_tx, done) = watch::channel(false);
-        shared.attempts().insert(
+        attempts.insert(
             key.clone(),
             Attempt::InFlight {
                 pod_uid: pod_uid.clone(),
@@ -633,9 +715,10 @@ impl Shared {
                 previous,
             },
         );
-        let shared = shared.clone();
-        tokio::spawn(
+        let caller = shared.clone();
+        shared.checks.run(
             async move {
+                let shared = caller;
                 let outcome = shared.call(&address, tls, &key).await;
                 shared.finish(key, pod_uid, address, outcome, failures);
                 let _ = done_tx.send(true);
@@ -702,7 +785,7 @@ impl Shared {
             );
             drop(attempts);
             let _ = self
-                .wake
+                .checked
                 .unbounded_send(ObjectRef::new(name).within(namespace));
         }
     }

@@ -76,6 +76,12 @@ where
         behind
     }
 
+    /// Whether a write of ours to `object` has not reached the cache yet (its watch event,
+    /// which wakes the object's controller, is still to come).
+    pub fn unseen(&self, object: &ObjectRef<K>) -> bool {
+        (self.0.lock().unwrap_or_else(|p| p.into_inner())).contains_key(object)
+    }
+
     /// Forgets the object (it is gone).
     pub fn forget(&self, object: &ObjectRef<K>) {
         self.0
@@ -128,12 +134,14 @@ mod tests {
         let writes = OwnWrites::<Pod>::default();
         let pod = ObjectRef::new("p").within("ns");
         writes.wrote(pod.clone(), Some("5".into()), Some("6"));
+        assert!(writes.unseen(&pod));
         assert!(writes.behind(&pod, Some("5")));
         assert!(!writes.behind(&pod, Some("6")));
         assert!(
             !writes.behind(&pod, Some("5")),
             "forgotten once the cache moved on"
         );
+        assert!(!writes.unseen(&pod));
         writes.wrote(pod.clone(), Some("6".into()), Some("6"));
         assert!(
             !writes.behind(&pod, Some("6")),

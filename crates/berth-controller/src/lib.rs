@@ -9,6 +9,7 @@ pub mod caches;
 pub mod config;
 pub mod error;
 pub mod event_index;
+pub mod lanes;
 pub mod leader;
 pub mod metrics;
 pub mod rbac;
@@ -17,7 +18,8 @@ pub mod recorder;
 
 // The pure core, under the paths the operator has always used.
 pub use berth_core::{
-    action, content, idle, kinds, ownership, pod, pod_policy, refusal, rejection, state, trim,
+    action, cached_pod, content, idle, kinds, ownership, pod, pod_policy, refusal, rejection,
+    state, trim,
 };
 pub use config::{Config, Policy, WarningPolicy};
 

@@ -29,6 +29,7 @@ use tracing::{info, warn};
 use crate::{
     Error, Result,
     agent::AgentChecker,
+    cached_pod::CachedPod,
     caches::CachesReady,
     config::Config,
     event_index::EventIndex,
@@ -38,13 +39,14 @@ use crate::{
     recorder::{EventType, Recorder, Report, Reporter},
     refusal::Refusal,
     state::{self, Action, Decision, Observed},
+    trim::WorkspaceWire,
 };
 
 /// Everything a reconcile needs: the client, the caches, the recorder, the metrics.
 pub struct Context {
     pub client: Client,
     pub config: Config,
-    pub pods: Store<Pod>,
+    pub pods: Store<CachedPod>,
     pub claims: Store<PersistentVolumeClaim>,
     pub services: Store<Service>,
     pub events: Store<Event>,
@@ -81,6 +83,11 @@ pub struct Context {
     /// Per namespace: whether admission enforced there at this operator's last look, and the
     /// resourceVersion at which it saw it begin to (`Observed::admission_since`).
     admission_seen: std::sync::Mutex<HashMap<String, (bool, Option<u64>)>>,
+    /// Held by whoever reconciles a workspace: the controller's workers and the agent lane
+    /// never reconcile one workspace at the same time.
+    reconciling: crate::lanes::KeyedLocks<ObjectRef<Workspace>>,
+    /// Tells the agent lane when the cache shows a newer copy of a workspace.
+    arrivals: Arc<crate::lanes::Arrivals<ObjectRef<Workspace>>>,
 }
 
 impl Context {
@@ -317,14 +324,11 @@ async fn run_controller(
 ) -> Result<()> {
     let namespace = config.namespace.clone();
     let ns = namespace.as_deref();
-    let workspaces: Api<Workspace> = api(&client, ns);
 
-    let (pods, pods_writer) = reflector::store::<Pod>();
+    let (pods, pods_writer) = reflector::store::<CachedPod>();
     let pod_stream = reflector(
         pods_writer,
-        watcher(api::<Pod>(&client, ns), owned())
-            .default_backoff()
-            .modify(crate::trim::pod),
+        watcher(api::<CachedPod>(&client, ns), owned()).default_backoff(),
     )
     .touched_objects();
     let (claims, claims_writer) = reflector::store::<PersistentVolumeClaim>();
@@ -396,11 +400,21 @@ async fn run_controller(
     let (workspace_store, workspaces_writer) = reflector::store::<Workspace>();
     let workspace_stream = reflector(
         workspaces_writer,
-        watcher(workspaces, watcher::Config::default())
-            .default_backoff()
-            .modify(crate::trim::workspace),
+        watcher(
+            api::<WorkspaceWire>(&client, ns),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .map_ok(crate::trim::workspaces),
     )
     .applied_objects();
+    let arrivals = Arc::new(crate::lanes::Arrivals::default());
+    let workspace_stream = {
+        let arrivals = arrivals.clone();
+        workspace_stream.inspect_ok(move |workspace| {
+            arrivals.arrived(&ObjectRef::from_obj(workspace));
+        })
+    };
     let controller = Controller::for_stream(workspace_stream, workspace_store.clone())
         .trigger_backoff(EachWatchBacksOff)
         .with_config(kube::runtime::controller::Config::default().concurrency(16));
@@ -408,8 +422,15 @@ async fn run_controller(
         controller: config.manager.clone(),
         instance: std::env::var("HOSTNAME").ok(),
     };
-    let (agents, agents_done) =
-        AgentChecker::new(client.clone(), config.agent.clone(), metrics.clone());
+    let (agents, woken) = AgentChecker::new(client.clone(), config.agent.clone(), metrics.clone());
+    // A pod the cache shows ready gets its agent checked at once, in the order pods turn
+    // ready (`lanes.rs`), not when the controller's queue gets to its workspace.
+    let pod_stream = {
+        let (agents, workspaces, kinds) = (agents.clone(), workspace_store.clone(), kinds.clone());
+        pod_stream.inspect_ok(move |pod| {
+            check_when_ready(pod, &workspaces, &kinds, &agents);
+        })
+    };
     let caches = {
         let (pods, claims, services, events) = (
             pods.clone(),
@@ -454,7 +475,10 @@ async fn run_controller(
         expectations: Default::default(),
         progress_writes: Default::default(),
         admission_seen: Default::default(),
+        reconciling: Default::default(),
+        arrivals,
     });
+    let lane = tokio::spawn(agent_lane(woken.checked, context.clone()));
 
     // Warning events map to the workspace of the pod they are about (named in full by the
     // pod's controller ownerReference in the cache, else by the pod name's suffix).
@@ -527,7 +551,7 @@ async fn run_controller(
             kind_stream,
             of_the_kind(workspace_store, kinds_for_triggers),
         )
-        .reconcile_on(agents_done)
+        .reconcile_on(woken.answered)
         .graceful_shutdown_on(stopped(stop.clone()))
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
@@ -548,7 +572,100 @@ async fn run_controller(
         () = overdue => {}
     }
     usage.abort();
+    lane.abort();
     Ok(())
+}
+
+/// How many workspaces the agent lane reconciles at once.
+const AGENT_LANE_WORKERS: usize = 16;
+
+/// The agent lane: each workspace whose WhoAmI ended is reconciled here, in the order the
+/// checks ended, so the status says Running (or why not) without waiting behind the
+/// controller's queue and the status writes of the workspaces in it. The controller looks at
+/// the workspace afterwards (woken by the status write's watch event, or here when nothing
+/// was written): when to look again (a failed agent's retry), and an error's backoff and
+/// report, are its own.
+async fn agent_lane(
+    mut checked: futures::channel::mpsc::UnboundedReceiver<ObjectRef<Workspace>>,
+    ctx: Arc<Context>,
+) {
+    let lane = crate::lanes::FifoPool::new(AGENT_LANE_WORKERS);
+    while let Some(reference) = checked.next().await {
+        let ctx = ctx.clone();
+        lane.run(async move {
+            let Some(workspace) = caught_up(&ctx, &reference).await else {
+                return;
+            };
+            if let Err(error) = reconcile(workspace, ctx.clone()).await {
+                tracing::debug!(%error, "the agent lane's reconcile failed; the controller retries it");
+            }
+            // A status write wakes the controller when its watch event comes; without one, the
+            // controller is woken here.
+            if !ctx.replaced.unseen(&reference) {
+                ctx.agents.wake(reference);
+            }
+        });
+    }
+}
+
+/// The workspace as the cache shows it once it holds this operator's own last write to it:
+/// the controller often wrote its status a moment before its agent check ended, and a
+/// reconcile on the older copy would only wait. After two seconds, whatever the cache shows.
+async fn caught_up(ctx: &Context, reference: &ObjectRef<Workspace>) -> Option<Arc<Workspace>> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let workspace = ctx.workspaces.get(reference)?;
+        let version = workspace.resource_version();
+        if !ctx.replaced.behind(reference, version.as_deref()) {
+            return Some(workspace);
+        }
+        let arrival = ctx.arrivals.next(reference.clone());
+        // It may have arrived in between.
+        if ctx.workspaces.get(reference).map(|w| w.resource_version()) != Some(version) {
+            continue;
+        }
+        if tokio::time::timeout_at(deadline, arrival).await.is_err() {
+            return Some(workspace);
+        }
+    }
+}
+
+/// Starts the agent check of a pod the cache shows ready, when its workspace (as its kind
+/// shapes it) wants one (`AgentChecker::start_for_ready_pod`).
+fn check_when_ready(
+    pod: &CachedPod,
+    workspaces: &Store<Workspace>,
+    kinds: &Store<WorkspaceKind>,
+    agents: &AgentChecker,
+) {
+    // Cheap tests first: most pod changes are not a pod turning ready.
+    if !state::pod_is_ready(pod) || pod.metadata.deletion_timestamp.is_some() {
+        return;
+    }
+    let Some(owner) = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Workspace")
+    else {
+        return;
+    };
+    let Some(workspace) =
+        workspaces.get(&ObjectRef::new(&owner.name).within(&pod.namespace().unwrap_or_default()))
+    else {
+        return;
+    };
+    let verified = workspace
+        .status
+        .as_ref()
+        .and_then(|s| s.agent.as_ref())
+        .and_then(|a| a.verified_pod_uid.as_deref());
+    if verified == pod.metadata.uid.as_deref() {
+        return;
+    }
+    let kind = (workspace.spec.kind.as_deref()).and_then(|k| kinds.get(&ObjectRef::new(k)));
+    let own_pod = pod::is_owned_by(&pod.metadata, &workspace);
+    let shaped = crate::kinds::shape(&workspace, kind.as_deref(), own_pod);
+    agents.start_for_ready_pod(&shaped.workspace, pod);
 }
 
 /// How often a kind's status may be written, at most.
@@ -612,10 +729,11 @@ impl kube::runtime::utils::Backoff for EachWatchBacksOff {
 }
 
 async fn reconcile(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
+    let _held = ctx.reconciling.lock(ObjectRef::from_obj(&*workspace)).await;
     static RECONCILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let id = RECONCILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let span = tracing::info_span!("reconcile", workspace = %workspace.name_any(), namespace = %workspace.namespace().unwrap_or_default(), reconcile_id = id);
-    tracing::Instrument::instrument(reconcile_in_span(workspace, ctx), span).await
+    tracing::Instrument::instrument(reconcile_in_span(workspace, ctx.clone()), span).await
 }
 
 async fn reconcile_in_span(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {

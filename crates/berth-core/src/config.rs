@@ -137,6 +137,9 @@ pub struct AgentConfig {
     /// The first retry after a failed check; it doubles up to `backoff_max`.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
+    /// How many agent checks run at once; the others wait their turn in the order their pods
+    /// turned ready.
+    pub checks_in_flight: usize,
     /// Agents serve TLS with a certificate from this secret, verified against this CA.
     pub tls: Option<AgentTls>,
     /// Workspace containers may run as root (`--allow-root-images`): the admin's choice for
@@ -218,6 +221,7 @@ impl Default for AgentConfig {
             timeout: Duration::from_secs(5),
             backoff_base: Duration::from_secs(5),
             backoff_max: Duration::from_secs(300),
+            checks_in_flight: 64,
             tls: None,
             root_images: false,
         }

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use crate::cached_pod::CachedPod;
 use berth_api::{Workspace, condition::Reason};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 /// What the operator's last `GetContent` to a pod's agent found.
@@ -52,7 +52,7 @@ pub enum ContentOutcome {
 
 /// Whether the workspace's pod is to be asked about its content: the workspace has content,
 /// the pod is its own and current, runs, and has not said its content is in place.
-pub fn wanted(workspace: &Workspace, pod: Option<&Pod>) -> bool {
+pub fn wanted(workspace: &Workspace, pod: Option<&CachedPod>) -> bool {
     let Some(pod) = pod else {
         return false;
     };
@@ -80,9 +80,9 @@ pub fn wanted(workspace: &Workspace, pod: Option<&Pod>) -> bool {
 
 /// Whether an agent of the pod may be running: a container runs, or the content's init
 /// container does (for a workspace that runs its image's entrypoint).
-pub fn agent_running(pod: &Pod) -> bool {
+pub fn agent_running(pod: &CachedPod) -> bool {
     let status = pod.status.as_ref();
-    let runs = |statuses: Option<&Vec<k8s_openapi::api::core::v1::ContainerStatus>>, init: bool| {
+    let runs = |statuses: Option<&Vec<crate::cached_pod::CachedContainerStatus>>, init: bool| {
         statuses.is_some_and(|cs| {
             cs.iter().any(|c| {
                 (!init || c.name == crate::pod::CONTENT_CONTAINER)
@@ -148,7 +148,7 @@ mod tests {
     }
 
     /// The workspace's own pod, its workspace container in `state`, at an IP.
-    fn pod(ws: &Workspace, state: serde_json::Value) -> Pod {
+    fn pod(ws: &Workspace, state: serde_json::Value) -> CachedPod {
         let mut pod = crate::pod::build_pod(ws, &Default::default());
         pod.metadata.uid = Some("pod-1".into());
         pod.status = serde_json::from_value(json!({
@@ -156,7 +156,7 @@ mod tests {
             "containerStatuses": [{"name": "workspace", "image": "x:1", "imageID": "", "ready": false, "restartCount": 0, "state": state}]
         }))
         .unwrap();
-        pod
+        CachedPod::from(&pod)
     }
 
     #[test]

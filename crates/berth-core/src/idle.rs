@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
+use crate::cached_pod::CachedPod;
 use berth_api::{Workspace, WorkspaceStatus, condition::Reason};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 
 /// What the operator's last `GetActivity` to a pod's agent found.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,7 +54,7 @@ pub fn timeout(workspace: &Workspace) -> Option<Duration> {
 /// Whether the workspace's agent is asked for activity: an idle timeout is set, and the
 /// workspace runs on `pod`, whose agent was verified (activity is asked only of an agent the
 /// operator trusts).
-pub fn wanted(workspace: &Workspace, pod: Option<&Pod>) -> Option<Duration> {
+pub fn wanted(workspace: &Workspace, pod: Option<&CachedPod>) -> Option<Duration> {
     let pod = pod?;
     let status = workspace.status.as_ref()?;
     let verified = status.agent.as_ref()?.verified_pod_uid.as_deref();
@@ -191,7 +191,7 @@ mod tests {
     #[test]
     fn activity_is_asked_only_of_a_verified_agent_of_a_running_workspace() {
         let verified = serde_json::json!({"agent": {"verifiedPodUID": "pod-1"}});
-        let pod: Pod = serde_json::from_value(
+        let pod: CachedPod = serde_json::from_value(
             serde_json::json!({"metadata": {"name": "w-ws", "uid": "pod-1"}}),
         )
         .unwrap();

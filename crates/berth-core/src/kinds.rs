@@ -418,7 +418,7 @@ pub(crate) mod tests {
             let again = shape(&running, Some(&later), true);
             let rebuilt = crate::pod::build_pod(&again.workspace, &agent);
             proptest::prop_assert_eq!(&first, &rebuilt);
-            proptest::prop_assert!(crate::pod::built_from(&first, &again.workspace));
+            proptest::prop_assert!(crate::pod::built_from(&crate::cached_pod::CachedPod::from(&first), &again.workspace));
             // And the record says whether the kind changed: it did exactly when a start now
             // would build another pod.
             let mut stopped = running.clone();

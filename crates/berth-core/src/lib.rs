@@ -5,6 +5,7 @@
 //! tests are the guard mutation testing measures (README, "Contributing").
 
 pub mod action;
+pub mod cached_pod;
 pub mod config;
 pub mod content;
 pub mod idle;

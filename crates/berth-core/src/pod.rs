@@ -23,6 +23,7 @@ use k8s_openapi::{
     },
 };
 
+use crate::cached_pod::CachedPod;
 use crate::config::AgentConfig;
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
@@ -48,11 +49,14 @@ pub const CONTENT_AUTH_VOLUME: &str = "berth-content-auth";
 
 /// Whether the pod's agent serves TLS (the pod was built with the TLS secret; pods made before
 /// TLS was turned on keep plaintext until they are replaced).
-pub fn serves_agent_tls(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.volumes.as_ref())
-        .is_some_and(|v| v.iter().any(|v| v.name == AGENT_TLS_VOLUME))
+pub fn serves_agent_tls(pod: &CachedPod) -> bool {
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    mounts_agent_tls(volumes.into_iter().flatten().map(|v| v.name.as_str()))
+}
+
+/// Whether a pod with these volumes (by name) was built with the agent's TLS secret.
+pub fn mounts_agent_tls<'a>(mut volumes: impl Iterator<Item = &'a str>) -> bool {
+    volumes.any(|name| name == AGENT_TLS_VOLUME)
 }
 
 /// The port the agent of `pod` (as [`build_pod`] made it) serves: the `BERTH_AGENT_PORT`
@@ -316,7 +320,7 @@ fn unversioned_spec_hash(spec: &WorkspaceSpec) -> String {
 
 /// Whether `pod` was built from this (shaped) workspace (rule C5): its hash annotation is the
 /// workspace's, or the unversioned hash an older operator wrote.
-pub fn built_from(pod: &Pod, workspace: &Workspace) -> bool {
+pub fn built_from(pod: &CachedPod, workspace: &Workspace) -> bool {
     pod.annotations()
         .get(labels::SPEC_HASH)
         .is_some_and(|h| *h == pod_hash(workspace) || *h == unversioned_spec_hash(&workspace.spec))
@@ -342,7 +346,7 @@ pub fn content_spec(workspace: &Workspace) -> Option<berth_api::agent::ContentSp
 /// clone is replaced when the spec's content changes (a wrong ref fixed); once the content is
 /// in place, a change restarts nothing (the checkout is never cloned over, and
 /// `ContentReady` says so).
-fn content_current(pod: &Pod, workspace: &Workspace) -> bool {
+fn content_current(pod: &CachedPod, workspace: &Workspace) -> bool {
     let in_place = workspace
         .status
         .as_ref()
@@ -1168,8 +1172,11 @@ pub(crate) mod tests {
         ] {
             let ws = workspace("t", spec);
             let pod = build_pod(&ws, &agent);
-            assert!(serves_agent_tls(&pod));
-            assert!(!serves_agent_tls(&build_pod(&ws, &AgentConfig::default())));
+            assert!(serves_agent_tls(&CachedPod::from(&pod)));
+            assert!(!serves_agent_tls(&CachedPod::from(&build_pod(
+                &ws,
+                &AgentConfig::default()
+            ))));
             let spec = serde_json::to_value(pod.spec.unwrap()).unwrap();
             let volumes = spec["volumes"].as_array().unwrap();
             assert!(volumes.contains(&json!({"name": "berth-agent-tls", "secret": {"secretName": "agent-cert", "defaultMode": 256}})));
@@ -1340,11 +1347,12 @@ pub(crate) mod tests {
             json!({"image": "x:1", "ports": [{"name": "http", "port": 80}]}),
         );
         let mut pod = build_pod(&ws, &AgentConfig::default());
-        assert!(built_from(&pod, &ws));
+        assert!(built_from(&CachedPod::from(&pod), &ws));
         pod.metadata.annotations.as_mut().unwrap().insert(
             labels::SPEC_HASH.to_owned(),
             unversioned_spec_hash(&ws.spec),
         );
+        let pod = CachedPod::from(&pod);
         assert!(built_from(&pod, &ws), "an upgrade restarts nothing");
         let changed = workspace(
             "a",

@@ -4,8 +4,8 @@
 
 use std::str::FromStr;
 
+use crate::cached_pod::CachedPod;
 use berth_api::condition::{ConditionStatus, HasStatus, pod_conditions};
-use k8s_openapi::api::core::v1::Pod;
 
 /// The kubelet admission reasons that mean "rejected": exact names, plus every `OutOf<resource>`
 /// when `OutOf*` is in the list.
@@ -66,7 +66,7 @@ pub struct Rejection {
 
 /// Whether a container of the pod ever started, or the pod was ever ready: then a failure is a
 /// crash, not a rejection.
-pub fn ever_ran(pod: &Pod) -> bool {
+pub fn ever_ran(pod: &CachedPod) -> bool {
     let Some(status) = pod.status.as_ref() else {
         return false;
     };
@@ -92,7 +92,7 @@ pub fn ever_ran(pod: &Pod) -> bool {
 }
 
 /// The rejection, if the pod failed at admission with a reason in the policy.
-pub fn detect(pod: &Pod, policy: &RejectionPolicy) -> Option<Rejection> {
+pub fn detect(pod: &CachedPod, policy: &RejectionPolicy) -> Option<Rejection> {
     let status = pod.status.as_ref()?;
     if status.phase.as_deref() != Some("Failed") || ever_ran(pod) {
         return None;
@@ -110,7 +110,7 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
-    fn pod(status: Value) -> Pod {
+    fn pod(status: Value) -> CachedPod {
         serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"nodeName": "node-3", "containers": []}, "status": status})).unwrap()
     }
 

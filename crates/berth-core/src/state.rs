@@ -14,7 +14,7 @@ use berth_api::{
 };
 use jiff::Timestamp;
 use k8s_openapi::{
-    api::core::v1::{ContainerStatus, Event, PersistentVolumeClaim, Pod, Service},
+    api::core::v1::{Event, PersistentVolumeClaim, Service},
     apimachinery::pkg::{
         api::resource::Quantity,
         apis::meta::v1::{Condition, Time},
@@ -23,6 +23,7 @@ use k8s_openapi::{
 use kube::ResourceExt;
 
 pub use crate::action::Action;
+use crate::cached_pod::{CachedContainerStatus, CachedPod};
 use crate::{
     config::{Policy, WarningClass},
     idle::ActivityCheck,
@@ -66,7 +67,7 @@ pub struct Observed<'a> {
     pub workspace: &'a Workspace,
     /// The pod with the workspace's pod name, whoever owns it (the caches show objects
     /// labelled as Berth's; one that is not the workspace's own is someone else's).
-    pub pod: Option<&'a Pod>,
+    pub pod: Option<&'a CachedPod>,
     /// Warning events whose `involvedObject.uid` is the current pod's (rule C2).
     pub warnings: &'a [&'a Event],
     /// The claim with the workspace's home claim name, whoever owns it.
@@ -182,7 +183,7 @@ pub fn agent_reading(
 
 /// The address of the agent to check, when the workspace's pod is ready and its agent has not
 /// been verified for this pod UID yet (rule C14: once per pod).
-pub fn agent_to_check(workspace: &Workspace, pod: Option<&Pod>, port: u16) -> Option<String> {
+pub fn agent_to_check(workspace: &Workspace, pod: Option<&CachedPod>, port: u16) -> Option<String> {
     let pod = pod.filter(|p| is_owned_by(&p.metadata, workspace))?;
     let verified = workspace
         .status
@@ -228,7 +229,7 @@ fn growing(claim: &PersistentVolumeClaim, size: Option<&Quantity>) -> String {
 }
 
 /// Whether a container of the pod (not an init container) is running.
-fn containers_running(pod: &Pod) -> bool {
+fn containers_running(pod: &CachedPod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
@@ -239,7 +240,7 @@ fn containers_running(pod: &Pod) -> bool {
 }
 
 /// Running, with its Ready condition true.
-fn pod_is_ready(pod: &Pod) -> bool {
+pub fn pod_is_ready(pod: &CachedPod) -> bool {
     pod_condition(pod, pod_conditions::READY) == Some(ConditionStatus::True)
         && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
@@ -328,7 +329,7 @@ pub fn event_time(event: &Event) -> Option<Timestamp> {
         .or_else(|| event.metadata.creation_timestamp.as_ref().map(|t| t.0))
 }
 
-fn waiting(statuses: Option<&Vec<ContainerStatus>>) -> Option<(String, String)> {
+fn waiting(statuses: Option<&Vec<CachedContainerStatus>>) -> Option<(String, String)> {
     statuses?.iter().find_map(|s| {
         let waiting = s.state.as_ref()?.waiting.as_ref()?;
         let reason = waiting.reason.clone()?;
@@ -338,7 +339,7 @@ fn waiting(statuses: Option<&Vec<ContainerStatus>>) -> Option<(String, String)> 
 
 /// The first signal by priority: unschedulable, then a container's waiting reason, then the
 /// newest classified Warning event.
-fn signal(pod: &Pod, warnings: &[&Event], policy: &Policy) -> Option<Signal> {
+fn signal(pod: &CachedPod, warnings: &[&Event], policy: &Policy) -> Option<Signal> {
     let status = pod.status.as_ref();
     let scheduled = status
         .and_then(|s| s.conditions.as_ref())
@@ -397,7 +398,7 @@ fn signal(pod: &Pod, warnings: &[&Event], policy: &Policy) -> Option<Signal> {
 }
 
 /// The status of the pod's condition `type_` (one of [`pod_conditions`]).
-fn pod_condition(pod: &Pod, type_: &str) -> Option<ConditionStatus> {
+fn pod_condition(pod: &CachedPod, type_: &str) -> Option<ConditionStatus> {
     pod.status
         .as_ref()?
         .conditions
@@ -696,7 +697,7 @@ impl Lifecycle {
 
 /// The workspace's own pod, as this decision sees it.
 struct Current<'a> {
-    pod: &'a Pod,
+    pod: &'a CachedPod,
     /// The pod's name (the workspace's pod name).
     name: &'a str,
     uid: String,
@@ -992,7 +993,7 @@ impl Builder<'_> {
     /// The pod is the workspace's: the status names it, and the events tell only what
     /// happened (rule C17), once per pod: `Created` once the pod exists, `Started` once one
     /// of its containers is first seen running (`status.pod.startedAt` remembers it).
-    fn saw_pod<'p>(&mut self, pod: &'p Pod, pod_name: &'p str) -> Current<'p> {
+    fn saw_pod<'p>(&mut self, pod: &'p CachedPod, pod_name: &'p str) -> Current<'p> {
         let uid = pod.uid().unwrap_or_default();
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone());

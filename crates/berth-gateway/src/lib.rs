@@ -1054,7 +1054,11 @@ impl Gateway {
                 .answer(&headers));
         };
         let tls = match (
-            berth_core::pod::serves_agent_tls(&pod),
+            berth_core::pod::mounts_agent_tls(
+                (pod.spec.iter())
+                    .flat_map(|s| s.volumes.iter().flatten())
+                    .map(|v| v.name.as_str()),
+            ),
             &self.0.config.agent_tls_ca,
         ) {
             (false, _) => None,

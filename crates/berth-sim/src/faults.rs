@@ -4,7 +4,10 @@
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
-    sync::Mutex,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -25,6 +28,8 @@ pub const UNREACHABLE_ANNOTATION: &str = "sim.berth.dev/unreachable";
 pub struct RequestMatch {
     pub verb: Option<String>,
     pub resource: Option<String>,
+    /// Only requests in this namespace (never a cluster-scoped one).
+    pub namespace: Option<String>,
 }
 
 impl RequestMatch {
@@ -33,12 +38,22 @@ impl RequestMatch {
         RequestMatch {
             verb: any(verb),
             resource: any(resource),
+            namespace: None,
         }
     }
 
-    fn matches(&self, verb: &str, resource: &str) -> bool {
+    /// The same, for requests in `namespace` only.
+    pub fn in_namespace(self, namespace: &str) -> Self {
+        RequestMatch {
+            namespace: Some(namespace.to_owned()),
+            ..self
+        }
+    }
+
+    fn matches(&self, verb: &str, resource: &str, namespace: &str) -> bool {
         self.verb.as_deref().is_none_or(|v| v == verb)
             && self.resource.as_deref().is_none_or(|r| r == resource)
+            && self.namespace.as_deref().is_none_or(|n| n == namespace)
     }
 }
 
@@ -86,6 +101,17 @@ struct State {
 /// The cluster's faults.
 pub struct Faults {
     state: Mutex<State>,
+    /// Requests a latency fault holds right now.
+    held: Arc<AtomicUsize>,
+}
+
+/// Counts a request as held by a latency fault until dropped.
+pub struct Held(Arc<AtomicUsize>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A rejection the kubelet must apply at admission.
@@ -105,6 +131,7 @@ impl Faults {
                 unreachable: HashSet::new(),
                 rng: StdRng::seed_from_u64(seed),
             }),
+            held: Arc::default(),
         }
     }
 
@@ -159,6 +186,18 @@ impl Faults {
     /// Delays matching requests.
     pub fn latency(&self, matching: RequestMatch, delay: Duration) {
         self.lock().rust.latency.push((matching, delay));
+    }
+
+    /// Counts a request as held by a latency fault while the result lives.
+    pub fn hold(&self) -> Held {
+        self.held.fetch_add(1, Ordering::SeqCst);
+        Held(self.held.clone())
+    }
+
+    /// How many requests latency faults hold right now (a test waits for its clients to be
+    /// stuck in them).
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
     }
 
     /// Removes every API error and latency fault set from Rust.
@@ -222,19 +261,23 @@ impl Faults {
     }
 
     /// The injected error for a request, if one fires (before the request is carried out).
-    pub fn request_error(&self, verb: &str, resource: &str) -> Option<ApiError> {
-        self.fire(verb, resource, |layer| &mut layer.api_errors)
+    pub fn request_error(&self, verb: &str, resource: &str, namespace: &str) -> Option<ApiError> {
+        self.fire((verb, resource, namespace), |layer| &mut layer.api_errors)
     }
 
     /// The error that replaces a request's answer after it was carried out, if one fires.
-    pub fn lost_reply_error(&self, verb: &str, resource: &str) -> Option<ApiError> {
-        self.fire(verb, resource, |layer| &mut layer.lost_replies)
+    pub fn lost_reply_error(
+        &self,
+        verb: &str,
+        resource: &str,
+        namespace: &str,
+    ) -> Option<ApiError> {
+        self.fire((verb, resource, namespace), |layer| &mut layer.lost_replies)
     }
 
     fn fire(
         &self,
-        verb: &str,
-        resource: &str,
+        (verb, resource, namespace): (&str, &str, &str),
         faults: impl Fn(&mut Layer) -> &mut Vec<ApiFault>,
     ) -> Option<ApiError> {
         let mut state = self.lock();
@@ -248,7 +291,7 @@ impl Faults {
             let list = faults(layer);
             for fault in list
                 .iter_mut()
-                .filter(|f| f.matching.matches(verb, resource))
+                .filter(|f| f.matching.matches(verb, resource, namespace))
             {
                 let fires = match &mut fault.frequency {
                     Frequency::Next(n) if *n > 0 => {
@@ -267,15 +310,15 @@ impl Faults {
         None
     }
 
-    /// The injected delay for a request.
-    pub fn request_latency(&self, verb: &str, resource: &str) -> Option<Duration> {
+    /// The injected delay for a request (`namespace` empty for a cluster-scoped one).
+    pub fn request_latency(&self, verb: &str, resource: &str, namespace: &str) -> Option<Duration> {
         let state = self.lock();
         state
             .rust
             .latency
             .iter()
             .chain(&state.config_map.latency)
-            .filter(|(m, _)| m.matches(verb, resource))
+            .filter(|(m, _)| m.matches(verb, resource, namespace))
             .map(|(_, d)| *d)
             .max()
     }
@@ -495,12 +538,34 @@ mod tests {
             code: 503,
             frequency: Frequency::Next(2),
         });
-        assert!(faults.request_error("get", "pods").is_none());
-        assert_eq!(faults.request_error("create", "pods").unwrap().code(), 503);
-        assert_eq!(faults.request_error("create", "pods").unwrap().code(), 503);
-        assert!(faults.request_error("create", "pods").is_none());
+        assert!(faults.request_error("get", "pods", "").is_none());
+        assert_eq!(
+            faults.request_error("create", "pods", "").unwrap().code(),
+            503
+        );
+        assert_eq!(
+            faults.request_error("create", "pods", "").unwrap().code(),
+            503
+        );
+        assert!(faults.request_error("create", "pods", "").is_none());
     }
 
+    #[test]
+    fn a_fault_in_a_namespace_spares_the_others() {
+        let faults = Faults::new(1);
+        let slow = Duration::from_secs(60);
+        faults.latency(
+            RequestMatch::new("patch", "workspaces").in_namespace("busy"),
+            slow,
+        );
+        assert_eq!(
+            faults.request_latency("patch", "workspaces", "busy"),
+            Some(slow)
+        );
+        assert_eq!(faults.request_latency("patch", "workspaces", "team"), None);
+        assert_eq!(faults.request_latency("patch", "workspacekinds", ""), None);
+        assert_eq!(faults.request_latency("create", "workspaces", "busy"), None);
+    }
     #[test]
     fn seeded_fractions_repeat() {
         let draws = |seed| {
@@ -527,14 +592,20 @@ mod tests {
         });
         let problems = faults.apply_config_map(data.as_object());
         assert_eq!(problems.len(), 1, "{problems:?}");
-        assert_eq!(faults.request_error("create", "pods").unwrap().code(), 429);
-        assert!(faults.request_error("create", "pods").is_none());
         assert_eq!(
-            faults.request_error("patch", "workspaces").unwrap().code(),
+            faults.request_error("create", "pods", "").unwrap().code(),
+            429
+        );
+        assert!(faults.request_error("create", "pods", "").is_none());
+        assert_eq!(
+            faults
+                .request_error("patch", "workspaces", "")
+                .unwrap()
+                .code(),
             500
         );
         assert_eq!(
-            faults.request_latency("list", "pods"),
+            faults.request_latency("list", "pods", ""),
             Some(Duration::from_millis(200))
         );
         assert_eq!(faults.review_outage("tokenreviews").unwrap().code(), 503);

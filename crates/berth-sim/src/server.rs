@@ -522,13 +522,14 @@ async fn route(
         path: None,
     };
     auth::require(&sim.store, &identity, &attrs)?;
-    if let Some(delay) = sim.faults.request_latency(verb, &rt.resource) {
+    if let Some(delay) = sim.faults.request_latency(verb, &rt.resource, namespace) {
+        let _held = sim.faults.hold();
         tokio::time::sleep(delay).await;
     }
-    if let Some(error) = sim.faults.request_error(verb, &rt.resource) {
+    if let Some(error) = sim.faults.request_error(verb, &rt.resource, namespace) {
         return Err(error);
     }
-    info.lost_reply = sim.faults.lost_reply_error(verb, &rt.resource);
+    info.lost_reply = sim.faults.lost_reply_error(verb, &rt.resource, namespace);
     let ctx = WriteContext {
         manager: field_manager(&query, headers),
         dry_run: query.get("dryRun").is_some_and(|d| d == "All"),

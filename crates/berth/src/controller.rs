@@ -91,6 +91,10 @@ pub struct ControllerArgs {
     /// The longest wait between agent checks.
     #[arg(long, env = "BERTH_AGENT_BACKOFF_MAX", default_value = "5m", value_parser = duration)]
     pub agent_backoff_max: Duration,
+    /// How many agent checks run at once; the others wait in the order their pods turned
+    /// ready (a silent agent holds its slot for the call's timeout, 5 s).
+    #[arg(long, env = "BERTH_AGENT_CHECKS_IN_FLIGHT", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub agent_checks_in_flight: u16,
     /// Agents serve TLS with the certificate of this kubernetes.io/tls secret (in each
     /// workspace's namespace; the certificate must name `berth-agent`). Needs --agent-tls-ca.
     /// Default: none, agents serve plaintext gRPC.
@@ -174,6 +178,7 @@ impl ControllerArgs {
                 service_account: self.service_account()?,
                 backoff_base: self.agent_backoff_base,
                 backoff_max: self.agent_backoff_max.max(self.agent_backoff_base),
+                checks_in_flight: self.agent_checks_in_flight.into(),
                 tls: self.agent_tls()?,
                 root_images: self.allow_root_images,
                 ..AgentConfig::default()

@@ -843,3 +843,75 @@ async fn a_review_api_outage_is_reported_as_unavailable_in_the_agents_words() {
     h.until_phase("outage", Phase::Running).await;
     assert_eq!(pod_uid(&h, "outage").await, uid, "the same pod");
 }
+
+/// What a user waits for once the kubelet is done: their pod turned ready, so their workspace
+/// says Running, even while the controller's queue is full of other workspaces whose writes
+/// hang (here every write in namespace `busy` takes ten minutes, and all sixteen of the
+/// controller's workers are stuck in them). The agent check starts from the pod watch, in
+/// the order pods turn ready, and Running is written in the agent lane: neither waits behind
+/// the controller's queue.
+#[tokio::test]
+async fn a_ready_pod_makes_its_workspace_running_while_other_workspaces_writes_hang() {
+    use berth_sim::{NodeConfig, RequestMatch};
+    use k8s_openapi::api::core::v1::Namespace;
+
+    let h = Harness::start().await;
+    // dave's pod waits for a node that fits.
+    h.create(
+        "dave",
+        json!({"image": "devbox:1", "resources": {"requests": {"cpu": "12"}}}),
+    )
+    .await;
+    h.until("dave", "Unschedulable", |ws| {
+        condition(ws, "PodScheduled").is_some_and(|c| c.reason == "Unschedulable")
+    })
+    .await;
+    // Twenty workspaces in `busy`, whose first write (the finalizer) hangs: the controller's
+    // sixteen workers are all stuck in them.
+    Api::<Namespace>::all(h.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "busy"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    h.sim.faults().latency(
+        RequestMatch::new("patch", "workspaces").in_namespace("busy"),
+        Duration::from_secs(600),
+    );
+    let busy: Api<Workspace> = Api::namespaced(h.client.clone(), "busy");
+    for i in 0..20 {
+        let ws: Workspace = serde_json::from_value(json!({
+            "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+            "metadata": {"name": format!("busy-{i}")},
+            "spec": {"image": "devbox:1"}
+        }))
+        .unwrap();
+        busy.create(&PostParams::default(), &ws).await.unwrap();
+    }
+    eventually(WAIT, "every worker stuck in a write", || async {
+        (h.sim.faults().held() >= 16).then_some(())
+    })
+    .await;
+    let reconciles = h.reconciles();
+
+    // A node that fits: dave's pod is scheduled and turns ready.
+    h.sim
+        .add_node(NodeConfig::new("node-big").capacity("16", "64Gi", 110));
+    let ws = h.until_phase("dave", Phase::Running).await;
+    let agent_ready = condition(&ws, "AgentReady").unwrap();
+    assert_eq!(
+        (agent_ready.status.as_str(), agent_ready.reason.as_str()),
+        ("True", "AgentVerified")
+    );
+    assert_eq!(
+        h.sim.faults().held(),
+        16,
+        "the controller's workers were stuck all along"
+    );
+    assert!(
+        h.reconciles() > reconciles,
+        "dave was reconciled in the agent lane"
+    );
+    assert_eq!(agent_checks(&h, "ok"), 1, "one check of dave's agent");
+}

@@ -469,10 +469,14 @@ async fn a_kind_is_used_only_by_whom_rbac_allows_and_a_missing_one_is_said() {
     // In use, the kind may not go (once its status counts the workspace, at most a second
     // late); an admin who removes the policy's binding deletes it anyway. The workspace keeps
     // running from its record; its next start waits for the kind.
-    crate::support::eventually(Duration::from_secs(10), "the kind counts its workspace", || async {
-        let kind = kinds(&h).get("later").await.unwrap();
-        (kind.status?.workspaces == 1).then_some(())
-    })
+    crate::support::eventually(
+        Duration::from_secs(10),
+        "the kind counts its workspace",
+        || async {
+            let kind = kinds(&h).get("later").await.unwrap();
+            (kind.status?.workspaces == 1).then_some(())
+        },
+    )
     .await;
     let (code, message) = refused(kinds(&h).delete("later", &Default::default()).await);
     assert_eq!(code, 403);

@@ -121,10 +121,11 @@ impl Case {
 
     fn decision(&self) -> Decision {
         let warnings: Vec<&Event> = self.warnings.iter().collect();
+        let pod = self.pod.as_ref().map(CachedPod::from);
         derive(
             &Observed {
                 workspace: &self.workspace,
-                pod: self.pod.as_ref(),
+                pod: pod.as_ref(),
                 warnings: &warnings,
                 claim: self.claim.as_ref(),
                 service: self.service.as_ref(),

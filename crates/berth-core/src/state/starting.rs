@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
+use crate::cached_pod::CachedPod;
 use berth_api::{
     ConditionStatus, Phase,
     condition::{
         ConditionType, HasReason, HasStatus, Reason, find_condition, pod_conditions, types,
     },
 };
-use k8s_openapi::api::core::v1::Pod;
 
 use super::{
     Action, Builder, Current, Decision, Notice, Observed, containers_running, content::Hold,
@@ -201,7 +201,7 @@ pub(super) fn starting(
 /// A pod that ran to its end (phase Failed or Succeeded): the Ready reason and what to say,
 /// in the container's own words first (its terminated reason, `Error`, `OOMKilled` or
 /// `Completed`), then the pod's.
-fn ended(pod: &Pod, pod_name: &str) -> (Reason, String) {
+fn ended(pod: &CachedPod, pod_name: &str) -> (Reason, String) {
     let status = pod.status.as_ref();
     let failed = status.and_then(|s| s.phase.as_deref()) == Some("Failed");
     let terminated = status

@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
+use crate::cached_pod::CachedPod;
 use berth_api::{
     ConditionStatus, Phase,
     condition::{HasReason, Reason, Scope, event_reasons, find_condition, types},
 };
-use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::{Action, Builder, Decision, Notice, elapsed, human};
@@ -17,7 +18,7 @@ use super::{Action, Builder, Decision, Notice, elapsed, human};
 /// may never stop it) and the finalizer goes anyway, with a Warning saying so.
 pub(super) fn deleting(
     mut b: Builder<'_>,
-    owned_pod: Option<&Pod>,
+    owned_pod: Option<&CachedPod>,
     pod_name: &str,
     grace: Duration,
     since: Option<&Time>,
@@ -59,7 +60,7 @@ pub(super) fn deleting(
 /// Stopping until the pod is gone, then Stopped.
 pub(super) fn paused(
     mut b: Builder<'_>,
-    owned_pod: Option<&Pod>,
+    owned_pod: Option<&CachedPod>,
     pod_name: &str,
     slow: Duration,
 ) -> Decision {
@@ -123,7 +124,7 @@ pub(super) fn paused(
 /// until the spec changes or the user restarts the workspace.
 pub(super) fn gave_up(
     mut b: Builder<'_>,
-    owned_pod: Option<&Pod>,
+    owned_pod: Option<&CachedPod>,
     message: &str,
     slow: Duration,
 ) -> Decision {
