@@ -100,7 +100,7 @@ impl<K: Hash + Eq + Clone> KeyedLocks<K> {
     }
 
     /// How many keys are held or waited for.
-    pub fn len(&self) -> usize {
+    pub fn held(&self) -> usize {
         self.map().len()
     }
 
@@ -235,7 +235,7 @@ mod tests {
             .await
             .expect("the key is free once dropped")
             .unwrap();
-        assert_eq!(locks.len(), 0, "nothing kept for keys nobody holds");
+        assert_eq!(locks.held(), 0, "nothing kept for keys nobody holds");
     }
 
     /// Whoever waits for a key goes on when it arrives, not when another does; nothing is

@@ -398,6 +398,7 @@ async fn run_controller(
     )
     .touched_objects();
     let (workspace_store, workspaces_writer) = reflector::store::<Workspace>();
+    let (workspaces_listed, mut listed) = tokio::sync::watch::channel(false);
     let workspace_stream = reflector(
         workspaces_writer,
         watcher(
@@ -407,6 +408,13 @@ async fn run_controller(
         .default_backoff()
         .map_ok(crate::trim::workspaces),
     )
+    // The Controller waits on this store's own readiness, and a kube Store wakes one waiter
+    // only: whether it holds every Workspace is told here, once its first list is applied.
+    .inspect_ok(move |event| {
+        if matches!(event, watcher::Event::InitDone) {
+            let _ = workspaces_listed.send(true);
+        }
+    })
     .applied_objects();
     let arrivals = Arc::new(crate::lanes::Arrivals::default());
     let workspace_stream = {
@@ -440,7 +448,9 @@ async fn run_controller(
         );
         let (policies, bindings) = (admission_policies.clone(), admission_bindings.clone());
         let kinds = kinds.clone();
-        // A store whose writer is gone counts as ready: the controller is stopping.
+        // A store whose writer is gone counts as ready: the controller is stopping. The
+        // Workspaces too: a kind's count of them is written from their cache (a restarted
+        // operator counted 0 from its empty cache while its list of workspaces came in).
         CachesReady::spawn(async move {
             let _ = pods.wait_until_ready().await;
             let _ = claims.wait_until_ready().await;
@@ -449,6 +459,7 @@ async fn run_controller(
             let _ = policies.wait_until_ready().await;
             let _ = bindings.wait_until_ready().await;
             let _ = kinds.wait_until_ready().await;
+            let _ = listed.wait_for(|listed| *listed).await;
         })
     };
     metrics.count_phases_with(phase_counter(workspace_store.clone()));
@@ -517,7 +528,7 @@ async fn run_controller(
             }
         };
         waiting(Some(
-            "the first lists of pods, claims, services, events, admission policies and kinds"
+            "the first lists of workspaces, pods, claims, services, events, admission policies and kinds"
                 .into(),
         ));
         caches_filled.await;

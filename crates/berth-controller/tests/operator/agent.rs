@@ -904,10 +904,10 @@ async fn a_ready_pod_makes_its_workspace_running_while_other_workspaces_writes_h
         (agent_ready.status.as_str(), agent_ready.reason.as_str()),
         ("True", "AgentVerified")
     );
-    assert_eq!(
-        h.sim.faults().held(),
-        16,
-        "the controller's workers were stuck all along"
+    let held = h.sim.faults().held();
+    assert!(
+        held >= 16,
+        "the controller's workers were stuck all along ({held} writes held)"
     );
     assert!(
         h.reconciles() > reconciles,

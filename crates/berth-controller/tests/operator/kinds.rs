@@ -593,3 +593,55 @@ async fn a_kind_in_use_cannot_go_and_its_status_counts_its_workspaces() {
         .await
         .unwrap();
 }
+
+/// What a platform admin relies on after the operator restarts: a kind's count of workspaces
+/// stays right. The restarted operator counts only once it has listed every workspace; while
+/// its list of workspaces is slow it writes nothing (it wrote 0 here, from the empty cache,
+/// which would have let the kind be deleted under its workspaces).
+#[tokio::test]
+async fn a_restarted_operator_counts_a_kinds_workspaces_only_once_it_has_listed_them() {
+    use berth_sim::RequestMatch;
+
+    let mut h = Harness::start().await;
+    service_accounts(&h, &["python-dev"]).await;
+    create_kind(&h, python_kind()).await;
+    for i in 0..3 {
+        h.create(
+            &format!("user-{i}"),
+            json!({"kind": "python", "command": ["sleep", "1d"]}),
+        )
+        .await;
+    }
+    crate::support::eventually(Duration::from_secs(20), "the kind's count", || async {
+        let kind = kinds(&h).get("python").await.unwrap();
+        (kind.status?.workspaces == 3).then_some(())
+    })
+    .await;
+    h.stop_operator().await;
+    let kind_writes = |h: &Harness| {
+        h.sim.count_requests(|k| {
+            k.user == crate::support::OPERATOR
+                && k.verb == "patch"
+                && k.resource == "workspacekinds"
+                && k.subresource == "status"
+        })
+    };
+    let before = kind_writes(&h);
+    h.sim.faults().latency(
+        RequestMatch::new("list", "workspaces"),
+        Duration::from_secs(3),
+    );
+    let reconciles = h.reconciles();
+    h.start_operator();
+    h.until_reconciled(reconciles, 3).await;
+    h.sim.faults().clear_api_faults();
+    // Two more of the operator's once-a-second looks at the kinds.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        kind_writes(&h),
+        before,
+        "nothing to write: the count is right"
+    );
+    let kind = kinds(&h).get("python").await.unwrap();
+    assert_eq!(kind.status.unwrap().workspaces, 3);
+}
