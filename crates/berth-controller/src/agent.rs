@@ -241,7 +241,7 @@ impl AgentChecker {
             None => false,
         };
         if !known {
-            Shared::start_locked(shared, &mut attempts, key, pod_uid, address, tls, 0, None);
+            Shared::start(shared, &mut attempts, key, pod_uid, address, tls, 0, None);
         }
     }
 
@@ -273,7 +273,17 @@ impl AgentChecker {
             Lookup::Due { failures, previous } => {
                 let tls = pod.is_some_and(crate::pod::serves_agent_tls);
                 let (key, uid) = (key.clone(), pod_uid.clone());
-                Shared::start(shared, key, uid, address, tls, failures, previous)
+                let mut attempts = shared.attempts();
+                Shared::start(
+                    shared,
+                    &mut attempts,
+                    key,
+                    uid,
+                    address,
+                    tls,
+                    failures,
+                    previous,
+                )
             }
         };
         let _ = tokio::time::timeout(INLINE_WAIT, done.wait_for(|d| *d)).await;
@@ -659,34 +669,11 @@ impl Shared {
         }
     }
 
-    /// Starts a WhoAmI in the background, behind those asked for before it; returns what
-    /// turns true when its result is stored.
-    fn start(
-        shared: &Arc<Shared>,
-        key: Key,
-        pod_uid: String,
-        address: String,
-        tls: bool,
-        failures: u32,
-        previous: Option<AgentCheck>,
-    ) -> watch::Receiver<bool> {
-        let mut attempts = shared.attempts();
-        Shared::start_locked(
-            shared,
-            &mut attempts,
-            key,
-            pod_uid,
-            address,
-            tls,
-            failures,
-            previous,
-        )
-    }
-
-    /// [`Shared::start`], with the attempts already locked (so whether one runs and starting
-    /// one are a single step).
+    /// Starts a WhoAmI in the background, behind those asked for before it, unless one for
+    /// this pod runs already; returns what turns true when its result is stored. `attempts`
+    /// is held locked throughout, so whether one runs and starting one are a single step.
     #[allow(clippy::too_many_arguments)]
-    fn start_locked(
+    fn start(
         shared: &Arc<Shared>,
         attempts: &mut HashMap<Key, Attempt>,
         key: Key,
