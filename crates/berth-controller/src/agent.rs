@@ -235,12 +235,10 @@ impl AgentChecker {
         let pod_uid = pod.uid().unwrap_or_default();
         let tls = crate::pod::serves_agent_tls(pod);
         let mut attempts = shared.attempts();
-        let known = match attempts.get(&key) {
-            Some(Attempt::InFlight { pod_uid: uid, .. }) => *uid == pod_uid,
-            Some(Attempt::Done { check, .. }) => check.pod_uid == pod_uid,
-            None => false,
-        };
-        if !known {
+        // A result for this pod stands until a reconcile reads it (a retry is the
+        // controller's); one running is not started twice (`Shared::start`).
+        if !matches!(attempts.get(&key), Some(Attempt::Done { check, .. }) if check.pod_uid == pod_uid)
+        {
             Shared::start(shared, &mut attempts, key, pod_uid, address, tls, 0, None);
         }
     }

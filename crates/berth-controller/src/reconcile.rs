@@ -399,6 +399,7 @@ async fn run_controller(
     .touched_objects();
     let (workspace_store, workspaces_writer) = reflector::store::<Workspace>();
     let (workspaces_listed, mut listed) = tokio::sync::watch::channel(false);
+    let arrivals = Arc::new(crate::lanes::Arrivals::default());
     let workspace_stream = reflector(
         workspaces_writer,
         watcher(
@@ -408,21 +409,22 @@ async fn run_controller(
         .default_backoff()
         .map_ok(crate::trim::workspaces),
     )
-    // The Controller waits on this store's own readiness, and a kube Store wakes one waiter
-    // only: whether it holds every Workspace is told here, once its first list is applied.
-    .inspect_ok(move |event| {
-        if matches!(event, watcher::Event::InitDone) {
-            let _ = workspaces_listed.send(true);
+    // Once the reflector applied it: the first list done (the Controller waits on this
+    // store's own readiness, and a kube Store wakes one waiter only), or a workspace's newer
+    // copy in the cache, which the agent lane may wait for.
+    .inspect_ok({
+        let arrivals = arrivals.clone();
+        move |event| match event {
+            watcher::Event::InitDone => {
+                let _ = workspaces_listed.send(true);
+            }
+            watcher::Event::Apply(workspace) | watcher::Event::InitApply(workspace) => {
+                arrivals.arrived(&ObjectRef::from_obj(workspace));
+            }
+            watcher::Event::Init | watcher::Event::Delete(_) => {}
         }
     })
     .applied_objects();
-    let arrivals = Arc::new(crate::lanes::Arrivals::default());
-    let workspace_stream = {
-        let arrivals = arrivals.clone();
-        workspace_stream.inspect_ok(move |workspace| {
-            arrivals.arrived(&ObjectRef::from_obj(workspace));
-        })
-    };
     let controller = Controller::for_stream(workspace_stream, workspace_store.clone())
         .trigger_backoff(EachWatchBacksOff)
         .with_config(kube::runtime::controller::Config::default().concurrency(16));
@@ -500,12 +502,7 @@ async fn run_controller(
         let pod_name = involved.name.clone()?;
         let workspace = pods_for_events
             .get(&ObjectRef::new(&pod_name).within(&namespace))
-            .and_then(|p| {
-                p.owner_references()
-                    .iter()
-                    .find(|o| o.controller == Some(true) && o.kind == "Workspace")
-                    .map(|o| o.name.clone())
-            })
+            .and_then(|p| owning_workspace(&p).map(str::to_owned))
             .or_else(|| pod_name.strip_suffix("-ws").map(str::to_owned))?;
         Some(ObjectRef::new(&workspace).within(&namespace))
     };
@@ -641,6 +638,14 @@ async fn caught_up(ctx: &Context, reference: &ObjectRef<Workspace>) -> Option<Ar
     }
 }
 
+/// The name of the Workspace a pod's controller ownerReference names.
+fn owning_workspace(pod: &CachedPod) -> Option<&str> {
+    pod.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Workspace")
+        .map(|o| o.name.as_str())
+}
+
 /// Starts the agent check of a pod the cache shows ready, when its workspace (as its kind
 /// shapes it) wants one (`AgentChecker::start_for_ready_pod`).
 fn check_when_ready(
@@ -653,15 +658,11 @@ fn check_when_ready(
     if !state::pod_is_ready(pod) || pod.metadata.deletion_timestamp.is_some() {
         return;
     }
-    let Some(owner) = pod
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "Workspace")
-    else {
+    let Some(owner) = owning_workspace(pod) else {
         return;
     };
     let Some(workspace) =
-        workspaces.get(&ObjectRef::new(&owner.name).within(&pod.namespace().unwrap_or_default()))
+        workspaces.get(&ObjectRef::new(owner).within(&pod.namespace().unwrap_or_default()))
     else {
         return;
     };
