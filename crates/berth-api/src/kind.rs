@@ -55,12 +55,12 @@ pub struct WorkspaceKindSpec {
     pub env: Vec<EnvVar>,
     /// Probes of the workspace container (core/v1 Probe).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probes: Option<KindProbes>,
+    pub probes: Option<Box<KindProbes>>,
     /// The security context of the pod and of the workspace container. Absent, the pod runs
     /// as Pod Security "restricted" asks: non-root, no privilege escalation, no capabilities,
     /// the runtime's default seccomp profile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub security_context: Option<KindSecurityContext>,
+    pub security_context: Option<Box<KindSecurityContext>>,
     /// The service account the pods of the kind run as; the namespace's `default` when absent.
     /// It needs the `system:auth-delegator` ClusterRole so the in-pod agent can check who
     /// calls it.

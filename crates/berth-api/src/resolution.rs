@@ -58,10 +58,10 @@ pub struct KindResolution {
     pub env: Vec<EnvVar>,
     /// The kind's probes, as they were.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub probes: Option<KindProbes>,
+    pub probes: Option<Box<KindProbes>>,
     /// The kind's security context, as it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub security_context: Option<KindSecurityContext>,
+    pub security_context: Option<Box<KindSecurityContext>>,
     /// The kind's service account, as it was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_name: Option<String>,
@@ -229,7 +229,7 @@ impl KindResolution {
                 mount_path: home.mount_path.clone(),
             });
         }
-        out.pod_template = (template != PodTemplate::default()).then_some(template);
+        out.pod_template = (*template != PodTemplate::default()).then_some(template);
         out.env = self
             .env
             .iter()

@@ -76,7 +76,7 @@ pub fn shape(workspace: &Workspace, kind: Option<&WorkspaceKind>, has_own_pod: b
     let fresh = spec.paused || starts_from_stopped;
     let now = resolution::resolve(name, kind.map(|k| &k.spec), spec.options.as_ref());
     let recorded = status.resolved.filter(|r| r.answers(spec));
-    let (record, update): (Option<KindResolution>, KindUpdate) = match (recorded, now) {
+    let (record, update): (Option<Box<KindResolution>>, KindUpdate) = match (recorded, now) {
         (Some(record), Ok(now)) if !fresh => {
             let kind = kind.map(|k| &k.spec).expect("a kind resolved");
             let differences = record.differences(&now, kind);
@@ -93,7 +93,7 @@ pub fn shape(workspace: &Workspace, kind: Option<&WorkspaceKind>, has_own_pod: b
             (Some(record), update)
         }
         (_, Ok(now)) => (
-            Some(now),
+            Some(Box::new(now)),
             KindUpdate::UpToDate {
                 kind: name.to_owned(),
             },
