@@ -238,7 +238,10 @@ fn kind_extras(record: Option<&KindResolution>) -> serde_json::Value {
 /// The hash of the pod a workspace gets: its (shaped) spec's, and what its kind record adds.
 /// Without a kind it is the spec's hash, as it always was.
 pub fn pod_hash(workspace: &Workspace) -> String {
-    let record = workspace.status.as_ref().and_then(|s| s.resolved.as_deref());
+    let record = workspace
+        .status
+        .as_ref()
+        .and_then(|s| s.resolved.as_deref());
     shape_hash(&workspace.spec, record)
 }
 
@@ -579,7 +582,10 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
     if let Some(hash) = content_hash(workspace) {
         annotations.insert(labels::CONTENT_HASH.to_owned(), hash);
     }
-    let record = workspace.status.as_ref().and_then(|s| s.resolved.as_deref());
+    let record = workspace
+        .status
+        .as_ref()
+        .and_then(|s| s.resolved.as_deref());
 
     let mut volumes = vec![];
     let mut mounts = vec![];
