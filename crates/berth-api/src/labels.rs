@@ -10,6 +10,9 @@ pub const NAME: &str = "app.kubernetes.io/name";
 pub const NAME_VALUE: &str = "workspace";
 /// The name of the workspace an object belongs to.
 pub const WORKSPACE: &str = "berth.dev/workspace";
+/// The bucket of an object's namespace (`berth_core::shard`): which operator shard
+/// reconciles it, selected by the API server.
+pub const SHARD: &str = "berth.dev/shard";
 /// Pod annotation: hash of the pod-affecting part of the workspace spec (rule C5).
 pub const SPEC_HASH: &str = "berth.dev/spec-hash";
 /// Pod annotation: hash of the content its agent was given to clone (`spec.content`).

@@ -19,6 +19,8 @@ pub struct Config {
     pub manager: String,
     /// Only the holder of this Lease reconciles; None: always reconcile (one replica).
     pub leader_election: Option<LeaderElection>,
+    /// How workspaces are split between replicas; one shard (the default): not at all.
+    pub sharding: Sharding,
     pub agent: AgentConfig,
     /// How an event the API server failed to take is tried again before it is dropped.
     pub event_retry: crate::recorder::Retry,
@@ -37,6 +39,44 @@ pub struct LeaderElection {
     pub grace_seconds: u64,
 }
 
+/// Workspaces split across replicas by their namespace's bucket (`berth_core::shard`,
+/// `bench/sharding.md`): each shard has a Lease (`<lease>-shard-<i>-of-<count>`), and its
+/// holder reconciles the shard's workspaces alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sharding {
+    /// How many shards (at most `berth_core::shard::BUCKETS`); 1: every workspace is one
+    /// operator's.
+    pub count: u32,
+    /// The shard this replica competes for at once. It competes for the others only after
+    /// their Lease's duration, so the replica that prefers a shard gets it first, and a shard
+    /// whose replicas are gone is still taken.
+    pub preferred: u32,
+}
+
+impl Default for Sharding {
+    fn default() -> Self {
+        Sharding {
+            count: 1,
+            preferred: 0,
+        }
+    }
+}
+
+impl Sharding {
+    /// The shard a replica named `host` prefers among `count`: a StatefulSet's ordinal (the
+    /// number ending the pod name), else a hash of the name.
+    pub fn preferred_by(host: &str, count: u32) -> u32 {
+        let count = count.max(1);
+        let ordinal = host
+            .rsplit_once('-')
+            .and_then(|(_, last)| last.parse::<u32>().ok());
+        match ordinal {
+            Some(ordinal) => ordinal % count,
+            None => berth_core::shard::bucket(host) % count,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -46,6 +86,7 @@ impl Default for Config {
             health_address: None,
             manager: "berth-controller".to_owned(),
             leader_election: None,
+            sharding: Sharding::default(),
             agent: AgentConfig::default(),
             event_retry: crate::recorder::Retry::default(),
         }
@@ -55,6 +96,20 @@ impl Default for Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_prefers_its_ordinal_else_its_names_hash() {
+        assert_eq!(Sharding::preferred_by("berth-controller-0", 3), 0);
+        assert_eq!(Sharding::preferred_by("berth-controller-4", 3), 1);
+        let hashed = Sharding::preferred_by("berth-controller-7d9f-xk2p", 3);
+        assert!(hashed < 3);
+        assert_eq!(
+            Sharding::preferred_by("berth-controller-7d9f-xk2p", 3),
+            hashed,
+            "stable"
+        );
+        assert_eq!(Sharding::preferred_by("anything", 1), 0);
+    }
 
     #[test]
     fn service_accounts_parse() {

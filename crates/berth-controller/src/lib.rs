@@ -15,11 +15,12 @@ pub mod metrics;
 pub mod rbac;
 pub mod reconcile;
 pub mod recorder;
+pub mod sharder;
 
 // The pure core, under the paths the operator has always used.
 pub use berth_core::{
     action, cached_pod, content, idle, kinds, ownership, pod, pod_policy, refusal, rejection,
-    state, trim,
+    shard, state, trim,
 };
 pub use config::{Config, Policy, WarningPolicy};
 

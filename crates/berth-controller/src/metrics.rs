@@ -114,8 +114,9 @@ pub struct Metrics {
     /// startup request it keeps retrying): `/readyz` says it.
     waiting_for: Mutex<Option<String>>,
     /// Counts workspaces by phase from the running operator's cache, at each scrape: a
-    /// reconcile never scans every workspace (that made each one cost O(n)).
-    phases: Mutex<Option<PhaseCounter>>,
+    /// reconcile never scans every workspace (that made each one cost O(n)). One counter per
+    /// shard this replica reconciles, summed.
+    phases: Mutex<std::collections::BTreeMap<u32, PhaseCounter>>,
 }
 
 /// Counts the cached workspaces by phase.
@@ -216,21 +217,33 @@ impl Default for Metrics {
             events_dropped,
             ready: AtomicBool::new(false),
             waiting_for: Mutex::new(None),
-            phases: Mutex::new(None),
+            phases: Mutex::default(),
         }
     }
 }
 
 impl Metrics {
     /// Where `berth_workspaces{phase}` is counted from, from now on.
-    pub fn count_phases_with(&self, counter: PhaseCounter) {
-        *self.phases.lock().unwrap_or_else(|p| p.into_inner()) = Some(counter);
+    /// Counts shard `shard`'s workspaces by phase with `counter` (replacing an earlier one).
+    pub fn count_phases_with(&self, shard: u32, counter: PhaseCounter) {
+        (self.phases.lock().unwrap_or_else(|p| p.into_inner())).insert(shard, counter);
+    }
+
+    /// Stops counting shard `shard`'s workspaces (this replica no longer reconciles it).
+    pub fn forget_phases(&self, shard: u32) {
+        (self.phases.lock().unwrap_or_else(|p| p.into_inner())).remove(&shard);
     }
 
     /// The OpenMetrics text.
     pub fn render(&self) -> String {
-        if let Some(counter) = &*self.phases.lock().unwrap_or_else(|p| p.into_inner()) {
-            let counts = counter();
+        let counters = self.phases.lock().unwrap_or_else(|p| p.into_inner());
+        if !counters.is_empty() {
+            let mut counts: HashMap<String, i64> = HashMap::new();
+            for counter in counters.values() {
+                for (phase, n) in counter() {
+                    *counts.entry(phase).or_default() += n;
+                }
+            }
             for phase in berth_api::Phase::ALL {
                 self.workspaces
                     .get_or_create(&PhaseLabel {
@@ -239,6 +252,7 @@ impl Metrics {
                     .set(counts.get(phase.as_str()).copied().unwrap_or(0));
             }
         }
+        drop(counters);
         let mut text = String::new();
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.

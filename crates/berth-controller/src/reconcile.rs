@@ -6,6 +6,7 @@
 use std::{collections::HashMap, sync::Arc, time::Instant};
 
 use berth_api::{Workspace, WorkspaceKind, WorkspaceStatus, condition::event_reasons, labels};
+use berth_core::shard::Shard;
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::{
@@ -31,7 +32,7 @@ use crate::{
     agent::AgentChecker,
     cached_pod::CachedPod,
     caches::CachesReady,
-    config::Config,
+    config::{Config, LeaderElection},
     event_index::EventIndex,
     metrics::{Metrics, ReasonLabel},
     ownership::{Derived, Foreign, Met},
@@ -213,12 +214,25 @@ where
     }
 }
 
-fn owned() -> watcher::Config {
-    watcher::Config::default().labels(&format!(
-        "{}={}",
-        labels::MANAGED_BY,
-        labels::MANAGED_BY_VALUE
-    ))
+/// The objects Berth made for the workspaces of `shard`.
+fn owned(shard: Shard) -> watcher::Config {
+    let managed = format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE);
+    watcher::Config::default().labels(&match shard.selector() {
+        Some(buckets) => format!("{managed},{buckets}"),
+        None => managed,
+    })
+}
+
+/// Whether a watch event is about an object in one of `shard`'s namespaces (what an API
+/// server's selector cannot tell: Events carry no labels, and a label set by hand may be
+/// wrong).
+fn in_shard<K: ResourceExt>(shard: Shard, event: &watcher::Event<K>) -> bool {
+    match event {
+        watcher::Event::Apply(object)
+        | watcher::Event::InitApply(object)
+        | watcher::Event::Delete(object) => object.namespace().is_none_or(|ns| shard.owns(&ns)),
+        watcher::Event::Init | watcher::Event::InitDone => true,
+    }
 }
 
 /// How long in-flight reconciles may go on after a shutdown was asked for; then they are
@@ -281,8 +295,51 @@ pub async fn run_until(
         let _ = stop_sender.send(true);
     });
     let Some(election) = config.leader_election.clone() else {
-        return run_controller(client, config, metrics, stop).await;
+        return run_controller(client, config, metrics, stop, Shard::ALL).await;
     };
+    let sharding = config.sharding;
+    if sharding.count <= 1 {
+        return lead(client, config, metrics, stop, election, Shard::ALL).await;
+    }
+    // One Lease per shard; the preferred one is competed for at once, the others only once
+    // their holders are gone.
+    let shards = (0..sharding.count).filter_map(|index| {
+        let shard = Shard::new(index, sharding.count)?;
+        let election = LeaderElection {
+            lease: format!("{}-shard-{}", election.lease, shard.name()),
+            ..election.clone()
+        };
+        let (client, config, metrics, mut stop) = (
+            client.clone(),
+            config.clone(),
+            metrics.clone(),
+            stop.clone(),
+        );
+        Some(async move {
+            if index != sharding.preferred % sharding.count {
+                let patience = std::time::Duration::from_secs(election.duration_seconds);
+                tokio::select! {
+                    () = tokio::time::sleep(patience) => {}
+                    _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
+                }
+            }
+            lead(client, config, metrics, stop, election, shard).await
+        })
+    });
+    let results = futures::future::join_all(shards).await;
+    results.into_iter().collect::<Result<Vec<()>>>().map(|_| ())
+}
+
+/// Competes for `election`'s Lease and reconciles `shard` while holding it, until `stop`;
+/// then releases it.
+async fn lead(
+    client: Client,
+    config: Config,
+    metrics: Arc<Metrics>,
+    stop: tokio::sync::watch::Receiver<bool>,
+    election: LeaderElection,
+    shard: Shard,
+) -> Result<()> {
     let waiting_metrics = metrics.clone();
     let waiting = move |why: Option<String>| waiting_metrics.wait_for(why);
     let mut held = crate::leader::hold(client.clone(), &election, &waiting).await?;
@@ -296,11 +353,14 @@ pub async fn run_until(
             () = crate::leader::until(&mut held.leading, true) => {}
             _ = stopping.wait_for(|stopped| *stopped) => break Ok(()),
         }
-        info!(identity = %election.identity, lease = %election.lease, "leading: reconciling");
+        info!(identity = %election.identity, lease = %election.lease, shard = %shard.name(), "leading: reconciling");
         let mut leading = held.leading.clone();
         tokio::select! {
-            result = run_controller(client.clone(), config.clone(), metrics.clone(), stop.clone()) => break result,
-            () = crate::leader::until(&mut leading, false) => warn!(identity = %election.identity, "lost the lease: reconciling stopped"),
+            result = run_controller(client.clone(), config.clone(), metrics.clone(), stop.clone(), shard) => break result,
+            () = crate::leader::until(&mut leading, false) => {
+                metrics.forget_phases(shard.index());
+                warn!(identity = %election.identity, lease = %election.lease, "lost the lease: reconciling stopped");
+            }
         }
     };
     // Dropping the last receiver makes the lease task release the Lease.
@@ -321,6 +381,7 @@ async fn run_controller(
     config: Config,
     metrics: Arc<Metrics>,
     stop: tokio::sync::watch::Receiver<bool>,
+    shard: Shard,
 ) -> Result<()> {
     let namespace = config.namespace.clone();
     let ns = namespace.as_deref();
@@ -328,13 +389,13 @@ async fn run_controller(
     let (pods, pods_writer) = reflector::store::<CachedPod>();
     let pod_stream = reflector(
         pods_writer,
-        watcher(api::<CachedPod>(&client, ns), owned()).default_backoff(),
+        watcher(api::<CachedPod>(&client, ns), owned(shard)).default_backoff(),
     )
     .touched_objects();
     let (claims, claims_writer) = reflector::store::<PersistentVolumeClaim>();
     let claim_stream = reflector(
         claims_writer,
-        watcher(api::<PersistentVolumeClaim>(&client, ns), owned())
+        watcher(api::<PersistentVolumeClaim>(&client, ns), owned(shard))
             .default_backoff()
             .modify(crate::trim::managed_fields),
     )
@@ -342,7 +403,7 @@ async fn run_controller(
     let (services, services_writer) = reflector::store::<Service>();
     let service_stream = reflector(
         services_writer,
-        watcher(api::<Service>(&client, ns), owned())
+        watcher(api::<Service>(&client, ns), owned(shard))
             .default_backoff()
             .modify(crate::trim::managed_fields),
     )
@@ -355,6 +416,7 @@ async fn run_controller(
         events_writer,
         watcher(api::<Event>(&client, ns), warning_events)
             .default_backoff()
+            .try_filter(move |event| std::future::ready(in_shard(shard, event)))
             .modify(crate::trim::managed_fields),
     )
     .inspect_ok(move |change| indexed.apply(change))
@@ -400,14 +462,37 @@ async fn run_controller(
     let (workspace_store, workspaces_writer) = reflector::store::<Workspace>();
     let (workspaces_listed, mut listed) = tokio::sync::watch::channel(false);
     let arrivals = Arc::new(crate::lanes::Arrivals::default());
+    let reporter = Reporter {
+        controller: config.manager.clone(),
+        instance: std::env::var("HOSTNAME").ok(),
+    };
+    let recorder = Arc::new(Recorder::new(client.clone(), reporter));
+    let sharder = crate::sharder::Sharder::spawn(
+        client.clone(),
+        ns,
+        shard.labels_the_unlabelled(),
+        recorder.clone(),
+    );
+    let shard_workspaces = match shard.selector() {
+        Some(buckets) => watcher::Config::default().labels(&buckets),
+        None => watcher::Config::default(),
+    };
     let workspace_stream = reflector(
         workspaces_writer,
-        watcher(
-            api::<WorkspaceWire>(&client, ns),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .map_ok(crate::trim::workspaces),
+        watcher(api::<WorkspaceWire>(&client, ns), shard_workspaces)
+            .default_backoff()
+            .map_ok(crate::trim::workspaces)
+            // A label that is not the namespace's bucket (set by hand) is put right; the
+            // workspace is reconciled by the shard its namespace is in.
+            .inspect_ok(move |event| {
+                if let watcher::Event::Apply(w) | watcher::Event::InitApply(w) = event
+                    && let Some(namespace) = w.namespace()
+                    && !berth_core::shard::labelled(&namespace, w.labels())
+                {
+                    sharder.relabel(w);
+                }
+            })
+            .try_filter(move |event| std::future::ready(in_shard(shard, event))),
     )
     // Once the reflector applied it: the first list done (the Controller waits on this
     // store's own readiness, and a kube Store wakes one waiter only), or a workspace's newer
@@ -428,10 +513,6 @@ async fn run_controller(
     let controller = Controller::for_stream(workspace_stream, workspace_store.clone())
         .trigger_backoff(EachWatchBacksOff)
         .with_config(kube::runtime::controller::Config::default().concurrency(16));
-    let reporter = Reporter {
-        controller: config.manager.clone(),
-        instance: std::env::var("HOSTNAME").ok(),
-    };
     let (agents, woken) = AgentChecker::new(client.clone(), config.agent.clone(), metrics.clone());
     // A pod the cache shows ready gets its agent checked at once, in the order pods turn
     // ready (`lanes.rs`), not when the controller's queue gets to its workspace.
@@ -464,10 +545,10 @@ async fn run_controller(
             let _ = listed.wait_for(|listed| *listed).await;
         })
     };
-    metrics.count_phases_with(phase_counter(workspace_store.clone()));
+    metrics.count_phases_with(shard.index(), phase_counter(workspace_store.clone()));
     let context = Arc::new(Context {
         client: client.clone(),
-        recorder: Arc::new(Recorder::new(client.clone(), reporter)),
+        recorder,
         agents,
         config,
         pods: pods.clone(),
@@ -543,7 +624,16 @@ async fn run_controller(
     });
 
     // Each kind's use, in its status, at most once a second however many workspaces change.
-    let usage = tokio::spawn(write_kind_usage(client.clone(), context.clone()));
+    // Sharded, a shard sees only its own workspaces: a count from its cache would be a
+    // fraction, so none is written (`bench/sharding.md`).
+    let usage = tokio::spawn({
+        let (client, context) = (client.clone(), context.clone());
+        async move {
+            if shard.count() == 1 {
+                write_kind_usage(client, context).await;
+            }
+        }
+    });
     let kinds_for_triggers = kinds;
     let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stop.wait_for(|stopped| *stopped).await;

@@ -15,6 +15,7 @@ pub mod pod;
 pub mod pod_policy;
 pub mod refusal;
 pub mod rejection;
+pub mod shard;
 pub mod state;
 pub mod trim;
 

@@ -196,6 +196,13 @@ fn metadata(
 ) -> ObjectMeta {
     let mut all_labels = extra_labels.clone();
     all_labels.extend(labels::owned_labels(&workspace.name_any()));
+    // The operator shard that owns the workspace watches its objects by this label.
+    if let Some(namespace) = workspace.namespace() {
+        all_labels.insert(
+            labels::SHARD.to_owned(),
+            crate::shard::label_value(&namespace),
+        );
+    }
     ObjectMeta {
         name: Some(name),
         namespace: workspace.namespace(),

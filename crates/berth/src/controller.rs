@@ -5,7 +5,9 @@ use std::{net::SocketAddr, time::Duration};
 use berth_api::{PodRecreationPolicy, parse_duration};
 use berth_controller::{
     Config, Policy, WarningPolicy,
-    config::{AgentConfig, AgentTls, DEFAULT_WARNING_REASONS, LeaderElection, ServiceAccountRef},
+    config::{
+        AgentConfig, AgentTls, DEFAULT_WARNING_REASONS, LeaderElection, ServiceAccountRef, Sharding,
+    },
 };
 
 pub fn duration(text: &str) -> Result<Duration, String> {
@@ -59,6 +61,13 @@ pub struct ControllerArgs {
     /// this replica reconciles alone.
     #[arg(long, env = "BERTH_LEADER_ELECTION", default_value_t = false)]
     pub leader_election: bool,
+    /// Split the workspaces among replicas by namespace into this many shards, each reconciled
+    /// by whichever replica holds its Lease (`<lease-name>-shard-<i>-of-<N>`); implies leader
+    /// election. A replica competes at once for the shard its pod name's ordinal (else a hash
+    /// of the name) picks, for the others once their holders are gone. With more than one
+    /// shard no WorkspaceKind's usage counts are written. Default: 1, no sharding.
+    #[arg(long, env = "BERTH_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(berth_controller::shard::BUCKETS)))]
+    pub shards: u32,
     /// The leader Lease's name.
     #[arg(long, env = "BERTH_LEASE_NAME", default_value = "berth-controller")]
     pub lease_name: String,
@@ -157,7 +166,7 @@ impl ControllerArgs {
             },
             metrics_address: address(&self.metrics_address)?,
             health_address: address(&self.health_address)?,
-            leader_election: self.leader_election.then(|| LeaderElection {
+            leader_election: (self.leader_election || self.shards > 1).then(|| LeaderElection {
                 lease: self.lease_name.clone(),
                 namespace: self
                     .lease_namespace
@@ -168,6 +177,13 @@ impl ControllerArgs {
                 duration_seconds: 15,
                 grace_seconds: 5,
             }),
+            sharding: Sharding {
+                count: self.shards,
+                preferred: Sharding::preferred_by(
+                    &std::env::var("HOSTNAME").unwrap_or_default(),
+                    self.shards,
+                ),
+            },
             agent: AgentConfig {
                 image: self
                     .agent_image

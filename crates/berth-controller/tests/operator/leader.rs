@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::support::{Harness, WAIT, test_config};
 
-async fn replica_client(h: &Harness, name: &str) -> kube::Client {
+pub(crate) async fn replica_client(h: &Harness, name: &str) -> kube::Client {
     let accounts: Api<ServiceAccount> = Api::namespaced(h.client.clone(), "kube-system");
     accounts
         .create(

@@ -18,3 +18,4 @@ mod pod_security;
 mod rbac;
 mod refusal;
 mod rejection;
+mod sharding;

@@ -187,6 +187,26 @@ async fn every_rule_granted_to_the_operator_is_used_and_nothing_is_refused() {
     })
     .await;
 
+    // A workspace and pod from before shard labels (the labels taken off by hand): the
+    // sharder labels the pod, then the workspace.
+    let unlabel = json!({"metadata": {"labels": {"berth.dev/shard": null}}});
+    let merge = kube::api::Patch::Merge(&unlabel);
+    pods.patch("full-ws", &Default::default(), &merge)
+        .await
+        .unwrap();
+    h.workspaces()
+        .patch("full", &Default::default(), &merge)
+        .await
+        .unwrap();
+    eventually(WAIT, "the pod labelled again", || async {
+        let pod = pods.get("full-ws").await.ok()?;
+        pod.metadata
+            .labels?
+            .contains_key("berth.dev/shard")
+            .then_some(())
+    })
+    .await;
+
     // Pause, resume, then a restart of the operator (it releases and takes the Lease again).
     h.patch_spec("full", json!({"paused": true})).await;
     h.until_phase("full", Phase::Stopped).await;

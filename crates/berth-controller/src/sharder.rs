@@ -1,0 +1,219 @@
+//! The sharder: writes each workspace's namespace bucket (`berth_core::shard`) as its
+//! `berth.dev/shard` label, so the shard that owns it is shown it by the API server's selector.
+//! The first shard's operator labels the workspaces no shard selects yet; any shard relabels
+//! one whose label is not its namespace's bucket (set by hand) and drops it from its cache.
+
+use std::{sync::Arc, time::Duration};
+
+use berth_api::{Workspace, labels};
+use berth_core::shard;
+use futures::{StreamExt, channel::mpsc};
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Service};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{ListParams, Patch, PatchParams},
+    core::PartialObjectMeta,
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+use tracing::{debug, warn};
+
+use crate::recorder::{EventType, Recorder, Report};
+
+/// A workspace to label.
+#[derive(Clone, Debug)]
+struct Unlabelled {
+    namespace: String,
+    name: String,
+    uid: Option<String>,
+    /// An operator has reconciled it (it has Berth's finalizer): it may have a pod, claim and
+    /// service made before it had the label, which must carry it first.
+    touched: bool,
+}
+
+impl Unlabelled {
+    fn of(meta: &kube::api::ObjectMeta) -> Option<Self> {
+        Some(Unlabelled {
+            namespace: meta.namespace.clone()?,
+            name: meta.name.clone()?,
+            uid: meta.uid.clone(),
+            touched: meta
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == labels::FINALIZER),
+        })
+    }
+}
+
+/// How many workspaces are labelled at once.
+const AT_ONCE: usize = 16;
+/// The wait before a failed labelling is tried again.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// The labelling queue of one shard's controller; its tasks end when it is dropped.
+pub struct Sharder {
+    queue: mpsc::UnboundedSender<Unlabelled>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Sharder {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Sharder {
+    /// Starts labelling what is queued; with `watch_unlabelled`, every workspace without the
+    /// label (in `namespace`, or all) is queued as the API server shows it.
+    pub fn spawn(
+        client: Client,
+        namespace: Option<&str>,
+        watch_unlabelled: bool,
+        recorder: Arc<Recorder>,
+    ) -> Sharder {
+        let (queue, queued) = mpsc::unbounded();
+        let mut tasks = vec![tokio::spawn(label_queued(
+            client.clone(),
+            queued,
+            queue.clone(),
+            recorder,
+        ))];
+        if watch_unlabelled {
+            let api: Api<PartialObjectMeta<Workspace>> = match namespace {
+                Some(ns) => Api::namespaced(client, ns),
+                None => Api::all(client),
+            };
+            let config = watcher::Config::default().labels(&shard::unlabelled_selector());
+            let queue = queue.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut unlabelled =
+                    std::pin::pin!(watcher(api, config).default_backoff().applied_objects());
+                while let Some(next) = unlabelled.next().await {
+                    match next {
+                        Ok(workspace) => {
+                            if let Some(item) = Unlabelled::of(&workspace.metadata) {
+                                let _ = queue.unbounded_send(item);
+                            }
+                        }
+                        Err(error) => debug!(%error, "watching unlabelled workspaces"),
+                    }
+                }
+            }));
+        }
+        Sharder { queue, tasks }
+    }
+
+    /// Queues a workspace whose label is not its namespace's bucket.
+    pub fn relabel(&self, workspace: &Workspace) {
+        if let Some(item) = Unlabelled::of(&workspace.metadata) {
+            let _ = self.queue.unbounded_send(item);
+        }
+    }
+}
+
+async fn label_queued(
+    client: Client,
+    queued: mpsc::UnboundedReceiver<Unlabelled>,
+    again: mpsc::UnboundedSender<Unlabelled>,
+    recorder: Arc<Recorder>,
+) {
+    queued
+        .for_each_concurrent(AT_ONCE, |item| {
+            let (client, again, recorder) = (client.clone(), again.clone(), recorder.clone());
+            async move {
+                match label(&client, &item).await {
+                    Ok(()) => {}
+                    // Gone meanwhile: nothing to label.
+                    Err(kube::Error::Api(answer)) if answer.code == 404 => {}
+                    Err(error) => {
+                        warn!(namespace = %item.namespace, workspace = %item.name, %error, "cannot label the workspace with its shard; retrying");
+                        let note = format!(
+                            "cannot label the workspace with its shard ({}={}), so no operator shard reconciles it yet; retrying in {}s: {error}",
+                            labels::SHARD,
+                            shard::label_value(&item.namespace),
+                            RETRY.as_secs()
+                        );
+                        let report = Report {
+                            type_: EventType::Warning,
+                            reason: "ShardLabelFailed",
+                            action: "Label",
+                            note: &note,
+                        };
+                        if let Err(error) = recorder.publish(&report, &regarding(&item)).await {
+                            warn!(%error, "cannot publish the event");
+                        }
+                        tokio::spawn(async move {
+                            tokio::time::sleep(RETRY).await;
+                            let _ = again.unbounded_send(item);
+                        });
+                    }
+                }
+            }
+        })
+        .await;
+}
+
+fn regarding(item: &Unlabelled) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(Workspace::api_version(&()).into_owned()),
+        kind: Some(Workspace::kind(&()).into_owned()),
+        namespace: Some(item.namespace.clone()),
+        name: Some(item.name.clone()),
+        uid: item.uid.clone(),
+        ..Default::default()
+    }
+}
+
+/// Labels the workspace's pod, claim and service (when it was reconciled before), then the
+/// workspace: its shard sees its objects no later than the workspace itself.
+async fn label(client: &Client, item: &Unlabelled) -> Result<(), kube::Error> {
+    let patch = Patch::Merge(json!({
+        "metadata": {"labels": {labels::SHARD: shard::label_value(&item.namespace)}}
+    }));
+    if item.touched {
+        let selector = format!(
+            "{}={},{}={}",
+            labels::MANAGED_BY,
+            labels::MANAGED_BY_VALUE,
+            labels::WORKSPACE,
+            labels::workspace_label_value(&item.name)
+        );
+        label_each::<Pod>(client, item, &selector, &patch).await?;
+        label_each::<PersistentVolumeClaim>(client, item, &selector, &patch).await?;
+        label_each::<Service>(client, item, &selector, &patch).await?;
+    }
+    let workspaces: Api<Workspace> = Api::namespaced(client.clone(), &item.namespace);
+    workspaces
+        .patch(&item.name, &PatchParams::default(), &patch)
+        .await?;
+    debug!(namespace = %item.namespace, workspace = %item.name, "labelled with its shard");
+    Ok(())
+}
+
+async fn label_each<K>(
+    client: &Client,
+    item: &Unlabelled,
+    selector: &str,
+    patch: &Patch<serde_json::Value>,
+) -> Result<(), kube::Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), &item.namespace);
+    let found = api
+        .list_metadata(&ListParams::default().labels(selector))
+        .await?;
+    for object in found {
+        if !shard::labelled(&item.namespace, object.labels()) {
+            api.patch(&object.name_any(), &PatchParams::default(), patch)
+                .await?;
+        }
+    }
+    Ok(())
+}

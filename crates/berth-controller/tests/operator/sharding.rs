@@ -1,0 +1,169 @@
+//! Two operator replicas sharing the workspaces by namespace (`bench/sharding.md`): each
+//! reconciles the namespaces of the shard whose Lease it holds, the first labels what is
+//! unlabelled, and when one replica goes, the other takes its shard over.
+
+use std::time::Duration;
+
+use berth_api::{Phase, Workspace};
+use berth_controller::{
+    config::{LeaderElection, Sharding},
+    shard::{self, Shard},
+};
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{Namespace, Pod},
+};
+use kube::{Api, ResourceExt, api::PostParams};
+use serde_json::json;
+
+use crate::support::{Harness, WAIT, eventually, phase_of, test_config};
+
+/// A replica preferring shard `preferred` of two, writing as field manager `manager`.
+fn sharded(identity: &str, preferred: u32) -> berth_controller::Config {
+    berth_controller::Config {
+        manager: format!("berth-{identity}"),
+        leader_election: Some(LeaderElection {
+            lease: "berth-controller".into(),
+            namespace: "kube-system".into(),
+            identity: identity.into(),
+            // Long enough that each replica takes its preferred shard before the other's
+            // patience (one duration) runs out, however loaded the machine.
+            duration_seconds: 4,
+            grace_seconds: 1,
+        }),
+        sharding: Sharding {
+            count: 2,
+            preferred,
+        },
+        ..test_config()
+    }
+}
+
+/// The first `team-<n>` namespace in `shard`, created with its service account bound.
+async fn namespace_in(h: &Harness, shard: Shard) -> String {
+    let name = (0..)
+        .map(|n| format!("team-{n}"))
+        .find(|ns| shard.owns(ns))
+        .expect("some namespace is in every shard");
+    let namespaces: Api<Namespace> = Api::all(h.client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    h.grant_auth_delegator(&name, "default").await;
+    name
+}
+
+async fn create_in(h: &Harness, namespace: &str, name: &str, labels: serde_json::Value) {
+    let workspaces: Api<Workspace> = Api::namespaced(h.client.clone(), namespace);
+    workspaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"apiVersion": "berth.dev/v1alpha1", "kind": "Workspace",
+                "metadata": {"name": name, "labels": labels}, "spec": {"image": "devbox:1"}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+/// The workspace once Running, with the field manager that wrote its status.
+async fn running(h: &Harness, namespace: &str, name: &str) -> (Workspace, String) {
+    let workspaces: Api<Workspace> = Api::namespaced(h.client.clone(), namespace);
+    let workspace = eventually(WAIT, &format!("{namespace}/{name} Running"), || async {
+        let ws = workspaces.get(name).await.ok()?;
+        (phase_of(&ws) == Some(Phase::Running)).then_some(ws)
+    })
+    .await;
+    let writer = workspace
+        .managed_fields()
+        .iter()
+        .find(|f| f.subresource.as_deref() == Some("status"))
+        .and_then(|f| f.manager.clone())
+        .unwrap_or_default();
+    (workspace, writer)
+}
+
+async fn until_held(leases: &Api<Lease>, lease: &str, holder: &str) {
+    eventually(WAIT, &format!("{holder} to hold {lease}"), || async {
+        let lease = leases.get_opt(lease).await.ok()??;
+        (lease.spec?.holder_identity.as_deref() == Some(holder)).then_some(())
+    })
+    .await;
+}
+
+/// A user would see: each workspace Running, labelled `berth.dev/shard=<its namespace's
+/// bucket>` (as is its pod), its status written by the replica holding its namespace's shard;
+/// a label set wrongly by hand put right; and, when a replica is gone, its namespaces'
+/// workspaces reconciled by the other once its Lease expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_replica_reconciles_its_shard_and_takes_over_the_other_when_it_goes() {
+    let mut h = Harness::start().await;
+    h.stop_operator().await;
+    let (first, second) = (Shard::new(0, 2).unwrap(), Shard::new(1, 2).unwrap());
+    let (ns_a, ns_b) = (
+        namespace_in(&h, first).await,
+        namespace_in(&h, second).await,
+    );
+    let a = tokio::spawn(berth_controller::run(
+        crate::leader::replica_client(&h, "replica-a").await,
+        sharded("replica-a", 0),
+    ));
+    let b = tokio::spawn(berth_controller::run(
+        crate::leader::replica_client(&h, "replica-b").await,
+        sharded("replica-b", 1),
+    ));
+    let leases: Api<Lease> = Api::namespaced(h.client.clone(), "kube-system");
+    until_held(&leases, "berth-controller-shard-0-of-2", "replica-a").await;
+    until_held(&leases, "berth-controller-shard-1-of-2", "replica-b").await;
+
+    // Created without the label, as kubectl would: the sharder (shard 0's holder) labels them.
+    create_in(&h, &ns_a, "ada", json!({})).await;
+    create_in(&h, &ns_b, "bob", json!({})).await;
+    // Labelled by hand with the other shard's bucket: put right, then reconciled by its own.
+    create_in(
+        &h,
+        &ns_b,
+        "misfiled",
+        json!({"berth.dev/shard": shard::label_value(&ns_a)}),
+    )
+    .await;
+    for (namespace, name, writer) in [
+        (&ns_a, "ada", "berth-replica-a"),
+        (&ns_b, "bob", "berth-replica-b"),
+        (&ns_b, "misfiled", "berth-replica-b"),
+    ] {
+        let (workspace, wrote) = running(&h, namespace, name).await;
+        assert_eq!(wrote, writer, "{namespace}/{name}'s status");
+        assert_eq!(
+            workspace.labels().get("berth.dev/shard"),
+            Some(&shard::label_value(namespace)),
+            "{namespace}/{name}"
+        );
+        let pods: Api<Pod> = Api::namespaced(h.client.clone(), namespace);
+        let pod = pods.get(&format!("{name}-ws")).await.unwrap();
+        assert_eq!(
+            pod.labels().get("berth.dev/shard"),
+            Some(&shard::label_value(namespace)),
+            "{namespace}/{name}'s pod"
+        );
+    }
+
+    // Replica a goes without releasing its Lease (a crash): replica b takes shard 0 once the
+    // Lease expires, and reconciles its namespaces too.
+    a.abort();
+    let _ = a.await;
+    until_held(&leases, "berth-controller-shard-0-of-2", "replica-b").await;
+    create_in(&h, &ns_a, "after", json!({})).await;
+    let (_, wrote) = running(&h, &ns_a, "after").await;
+    assert_eq!(wrote, "berth-replica-b");
+    // Shard 1 stayed where it was.
+    until_held(&leases, "berth-controller-shard-1-of-2", "replica-b").await;
+    b.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(5), b).await;
+}
