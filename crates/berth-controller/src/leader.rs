@@ -130,43 +130,62 @@ pub async fn hold(
         let identity = election.identity.clone();
         let mut holder_seen: Option<String> = None;
         loop {
-            tokio::select! {
-                biased;
-                () = sender.closed() => {
-                    match manager.release().await {
-                        Ok(()) => debug!(%identity, "released the lease"),
-                        Err(error) => warn!(%identity, %error, "cannot release the lease; it expires by itself"),
-                    }
-                    return;
-                }
-                changed = manager.changed() => match changed {
-                    Ok(holding) => {
-                        let _ = sender.send(holding);
-                    }
-                    Err(error) => {
-                        warn!(%identity, %error, "leader election failed; retrying");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                },
-                Some(lease) = changes.next() => {
-                    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
-                    // A standby says that it stands by, and for whom, once per holder: its log
-                    // is otherwise empty, and a person reading it would not know.
-                    if let Some(holder) = holder.as_ref().filter(|h| **h != identity)
-                        && holder_seen.as_ref() != Some(holder)
-                    {
-                        info!(%identity, %holder, lease = %election.lease, "standing by: {holder} holds the lease; this replica takes over when it is released or expires");
-                        holder_seen = Some(holder.clone());
-                    }
-                    let free = holder.is_none();
-                    if free && !*sender.borrow() {
-                        // Released: a fresh manager reads the Lease now and takes it.
-                        debug!(%identity, "the lease was released; trying to take it");
-                        match self::manager(&client, &election).await {
-                            Ok(fresh) => manager = fresh,
-                            Err(error) => warn!(%identity, %error, "leader election failed; retrying"),
+            // `changed()` is not safe to cancel: dropped between its renewal's patch and its
+            // read of the Lease after it, it keeps the old expiry, and the next call renews at
+            // once. Dropped by every watch event (its own renewal's among them), a holder
+            // renewed about fifteen times in a row every 10 s. So one call runs to its end,
+            // and is dropped only to take a released Lease with a fresh manager, or to stop.
+            let mut released = false;
+            {
+                let changed = manager.changed();
+                tokio::pin!(changed);
+                loop {
+                    tokio::select! {
+                        biased;
+                        () = sender.closed() => {
+                            drop(changed);
+                            match manager.release().await {
+                                Ok(()) => debug!(%identity, "released the lease"),
+                                Err(error) => warn!(%identity, %error, "cannot release the lease; it expires by itself"),
+                            }
+                            return;
+                        }
+                        result = &mut changed => {
+                            match result {
+                                Ok(holding) => {
+                                    let _ = sender.send(holding);
+                                }
+                                Err(error) => {
+                                    warn!(%identity, %error, "leader election failed; retrying");
+                                    tokio::time::sleep(Duration::from_secs(1)).await;
+                                }
+                            }
+                            break;
+                        }
+                        Some(lease) = changes.next() => {
+                            let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+                            // A standby says that it stands by, and for whom, once per holder:
+                            // its log is otherwise empty, and a person reading it would not know.
+                            if let Some(holder) = holder.as_ref().filter(|h| **h != identity)
+                                && holder_seen.as_ref() != Some(holder)
+                            {
+                                info!(%identity, %holder, lease = %election.lease, "standing by: {holder} holds the lease; this replica takes over when it is released or expires");
+                                holder_seen = Some(holder.clone());
+                            }
+                            if holder.is_none() && !*sender.borrow() {
+                                released = true;
+                                break;
+                            }
                         }
                     }
+                }
+            }
+            if released {
+                // Released: a fresh manager reads the Lease now and takes it.
+                debug!(%identity, "the lease was released; trying to take it");
+                match self::manager(&client, &election).await {
+                    Ok(fresh) => manager = fresh,
+                    Err(error) => warn!(%identity, %error, "leader election failed; retrying"),
                 }
             }
         }

@@ -483,10 +483,12 @@ async fn run_controller(
             .default_backoff()
             .map_ok(crate::trim::workspaces)
             // A label that is not the namespace's bucket (set by hand) is put right; the
-            // workspace is reconciled by the shard its namespace is in.
+            // workspace is reconciled by the shard its namespace is in. (One without the
+            // label is the sharder's own watch's.)
             .inspect_ok(move |event| {
                 if let watcher::Event::Apply(w) | watcher::Event::InitApply(w) = event
                     && let Some(namespace) = w.namespace()
+                    && w.labels().contains_key(labels::SHARD)
                     && !berth_core::shard::labelled(&namespace, w.labels())
                 {
                     sharder.relabel(w);

@@ -3,7 +3,7 @@
 //! The first shard's operator labels the workspaces no shard selects yet; any shard relabels
 //! one whose label is not its namespace's bucket (set by hand) and drops it from its cache.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use berth_api::{Workspace, labels};
 use berth_core::shard;
@@ -53,8 +53,37 @@ const RETRY: Duration = Duration::from_secs(5);
 
 /// The labelling queue of one shard's controller; its tasks end when it is dropped.
 pub struct Sharder {
-    queue: mpsc::UnboundedSender<Unlabelled>,
+    queue: Queue,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Workspaces to label, each queued once until it is labelled (a workspace changes many
+/// times while its label is on its way; a patch per change would be a flood of writes).
+#[derive(Clone)]
+struct Queue {
+    sender: mpsc::UnboundedSender<Unlabelled>,
+    queued: Arc<std::sync::Mutex<HashSet<(String, String)>>>,
+}
+
+impl Queue {
+    fn push(&self, item: Unlabelled) {
+        let key = (item.namespace.clone(), item.name.clone());
+        if self
+            .queued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key)
+        {
+            let _ = self.sender.unbounded_send(item);
+        }
+    }
+
+    fn done(&self, item: &Unlabelled) {
+        self.queued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(item.namespace.clone(), item.name.clone()));
+    }
 }
 
 impl Drop for Sharder {
@@ -74,7 +103,11 @@ impl Sharder {
         watch_unlabelled: bool,
         recorder: Arc<Recorder>,
     ) -> Sharder {
-        let (queue, queued) = mpsc::unbounded();
+        let (sender, queued) = mpsc::unbounded();
+        let queue = Queue {
+            sender,
+            queued: Arc::default(),
+        };
         let mut tasks = vec![tokio::spawn(label_queued(
             client.clone(),
             queued,
@@ -95,7 +128,7 @@ impl Sharder {
                     match next {
                         Ok(workspace) => {
                             if let Some(item) = Unlabelled::of(&workspace.metadata) {
-                                let _ = queue.unbounded_send(item);
+                                queue.push(item);
                             }
                         }
                         Err(error) => debug!(%error, "watching unlabelled workspaces"),
@@ -109,7 +142,7 @@ impl Sharder {
     /// Queues a workspace whose label is not its namespace's bucket.
     pub fn relabel(&self, workspace: &Workspace) {
         if let Some(item) = Unlabelled::of(&workspace.metadata) {
-            let _ = self.queue.unbounded_send(item);
+            self.queue.push(item);
         }
     }
 }
@@ -117,14 +150,16 @@ impl Sharder {
 async fn label_queued(
     client: Client,
     queued: mpsc::UnboundedReceiver<Unlabelled>,
-    again: mpsc::UnboundedSender<Unlabelled>,
+    again: Queue,
     recorder: Arc<Recorder>,
 ) {
     queued
         .for_each_concurrent(AT_ONCE, |item| {
             let (client, again, recorder) = (client.clone(), again.clone(), recorder.clone());
             async move {
-                match label(&client, &item).await {
+                let labelled = label(&client, &item).await;
+                again.done(&item);
+                match labelled {
                     Ok(()) => {}
                     // Gone meanwhile: nothing to label.
                     Err(kube::Error::Api(answer)) if answer.code == 404 => {}
@@ -147,7 +182,7 @@ async fn label_queued(
                         }
                         tokio::spawn(async move {
                             tokio::time::sleep(RETRY).await;
-                            let _ = again.unbounded_send(item);
+                            again.push(item);
                         });
                     }
                 }

@@ -83,9 +83,11 @@ impl Shard {
     }
 
     /// Whether this shard's operator also labels the workspaces no shard selects yet (the
-    /// sharder): the first shard's, so exactly one operator does.
+    /// sharder): the first shard's, so exactly one operator does. Unsharded, nobody needs a
+    /// workspace's label and none is written (a label written while the operator adds its
+    /// finalizer made that write meet a cache one change behind, and fail).
     pub fn labels_the_unlabelled(self) -> bool {
-        self.index == 0
+        self.index == 0 && self.count > 1
     }
 
     /// `<index>-of-<count>`: the shard in Lease names, logs and metrics.
@@ -125,6 +127,7 @@ mod tests {
     #[test]
     fn a_shard_selects_its_buckets_and_the_only_shard_everything() {
         assert_eq!(Shard::ALL.selector(), None);
+        assert!(!Shard::ALL.labels_the_unlabelled(), "nothing to label for");
         assert!(Shard::ALL.owns("anything"));
         let second = Shard::new(1, 3).unwrap();
         let selector = second.selector().unwrap();

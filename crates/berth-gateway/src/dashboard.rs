@@ -262,6 +262,8 @@ impl Spawn {
                 "name": self.name,
                 "namespace": self.namespace,
                 "annotations": {berth_api::labels::OWNER: user},
+                // Its operator shard's bucket, so the sharder has nothing to write.
+                "labels": {berth_api::labels::SHARD: berth_core::shard::label_value(&self.namespace)},
             },
             "spec": spec,
         }))
@@ -1165,6 +1167,10 @@ mod tests {
         };
         let ws = serde_json::to_value(asked.workspace("alice").unwrap()).unwrap();
         assert_eq!(ws["metadata"]["annotations"]["berth.dev/owner"], "alice");
+        assert_eq!(
+            ws["metadata"]["labels"]["berth.dev/shard"],
+            berth_core::shard::label_value("team")
+        );
         assert_eq!(ws["spec"]["kind"], "python");
         assert_eq!(ws["spec"]["options"], serde_json::json!({"image": "py312"}));
         assert_eq!(

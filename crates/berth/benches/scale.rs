@@ -16,6 +16,10 @@
 //! that binary in `BERTH_BENCH_OPERATOR` or `BERTH_BENCH_SIM`; each writes `$BERTH_DHAT_OUT`
 //! when it is stopped. To read what the processes said, name a
 //! folder in `BERTH_BENCH_LOGS`: the sim's log and each operator run's (at `info`) go there.
+//! `BERTH_BENCH_SHARDS=N` runs N operators (`--shards N`), the workspaces spread over ten
+//! namespaces per shard, and prints each shard's figures and a handoff instead of a restart
+//! (`bench/sharding.md`); each operator then has 64/N agent checks in flight
+//! (`BERTH_BENCH_CHECKS_IN_FLIGHT`), since all share one API server's reviews.
 
 use std::{
     collections::BTreeMap,
@@ -197,26 +201,104 @@ fn kubeconfig_with_token(admin: &Path, token: &str, path: &Path) {
     std::fs::write(path, config.to_string()).unwrap();
 }
 
-fn start_operator(kubeconfig: &Path, metrics: u16, health: u16, run: &str) -> Process {
-    let (log, level) = log_to(&format!("operator-{run}"));
-    Process(
+/// An operator process and where it serves its metrics and health.
+struct Operator {
+    process: Process,
+    metrics: u16,
+    health: u16,
+}
+
+/// Starts operator `replica` of `shards` (one: no sharding), named as a StatefulSet's pod
+/// `berth-controller-<replica>`, so it prefers the shard of that number.
+fn start_operator(kubeconfig: &Path, run: &str, replica: u32, shards: u32) -> Operator {
+    let (metrics, health) = (free_port(), free_port());
+    let name = if shards > 1 {
+        format!("{run}-{replica}")
+    } else {
+        run.to_owned()
+    };
+    let (log, level) = log_to(&format!("operator-{name}"));
+    let process = Process(
         Command::new(binary("OPERATOR"))
             .args([
                 "controller",
                 "--service-account",
                 "berth-system/berth-controller",
             ])
+            .args(["--shards", &shards.to_string()])
+            // The agent checks of all shards share one API server's reviews: the bound of one
+            // operator, divided among them (`BERTH_BENCH_CHECKS_IN_FLIGHT` per operator).
+            .args([
+                "--agent-checks-in-flight",
+                &setting(
+                    "BERTH_BENCH_CHECKS_IN_FLIGHT",
+                    (64 / u64::from(shards)).max(1),
+                )
+                .to_string(),
+            ])
+            .args(["--lease-namespace", "berth-system"])
             .args(["--metrics-address", &format!("127.0.0.1:{metrics}")])
             .args(["--health-address", &format!("127.0.0.1:{health}")])
+            .env("HOSTNAME", format!("berth-controller-{replica}"))
             .env("KUBECONFIG", kubeconfig)
             .env("BERTH_LOG_FORMAT", "json")
-            .env("RUST_LOG", level)
-            .env("BERTH_DHAT_OUT", profile(&format!("operator-{run}")))
+            .env(
+                "RUST_LOG",
+                std::env::var("BERTH_BENCH_RUST_LOG").unwrap_or_else(|_| level.to_owned()),
+            )
+            .env("BERTH_DHAT_OUT", profile(&format!("operator-{name}")))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap(),
-    )
+    );
+    Operator {
+        process,
+        metrics,
+        health,
+    }
+}
+
+/// Where each workspace goes: (namespace, name, shard). One shard: all in `default`. Several:
+/// ten namespaces per shard (the first `team-<k>` in it), the workspaces spread evenly over
+/// the shards and, within one, over its namespaces.
+fn layout(n: usize, shards: u32) -> Vec<(String, String, u32)> {
+    let per_shard: Vec<Vec<String>> = (0..shards)
+        .filter(|_| shards > 1)
+        .map(|index| {
+            let shard =
+                berth_controller::shard::Shard::new(index, shards).expect("a shard of them");
+            (0..)
+                .map(|k| format!("team-{k}"))
+                .filter(|ns| shard.owns(ns))
+                .take(10)
+                .collect()
+        })
+        .collect();
+    (0..n)
+        .map(|i| {
+            let shard = (i % shards as usize) as u32;
+            let namespace = if shards == 1 {
+                "default".to_owned()
+            } else {
+                let namespaces = &per_shard[shard as usize];
+                namespaces[(i / shards as usize) % namespaces.len()].clone()
+            };
+            (namespace, format!("ws-{i:05}"), shard)
+        })
+        .collect()
+}
+
+/// Who holds shard `index` of `shards`' Lease.
+async fn shard_holder(admin: &kube::Client, index: u32, shards: u32) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(admin.clone(), "berth-system");
+    leases
+        .get_opt(&format!("berth-controller-shard-{index}-of-{shards}"))
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
 }
 
 async fn http_get(port: u16, path: &str) -> Option<String> {
@@ -346,7 +428,7 @@ fn watch_milestones(admin: &kube::Client) -> Milestones {
     use k8s_openapi::api::core::v1::Pod;
     let seen: Milestones = Default::default();
     watch_each(
-        Api::<Workspace>::namespaced(admin.clone(), "default"),
+        Api::<Workspace>::all(admin.clone()),
         seen.clone(),
         |workspace, now, seen| {
             let phase = workspace.status.as_ref().and_then(|s| s.phase);
@@ -362,7 +444,7 @@ fn watch_milestones(admin: &kube::Client) -> Milestones {
         },
     );
     watch_each(
-        Api::<Pod>::namespaced(admin.clone(), "default"),
+        Api::<Pod>::all(admin.clone()),
         seen.clone(),
         |pod, now, seen| {
             let ready = pod
@@ -469,8 +551,26 @@ async fn run() {
         .token;
     let operator_kubeconfig = dir.path().join("operator.kubeconfig");
     kubeconfig_with_token(&admin_kubeconfig, &token, &operator_kubeconfig);
-    let (metrics, health) = (free_port(), free_port());
-    let mut operator = start_operator(&operator_kubeconfig, metrics, health, "start");
+    // Sharded (`BERTH_BENCH_SHARDS`): one operator per shard, each preferring its own.
+    let shards = setting("BERTH_BENCH_SHARDS", 1).clamp(1, 64) as u32;
+    let plan = layout(n, shards);
+    let mut namespaces: Vec<&String> = plan.iter().map(|(ns, _, _)| ns).collect();
+    namespaces.sort();
+    namespaces.dedup();
+    for namespace in namespaces.iter().filter(|ns| **ns != "default") {
+        let manifest = format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {namespace}}}\n---\n{}",
+            WORKSPACE_ACCOUNT
+                .replace(
+                    "berth-agent-default-default",
+                    &format!("berth-agent-{namespace}-default")
+                )
+                .replace("namespace: default", &format!("namespace: {namespace}"))
+        );
+        berth_sim::manifests::create_all(&admin, &manifest, "default")
+            .await
+            .unwrap();
+    }
     let ready = |health: u16| async move {
         let started = Instant::now();
         loop {
@@ -487,9 +587,34 @@ async fn run() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    ready(health).await;
-    let (_, cpu_before) = operator.usage();
-    let reconciles_before = reconciles(metrics).await;
+    let mut operators: Vec<Operator> = (0..shards)
+        .map(|replica| start_operator(&operator_kubeconfig, "start", replica, shards))
+        .collect();
+    for operator in &operators {
+        ready(operator.health).await;
+    }
+    // Each shard with the replica that prefers it, so each process's figures are its shard's.
+    if shards > 1 {
+        let waited = Instant::now();
+        for index in 0..shards {
+            let own = format!("berth-controller-{index}-");
+            while !shard_holder(&admin, index, shards)
+                .await
+                .is_some_and(|h| h.starts_with(&own))
+            {
+                assert!(
+                    waited.elapsed() < Duration::from_secs(60),
+                    "shard {index} was not taken by its replica"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let cpu_before: Vec<f64> = operators.iter().map(|o| o.process.usage().1).collect();
+    let mut reconciles_before = 0.0;
+    for operator in &operators {
+        reconciles_before += reconciles(operator.metrics).await;
+    }
     let before = operator_requests(&admin).await;
 
     // Of one kind, when asked: the workspaces' image and pod shape come from it.
@@ -521,12 +646,10 @@ async fn run() {
 
     let milestones = watch_milestones(&admin);
     // Start: n workspaces, 50 creates in flight.
-    let workspaces: Api<Workspace> = Api::namespaced(admin.clone(), "default");
     let started = Instant::now();
-    let names: Vec<String> = (0..n).map(|i| format!("ws-{i:05}")).collect();
-    for chunk in names.chunks(50) {
-        let creates = chunk.iter().map(|name| {
-            let workspaces = workspaces.clone();
+    for chunk in plan.chunks(50) {
+        let creates = chunk.iter().map(|(namespace, name, _)| {
+            let workspaces: Api<Workspace> = Api::namespaced(admin.clone(), namespace);
             let body: Workspace = serde_json::from_value(json!({
                 "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": name},
                 "spec": spec.clone()
@@ -587,11 +710,18 @@ async fn run() {
         // The sim holds an agent server per pod: stop before it takes the machine's memory.
         let (sim_rss, _) = sim.usage();
         if sim_rss > sim_limit_mib {
-            let (operator_rss, operator_cpu) = operator.usage();
+            let usage: Vec<String> = operators
+                .iter()
+                .zip(&cpu_before)
+                .map(|(o, before)| {
+                    let (rss, cpu) = o.process.usage();
+                    format!("{rss:.0} MiB peak RSS, {:.1} s CPU", cpu - before)
+                })
+                .collect();
             println!(
-                "stopped after {:.0} s: the sim reached {sim_rss:.0} MiB (BERTH_BENCH_SIM_MAX_MIB) with {running}/{n} workspaces running; the operator then: {operator_rss:.0} MiB peak RSS, {:.1} s CPU",
+                "stopped after {:.0} s: the sim reached {sim_rss:.0} MiB (BERTH_BENCH_SIM_MAX_MIB) with {running}/{n} workspaces running; the operators then: {}",
                 started.elapsed().as_secs_f64(),
-                operator_cpu - cpu_before
+                usage.join("; ")
             );
             return;
         }
@@ -604,8 +734,11 @@ async fn run() {
     let to_running = started.elapsed();
     // Let the last status writes and events land before counting.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (rss, cpu_after) = operator.usage();
-    let reconciles_during = reconciles(metrics).await - reconciles_before;
+    let after_start: Vec<(f64, f64)> = operators.iter().map(|o| o.process.usage()).collect();
+    let mut reconciles_during = -reconciles_before;
+    for operator in &operators {
+        reconciles_during += reconciles(operator.metrics).await;
+    }
     let start_counts = since(&operator_requests(&admin).await, &before);
     let counted_over = started.elapsed();
 
@@ -613,31 +746,57 @@ async fn run() {
     let idle_before = operator_requests(&admin).await;
     tokio::time::sleep(idle).await;
     let idle_counts = since(&operator_requests(&admin).await, &idle_before);
-    let (rss_idle, _) = operator.usage();
-
-    // What a restart waits for at least: the first lists of every workspace and pod, in
-    // pages of 500 as kube's watcher asks for them, from the sim as loaded as it is now.
-    let listed = Instant::now();
-    list_all::<Workspace>(&admin).await;
-    list_all::<k8s_openapi::api::core::v1::Pod>(&admin).await;
-    let list_floor = listed.elapsed();
-
-    // Restart: a new operator over the same workspaces.
-    let _ = Command::new("kill")
-        .args(["-TERM", &operator.pid().to_string()])
-        .status();
-    let _ = operator.0.wait();
-    let restart_before = operator_requests(&admin).await;
-    let (metrics2, health2) = (free_port(), free_port());
-    let restarted = start_operator(&operator_kubeconfig, metrics2, health2, "restart");
-    let ready_after = ready(health2).await;
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    let restart_counts = since(&operator_requests(&admin).await, &restart_before);
-    let (rss_restarted, _) = restarted.usage();
-    let (sim_rss, sim_cpu) = sim.usage();
+    let rss_idle: Vec<f64> = operators.iter().map(|o| o.process.usage().0).collect();
 
     let per = |v: u64| v as f64 / n as f64;
-    println!("| figure | {n} workspaces |");
+    // Each operator's workspaces: one shard's.
+    let shard_of: BTreeMap<&str, u32> = plan
+        .iter()
+        .map(|(_, name, shard)| (name.as_str(), *shard))
+        .collect();
+    let in_shard = |shard: u32| {
+        let seen = milestones.lock().unwrap();
+        let only: BTreeMap<String, Seen> = seen
+            .iter()
+            .filter(|(name, _)| shard_of.get(name.as_str()) == Some(&shard))
+            .map(|(name, s)| (name.clone(), *s))
+            .collect();
+        std::sync::Arc::new(std::sync::Mutex::new(only))
+    };
+    let per_shard = n as f64 / f64::from(shards);
+    let shard_figures: Vec<ShardFigures> = (0..shards as usize)
+        .map(|i| ShardFigures {
+            ready_p99: percentiles(&in_shard(i as u32), |s| s.pod_ready, |s| s.running).1,
+            rss: after_start[i].0,
+            rss_idle: rss_idle[i],
+            cpu_per_start: (after_start[i].1 - cpu_before[i]) * 1000.0 / per_shard,
+        })
+        .collect();
+    let worst = |f: fn(&ShardFigures) -> f64| shard_figures.iter().map(f).fold(f64::NAN, f64::max);
+
+    // After the start and idling: a restart of the one operator; sharded, a replica's crash
+    // and its shard's handoff.
+    let (restart, handoff) = if shards == 1 {
+        (
+            Some(restart_operator(&admin, &operator_kubeconfig, operators.remove(0), &ready).await),
+            None,
+        )
+    } else {
+        (
+            None,
+            Some(hand_off(&admin, &mut operators, &plan, &spec, shards).await),
+        )
+    };
+    let (sim_rss, sim_cpu) = sim.usage();
+
+    println!(
+        "| figure | {n} workspaces{} |",
+        if shards > 1 {
+            format!(", {shards} shards of {per_shard:.0}")
+        } else {
+            String::new()
+        }
+    );
     println!("|---|---|");
     println!(
         "| created -> all Running | {:.1} s |",
@@ -649,15 +808,35 @@ async fn run() {
     println!(
         "| pod Ready -> workspace Running, agent check included (p50 / p99) | {ready_p50:.0} ms / {ready_p99:.0} ms |"
     );
-    println!(
-        "| operator peak RSS (after start / after {}s idle / restarted) | {rss:.0} MiB / {rss_idle:.0} MiB / {rss_restarted:.0} MiB |",
-        idle.as_secs()
-    );
-    let cpu = cpu_after - cpu_before;
-    println!(
-        "| operator CPU for the start, per workspace | {cpu:.1} s, {:.2} ms |",
-        cpu * 1000.0 / n as f64
-    );
+    let cpu_total: f64 = after_start
+        .iter()
+        .zip(&cpu_before)
+        .map(|((_, cpu), before)| cpu - before)
+        .sum();
+    if let Some(restart) = &restart {
+        println!(
+            "| operator peak RSS (after start / after {}s idle / restarted) | {:.0} MiB / {:.0} MiB / {:.0} MiB |",
+            idle.as_secs(),
+            after_start[0].0,
+            rss_idle[0],
+            restart.rss
+        );
+        println!(
+            "| operator CPU for the start, per workspace | {cpu_total:.1} s, {:.2} ms |",
+            cpu_total * 1000.0 / n as f64
+        );
+    } else {
+        for (i, shard) in shard_figures.iter().enumerate() {
+            println!(
+                "| shard {i}: operator peak RSS (after start / after {}s idle); CPU per start; pod Ready -> Running p99 | {:.0} MiB / {:.0} MiB; {:.2} ms; {:.0} ms |",
+                idle.as_secs(),
+                shard.rss,
+                shard.rss_idle,
+                shard.cpu_per_start,
+                shard.ready_p99
+            );
+        }
+    }
     println!(
         "| reconciles per start | {:.2} |",
         reconciles_during / n as f64
@@ -699,18 +878,43 @@ async fn run() {
         idle.as_secs(),
         writes(&idle_counts)
     );
-    println!(
-        "| restart: ready after / writes in the 10 s after | {:.2} s / {} |",
-        ready_after.as_secs_f64(),
-        writes(&restart_counts)
-    );
-    println!(
-        "| - listing every workspace and pod in pages of 500, just before | {:.2} s |",
-        list_floor.as_secs_f64()
-    );
-    for ((verb, resource, code), count) in &restart_counts {
+    for ((verb, resource, code), count) in &idle_counts {
         if WRITES.contains(&verb.as_str()) {
-            println!("| - after the restart: {verb} {resource} ({code}) | {count} |");
+            println!("| - idle: {verb} {resource} ({code}) | {count} |");
+        }
+    }
+    if let Some(restart) = &restart {
+        println!(
+            "| restart: ready after / writes in the 10 s after | {:.2} s / {} |",
+            restart.ready_after.as_secs_f64(),
+            writes(&restart.counts)
+        );
+        println!(
+            "| - listing every workspace and pod in pages of 500, just before | {:.2} s |",
+            restart.list_floor.as_secs_f64()
+        );
+        for ((verb, resource, code), count) in &restart.counts {
+            if WRITES.contains(&verb.as_str()) {
+                println!("| - after the restart: {verb} {resource} ({code}) | {count} |");
+            }
+        }
+    }
+    if let Some(handoff) = &handoff {
+        println!(
+            "| handoff: shard 1's replica killed -> its Lease taken by {} / a new workspace of it Running | {:.1} s / {:.1} s |",
+            handoff.taker,
+            handoff.taken_after.as_secs_f64(),
+            handoff.running_after.as_secs_f64()
+        );
+        println!(
+            "| - the taker's peak RSS holding two shards / writes in the 10 s after the takeover (the new workspace's included) | {:.0} MiB / {} |",
+            handoff.taker_rss,
+            writes(&handoff.counts)
+        );
+        for ((verb, resource, code), count) in &handoff.counts {
+            if WRITES.contains(&verb.as_str()) {
+                println!("| - after the takeover: {verb} {resource} ({code}) | {count} |");
+            }
         }
     }
     println!(
@@ -721,19 +925,177 @@ async fn run() {
         descriptors(sim.pid())
     );
 
-    let run_figures = Figures(vec![
-        ("created -> all Running (s)", to_running.as_secs_f64()),
-        ("pod Ready -> Running p99 (ms)", ready_p99),
-        ("operator RSS after the start (MiB)", rss),
-        ("operator RSS after idling (MiB)", rss_idle),
-        ("operator RSS restarted (MiB)", rss_restarted),
-        ("operator CPU per start (ms)", cpu * 1000.0 / n as f64),
-        ("reconciles per start", reconciles_during / n as f64),
-    ]);
+    let mut run_figures = vec![("created -> all Running (s)", to_running.as_secs_f64())];
+    match &restart {
+        Some(restart) => run_figures.extend([
+            ("pod Ready -> Running p99 (ms)", ready_p99),
+            ("operator RSS after the start (MiB)", after_start[0].0),
+            ("operator RSS after idling (MiB)", rss_idle[0]),
+            ("operator RSS restarted (MiB)", restart.rss),
+            ("operator CPU per start (ms)", cpu_total * 1000.0 / n as f64),
+        ]),
+        // Sharded: the worst shard's.
+        None => run_figures.extend([
+            ("pod Ready -> Running p99 (ms)", worst(|s| s.ready_p99)),
+            ("operator RSS after the start (MiB)", worst(|s| s.rss)),
+            ("operator RSS after idling (MiB)", worst(|s| s.rss_idle)),
+            ("operator CPU per start (ms)", worst(|s| s.cpu_per_start)),
+        ]),
+    }
+    run_figures.push(("reconciles per start", reconciles_during / n as f64));
     guard(
-        &format!("{n}{}", if of_a_kind { "-kind" } else { "" }),
-        &run_figures,
+        &format!(
+            "{n}{}{}",
+            if of_a_kind { "-kind" } else { "" },
+            if shards > 1 {
+                format!("-{shards}-shards")
+            } else {
+                String::new()
+            }
+        ),
+        &Figures(run_figures),
     );
+}
+
+/// One shard's operator over the start.
+struct ShardFigures {
+    ready_p99: f64,
+    rss: f64,
+    rss_idle: f64,
+    cpu_per_start: f64,
+}
+
+/// A restart of the one operator over the same workspaces.
+struct Restart {
+    /// Listing every workspace and pod in pages of 500 just before: what a restart waits for
+    /// at least, from the sim as loaded as it is.
+    list_floor: Duration,
+    ready_after: Duration,
+    /// Its writes in the 10 s after it was ready.
+    counts: BTreeMap<(String, String, u16), u64>,
+    rss: f64,
+}
+
+async fn restart_operator<F, Fut>(
+    admin: &kube::Client,
+    kubeconfig: &Path,
+    mut operator: Operator,
+    ready: &F,
+) -> Restart
+where
+    F: Fn(u16) -> Fut,
+    Fut: std::future::Future<Output = Duration>,
+{
+    let listed = Instant::now();
+    list_all::<Workspace>(admin).await;
+    list_all::<k8s_openapi::api::core::v1::Pod>(admin).await;
+    let list_floor = listed.elapsed();
+    let _ = Command::new("kill")
+        .args(["-TERM", &operator.process.pid().to_string()])
+        .status();
+    let _ = operator.process.0.wait();
+    let before = operator_requests(admin).await;
+    let restarted = start_operator(kubeconfig, "restart", 0, 1);
+    let ready_after = ready(restarted.health).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    Restart {
+        list_floor,
+        ready_after,
+        counts: since(&operator_requests(admin).await, &before),
+        rss: restarted.process.usage().0,
+    }
+}
+
+/// Shard 1's replica killed (SIGKILL: its Lease is not released, as in a crash).
+struct Handoff {
+    /// Who took its shard.
+    taker: String,
+    /// From the kill until another replica held the shard's Lease.
+    taken_after: Duration,
+    /// From the kill until a workspace created in one of the shard's namespaces just after it
+    /// was Running.
+    running_after: Duration,
+    /// The operators' writes in the 10 s after the takeover.
+    counts: BTreeMap<(String, String, u16), u64>,
+    /// The taker's peak RSS then.
+    taker_rss: f64,
+}
+
+async fn hand_off(
+    admin: &kube::Client,
+    operators: &mut Vec<Operator>,
+    plan: &[(String, String, u32)],
+    spec: &Value,
+    shards: u32,
+) -> Handoff {
+    let killed = operators.remove(1);
+    let _ = Command::new("kill")
+        .args(["-KILL", &killed.process.pid().to_string()])
+        .status();
+    let at = Instant::now();
+    let namespace = &plan
+        .iter()
+        .find(|(_, _, s)| *s == 1)
+        .expect("shard 1 has workspaces")
+        .0;
+    let workspaces: Api<Workspace> = Api::namespaced(admin.clone(), namespace);
+    let body: Workspace = serde_json::from_value(json!({
+        "apiVersion": "berth.dev/v1alpha1", "kind": "Workspace", "metadata": {"name": "after-handoff"},
+        "spec": spec
+    }))
+    .unwrap();
+    workspaces
+        .create(&PostParams::default(), &body)
+        .await
+        .unwrap();
+    let taker = loop {
+        if let Some(holder) = shard_holder(admin, 1, shards)
+            .await
+            .filter(|h| !h.starts_with("berth-controller-1-"))
+        {
+            break holder;
+        }
+        assert!(
+            at.elapsed() < Duration::from_secs(120),
+            "nobody took shard 1 over"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let taken_after = at.elapsed();
+    let before = operator_requests(admin).await;
+    let running_after = loop {
+        let phase = workspaces
+            .get("after-handoff")
+            .await
+            .ok()
+            .and_then(|w| w.status?.phase);
+        if phase == Some(Phase::Running) {
+            break at.elapsed();
+        }
+        assert!(
+            at.elapsed() < Duration::from_secs(300),
+            "the new workspace of the handed-off shard never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let until = at + taken_after + Duration::from_secs(10);
+    tokio::time::sleep(until.saturating_duration_since(Instant::now())).await;
+    let counts = since(&operator_requests(admin).await, &before);
+    let index: usize = taker
+        .strip_prefix("berth-controller-")
+        .and_then(|rest| rest.split('-').next())
+        .and_then(|i| i.parse().ok())
+        .expect("replicas are named berth-controller-<i>-<suffix>");
+    // operators lost index 1: those after it moved down by one.
+    let position = if index > 1 { index - 1 } else { index };
+    drop(killed);
+    Handoff {
+        taker,
+        taken_after,
+        running_after,
+        counts,
+        taker_rss: operators[position].process.usage().0,
+    }
 }
 
 /// A run's figures that must not grow, by name; lower is better for each.

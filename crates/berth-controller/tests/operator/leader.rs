@@ -212,3 +212,44 @@ async fn until_ready(h: &Harness) {
     })
     .await;
 }
+
+/// The holder renews its Lease once per renewal period (the duration less the grace: 1 s
+/// here), whatever else the Lease's watch delivers. Before, each watch event (its own
+/// renewal's too) cut a renewal short before it read the Lease back, and the holder renewed
+/// about fifteen times in a row each period: a write storm that grew with every shard.
+#[tokio::test]
+async fn the_holder_renews_its_lease_once_per_period() {
+    let config = berth_controller::Config {
+        leader_election: Some(LeaderElection {
+            lease: "berth-controller".into(),
+            namespace: "berth-system".into(),
+            identity: "berth-controller-0".into(),
+            duration_seconds: 2,
+            grace_seconds: 1,
+        }),
+        ..test_config()
+    };
+    let h = Harness::start_with(crate::support::sim_config(), config).await;
+    let renewals = || {
+        h.sim.count_requests(|k| {
+            k.user == crate::support::OPERATOR && k.resource == "leases" && k.verb == "patch"
+        })
+    };
+    crate::support::eventually(WAIT, "the lease taken", || async {
+        (renewals() > 0).then_some(())
+    })
+    .await;
+    let (from, started) = (renewals(), std::time::Instant::now());
+    // Three renewal periods at least (a slower machine renews less often, never more).
+    crate::support::eventually(WAIT, "three renewals", || async {
+        (renewals() >= from + 3).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let periods = started.elapsed().as_secs_f64();
+    let renewed = renewals() - from;
+    assert!(
+        (renewed as f64) <= periods + 2.0,
+        "{renewed} renewals in {periods:.1} s of 1 s periods"
+    );
+}

@@ -187,26 +187,6 @@ async fn every_rule_granted_to_the_operator_is_used_and_nothing_is_refused() {
     })
     .await;
 
-    // A workspace and pod from before shard labels (the labels taken off by hand): the
-    // sharder labels the pod, then the workspace.
-    let unlabel = json!({"metadata": {"labels": {"berth.dev/shard": null}}});
-    let merge = kube::api::Patch::Merge(&unlabel);
-    pods.patch("full-ws", &Default::default(), &merge)
-        .await
-        .unwrap();
-    h.workspaces()
-        .patch("full", &Default::default(), &merge)
-        .await
-        .unwrap();
-    eventually(WAIT, "the pod labelled again", || async {
-        let pod = pods.get("full-ws").await.ok()?;
-        pod.metadata
-            .labels?
-            .contains_key("berth.dev/shard")
-            .then_some(())
-    })
-    .await;
-
     // Pause, resume, then a restart of the operator (it releases and takes the Lease again).
     h.patch_spec("full", json!({"paused": true})).await;
     h.until_phase("full", Phase::Stopped).await;
@@ -214,6 +194,35 @@ async fn every_rule_granted_to_the_operator_is_used_and_nothing_is_refused() {
     h.until_phase("full", Phase::Running).await;
     h.stop_operator().await;
     h.start_operator();
+
+    // Sharding turned on (two shards, this one replica holding both once the second's
+    // patience is over), over a pod from before shard labels (its label taken off by hand):
+    // the sharder labels the pod, then the workspace.
+    let unlabel = json!({"metadata": {"labels": {"berth.dev/shard": null}}});
+    pods.patch(
+        "full-ws",
+        &Default::default(),
+        &kube::api::Patch::Merge(&unlabel),
+    )
+    .await
+    .unwrap();
+    h.stop_operator().await;
+    h.configure(|config| {
+        config.sharding = berth_controller::config::Sharding {
+            count: 2,
+            preferred: 0,
+        }
+    });
+    h.start_operator();
+    eventually(WAIT, "the pod and its workspace labelled", || async {
+        let labelled = |labels: Option<std::collections::BTreeMap<String, String>>| {
+            labels.is_some_and(|l| l.contains_key("berth.dev/shard"))
+        };
+        let pod = pods.get("full-ws").await.ok()?;
+        let workspace = h.workspaces().get("full").await.ok()?;
+        (labelled(pod.metadata.labels) && labelled(workspace.metadata.labels)).then_some(())
+    })
+    .await;
 
     // Deletion: the finalizer comes off once what the workspace owns is gone.
     for name in ["full", "rejected", "squatted", "grabbed"] {

@@ -121,6 +121,11 @@ impl Harness {
         }));
     }
 
+    /// Changes the operator's settings from its next start on.
+    pub fn configure(&mut self, change: impl FnOnce(&mut Config)) {
+        change(&mut self.config);
+    }
+
     pub async fn stop_operator(&mut self) {
         if let Some(task) = self.operator.take() {
             task.abort();
