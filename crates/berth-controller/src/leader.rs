@@ -137,8 +137,9 @@ pub async fn hold(
             // and is dropped only to take a released Lease with a fresh manager, or to stop.
             let mut released = false;
             {
-                let changed = manager.changed();
-                tokio::pin!(changed);
+                // Boxed so that it can be dropped (with any lock it holds on the manager's
+                // state) before the release below.
+                let mut changed = Box::pin(manager.changed());
                 loop {
                     tokio::select! {
                         biased;

@@ -111,16 +111,7 @@ async fn only_the_leader_reconciles_and_a_standby_takes_over() {
 #[tokio::test]
 async fn a_failing_first_lease_read_is_retried_until_it_answers() {
     use berth_sim::{ApiFault, Frequency, RequestMatch};
-    let config = berth_controller::Config {
-        leader_election: Some(LeaderElection {
-            lease: "berth-controller".into(),
-            namespace: "berth-system".into(),
-            identity: "berth-controller-0".into(),
-            duration_seconds: 2,
-            grace_seconds: 1,
-        }),
-        ..test_config()
-    };
+    let config = crate::support::leading_config();
     let mut h = Harness::start_with(crate::support::sim_config(), config).await;
     h.stop_operator().await;
     h.sim.faults().api_error(ApiFault {
@@ -219,16 +210,7 @@ async fn until_ready(h: &Harness) {
 /// about fifteen times in a row each period: a write storm that grew with every shard.
 #[tokio::test]
 async fn the_holder_renews_its_lease_once_per_period() {
-    let config = berth_controller::Config {
-        leader_election: Some(LeaderElection {
-            lease: "berth-controller".into(),
-            namespace: "berth-system".into(),
-            identity: "berth-controller-0".into(),
-            duration_seconds: 2,
-            grace_seconds: 1,
-        }),
-        ..test_config()
-    };
+    let config = crate::support::leading_config();
     let h = Harness::start_with(crate::support::sim_config(), config).await;
     let renewals = || {
         h.sim.count_requests(|k| {

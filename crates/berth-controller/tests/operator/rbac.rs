@@ -5,7 +5,6 @@
 use std::collections::BTreeSet;
 
 use berth_api::Phase;
-use berth_controller::config::LeaderElection;
 use berth_sim::{NodeConfig, SimConfig};
 use k8s_openapi::api::{
     core::v1::{PersistentVolumeClaim, Pod, Service},
@@ -14,7 +13,7 @@ use k8s_openapi::api::{
 use kube::{Api, api::PostParams};
 use serde_json::json;
 
-use crate::support::{Harness, OPERATOR, WAIT, eventually, test_config};
+use crate::support::{Harness, OPERATOR, WAIT, eventually};
 
 /// (API group, resource or resource/subresource, verb).
 type Permission = (String, String, String);
@@ -62,16 +61,7 @@ fn expand(rules: &[PolicyRule]) -> BTreeSet<Permission> {
 /// election; the operator is refused nothing, and every rule granted to it was used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_rule_granted_to_the_operator_is_used_and_nothing_is_refused() {
-    let config = berth_controller::Config {
-        leader_election: Some(LeaderElection {
-            lease: "berth-controller".into(),
-            namespace: "berth-system".into(),
-            identity: "berth-controller-0".into(),
-            duration_seconds: 2,
-            grace_seconds: 1,
-        }),
-        ..test_config()
-    };
+    let config = crate::support::leading_config();
     let sim = SimConfig {
         nodes: vec![NodeConfig::new("node-1")],
         ..crate::support::sim_config()

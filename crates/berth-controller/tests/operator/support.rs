@@ -63,6 +63,21 @@ pub fn test_config() -> Config {
     }
 }
 
+/// [`test_config`] with leader election on the Lease `berth-system/berth-controller`, as
+/// `berth-controller-0`, with a 2 s Lease renewed each second.
+pub fn leading_config() -> Config {
+    Config {
+        leader_election: Some(berth_controller::config::LeaderElection {
+            lease: "berth-controller".into(),
+            namespace: "berth-system".into(),
+            identity: "berth-controller-0".into(),
+            duration_seconds: 2,
+            grace_seconds: 1,
+        }),
+        ..test_config()
+    }
+}
+
 impl Harness {
     pub async fn start() -> Harness {
         Self::start_with(sim_config(), test_config()).await
