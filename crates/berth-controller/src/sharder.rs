@@ -95,8 +95,9 @@ impl Drop for Sharder {
 }
 
 impl Sharder {
-    /// Starts labelling what is queued; with `watch_unlabelled`, every workspace without the
-    /// label (in `namespace`, or all) is queued as the API server shows it.
+    /// Starts labelling what is queued; with `watch_unlabelled`, every workspace no shard
+    /// selects (without the label, or with a value that is no bucket; in `namespace`, or all)
+    /// is queued as the API server shows it.
     pub fn spawn(
         client: Client,
         namespace: Option<&str>,

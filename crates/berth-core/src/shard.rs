@@ -35,9 +35,11 @@ pub fn labelled(namespace: &str, labels: &std::collections::BTreeMap<String, Str
         .is_some_and(|v| *v == label_value(namespace))
 }
 
-/// The selector of objects without the bucket label: what the sharder labels.
+/// The selector of objects no shard selects: without the label, or with a value that is no
+/// bucket (`notin` selects objects without the key too). What the sharder labels.
 pub fn unlabelled_selector() -> String {
-    format!("!{SHARD}")
+    let buckets: Vec<String> = (0..BUCKETS).map(|b| b.to_string()).collect();
+    format!("{SHARD} notin ({})", buckets.join(","))
 }
 
 /// One of `count` shards: the buckets `b` with `b mod count == index`.
@@ -142,7 +144,12 @@ mod tests {
         assert!(Shard::new(0, 3).unwrap().labels_the_unlabelled());
         assert_eq!(Shard::new(3, 3), None);
         assert_eq!(Shard::new(0, BUCKETS + 1), None);
-        assert_eq!(unlabelled_selector(), "!berth.dev/shard");
+        let unlabelled = unlabelled_selector();
+        assert!(
+            unlabelled.starts_with("berth.dev/shard notin (0,1,2,")
+                && unlabelled.ends_with(",255)"),
+            "{unlabelled}"
+        );
     }
 
     #[test]

@@ -133,10 +133,13 @@ async fn each_replica_reconciles_its_shard_and_takes_over_the_other_when_it_goes
         json!({"berth.dev/shard": shard::label_value(&ns_a)}),
     )
     .await;
+    // Labelled with no bucket at all (no shard selects it): labelled by the sharder.
+    create_in(&h, &ns_b, "odd", json!({"berth.dev/shard": "none"})).await;
     for (namespace, name, writer) in [
         (&ns_a, "ada", "berth-replica-a"),
         (&ns_b, "bob", "berth-replica-b"),
         (&ns_b, "misfiled", "berth-replica-b"),
+        (&ns_b, "odd", "berth-replica-b"),
     ] {
         let (workspace, wrote) = running(&h, namespace, name).await;
         assert_eq!(wrote, writer, "{namespace}/{name}'s status");
@@ -166,4 +169,40 @@ async fn each_replica_reconciles_its_shard_and_takes_over_the_other_when_it_goes
     until_held(&leases, "berth-controller-shard-1-of-2", "replica-b").await;
     b.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), b).await;
+}
+
+/// A user would see, while the API server fails the sharder's label (a 500): a Warning
+/// `ShardLabelFailed` on the workspace, in the API server's words, saying no shard reconciles
+/// it yet and when it is tried again; then the label, and the workspace Running.
+#[tokio::test]
+async fn a_label_the_api_refuses_is_said_by_a_warning_and_retried() {
+    use berth_sim::{ApiFault, Frequency, RequestMatch};
+    let config = berth_controller::Config {
+        sharding: Sharding {
+            count: 2,
+            preferred: shard::bucket("default") % 2,
+        },
+        ..crate::support::leading_config()
+    };
+    let h = Harness::start_with(crate::support::sim_config(), config).await;
+    h.sim.faults().api_error(ApiFault {
+        matching: RequestMatch::new("patch", "workspaces"),
+        code: 500,
+        frequency: Frequency::Next(1),
+    });
+    let wes = h.create("wes", json!({"image": "devbox:1"})).await;
+    h.until_phase("wes", Phase::Running).await;
+    let events = crate::support::events_about(&h, wes.metadata.uid.as_deref().unwrap()).await;
+    let expected = format!(
+        "cannot label the workspace with its shard (berth.dev/shard={}), so no operator shard reconciles it yet; retrying in 5s: ",
+        shard::label_value("default")
+    );
+    assert!(
+        events
+            .iter()
+            .any(|(reason, note)| reason == "ShardLabelFailed"
+                && note.starts_with(&expected)
+                && note.contains("injected fault (patch workspaces)")),
+        "{events:?}"
+    );
 }
