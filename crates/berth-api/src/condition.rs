@@ -351,6 +351,9 @@ pub mod event_reasons {
     pub const FAILED_CREATE: &str = "FailedCreate";
     /// The API server refused to update an object the workspace owns.
     pub const FAILED_UPDATE: &str = "FailedUpdate";
+    /// The operator cannot label the workspace with its shard's bucket, so no operator
+    /// shard reconciles it yet (`berth_core::shard`).
+    pub const SHARD_LABEL_FAILED: &str = "ShardLabelFailed";
     /// The agent cannot put the workspace's content in place (once per failure series).
     pub const CONTENT_FAILED: &str = "ContentFailed";
     /// The workspace's content is in place (once per clone).

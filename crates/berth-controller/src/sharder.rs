@@ -5,7 +5,7 @@
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
-use berth_api::{Workspace, labels};
+use berth_api::{Workspace, condition::event_reasons, labels};
 use berth_core::shard;
 use futures::{StreamExt, channel::mpsc};
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim, Pod, Service};
@@ -174,7 +174,7 @@ async fn label_queued(
                         );
                         let report = Report {
                             type_: EventType::Warning,
-                            reason: "ShardLabelFailed",
+                            reason: event_reasons::SHARD_LABEL_FAILED,
                             action: "Label",
                             note: &note,
                         };
