@@ -314,6 +314,24 @@ pub struct WorkspaceKindStatus {
     /// How many workspaces use each option, by list and id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub options: Option<OptionUse>,
+    /// With the operator sharded (`--shards N`), each shard's own counts, by shard
+    /// (`<i>-of-<N>`); `workspaces` and `options` are their sum, written by shard 0's holder
+    /// once every shard has counted.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 256))]
+    pub shards: BTreeMap<String, KindUsage>,
+}
+
+/// What one shard of the operator counts of a kind's use.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KindUsage {
+    /// How many of the shard's workspaces name the kind.
+    #[serde(default)]
+    pub workspaces: u32,
+    /// How many of the shard's workspaces use each option, by list and id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<OptionUse>,
 }
 
 /// Workspaces per option.

@@ -18,7 +18,7 @@ pub use condition::{ConditionStatus, set_condition};
 pub use content::{ContentStatus, GitAuth, GitContent, WorkspaceContent};
 pub use duration::{DurationString, parse_duration};
 pub use error::{Error, Result};
-pub use kind::{WorkspaceKind, WorkspaceKindSpec, WorkspaceKindStatus};
+pub use kind::{KindUsage, WorkspaceKind, WorkspaceKindSpec, WorkspaceKindStatus};
 pub use resolution::{KindError, KindResolution, WorkspaceOptions};
 pub use status::{AdmissionRecord, AgentStatus, Phase, PodRef, WorkspaceStatus, summary};
 pub use workspace::{

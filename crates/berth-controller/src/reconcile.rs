@@ -625,17 +625,9 @@ async fn run_controller(
             .store(true, std::sync::atomic::Ordering::Relaxed);
     });
 
-    // Each kind's use, in its status, at most once a second however many workspaces change.
-    // Sharded, a shard sees only its own workspaces: a count from its cache would be a
-    // fraction, so none is written (`bench/sharding.md`).
-    let usage = tokio::spawn({
-        let (client, context) = (client.clone(), context.clone());
-        async move {
-            if shard.count() == 1 {
-                write_kind_usage(client, context).await;
-            }
-        }
-    });
+    // Each kind's use, in its status, at most once a second however many workspaces change;
+    // sharded, each shard's own count and shard 0's sum of them (`kinds::usage_patch`).
+    let usage = tokio::spawn(write_kind_usage(client.clone(), context.clone(), shard));
     let kinds_for_triggers = kinds;
     let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stop.wait_for(|stopped| *stopped).await;
@@ -775,38 +767,58 @@ fn check_when_ready(
 /// How often a kind's status may be written, at most.
 const KIND_USAGE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Writes each kind's use (`kinds::usage`) into its status when it changed, once every
-/// [`KIND_USAGE_INTERVAL`] at most, from the caches: 10 000 workspaces of one kind changing
-/// at once make one write a second. The admission policy of `deploy/admission/` reads these
-/// counts to refuse deleting a kind, or removing an option, in use.
-async fn write_kind_usage(client: Client, ctx: Arc<Context>) {
+/// Writes each kind's use (`kinds::usage`, as `kinds::usage_patch` says for `shard`) into its
+/// status when it changed, once every [`KIND_USAGE_INTERVAL`] at most, from the caches: 10 000
+/// workspaces of one kind changing at once make one write a second. The admission policy of
+/// `deploy/admission/` reads these counts to refuse deleting a kind, or removing an option, in
+/// use.
+async fn write_kind_usage(client: Client, ctx: Arc<Context>, shard: Shard) {
     caches_ready(&ctx).await;
     let mut tick = tokio::time::interval(KIND_USAGE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let api: Api<WorkspaceKind> = Api::all(client);
-    let params = PatchParams::apply(&ctx.config.manager).force();
+    let params = PatchParams {
+        field_manager: Some(ctx.config.manager.clone()),
+        ..PatchParams::default()
+    };
+    // The last refusal said of each kind, so a lasting one is said once, not each second.
+    let mut refused: HashMap<String, String> = HashMap::new();
     loop {
         tick.tick().await;
         let workspaces = ctx.workspaces.state();
         let mut usage = crate::kinds::usage(workspaces.iter().map(|w| &**w));
         for kind in ctx.kinds.state() {
             let name = kind.name_any();
-            let wanted = usage.remove(&name).unwrap_or_default();
-            if kind.status.as_ref() == Some(&wanted) {
+            let counted = usage.remove(&name).unwrap_or_default();
+            let Some(patch) = crate::kinds::usage_patch(kind.status.as_ref(), counted, shard)
+            else {
                 continue;
-            }
-            let body = json!({
-                "apiVersion": "berth.dev/v1alpha1",
-                "kind": "WorkspaceKind",
-                "status": wanted,
-            });
-            match api.patch_status(&name, &params, &Patch::Apply(&body)).await {
+            };
+            let body = json!({ "status": patch });
+            match api.patch_status(&name, &params, &Patch::Merge(&body)).await {
                 Ok(_) => {
                     ctx.metrics.kind_status_writes.inc();
+                    refused.remove(&name);
                 }
-                // Gone meanwhile, or refused: the next tick tries again.
+                // Gone meanwhile, or refused: the next tick tries again; a refusal is said.
                 Err(error) => {
-                    warn!(kind = %name, %error, "cannot write the WorkspaceKind's status")
+                    let note = format!(
+                        "cannot write how many workspaces use the kind into its status, so the admission policy may count too few; retrying in 1s: {error}"
+                    );
+                    warn!(kind = %name, %error, "cannot write the WorkspaceKind's status");
+                    if refused.get(&name) != Some(&note) {
+                        let report = Report {
+                            type_: EventType::Warning,
+                            reason: event_reasons::FAILED_UPDATE,
+                            action: "UpdateStatus",
+                            note: &note,
+                        };
+                        let reference = kube::Resource::object_ref(&*kind, &());
+                        if let Err(error) = ctx.recorder.publish(&report, &reference).await {
+                            warn!(%error, "cannot publish the event");
+                        }
+                        refused.insert(name, note);
+                    }
                 }
             }
         }

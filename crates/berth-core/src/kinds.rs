@@ -10,9 +10,12 @@ use std::collections::BTreeMap;
 use berth_api::{
     ConditionStatus, KindError, KindResolution, Phase, Workspace, WorkspaceKind,
     condition::{HasReason, Reason, types},
-    kind::{OptionUse, WorkspaceKindStatus},
+    kind::{KindUsage, OptionUse, WorkspaceKindStatus},
     resolution,
 };
+use serde_json::{Map, Value};
+
+use crate::shard::Shard;
 
 /// What the kind says of a workspace, for the core's conditions.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,8 +127,8 @@ pub fn shape(workspace: &Workspace, kind: Option<&WorkspaceKind>, has_own_pod: b
 /// when it picks one (removing either would hold its next start).
 pub fn usage<'a>(
     workspaces: impl IntoIterator<Item = &'a Workspace>,
-) -> BTreeMap<String, WorkspaceKindStatus> {
-    let mut out: BTreeMap<String, WorkspaceKindStatus> = BTreeMap::new();
+) -> BTreeMap<String, KindUsage> {
+    let mut out: BTreeMap<String, KindUsage> = BTreeMap::new();
     for workspace in workspaces {
         let Some(kind) = workspace.spec.kind.as_deref() else {
             continue;
@@ -164,6 +167,106 @@ pub fn usage<'a>(
         }
     }
     out
+}
+
+/// The JSON merge patch of a kind's `status` (`None`: nothing to write) that makes it say what
+/// `shard` counted of its workspaces of the kind (`counted`, from [`usage`]).
+///
+/// Unsharded, that is the whole status (and no per-shard entries left from a sharded run).
+/// Sharded, a shard sees only its own namespaces: it writes its own entry of `shards`, and
+/// shard 0 also writes their sum as `workspaces` and `options` once every shard of this count
+/// has an entry (a partial sum would let the admission policy delete a kind still in use),
+/// and removes the entries of another shard count. Merge patches of disjoint keys, so the
+/// shards' writes never undo each other's.
+pub fn usage_patch(
+    current: Option<&WorkspaceKindStatus>,
+    counted: KindUsage,
+    shard: Shard,
+) -> Option<Value> {
+    let current = current.cloned().unwrap_or_default();
+    let mut wanted = current.clone();
+    if shard.count() == 1 {
+        wanted = status_of(counted);
+    } else {
+        wanted.shards.insert(shard.name(), counted);
+        if shard.index() == 0 {
+            let names: Vec<String> = (0..shard.count())
+                .filter_map(|i| Shard::new(i, shard.count()))
+                .map(Shard::name)
+                .collect();
+            wanted.shards.retain(|name, _| names.contains(name));
+            let entries: Option<Vec<&KindUsage>> =
+                names.iter().map(|name| wanted.shards.get(name)).collect();
+            if let Some(entries) = entries {
+                let total = status_of(sum(entries));
+                (wanted.workspaces, wanted.options) = (total.workspaces, total.options);
+            }
+        }
+    }
+    let to_json = |status: &WorkspaceKindStatus| {
+        serde_json::to_value(status).expect("a status always serializes")
+    };
+    merge_patch(&to_json(&current), &to_json(&wanted))
+}
+
+fn status_of(usage: KindUsage) -> WorkspaceKindStatus {
+    WorkspaceKindStatus {
+        workspaces: usage.workspaces,
+        options: usage
+            .options
+            .filter(|options| *options != OptionUse::default()),
+        shards: BTreeMap::new(),
+    }
+}
+
+fn sum<'a>(entries: impl IntoIterator<Item = &'a KindUsage>) -> KindUsage {
+    let mut total = KindUsage::default();
+    for entry in entries {
+        total.workspaces += entry.workspaces;
+        let Some(options) = &entry.options else {
+            continue;
+        };
+        let into = total.options.get_or_insert_with(OptionUse::default);
+        for (counts, add) in [
+            (&mut into.image, &options.image),
+            (&mut into.pod, &options.pod),
+        ] {
+            for (id, n) in add {
+                *counts.entry(id.clone()).or_default() += n;
+            }
+        }
+    }
+    total
+}
+
+/// The JSON merge patch (RFC 7386) that turns `from` into `to`: changed and new keys, `null`
+/// for the removed ones; `None` when they are equal.
+fn merge_patch(from: &Value, to: &Value) -> Option<Value> {
+    if from == to {
+        return None;
+    }
+    let (Value::Object(from), Value::Object(to)) = (from, to) else {
+        return Some(to.clone());
+    };
+    let mut patch = Map::new();
+    for (key, old) in from {
+        match to.get(key) {
+            None => {
+                patch.insert(key.clone(), Value::Null);
+            }
+            Some(new) => {
+                if let Some(change) = merge_patch(old, new) {
+                    patch.insert(key.clone(), change);
+                }
+            }
+        }
+    }
+    for (key, new) in to {
+        if !from.contains_key(key) {
+            patch.insert(key.clone(), new.clone());
+        }
+    }
+    Some(Value::Object(patch))
 }
 
 #[cfg(test)]
@@ -459,5 +562,84 @@ pub(crate) mod tests {
         assert_eq!(options.pod, [("small".to_owned(), 2)].into());
         assert_eq!(usage["other"].workspaces, 1);
         assert_eq!(usage["other"].options, None);
+    }
+
+    fn counted(workspaces: u32, image: &[(&str, u32)]) -> KindUsage {
+        KindUsage {
+            workspaces,
+            options: (!image.is_empty()).then(|| OptionUse {
+                image: image.iter().map(|(id, n)| (id.to_string(), *n)).collect(),
+                pod: BTreeMap::new(),
+            }),
+        }
+    }
+
+    fn status(value: serde_json::Value) -> WorkspaceKindStatus {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn unsharded_the_count_is_the_whole_status_and_an_unchanged_one_is_not_written() {
+        let all = Shard::ALL;
+        assert_eq!(
+            usage_patch(None, counted(2, &[("py311", 2)]), all),
+            Some(json!({"workspaces": 2, "options": {"image": {"py311": 2}}}))
+        );
+        let written = status(json!({"workspaces": 2, "options": {"image": {"py311": 2}}}));
+        assert_eq!(
+            usage_patch(Some(&written), counted(2, &[("py311", 2)]), all),
+            None
+        );
+        // An option no longer used, and the entries of a sharded run before, are removed.
+        let before = status(
+            json!({"workspaces": 3, "options": {"image": {"py311": 2, "py312": 1}},
+            "shards": {"0-of-2": {"workspaces": 1}, "1-of-2": {"workspaces": 2}}}),
+        );
+        assert_eq!(
+            usage_patch(Some(&before), counted(2, &[("py311", 2)]), all),
+            Some(json!({"workspaces": 2, "options": {"image": {"py312": null}}, "shards": null}))
+        );
+        assert_eq!(
+            usage_patch(Some(&written), counted(0, &[]), all),
+            Some(json!({"workspaces": 0, "options": null}))
+        );
+    }
+
+    #[test]
+    fn sharded_each_shard_writes_its_entry_and_shard_0_the_sum_once_every_shard_counted() {
+        let (zero, one) = (Shard::new(0, 2).unwrap(), Shard::new(1, 2).unwrap());
+        // Shard 1 writes only its own entry, even when the total is wrong.
+        assert_eq!(
+            usage_patch(None, counted(2, &[("py311", 2)]), one),
+            Some(
+                json!({"shards": {"1-of-2": {"workspaces": 2, "options": {"image": {"py311": 2}}}}})
+            )
+        );
+        // Shard 0 before shard 1 counted: its entry, no partial sum.
+        let unsharded = status(json!({"workspaces": 7}));
+        assert_eq!(
+            usage_patch(Some(&unsharded), counted(1, &[]), zero),
+            Some(json!({"shards": {"0-of-2": {"workspaces": 1}}}))
+        );
+        // Once shard 1 has counted: the sum, and the entries of another shard count removed.
+        let both = status(json!({"workspaces": 7, "shards": {
+            "0-of-2": {"workspaces": 1},
+            "1-of-2": {"workspaces": 2, "options": {"image": {"py311": 2}}},
+            "2-of-3": {"workspaces": 5}}}));
+        assert_eq!(
+            usage_patch(Some(&both), counted(1, &[("py311", 1), ("py312", 1)]), zero),
+            Some(json!({
+                "workspaces": 3,
+                "options": {"image": {"py311": 3, "py312": 1}},
+                "shards": {
+                    "0-of-2": {"options": {"image": {"py311": 1, "py312": 1}}},
+                    "2-of-3": null,
+                },
+            }))
+        );
+        let settled = status(json!({"workspaces": 3, "shards": {
+            "0-of-2": {"workspaces": 1}, "1-of-2": {"workspaces": 2}}}));
+        assert_eq!(usage_patch(Some(&settled), counted(1, &[]), zero), None);
+        assert_eq!(usage_patch(Some(&settled), counted(2, &[]), one), None);
     }
 }

@@ -206,3 +206,106 @@ async fn a_label_the_api_refuses_is_said_by_a_warning_and_retried() {
         "{events:?}"
     );
 }
+
+/// A user would see, with the operator sharded: `kubectl get workspacekinds` counting every
+/// workspace of the kind whichever shard reconciles it (`status.workspaces` the sum of the
+/// shards' own entries, `status.shards["0-of-2"]` and `["1-of-2"]`), an entry left by another
+/// shard count removed, the sum following a deletion; and a status write the API server
+/// refuses said as a Warning `FailedUpdate` on the kind, in its words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kinds_use_is_counted_by_each_shard_and_summed_by_the_first() {
+    use berth_api::WorkspaceKind;
+    use berth_sim::{ApiFault, Frequency, RequestMatch};
+    let config = berth_controller::Config {
+        sharding: Sharding {
+            count: 2,
+            preferred: 0,
+        },
+        ..crate::support::leading_config()
+    };
+    let h = Harness::start_with(crate::support::sim_config(), config).await;
+    let kinds: Api<WorkspaceKind> = Api::all(h.client.clone());
+    let kind = kinds
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "berth.dev/v1alpha1", "kind": "WorkspaceKind",
+                "metadata": {"name": "shell"},
+                "spec": {
+                    "spawner": {"displayName": "Shell"},
+                    "options": {"image": {"default": "v1", "values": [
+                        {"id": "v1", "displayName": "v1", "spec": {"image": "devbox:1"}}]},
+                        "pod": {"default": "small", "values": [
+                        {"id": "small", "displayName": "Small", "spec": {}}]}}
+                }
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    // Left by a run with three shards.
+    kinds
+        .patch_status(
+            "shell",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"workspaces": 9,
+                "shards": {"2-of-3": {"workspaces": 9}}}})),
+        )
+        .await
+        .unwrap();
+    h.sim.faults().api_error(ApiFault {
+        matching: RequestMatch::new("patch", "workspacekinds"),
+        code: 500,
+        frequency: Frequency::Next(1),
+    });
+    let (ns_a, ns_b) = (
+        namespace_in(&h, Shard::new(0, 2).unwrap()).await,
+        namespace_in(&h, Shard::new(1, 2).unwrap()).await,
+    );
+    for (namespace, name) in [(&ns_a, "ada"), (&ns_b, "bob"), (&ns_b, "bea")] {
+        let workspaces: Api<Workspace> = Api::namespaced(h.client.clone(), namespace);
+        workspaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"apiVersion": "berth.dev/v1alpha1",
+                    "kind": "Workspace", "metadata": {"name": name},
+                    "spec": {"kind": "shell"}}))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+    }
+    let counted = |total: u32, first: u32, second: u32| {
+        let kinds = kinds.clone();
+        async move {
+            eventually(WAIT, &format!("the kind to count {total}"), || async {
+                let status = kinds.get("shell").await.ok()?.status?;
+                let shards: Vec<(&str, u32)> = status
+                    .shards
+                    .iter()
+                    .map(|(name, usage)| (name.as_str(), usage.workspaces))
+                    .collect();
+                let image = status.options.as_ref()?.image.get("v1").copied();
+                (status.workspaces == total
+                    && image == Some(total)
+                    && shards == [("0-of-2", first), ("1-of-2", second)])
+                .then_some(())
+            })
+            .await
+        }
+    };
+    counted(3, 1, 2).await;
+    Api::<Workspace>::namespaced(h.client.clone(), &ns_b)
+        .delete("bea", &Default::default())
+        .await
+        .unwrap();
+    counted(2, 1, 1).await;
+
+    let events = crate::support::events_about(&h, kind.metadata.uid.as_deref().unwrap()).await;
+    assert!(
+        events.iter().any(|(reason, note)| reason == "FailedUpdate"
+            && note.starts_with("cannot write how many workspaces use the kind into its status, so the admission policy may count too few; retrying in 1s: ")
+            && note.contains("injected fault (patch workspacekinds)")),
+        "{events:?}"
+    );
+}
