@@ -183,8 +183,9 @@ pub fn usage_patch(
     counted: KindUsage,
     shard: Shard,
 ) -> Option<Value> {
-    let current = current.cloned().unwrap_or_default();
-    let mut wanted = current.clone();
+    let mut wanted = current.cloned().unwrap_or_default();
+    // Whether this write says the total (the whole kind's use).
+    let mut total_said = shard.count() == 1;
     if shard.count() == 1 {
         wanted = status_of(counted);
     } else {
@@ -200,13 +201,21 @@ pub fn usage_patch(
             if let Some(entries) = entries {
                 let total = status_of(sum(entries));
                 (wanted.workspaces, wanted.options) = (total.workspaces, total.options);
+                total_said = true;
             }
         }
     }
     let to_json = |status: &WorkspaceKindStatus| {
         serde_json::to_value(status).expect("a status always serializes")
     };
-    merge_patch(&to_json(&current), &to_json(&wanted))
+    // A kind without a status gets its total even when it is 0 (`kubectl get` shows it); a
+    // shard's own entry alone says no total.
+    let current = match current {
+        Some(current) => to_json(current),
+        None if total_said => Value::Null,
+        None => to_json(&WorkspaceKindStatus::default()),
+    };
+    merge_patch(&current, &to_json(&wanted))
 }
 
 fn status_of(usage: KindUsage) -> WorkspaceKindStatus {
@@ -581,6 +590,10 @@ pub(crate) mod tests {
     #[test]
     fn unsharded_the_count_is_the_whole_status_and_an_unchanged_one_is_not_written() {
         let all = Shard::ALL;
+        assert_eq!(
+            usage_patch(None, counted(0, &[]), all),
+            Some(json!({"workspaces": 0}))
+        );
         assert_eq!(
             usage_patch(None, counted(2, &[("py311", 2)]), all),
             Some(json!({"workspaces": 2, "options": {"image": {"py311": 2}}}))
