@@ -38,23 +38,27 @@ pub struct Change {
 
 /// A change as the history keeps it: its objects as JSON text, which takes a tenth of the
 /// memory of a `Value` (a small map costs a 600-byte B-tree node). Rebuilt into a [`Change`]
-/// only when a watch resumes from the history or a list asks for an old revision.
-struct Kept {
+/// only when a watch resumes from the history or a list asks for an old revision, and then
+/// outside the store's lock (the text is shared, so a copy of a `Kept` is cheap): parsing a
+/// resuming watch's backlog of thousands of pods takes seconds, during which no write could
+/// otherwise take the lock, and every watch fell behind in turn.
+#[derive(Clone)]
+pub struct Kept {
     revision: u64,
     storage: StorageKey,
     kind: ChangeKind,
     key: ObjectKey,
-    object: Box<[u8]>,
-    previous: Option<Box<[u8]>>,
+    object: Arc<[u8]>,
+    previous: Option<Arc<[u8]>>,
     /// When it was made: the history keeps a window of time, as etcd keeps the revisions
     /// since its last compaction.
     at: std::time::Instant,
 }
 
-fn text(object: &Value) -> Box<[u8]> {
+fn text(object: &Value) -> Arc<[u8]> {
     serde_json::to_vec(object)
         .expect("a Value always serializes")
-        .into_boxed_slice()
+        .into()
 }
 
 fn parsed(text: &[u8]) -> Arc<Value> {
@@ -74,7 +78,13 @@ impl Kept {
         }
     }
 
-    fn change(&self) -> Arc<Change> {
+    /// The namespace of the changed object ("" for cluster-scoped), known without parsing.
+    pub fn namespace(&self) -> &str {
+        &self.key.0
+    }
+
+    /// The change with its objects parsed (the costly part: not under the store's lock).
+    pub fn change(&self) -> Arc<Change> {
         Arc::new(Change {
             revision: self.revision,
             storage: self.storage.clone(),
@@ -125,9 +135,9 @@ pub struct Store {
 }
 
 /// A watch's starting point: the changes after the requested revision that are already in the
-/// history, and a receiver for everything after them.
+/// history (unparsed: [`Kept::change`] parses one), and a receiver for everything after them.
 pub struct Subscription {
-    pub backlog: Vec<Arc<Change>>,
+    pub backlog: Vec<Kept>,
     pub receiver: broadcast::Receiver<Arc<Change>>,
     /// The revision the backlog ends at; live changes at or below it are duplicates.
     pub revision: u64,
@@ -222,27 +232,28 @@ impl Store {
         namespace: Option<&str>,
         revision: u64,
     ) -> Result<Vec<Arc<Value>>, Compacted> {
-        let inner = self.lock();
-        if revision < inner.compacted {
-            return Err(Compacted {
-                oldest_available: inner.compacted,
-            });
-        }
-        let mut objects: BTreeMap<ObjectKey, Arc<Value>> =
-            Self::collect(&inner, storage, namespace)
-                .into_iter()
-                .map(|o| (key_of(&o), o))
+        let (current, undone) = {
+            let inner = self.lock();
+            if revision < inner.compacted {
+                return Err(Compacted {
+                    oldest_available: inner.compacted,
+                });
+            }
+            let undone: Vec<Kept> = inner
+                .history
+                .iter()
+                .rev()
+                .take_while(|change| change.revision > revision)
+                .filter(|change| &*change.storage == storage)
+                .filter(|change| namespace.is_none_or(|ns| ns == change.key.0))
+                .cloned()
                 .collect();
-        for change in inner.history.iter().rev() {
-            if change.revision <= revision {
-                break;
-            }
-            if &*change.storage != storage {
-                continue;
-            }
-            if namespace.is_some_and(|ns| ns != change.key.0) {
-                continue;
-            }
+            (Self::collect(&inner, storage, namespace), undone)
+        };
+        // Parsed without the lock, as a resuming watch's backlog is.
+        let mut objects: BTreeMap<ObjectKey, Arc<Value>> =
+            current.into_iter().map(|o| (key_of(&o), o)).collect();
+        for change in undone {
             match (&change.kind, &change.previous) {
                 (ChangeKind::Added, _) => {
                     objects.remove(&change.key);
@@ -280,7 +291,7 @@ impl Store {
             .history
             .range(start..)
             .filter(|c| &*c.storage == storage)
-            .map(Kept::change)
+            .cloned()
             .collect();
         Ok(Subscription {
             backlog,
@@ -561,6 +572,6 @@ mod tests {
             .subscribe_from("/pods", resource_version(&old).unwrap())
             .unwrap();
         assert_eq!(sub.backlog.len(), 1);
-        assert_eq!(sub.backlog[0].object, recent);
+        assert_eq!(sub.backlog[0].change().object, recent);
     }
 }

@@ -128,6 +128,8 @@ pub fn watch(
         ),
     };
     let mut initial: Vec<Bytes> = vec![];
+    // A resumed watch's changes from the history, parsed one by one as the stream sends them.
+    let mut backlog: Vec<crate::store::Kept> = vec![];
     let mut gone: Option<Bytes> = None;
     let (mut receiver, start) = match revision.filter(|_| !request.send_initial_events) {
         Some(rv) => {
@@ -136,9 +138,7 @@ pub fn watch(
                 .swap(false, std::sync::atomic::Ordering::SeqCst);
             match sim.store.subscribe_from(&rt.storage, rv) {
                 Ok(subscription) if !forced => {
-                    for change in &subscription.backlog {
-                        initial.extend(event_for(&sim, &rt, &request, change));
-                    }
+                    backlog = subscription.backlog;
                     (subscription.receiver, subscription.revision)
                 }
                 result => {
@@ -198,6 +198,17 @@ pub fn watch(
                 return;
             }
         }
+        let namespace = request.namespace.as_deref();
+        for kept in backlog {
+            if namespace.is_some_and(|ns| ns != kept.namespace()) {
+                continue;
+            }
+            if let Some(event) = event_for(&sim, &rt, &request, &kept.change())
+                && tx.send(event).await.is_err()
+            {
+                return;
+            }
+        }
         let deadline = tokio::time::sleep(request.timeout);
         tokio::pin!(deadline);
         let mut bookmarks = tokio::time::interval_at(
@@ -224,7 +235,12 @@ pub fn watch(
                             && tx.send(event).await.is_err() { return; }
                         delivered = change.revision;
                     }
-                    Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => return,
+                    // As kube-apiserver's "Forcing watcher close due to unresponsiveness".
+                    Err(RecvError::Lagged(missed)) => {
+                        tracing::info!(resource = %rt.resource, missed, "closing a watch that fell behind; its client resumes from its last revision");
+                        return;
+                    }
+                    Err(RecvError::Closed) => return,
                 },
             }
         }

@@ -744,8 +744,11 @@ async fn run() {
 
     // Idle: nothing changes, nothing should be written.
     let idle_before = operator_requests(&admin).await;
+    let sim_cpu_before_idle = sim.usage().1;
     tokio::time::sleep(idle).await;
     let idle_counts = since(&operator_requests(&admin).await, &idle_before);
+    // The sim's own steady cost (kubelets probing, heartbeats, Lease renewals answered).
+    let sim_idle_cpu = (sim.usage().1 - sim_cpu_before_idle) / idle.as_secs_f64();
     let rss_idle: Vec<f64> = operators.iter().map(|o| o.process.usage().0).collect();
 
     let per = |v: u64| v as f64 / n as f64;
@@ -919,6 +922,10 @@ async fn run() {
     }
     println!(
         "| sim process: peak RSS / CPU (kubelets, in-process agents, API server) | {sim_rss:.0} MiB / {sim_cpu:.0} s |"
+    );
+    println!(
+        "| sim process: CPU while idle (s per s, {} workspaces Running) | {sim_idle_cpu:.2} |",
+        n
     );
     println!(
         "| sim process: open files, peak while starting / all running and idle | {sim_fds_peak} / {} |",
