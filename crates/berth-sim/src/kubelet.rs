@@ -222,9 +222,8 @@ impl Worker {
         }
     }
 
-    /// Writes the pod's status through `change`, if the pod is still this one.
-    /// Changes the pod's status; the pod's revision after (unchanged or written), if the
-    /// pod is still this worker's.
+    /// Writes the pod's status through `change`, if the pod is still this one; the pod's
+    /// revision after (unchanged or written).
     fn status(&self, change: impl Fn(&mut Value)) -> Option<u64> {
         if !self.reachable() {
             return None;
@@ -241,16 +240,19 @@ impl Worker {
                 change(pod);
                 pod["status"] != before
             })?;
-        (after["metadata"]["uid"] == uid.as_str())
-            .then(|| crate::store::resource_version(&after))
-            .flatten()
+        self.revision_of(&after)
     }
 
     /// The pod's stored revision, if it is still this worker's.
     fn stored_revision(&self) -> Option<u64> {
         let pod = self.sim.store.get("/pods", &self.namespace, &self.name)?;
+        self.revision_of(&pod)
+    }
+
+    /// `pod`'s revision, if it is this worker's pod (not a later one of the same name).
+    fn revision_of(&self, pod: &Value) -> Option<u64> {
         (pod["metadata"]["uid"] == self.uid.as_str())
-            .then(|| crate::store::resource_version(&pod))
+            .then(|| crate::store::resource_version(pod))
             .flatten()
     }
 
@@ -1357,7 +1359,6 @@ impl Worker {
         ready_list.sort();
         if let Some((revision, ready, was_all)) = &self.readiness_written
             && (ready, *was_all) == (&ready_list, all)
-            && self.reachable()
             && self.stored_revision() == Some(*revision)
         {
             return;

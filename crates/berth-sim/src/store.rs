@@ -78,11 +78,6 @@ impl Kept {
         }
     }
 
-    /// The namespace of the changed object ("" for cluster-scoped), known without parsing.
-    pub fn namespace(&self) -> &str {
-        &self.key.0
-    }
-
     /// The change with its objects parsed (the costly part: not under the store's lock).
     pub fn change(&self) -> Arc<Change> {
         Arc::new(Change {
@@ -277,9 +272,14 @@ impl Store {
         }
     }
 
-    /// Changes after `revision` plus a receiver, atomically; `Compacted` if that revision is
-    /// older than the retained history.
-    pub fn subscribe_from(&self, storage: &str, revision: u64) -> Result<Subscription, Compacted> {
+    /// Changes after `revision` (of one namespace, or all) plus a receiver, atomically;
+    /// `Compacted` if that revision is older than the retained history.
+    pub fn subscribe_from(
+        &self,
+        storage: &str,
+        namespace: Option<&str>,
+        revision: u64,
+    ) -> Result<Subscription, Compacted> {
         let inner = self.lock();
         if revision < inner.compacted {
             return Err(Compacted {
@@ -291,6 +291,7 @@ impl Store {
             .history
             .range(start..)
             .filter(|c| &*c.storage == storage)
+            .filter(|c| namespace.is_none_or(|ns| ns == c.key.0))
             .cloned()
             .collect();
         Ok(Subscription {
@@ -543,12 +544,21 @@ mod tests {
         }
         assert!(
             store
-                .subscribe_from("/pods", resource_version(&first).unwrap())
+                .subscribe_from("/pods", None, resource_version(&first).unwrap())
                 .is_err()
         );
         let recent = store.revision() - 2;
-        let sub = store.subscribe_from("/pods", recent).unwrap();
+        let sub = store.subscribe_from("/pods", None, recent).unwrap();
         assert_eq!(sub.backlog.len(), 2);
+        // Of one namespace: only its changes (all of them are in "default").
+        let here = store
+            .subscribe_from("/pods", Some("default"), recent)
+            .unwrap();
+        assert_eq!(here.backlog.len(), 2);
+        let elsewhere = store
+            .subscribe_from("/pods", Some("other"), recent)
+            .unwrap();
+        assert_eq!(elsewhere.backlog.len(), 0);
     }
 
     #[test]
@@ -561,7 +571,7 @@ mod tests {
         let recent = store.create(&pods, pod("recent")).unwrap();
         assert_eq!(
             store
-                .subscribe_from("/pods", resource_version(&old).unwrap() - 1)
+                .subscribe_from("/pods", None, resource_version(&old).unwrap() - 1)
                 .err(),
             Some(Compacted {
                 oldest_available: resource_version(&old).unwrap()
@@ -569,7 +579,7 @@ mod tests {
             "a change older than the window is compacted, though far below the count"
         );
         let sub = store
-            .subscribe_from("/pods", resource_version(&old).unwrap())
+            .subscribe_from("/pods", None, resource_version(&old).unwrap())
             .unwrap();
         assert_eq!(sub.backlog.len(), 1);
         assert_eq!(sub.backlog[0].change().object, recent);

@@ -136,7 +136,10 @@ pub fn watch(
             let forced = sim
                 .expire_next_watch
                 .swap(false, std::sync::atomic::Ordering::SeqCst);
-            match sim.store.subscribe_from(&rt.storage, rv) {
+            match sim
+                .store
+                .subscribe_from(&rt.storage, request.namespace.as_deref(), rv)
+            {
                 Ok(subscription) if !forced => {
                     backlog = subscription.backlog;
                     (subscription.receiver, subscription.revision)
@@ -198,11 +201,7 @@ pub fn watch(
                 return;
             }
         }
-        let namespace = request.namespace.as_deref();
         for kept in backlog {
-            if namespace.is_some_and(|ns| ns != kept.namespace()) {
-                continue;
-            }
             if let Some(event) = event_for(&sim, &rt, &request, &kept.change())
                 && tx.send(event).await.is_err()
             {
