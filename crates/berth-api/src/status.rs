@@ -162,10 +162,12 @@ pub struct WorkspaceStatus {
     /// What the workspace's kind and options gave it when it last started from stopped: its
     /// pods are built from this record until it next starts from stopped (resume), whatever
     /// the kind says since.
-    // Boxed, as the other large optional parts of a Workspace are: most workspaces have no
-    // kind, and each of 10 000 cached workspaces should not carry two kilobytes of nothing.
+    // Behind a pointer, as the other large optional parts of a Workspace are: most workspaces
+    // have no kind, and each of 10 000 cached workspaces should not carry two kilobytes of
+    // nothing. Shared (`Arc`), since the workspaces of a kind mostly have equal records: the
+    // operator's cache keeps one copy of each (`berth_core::trim::Records`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resolved: Option<Box<crate::KindResolution>>,
+    pub resolved: Option<std::sync::Arc<crate::KindResolution>>,
     /// `true` when the kind now gives the workspace something else than its record: the
     /// condition `UpdateAvailable` lists what, and the next start from stopped applies it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -477,11 +477,13 @@ async fn run_controller(
         Some(buckets) => watcher::Config::default().labels(&buckets),
         None => watcher::Config::default(),
     };
+    // The kind records of the cached workspaces, one copy of each.
+    let mut records = crate::trim::Records::default();
     let workspace_stream = reflector(
         workspaces_writer,
         watcher(api::<WorkspaceWire>(&client, ns), shard_workspaces)
             .default_backoff()
-            .map_ok(crate::trim::workspaces)
+            .map_ok(move |event| records.workspaces(event))
             // A label that is not the namespace's bucket (set by hand) is put right; the
             // workspace is reconciled by the shard its namespace is in. (One without the
             // label is the sharder's own watch's.)

@@ -5,7 +5,7 @@
 //! (`pendingRestart`, `UpdateAvailable`). Pure: the workspace and its kind in, the shaped
 //! workspace and what the kind says of it out.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use berth_api::{
     ConditionStatus, KindError, KindResolution, Phase, Workspace, WorkspaceKind,
@@ -79,7 +79,7 @@ pub fn shape(workspace: &Workspace, kind: Option<&WorkspaceKind>, has_own_pod: b
     let fresh = spec.paused || starts_from_stopped;
     let now = resolution::resolve(name, kind.map(|k| &k.spec), spec.options.as_ref());
     let recorded = status.resolved.filter(|r| r.answers(spec));
-    let (record, update): (Option<Box<KindResolution>>, KindUpdate) = match (recorded, now) {
+    let (record, update): (Option<Arc<KindResolution>>, KindUpdate) = match (recorded, now) {
         (Some(record), Ok(now)) if !fresh => {
             let kind = kind.map(|k| &k.spec).expect("a kind resolved");
             let differences = record.differences(&now, kind);
@@ -96,7 +96,7 @@ pub fn shape(workspace: &Workspace, kind: Option<&WorkspaceKind>, has_own_pod: b
             (Some(record), update)
         }
         (_, Ok(now)) => (
-            Some(Box::new(now)),
+            Some(Arc::new(now)),
             KindUpdate::UpToDate {
                 kind: name.to_owned(),
             },

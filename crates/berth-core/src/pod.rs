@@ -331,8 +331,8 @@ fn unversioned_spec_hash(spec: &WorkspaceSpec) -> String {
 /// Whether `pod` was built from this (shaped) workspace (rule C5): its hash annotation is the
 /// workspace's, or the unversioned hash an older operator wrote.
 pub fn built_from(pod: &CachedPod, workspace: &Workspace) -> bool {
-    pod.annotations()
-        .get(labels::SPEC_HASH)
+    pod.spec_hash
+        .as_ref()
         .is_some_and(|h| *h == pod_hash(workspace) || *h == unversioned_spec_hash(&workspace.spec))
         && content_current(pod, workspace)
 }
@@ -361,7 +361,7 @@ fn content_current(pod: &CachedPod, workspace: &Workspace) -> bool {
         .status
         .as_ref()
         .is_some_and(|s| s.content.is_some());
-    in_place || pod.annotations().get(labels::CONTENT_HASH) == content_hash(workspace).as_ref()
+    in_place || pod.content_hash == content_hash(workspace)
 }
 
 /// The hash of [`content_spec`], a pod's [`labels::CONTENT_HASH`].

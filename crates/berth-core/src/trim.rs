@@ -7,18 +7,24 @@
 //!
 //! Kept, by kind:
 //! - Workspace: everything but managedFields and kubectl's last-applied copy of the object
-//!   ([`WorkspaceWire`], turned into a `Workspace` as it arrives).
+//!   ([`WorkspaceWire`], turned into a `Workspace` as it arrives); its kind record
+//!   (`status.resolved`, about 1.4 KiB) is shared with the cached workspaces whose record is
+//!   equal ([`Records`]), so 10 000 workspaces of a kind keep one copy of it, not 10 000.
 //! - Pod: its own trimmed type (`cached_pod.rs`).
 //! - Claim, Service, Event, admission policies, kinds: everything but managedFields (the
 //!   service's spec is compared with the wanted one; the others are small).
 
-use std::{borrow::Cow, collections::BTreeMap};
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Weak},
+};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::{Resource, ResourceExt, runtime::watcher::Event};
 use serde::{Deserialize, Deserializer};
 
-use berth_api::{Workspace, WorkspaceSpec, WorkspaceStatus};
+use berth_api::{KindResolution, Workspace, WorkspaceSpec, WorkspaceStatus};
 
 /// The annotation `kubectl apply` keeps a whole copy of the object in.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -74,14 +80,58 @@ impl Resource for WorkspaceWire {
     }
 }
 
-/// A watch event of decoded workspaces as one of `Workspace`s (each moved, not copied).
-pub fn workspaces(event: Event<WorkspaceWire>) -> Event<Workspace> {
-    match event {
-        Event::Apply(w) => Event::Apply(w.into()),
-        Event::Delete(w) => Event::Delete(w.into()),
-        Event::InitApply(w) => Event::InitApply(w.into()),
-        Event::Init => Event::Init,
-        Event::InitDone => Event::InitDone,
+/// The kind records of the workspaces a watch decoded, by kind name, so that equal records
+/// are one shared copy. Held weakly: a record no cached workspace holds any more is gone.
+#[derive(Default)]
+pub struct Records(HashMap<String, Vec<Weak<KindResolution>>>);
+
+/// The distinct records of one kind that are shared; one beyond it (a kind with more options
+/// in use at once, or many versions of it) is kept as decoded, unshared.
+const RECORDS_PER_KIND: usize = 64;
+
+impl Records {
+    /// A watch event of decoded workspaces as one of `Workspace`s (each moved, not copied),
+    /// with each kind record shared.
+    pub fn workspaces(&mut self, event: Event<WorkspaceWire>) -> Event<Workspace> {
+        let mut cached = |wire: WorkspaceWire| {
+            let mut workspace = Workspace::from(wire);
+            self.share(&mut workspace);
+            workspace
+        };
+        match event {
+            Event::Apply(w) => Event::Apply(cached(w)),
+            Event::Delete(w) => Event::Delete(cached(w)),
+            Event::InitApply(w) => Event::InitApply(cached(w)),
+            Event::Init => Event::Init,
+            Event::InitDone => Event::InitDone,
+        }
+    }
+
+    /// Points `workspace`'s kind record at an equal one already shared, or shares it.
+    pub fn share(&mut self, workspace: &mut Workspace) {
+        let Some(record) = workspace
+            .status
+            .as_mut()
+            .and_then(|status| status.resolved.as_mut())
+        else {
+            return;
+        };
+        let shared = match self.0.get_mut(&record.kind) {
+            Some(shared) => shared,
+            None => self.0.entry(record.kind.clone()).or_default(),
+        };
+        if let Some(same) = shared
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|same| **same == **record)
+        {
+            *record = same;
+            return;
+        }
+        shared.retain(|r| r.strong_count() > 0);
+        if shared.len() < RECORDS_PER_KIND {
+            shared.push(Arc::downgrade(record));
+        }
     }
 }
 
@@ -190,11 +240,68 @@ mod tests {
             "spec": {"image": "x"}
         }))
         .unwrap();
-        let Event::Apply(ws) = workspaces(Event::Apply(wire)) else {
+        let mut records = Records::default();
+        let Event::Apply(ws) = records.workspaces(Event::Apply(wire)) else {
             panic!("an Apply stays an Apply")
         };
         assert_eq!(ws.name_any(), "w");
         assert_eq!(ws.metadata.annotations, None);
-        assert!(matches!(workspaces(Event::InitDone), Event::InitDone));
+        assert!(matches!(
+            records.workspaces(Event::InitDone),
+            Event::InitDone
+        ));
+    }
+
+    fn of_kind(name: &str, option: &str) -> WorkspaceWire {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "team"},
+            "spec": {"kind": "python", "options": {"pod": option}},
+            "status": {"resolved": {
+                "kind": "python",
+                "image": {"id": "3.12", "spec": {"image": "python:3.12"}},
+                "pod": {"id": option, "requested": option, "spec": {"resources": {
+                    "requests": {"cpu": "1", "memory": "2Gi"},
+                    "limits": {"memory": "2Gi"}}}}
+            }}
+        }))
+        .unwrap()
+    }
+
+    fn record(event: Event<Workspace>) -> Arc<KindResolution> {
+        let (Event::Apply(ws) | Event::InitApply(ws)) = event else {
+            panic!("an object stays an object")
+        };
+        ws.status.unwrap().resolved.unwrap()
+    }
+
+    #[test]
+    fn workspaces_with_equal_kind_records_share_one_copy() {
+        let mut records = Records::default();
+        let a = record(records.workspaces(Event::InitApply(of_kind("a", "small"))));
+        let b = record(records.workspaces(Event::Apply(of_kind("b", "small"))));
+        assert!(Arc::ptr_eq(&a, &b), "equal records are one copy");
+        let c = record(records.workspaces(Event::Apply(of_kind("c", "large"))));
+        assert!(
+            !Arc::ptr_eq(&a, &c) && *c != *a,
+            "another option is its own"
+        );
+        assert_eq!(c.pod.id, "large");
+        // Once no workspace holds a record, the next equal one is shared afresh, and what it
+        // says is what was decoded.
+        drop((a, b));
+        let d = record(records.workspaces(Event::Apply(of_kind("d", "small"))));
+        let e = record(records.workspaces(Event::Apply(of_kind("e", "small"))));
+        assert!(Arc::ptr_eq(&d, &e));
+        assert_eq!(d.pod.id, "small");
+        assert_eq!(records.0["python"].len(), 2, "the dead record is dropped");
+        // A workspace without a record is left as it is.
+        let plain: WorkspaceWire = serde_json::from_value(json!({
+            "metadata": {"name": "p"}, "spec": {"image": "x"}
+        }))
+        .unwrap();
+        let Event::Apply(p) = records.workspaces(Event::Apply(plain)) else {
+            panic!()
+        };
+        assert!(p.status.is_none());
     }
 }

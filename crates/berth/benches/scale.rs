@@ -123,6 +123,22 @@ impl Process {
         };
         (peak_kib / 1024.0, (ticks(11) + ticks(12)) / 100.0)
     }
+
+    /// (anonymous, file-backed) resident MiB now, from `/proc`: the heap, stacks and the
+    /// allocator's reserve, against the binary's own pages.
+    fn resident(&self) -> (f64, f64) {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let mib = |field: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                .unwrap_or(0.0)
+                / 1024.0
+        };
+        (mib("RssAnon:"), mib("RssFile:"))
+    }
 }
 
 /// The open descriptors of process `pid`, from `/proc`.
@@ -750,6 +766,7 @@ async fn run() {
     // The sim's own steady cost (kubelets probing, heartbeats, Lease renewals answered).
     let sim_idle_cpu = (sim.usage().1 - sim_cpu_before_idle) / idle.as_secs_f64();
     let rss_idle: Vec<f64> = operators.iter().map(|o| o.process.usage().0).collect();
+    let resident_idle = operators[0].process.resident();
 
     let per = |v: u64| v as f64 / n as f64;
     // Each operator's workspaces: one shard's.
@@ -823,6 +840,10 @@ async fn run() {
             after_start[0].0,
             rss_idle[0],
             restart.rss
+        );
+        println!(
+            "| - resident after the idle: anonymous (heap, stacks, allocator) / the binary's pages | {:.0} MiB / {:.0} MiB |",
+            resident_idle.0, resident_idle.1
         );
         println!(
             "| operator CPU for the start, per workspace | {cpu_total:.1} s, {:.2} ms |",

@@ -697,9 +697,12 @@ fn unreachable_kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
     kubeconfig
 }
 
-/// The operator runs without transparent huge pages: mimalloc asks for them, and the kernel
+/// The operator runs without transparent huge pages from its first allocation, and its
+/// allocator gives freed memory back at once: mimalloc asks for huge pages, and the kernel
 /// then backs each of its segments whole (two thirds of the operator's memory at 1 000
-/// workspaces). It keeps running while its API server does not answer.
+/// workspaces); the settings are mimalloc's environment, so the operator executes itself
+/// again with them, in the same process. It keeps running while its API server does not
+/// answer.
 #[cfg(target_os = "linux")]
 #[test]
 fn the_operator_runs_without_transparent_huge_pages() {
@@ -718,25 +721,45 @@ fn the_operator_runs_without_transparent_huge_pages() {
             "127.0.0.1:0",
         ])
         .env("KUBECONFIG", &kubeconfig)
+        .env_remove("MIMALLOC_ALLOW_THP")
+        .env_remove("MIMALLOC_PURGE_DELAY")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let proc = |file: &str| std::fs::read_to_string(format!("/proc/{}/{file}", child.id()));
+    let field = |text: &str, name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
-    let thp = loop {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()));
-        let thp = status.ok().and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("THP_enabled:"))
-                .map(|v| v.trim().to_owned())
-        });
-        if thp.as_deref() == Some("0") || Instant::now() > deadline {
-            break thp;
+    let (thp, environment) = loop {
+        let thp = proc("status").ok().and_then(|s| field(&s, "THP_enabled:"));
+        let environment = std::fs::read(format!("/proc/{}/environ", child.id()))
+            .map(|e| String::from_utf8_lossy(&e).into_owned())
+            .unwrap_or_default();
+        let executed_again = environment.split('\0').any(|v| v == "MIMALLOC_ALLOW_THP=0");
+        if (thp.as_deref() == Some("0") && executed_again) || Instant::now() > deadline {
+            break (thp, environment);
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    // Whatever it allocated until now: none of it in huge pages, where the machine has them.
+    std::thread::sleep(Duration::from_millis(300));
+    let huge = proc("smaps_rollup")
+        .ok()
+        .and_then(|s| field(&s, "AnonHugePages:"));
+    let running = child.try_wait().unwrap().is_none();
     let _ = child.kill();
     let _ = child.wait();
+    assert!(running, "the operator keeps running");
+    let variables: Vec<&str> = environment.split('\0').collect();
+    assert!(
+        variables.contains(&"MIMALLOC_ALLOW_THP=0")
+            && variables.contains(&"MIMALLOC_PURGE_DELAY=0"),
+        "the operator runs with its allocator's settings: {variables:?}"
+    );
     // A kernel that does not report the flag (before 6.x) cannot be checked.
     if let Some(thp) = thp {
         assert_eq!(
@@ -744,6 +767,53 @@ fn the_operator_runs_without_transparent_huge_pages() {
             "transparent huge pages are off in berth controller"
         );
     }
+    let machine =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if let Some(huge) = huge
+        && !machine.contains("[never]")
+    {
+        assert_eq!(huge, "0 kB", "no huge page in berth controller");
+    }
+}
+
+/// An admin's own allocator setting wins: the operator does not execute itself again over it.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_operators_allocator_settings_yield_to_an_admins() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = unreachable_kubeconfig(dir.path());
+    let mut child = Command::new(BERTH)
+        .args([
+            "controller",
+            "--service-account",
+            "berth-system/berth-controller",
+            "--metrics-address",
+            "127.0.0.1:0",
+            "--health-address",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("MIMALLOC_ALLOW_THP", "1")
+        .env_remove("MIMALLOC_PURGE_DELAY")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let environment = std::fs::read(format!("/proc/{}/environ", child.id())).unwrap_or_default();
+    let running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(running, "the operator keeps running");
+    let environment = String::from_utf8_lossy(&environment);
+    let variables: Vec<&str> = environment.split('\0').collect();
+    assert!(variables.contains(&"MIMALLOC_ALLOW_THP=1"), "{variables:?}");
+    assert!(
+        !variables
+            .iter()
+            .any(|v| v.starts_with("MIMALLOC_PURGE_DELAY")),
+        "not executed again: {variables:?}"
+    );
 }
 
 #[test]
