@@ -697,6 +697,27 @@ fn unreachable_kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
     kubeconfig
 }
 
+/// `berth controller` against an API server that does not answer (its kubeconfig in `dir`),
+/// its output discarded.
+#[cfg(target_os = "linux")]
+fn quiet_operator(dir: &std::path::Path) -> Command {
+    let mut operator = Command::new(BERTH);
+    operator
+        .args([
+            "controller",
+            "--service-account",
+            "berth-system/berth-controller",
+            "--metrics-address",
+            "127.0.0.1:0",
+            "--health-address",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", unreachable_kubeconfig(dir))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    operator
+}
+
 /// The operator runs without transparent huge pages from its first allocation, and its
 /// allocator gives freed memory back at once: mimalloc asks for huge pages, and the kernel
 /// then backs each of its segments whole (two thirds of the operator's memory at 1 000
@@ -707,24 +728,9 @@ fn unreachable_kubeconfig(dir: &std::path::Path) -> std::path::PathBuf {
 #[test]
 fn the_operator_runs_without_transparent_huge_pages() {
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = unreachable_kubeconfig(dir.path());
-    let mut child = Command::new(BERTH)
-        .args([
-            "controller",
-            "--service-account",
-            "berth-system/berth-controller",
-        ])
-        .args([
-            "--metrics-address",
-            "127.0.0.1:0",
-            "--health-address",
-            "127.0.0.1:0",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
+    let mut child = quiet_operator(dir.path())
         .env_remove("MIMALLOC_ALLOW_THP")
         .env_remove("MIMALLOC_PURGE_DELAY")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let proc = |file: &str| std::fs::read_to_string(format!("/proc/{}/{file}", child.id()));
@@ -781,22 +787,9 @@ fn the_operator_runs_without_transparent_huge_pages() {
 #[test]
 fn the_operators_allocator_settings_yield_to_an_admins() {
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = unreachable_kubeconfig(dir.path());
-    let mut child = Command::new(BERTH)
-        .args([
-            "controller",
-            "--service-account",
-            "berth-system/berth-controller",
-            "--metrics-address",
-            "127.0.0.1:0",
-            "--health-address",
-            "127.0.0.1:0",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
+    let mut child = quiet_operator(dir.path())
         .env("MIMALLOC_ALLOW_THP", "1")
         .env_remove("MIMALLOC_PURGE_DELAY")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
