@@ -5,7 +5,8 @@
 //! many times that; a `CachedPod` of a running workspace is about a tenth of it.
 //!
 //! The shape is the `Pod`'s, with only the read fields, under the same names, so the code
-//! that reads a cached pod reads it as it would a `Pod`. Kept:
+//! that reads a cached pod reads it as it would a `Pod` (but for the two hash annotations,
+//! below). Kept:
 //! - metadata: all but labels (the API server selects by them), managedFields and
 //!   annotations; Berth's spec and content hash annotations are fields of their own
 //!   (`spec_hash`, `content_hash`): a map of one or two entries is a 540-byte tree node, 5 MiB
