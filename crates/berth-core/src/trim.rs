@@ -108,7 +108,7 @@ impl Records {
     }
 
     /// Points `workspace`'s kind record at an equal one already shared, or shares it.
-    pub fn share(&mut self, workspace: &mut Workspace) {
+    fn share(&mut self, workspace: &mut Workspace) {
         let Some(record) = workspace
             .status
             .as_mut()
