@@ -99,15 +99,21 @@ impl Process {
         self.0.id()
     }
 
-    /// (peak RSS in MiB, CPU seconds) from `/proc`.
-    fn usage(&self) -> (f64, f64) {
+    /// A field of `/proc/<pid>/status` in MiB (0 when unreadable).
+    fn status_mib(&self, field: &str) -> f64 {
         let status =
             std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
-        let peak_kib: f64 = status
+        status
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0.0);
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    }
+
+    /// (peak RSS in MiB, CPU seconds) from `/proc`.
+    fn usage(&self) -> (f64, f64) {
+        let peak_mib = self.status_mib("VmHWM:");
         let stat =
             std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
         // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
@@ -121,23 +127,13 @@ impl Process {
                 .and_then(|v| v.parse::<f64>().ok())
                 .unwrap_or(0.0)
         };
-        (peak_kib / 1024.0, (ticks(11) + ticks(12)) / 100.0)
+        (peak_mib, (ticks(11) + ticks(12)) / 100.0)
     }
 
     /// (anonymous, file-backed) resident MiB now, from `/proc`: the heap, stacks and the
     /// allocator's reserve, against the binary's own pages.
     fn resident(&self) -> (f64, f64) {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
-        let mib = |field: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-                .unwrap_or(0.0)
-                / 1024.0
-        };
-        (mib("RssAnon:"), mib("RssFile:"))
+        (self.status_mib("RssAnon:"), self.status_mib("RssFile:"))
     }
 }
 
