@@ -3,7 +3,11 @@
 //! observes from caches (rule C3), hands the decision to the pure core, acts, and writes the
 //! status only when it changed (rule C16).
 
-use std::{collections::HashMap, sync::Arc, time::Instant};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Instant,
+};
 
 use berth_api::{Workspace, WorkspaceKind, WorkspaceStatus, condition::event_reasons, labels};
 use berth_core::shard::Shard;
@@ -479,6 +483,9 @@ async fn run_controller(
     };
     // The kind records of the cached workspaces, one copy of each.
     let mut records = crate::trim::Records::default();
+    // Counts the changes the workspace cache took (each kind's use is counted again only
+    // after one).
+    let (workspace_changes, changed) = tokio::sync::watch::channel(0u64);
     let workspace_stream = reflector(
         workspaces_writer,
         watcher(api::<WorkspaceWire>(&client, ns), shard_workspaces)
@@ -500,17 +507,22 @@ async fn run_controller(
     )
     // Once the reflector applied it: the first list done (the Controller waits on this
     // store's own readiness, and a kube Store wakes one waiter only), or a workspace's newer
-    // copy in the cache, which the agent lane may wait for.
+    // copy in the cache, which the agent lane may wait for; and the cache changed, for the
+    // kinds' use.
     .inspect_ok({
         let arrivals = arrivals.clone();
+        let changes = workspace_changes;
         move |event| match event {
             watcher::Event::InitDone => {
+                changes.send_modify(|n| *n += 1);
                 let _ = workspaces_listed.send(true);
             }
             watcher::Event::Apply(workspace) | watcher::Event::InitApply(workspace) => {
+                changes.send_modify(|n| *n += 1);
                 arrivals.arrived(&ObjectRef::from_obj(workspace));
             }
-            watcher::Event::Init | watcher::Event::Delete(_) => {}
+            watcher::Event::Delete(_) => changes.send_modify(|n| *n += 1),
+            watcher::Event::Init => {}
         }
     })
     .applied_objects();
@@ -629,7 +641,12 @@ async fn run_controller(
 
     // Each kind's use, in its status, at most once a second however many workspaces change;
     // sharded, each shard's own count and shard 0's sum of them (`kinds::usage_patch`).
-    let usage = tokio::spawn(write_kind_usage(client.clone(), context.clone(), shard));
+    let usage = tokio::spawn(write_kind_usage(
+        client.clone(),
+        context.clone(),
+        shard,
+        changed,
+    ));
     let kinds_for_triggers = kinds;
     let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stop.wait_for(|stopped| *stopped).await;
@@ -773,8 +790,14 @@ const KIND_USAGE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(
 /// status when it changed, once every [`KIND_USAGE_INTERVAL`] at most, from the caches: 10 000
 /// workspaces of one kind changing at once make one write a second. The admission policy of
 /// `deploy/admission/` reads these counts to refuse deleting a kind, or removing an option, in
-/// use.
-async fn write_kind_usage(client: Client, ctx: Arc<Context>, shard: Shard) {
+/// use. The workspaces are counted again only when `changed` says the workspace cache took a
+/// change since they were last counted: counting goes over every cached workspace.
+async fn write_kind_usage(
+    client: Client,
+    ctx: Arc<Context>,
+    shard: Shard,
+    mut changed: tokio::sync::watch::Receiver<u64>,
+) {
     caches_ready(&ctx).await;
     let mut tick = tokio::time::interval(KIND_USAGE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -785,13 +808,19 @@ async fn write_kind_usage(client: Client, ctx: Arc<Context>, shard: Shard) {
     };
     // The last refusal said of each kind, so a lasting one is said once, not each second.
     let mut refused: HashMap<String, String> = HashMap::new();
+    let mut usage = BTreeMap::new();
+    // Counted at least once, whatever `changed` says.
+    changed.mark_changed();
     loop {
         tick.tick().await;
-        let workspaces = ctx.workspaces.state();
-        let mut usage = crate::kinds::usage(workspaces.iter().map(|w| &**w));
+        if changed.has_changed().unwrap_or(false) {
+            changed.mark_unchanged();
+            let workspaces = ctx.workspaces.state();
+            usage = crate::kinds::usage(workspaces.iter().map(|w| &**w));
+        }
         for kind in ctx.kinds.state() {
             let name = kind.name_any();
-            let counted = usage.remove(&name).unwrap_or_default();
+            let counted = usage.get(&name).cloned().unwrap_or_default();
             let Some(patch) = crate::kinds::usage_patch(kind.status.as_ref(), counted, shard)
             else {
                 continue;

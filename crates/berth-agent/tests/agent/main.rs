@@ -644,6 +644,36 @@ async fn a_review_api_outage_is_answered_as_unavailable_within_the_deadline() {
     }
 }
 
+/// An API server that answers TokenReviews slowly (as under a burst of starts) is waited for
+/// within three quarters of the caller's deadline: the operator's WhoAmI (5 s) gets in when
+/// the review takes 2.5 s, where it used to be told `Unavailable` after 2 s and retried 5 s
+/// later. A caller in a hurry is still answered within its own deadline.
+#[tokio::test]
+async fn a_slow_token_review_is_waited_for_within_the_callers_deadline() {
+    let s = Setup::new().await;
+    let agent = s.agent("ws").await;
+    s.sim.faults().latency(
+        berth_sim::RequestMatch::new("create", "tokenreviews"),
+        Duration::from_millis(2500),
+    );
+    let token = s.token("caller", AUDIENCE, Duration::from_secs(3600));
+    let answer = who_am_i(&agent, &token, Duration::from_secs(5), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.caller_username,
+        "system:serviceaccount:default:caller"
+    );
+    let hurried = s.token("caller", AUDIENCE, Duration::from_secs(3599));
+    // The agent's own answer, not the call's timeout: it gave up at 1.5 s.
+    match who_am_i(&agent, &hurried, Duration::from_secs(2), None).await {
+        Err(CallError::Refused(status)) => {
+            assert_eq!(status.code(), Code::Unavailable, "{status:?}")
+        }
+        other => panic!("expected the agent's Unavailable before the deadline, got {other:?}"),
+    }
+}
+
 /// A caller who may use the agent sees "Started" until someone says the workspace is in use;
 /// a heartbeat then is the latest activity, with its source. Both calls are authenticated as
 /// WhoAmI is: a stranger can neither read the activity nor keep the workspace alive.
