@@ -33,6 +33,7 @@ mod openapi_proto;
 mod patch;
 mod pod_security;
 mod pods;
+mod ports;
 mod process;
 mod protobuf;
 mod proxy;
@@ -78,6 +79,7 @@ pub mod validation {
 }
 pub use config::{Backoff, NodeConfig, PodTermination, SimConfig, Timings};
 pub use faults::{ApiFault, Faults, Frequency, RequestMatch};
+pub use ports::free_port;
 pub use process::ProcessRuntime;
 pub use requests::{RequestCount, RequestKey};
 pub use runtime::{

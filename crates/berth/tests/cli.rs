@@ -5,6 +5,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use berth_sim::free_port;
+
 const BERTH: &str = env!("CARGO_BIN_EXE_berth");
 
 #[test]
@@ -99,30 +101,6 @@ impl Drop for Stopped {
         }
         let _ = self.0.wait();
     }
-}
-
-/// A port nobody listens on, below the kernel's ephemeral range (32768 and up by default),
-/// where port 0 and outgoing connections take theirs: a port taken from there and freed could
-/// become some other test's connection before the process under test binds it, which then
-/// exits and leaves its test waiting for nothing.
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let seed = u64::from(std::process::id())
-        ^ u64::from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .subsec_nanos(),
-        );
-    for _ in 0..1000 {
-        let i = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = 20_000 + (seed.wrapping_add(i.wrapping_mul(7_919)) % 12_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port between 20000 and 32000 on 127.0.0.1")
 }
 
 /// `berth agent` letting everyone in, serving on 127.0.0.1:`port`; its other flags and

@@ -487,11 +487,7 @@ async fn sshd() -> Option<Sshd> {
     let key = keygen(&d.join("client_key"));
     let other_key = keygen(&d.join("other_key"));
     std::fs::copy(d.join("client_key.pub"), d.join("authorized_keys")).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = berth_sim::free_port();
     let _ = std::fs::create_dir_all("/run/sshd");
     let config = format!(
         "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd.pid\nStrictModes no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPubkeyAuthentication yes\nPermitRootLogin prohibit-password\nUsePAM no\nLogLevel ERROR\n",

@@ -334,11 +334,7 @@ async fn the_health_service_needs_no_token_and_an_absent_agent_is_unreachable() 
         tonic_health::pb::health_check_response::ServingStatus::Serving
     );
 
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .to_string();
+    let closed = format!("127.0.0.1:{}", berth_sim::free_port());
     match who_am_i(&closed, "t", Duration::from_secs(2), None).await {
         Err(CallError::Unreachable { address, .. }) => assert_eq!(address, closed),
         other => panic!("expected unreachable, got {other:?}"),

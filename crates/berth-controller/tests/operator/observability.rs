@@ -51,9 +51,7 @@ async fn metrics_count_reconciles_writes_and_phases_and_are_served() {
     h.stop_operator().await;
     let client = h.sim.client().await.unwrap();
     let served = metrics.clone();
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = probe.local_addr().unwrap();
-    drop(probe);
+    let address: std::net::SocketAddr = ([127, 0, 0, 1], berth_sim::free_port()).into();
     tokio::spawn(
         berth_controller::metrics::serve(served, Some(address), Some(address))
             .await
