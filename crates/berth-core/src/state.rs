@@ -190,14 +190,15 @@ pub fn agent_to_check(workspace: &Workspace, pod: Option<&CachedPod>, port: u16)
         .as_ref()
         .and_then(|s| s.agent.as_ref())
         .and_then(|a| a.verified_pod_uid.as_deref());
-    let current = pod::built_from(pod, workspace);
     let ip = pod.status.as_ref()?.pod_ip.as_deref()?;
     (workspace.metadata.deletion_timestamp.is_none()
         && pod.metadata.deletion_timestamp.is_none()
         && !workspace.spec.paused
-        && current
         && pod_is_ready(pod)
-        && verified != pod.metadata.uid.as_deref())
+        && verified != pod.metadata.uid.as_deref()
+        // Last: it hashes the workspace, and most calls (every pod event, every reconcile)
+        // are of an agent already checked or a pod not ready yet.
+        && pod::built_from(pod, workspace))
     .then(|| agent_address(ip, port))
 }
 

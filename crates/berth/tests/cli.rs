@@ -2484,9 +2484,53 @@ fn the_dockerfile_builds_the_slim_binary_where_the_operator_expects_it() {
         .lines()
         .find(|l| l.contains("cargo build"))
         .expect("a cargo build line");
-    for flag in ["--release", "--locked", "-p berth", "--no-default-features"] {
+    for flag in [
+        "--profile dist",
+        "--locked",
+        "-p berth",
+        "--no-default-features",
+    ] {
         assert!(build.contains(flag), "{flag} missing from {build}");
     }
+    assert!(
+        dockerfile.contains(r#"cp "target/$TARGET/dist/berth" /berth"#),
+        "the image takes the dist build"
+    );
+    // `dist` is release (symbols stripped) optimised across crates, and the benchmark measures
+    // the operator built so.
+    let manifest =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml")).unwrap();
+    let profile = |name: &str| -> Vec<String> {
+        let header = format!("[profile.{name}]\n");
+        let start = manifest
+            .find(&header)
+            .unwrap_or_else(|| panic!("no {header}"))
+            + header.len();
+        manifest[start..]
+            .lines()
+            .take_while(|l| !l.trim().is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    assert!(profile("release").contains(&r#"strip = "symbols""#.to_owned()));
+    let dist = profile("dist");
+    for line in [
+        r#"inherits = "release""#,
+        r#"lto = "fat""#,
+        "codegen-units = 1",
+    ] {
+        assert!(
+            dist.contains(&line.to_owned()),
+            "{line} missing from [profile.dist]"
+        );
+    }
+    let bench = profile("bench");
+    assert!(
+        dist.iter()
+            .filter(|l| !l.starts_with("inherits"))
+            .all(|l| bench.contains(l)),
+        "[profile.bench] {bench:?} is not [profile.dist] {dist:?}"
+    );
     let final_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
     assert!(
         final_stage.starts_with("gcr.io/distroless/static-debian12:nonroot"),
