@@ -981,7 +981,11 @@ async fn a_failing_init_container_backs_off_with_its_exit_in_last_state() {
         .as_ref()
         .unwrap();
     assert_eq!((last.exit_code, last.reason.as_deref()), (3, Some("Error")));
-    let log = kubectl.ok(&["logs", "setup", "-c", "fetch"]).await;
+    // The run that failed, whatever the kubelet does meanwhile: the current instance may be a
+    // new attempt that has not written yet (its log empty), as on a real node.
+    let log = kubectl
+        .ok(&["logs", "setup", "-c", "fetch", "--previous"])
+        .await;
     assert_eq!(log, "cannot fetch\n");
 }
 
