@@ -483,9 +483,9 @@ async fn run_controller(
     };
     // The kind records of the cached workspaces, one copy of each.
     let mut records = crate::trim::Records::default();
-    // Counts the changes the workspace cache took (each kind's use is counted again only
+    // Told of each change the workspace cache takes (each kind's use is counted again only
     // after one).
-    let (workspace_changes, changed) = tokio::sync::watch::channel(0u64);
+    let (workspace_changes, changed) = tokio::sync::watch::channel(());
     let workspace_stream = reflector(
         workspaces_writer,
         watcher(api::<WorkspaceWire>(&client, ns), shard_workspaces)
@@ -511,17 +511,18 @@ async fn run_controller(
     // kinds' use.
     .inspect_ok({
         let arrivals = arrivals.clone();
-        let changes = workspace_changes;
         move |event| match event {
             watcher::Event::InitDone => {
-                changes.send_modify(|n| *n += 1);
+                workspace_changes.send_replace(());
                 let _ = workspaces_listed.send(true);
             }
             watcher::Event::Apply(workspace) | watcher::Event::InitApply(workspace) => {
-                changes.send_modify(|n| *n += 1);
+                workspace_changes.send_replace(());
                 arrivals.arrived(&ObjectRef::from_obj(workspace));
             }
-            watcher::Event::Delete(_) => changes.send_modify(|n| *n += 1),
+            watcher::Event::Delete(_) => {
+                workspace_changes.send_replace(());
+            }
             watcher::Event::Init => {}
         }
     })
@@ -796,7 +797,7 @@ async fn write_kind_usage(
     client: Client,
     ctx: Arc<Context>,
     shard: Shard,
-    mut changed: tokio::sync::watch::Receiver<u64>,
+    mut changed: tokio::sync::watch::Receiver<()>,
 ) {
     caches_ready(&ctx).await;
     let mut tick = tokio::time::interval(KIND_USAGE_INTERVAL);
