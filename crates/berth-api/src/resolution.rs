@@ -214,7 +214,7 @@ impl KindResolution {
             .cloned()
             .chain(spec.ports.iter().cloned())
             .collect();
-        out.resources = self.pod.spec.resources.clone();
+        out.resources = self.pod.spec.resources.clone().map(Box::new);
         let mut template = spec.pod_template.clone().unwrap_or_default();
         template.node_selector = self.pod.spec.node_selector.clone();
         template.tolerations = self.pod.spec.tolerations.clone();
@@ -238,7 +238,7 @@ impl KindResolution {
             .chain(spec.env.iter().cloned())
             .collect();
         out.service_account_name = self.service_account_name.clone();
-        out.lifecycle = self.lifecycle(spec.lifecycle.as_ref());
+        out.lifecycle = self.lifecycle(spec.lifecycle.as_deref()).map(Box::new);
         out
     }
 

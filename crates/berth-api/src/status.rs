@@ -175,13 +175,13 @@ pub struct WorkspaceStatus {
     /// What the agent found or cloned in the home volume for `spec.content` (the condition
     /// `ContentReady` says how it went).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content: Option<crate::ContentStatus>,
+    pub content: Option<Box<crate::ContentStatus>>,
     /// Whether the admission policy checked the spec as it is, for a workspace that names
     /// other objects or a kind: the operator records it when it first sees a spec (or a new
     /// `berth.dev/check` annotation). A spec written while the policy was not enforcing
     /// gets no pod until it is checked. Written by the operator only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub admission: Option<AdmissionRecord>,
+    pub admission: Option<Box<AdmissionRecord>>,
 }
 
 /// What the operator recorded of admission for one version of a workspace's spec (starting

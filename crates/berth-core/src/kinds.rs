@@ -77,7 +77,7 @@ pub fn shape(workspace: &Workspace, kind: Option<&WorkspaceKind>, has_own_pod: b
     let starts_from_stopped = !has_own_pod
         && (held_up || matches!(status.phase, None | Some(Phase::Pending | Phase::Stopped)));
     let fresh = spec.paused || starts_from_stopped;
-    let now = resolution::resolve(name, kind.map(|k| &k.spec), spec.options.as_ref());
+    let now = resolution::resolve(name, kind.map(|k| &k.spec), spec.options.as_deref());
     let recorded = status.resolved.filter(|r| r.answers(spec));
     let (record, update): (Option<Arc<KindResolution>>, KindUpdate) = match (recorded, now) {
         (Some(record), Ok(now)) if !fresh => {
@@ -572,18 +572,18 @@ pub(crate) mod tests {
         );
         let mut redirected = started.workspace.clone();
         redirected.spec = workspace(json!({})).spec;
-        redirected.spec.options = Some(berth_api::WorkspaceOptions {
+        redirected.spec.options = Some(Box::new(berth_api::WorkspaceOptions {
             image: Some("py311".into()),
             pod: None,
-        });
+        }));
         let mut other = workspace(json!({}));
         other.spec.kind = Some("other".into());
         // Picks by name the option it runs: that option counts once for it.
         let mut named = started.workspace.clone();
-        named.spec.options = Some(berth_api::WorkspaceOptions {
+        named.spec.options = Some(Box::new(berth_api::WorkspaceOptions {
             image: Some("py312".into()),
             pod: Some("small".into()),
-        });
+        }));
         let plain = crate::pod::tests::workspace("p", json!({"image": "x:1"}));
         let usage = usage([&started.workspace, &redirected, &other, &plain, &named]);
         assert_eq!(usage.len(), 2);

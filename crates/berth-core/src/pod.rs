@@ -735,7 +735,7 @@ pub fn build_pod(workspace: &Workspace, agent: &AgentConfig) -> Pod {
         readiness_probe: probes.readiness.or(probe),
         liveness_probe: probes.liveness,
         env: (!env.is_empty()).then_some(env),
-        resources: spec.resources.clone(),
+        resources: spec.resources.as_deref().cloned(),
         ports: (!spec.ports.is_empty()).then(|| {
             spec.ports
                 .iter()

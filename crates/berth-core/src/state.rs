@@ -844,7 +844,10 @@ impl<'a> Builder<'a> {
 /// its pods are built from); None for one that names nothing. The record of this generation
 /// and `berth.dev/check` value when there is one; else judged now: checked when the policy
 /// enforces and the operator did not see it begin to after this version was written.
-fn admission_record(observed: &Observed<'_>, old: &WorkspaceStatus) -> Option<AdmissionRecord> {
+fn admission_record(
+    observed: &Observed<'_>,
+    old: &WorkspaceStatus,
+) -> Option<Box<AdmissionRecord>> {
     let workspace = observed.workspace;
     if workspace.spec.kind.is_none() && workspace.spec.references().is_empty() {
         return None;
@@ -874,12 +877,12 @@ fn admission_record(observed: &Observed<'_>, old: &WorkspaceStatus) -> Option<Ad
         (written, observed.admission_since),
         (Some(written), Some(since)) if written <= since
     );
-    Some(AdmissionRecord {
+    Some(Box::new(AdmissionRecord {
         spec,
         generation,
         check,
         checked: observed.admission.is_none() && !before_enforcing,
-    })
+    }))
 }
 
 /// A hash of the spec as admission checks it: all of it but `paused` (starting and stopping

@@ -158,13 +158,13 @@ impl Builder<'_> {
                 },
                 _,
             )) => {
-                self.status.content = Some(ContentStatus {
+                self.status.content = Some(Box::new(ContentStatus {
                     path: git.directory(),
                     url: shown_url(url),
                     reference: reference.clone(),
                     commit: commit.clone(),
                     pod_uid: uid.to_owned(),
-                });
+                }));
                 let message = clean(message);
                 if *reason == Reason::Cloned {
                     self.notices.push(Notice::normal(
