@@ -293,9 +293,11 @@ fn sigterm_reaches_the_supervised_command() {
 fn a_supervising_agents_shells_get_their_own_exit_codes() {
     use berth_agent::proto::{ShellInput, ShellStart, shell_input::Input, shell_output::Output};
     let port = free_port();
+    // The agent's log, for the failure's message when it never answers.
+    let log = tempfile::NamedTempFile::new().unwrap();
     let mut child = agent_at(port)
         .args(["--", "sh", "-c", "sleep 60"])
-        .stderr(Stdio::null())
+        .stderr(log.reopen().unwrap())
         .spawn()
         .unwrap();
     let address = format!("127.0.0.1:{port}");
@@ -323,7 +325,15 @@ fn a_supervising_agents_shells_get_their_own_exit_codes() {
                 .await;
                 match opened {
                     Ok(outputs) => break outputs,
-                    Err(e) => assert!(Instant::now() < deadline, "no shell: {e}"),
+                    Err(e) => {
+                        let ended = child.try_wait().unwrap();
+                        assert!(
+                            Instant::now() < deadline && ended.is_none(),
+                            "no shell: {e}; the agent {}; its log: {}",
+                            ended.map_or("still runs".to_owned(), |s| format!("ended ({s})")),
+                            std::fs::read_to_string(log.path()).unwrap_or_default()
+                        );
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             };
