@@ -604,7 +604,6 @@ mod tests {
     #[test]
     fn a_cached_workspace_fits_a_kilobyte() {
         let size = std::mem::size_of::<Workspace>();
-        println!("a Workspace is {size} bytes inline");
         assert!(size + 16 <= 1_024, "a Workspace is {size} bytes inline");
     }
 

@@ -511,19 +511,19 @@ async fn run_controller(
     // kinds' use.
     .inspect_ok({
         let arrivals = arrivals.clone();
-        move |event| match event {
-            watcher::Event::InitDone => {
-                workspace_changes.send_replace(());
-                let _ = workspaces_listed.send(true);
-            }
-            watcher::Event::Apply(workspace) | watcher::Event::InitApply(workspace) => {
-                workspace_changes.send_replace(());
-                arrivals.arrived(&ObjectRef::from_obj(workspace));
-            }
-            watcher::Event::Delete(_) => {
+        move |event| {
+            if !matches!(event, watcher::Event::Init) {
                 workspace_changes.send_replace(());
             }
-            watcher::Event::Init => {}
+            match event {
+                watcher::Event::InitDone => {
+                    let _ = workspaces_listed.send(true);
+                }
+                watcher::Event::Apply(workspace) | watcher::Event::InitApply(workspace) => {
+                    arrivals.arrived(&ObjectRef::from_obj(workspace));
+                }
+                watcher::Event::Delete(_) | watcher::Event::Init => {}
+            }
         }
     })
     .applied_objects();

@@ -2508,39 +2508,46 @@ fn the_dockerfile_builds_the_slim_binary_where_the_operator_expects_it() {
     );
     // `dist` is release (symbols stripped) optimised across crates, and the benchmark measures
     // the operator built so.
-    let manifest =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml")).unwrap();
-    let profile = |name: &str| -> Vec<String> {
-        let header = format!("[profile.{name}]\n");
-        let start = manifest
-            .find(&header)
-            .unwrap_or_else(|| panic!("no {header}"))
-            + header.len();
-        manifest[start..]
-            .lines()
-            .take_while(|l| !l.trim().is_empty())
-            .map(str::to_owned)
-            .collect()
+    let manifest: toml_edit::DocumentMut =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml"))
+            .unwrap()
+            .parse()
+            .expect("the workspace's Cargo.toml parses");
+    let profile = |name: &str| {
+        manifest["profile"][name]
+            .as_table()
+            .unwrap_or_else(|| panic!("no [profile.{name}]"))
     };
-    assert!(profile("release").contains(&r#"strip = "symbols""#.to_owned()));
+    // A setting's value as written, without its whitespace or comments.
+    let value = |item: &toml_edit::Item| {
+        let mut value = item.as_value().expect("a value").clone();
+        value.decor_mut().clear();
+        value.to_string()
+    };
+    assert_eq!(
+        profile("release").get("strip").map(value).as_deref(),
+        Some(r#""symbols""#)
+    );
     let dist = profile("dist");
-    for line in [
-        r#"inherits = "release""#,
-        r#"lto = "fat""#,
-        "codegen-units = 1",
+    for (key, expected) in [
+        ("inherits", r#""release""#),
+        ("lto", r#""fat""#),
+        ("codegen-units", "1"),
     ] {
-        assert!(
-            dist.contains(&line.to_owned()),
-            "{line} missing from [profile.dist]"
+        assert_eq!(
+            dist.get(key).map(value).as_deref(),
+            Some(expected),
+            "{key} of [profile.dist]"
         );
     }
     let bench = profile("bench");
-    assert!(
-        dist.iter()
-            .filter(|l| !l.starts_with("inherits"))
-            .all(|l| bench.contains(l)),
-        "[profile.bench] {bench:?} is not [profile.dist] {dist:?}"
-    );
+    for (key, item) in dist.iter().filter(|(key, _)| *key != "inherits") {
+        assert_eq!(
+            bench.get(key).map(value),
+            Some(value(item)),
+            "[profile.bench] does not have [profile.dist]'s {key}"
+        );
+    }
     let final_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
     assert!(
         final_stage.starts_with("gcr.io/distroless/static-debian12:nonroot"),
