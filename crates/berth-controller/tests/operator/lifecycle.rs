@@ -378,6 +378,73 @@ async fn pause_keeps_storage_and_resume_starts_again() {
     );
 }
 
+/// Another writer adds its finalizer between the operator's read of a new workspace and its
+/// own finalizer's patch (in `berth dev` the cache is behind when a second trigger of the
+/// same workspace runs before the watch brings the finalizer just added). kube's finalizer
+/// helper tests the finalizers it read, the API server answers 422 for the failed test: a
+/// stale copy, retried at once and quietly, as a 409 is. What a user sees: the workspace
+/// Running with both finalizers, and no Warning `ReconcileFailed`.
+#[tokio::test]
+async fn a_finalizer_added_by_another_writer_meanwhile_is_no_failure() {
+    let h = Harness::start().await;
+    h.sim.faults().latency(
+        berth_sim::RequestMatch::new("patch", "workspaces"),
+        Duration::from_secs(1),
+    );
+    let fern = h.create("fern", json!({"image": "devbox:1"})).await;
+    eventually(
+        WAIT,
+        "the operator's finalizer patch to be held",
+        || async { (h.sim.faults().held() >= 1).then_some(()) },
+    )
+    .await;
+    let mut theirs = h.workspaces().get("fern").await.unwrap();
+    assert!(theirs.finalizers().is_empty(), "{theirs:?}");
+    theirs.metadata.finalizers = Some(vec!["example.com/keep".to_owned()]);
+    h.workspaces()
+        .replace("fern", &PostParams::default(), &theirs)
+        .await
+        .unwrap();
+    h.sim.faults().clear_api_faults();
+    let ws = h.until_phase("fern", Phase::Running).await;
+    assert_eq!(
+        ws.finalizers(),
+        ["example.com/keep", berth_api::labels::FINALIZER],
+        "the operator's finalizer added after the other writer's"
+    );
+    let events = events_about(&h, fern.metadata.uid.as_deref().unwrap()).await;
+    assert!(
+        !events.iter().any(|(reason, _)| reason == "ReconcileFailed"),
+        "{events:?}"
+    );
+    let counted: Vec<String> = h
+        .metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("berth_reconcile_errors_total{"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        counted.iter().any(|l| l.contains("reason=\"Conflict\"")),
+        "the failed test is counted as the conflict it is: {counted:?}"
+    );
+    assert!(
+        counted.iter().all(|l| l.contains("reason=\"Conflict\"")),
+        "{counted:?}"
+    );
+    h.workspaces()
+        .patch(
+            "fern",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{"op": "remove", "path": "/metadata/finalizers/0"}]))
+                    .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn deleting_a_workspace_removes_what_it_owns_even_when_its_pod_is_stuck() {
     let h = Harness::start().await;
