@@ -439,8 +439,7 @@ struct Evaluation<'c> {
 impl Evaluation<'_> {
     /// The expression's value; its error in the real server's words.
     fn run(&self, expression: &str) -> Result<Cel, String> {
-        let program =
-            Program::compile(expression).map_err(|e| format!("compilation error: {e}"))?;
+        let program = compiled(expression)?;
         self.checks.store(0, Ordering::Relaxed);
         program.execute(&self.context).map_err(|e| {
             format!(
@@ -449,6 +448,29 @@ impl Evaluation<'_> {
             )
         })
     }
+}
+
+/// The expression's program, compiled once: as the real server compiles a policy when it is
+/// stored, not at every request it admits (parsing took a tenth of the API server's CPU
+/// while a thousand workspaces of a kind started).
+fn compiled(expression: &str) -> Result<Arc<Program>, String> {
+    /// Programs by expression; emptied when it holds more than this many (policies come and
+    /// go; their expressions are few).
+    const KEPT: usize = 4096;
+    static PROGRAMS: std::sync::LazyLock<std::sync::Mutex<HashMap<String, Arc<Program>>>> =
+        std::sync::LazyLock::new(Default::default);
+    let programs = || PROGRAMS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(program) = programs().get(expression) {
+        return Ok(program.clone());
+    }
+    let program =
+        Arc::new(Program::compile(expression).map_err(|e| format!("compilation error: {e}"))?);
+    let mut programs = programs();
+    if programs.len() >= KEPT {
+        programs.clear();
+    }
+    programs.insert(expression.to_owned(), program.clone());
+    Ok(program)
 }
 
 /// A CEL error as cel-go words it.

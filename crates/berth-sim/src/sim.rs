@@ -2,6 +2,7 @@
 //! `server.rs` parse requests and call these; the sim's own controllers call them too.
 
 use std::{
+    borrow::Cow,
     sync::{
         Arc, OnceLock, RwLock, RwLockReadGuard,
         atomic::{AtomicBool, AtomicU32, Ordering},
@@ -348,6 +349,24 @@ impl Sim {
                 }
                 view
             }
+        }
+    }
+
+    /// [`Sim::to_view`] without a copy when the stored object is already what the
+    /// resource's clients see (a native type; a custom resource stored in this version).
+    pub fn view_of<'a>(&self, rt: &ResourceType, stored: &'a Value) -> Cow<'a, Value> {
+        let as_stored = match rt.view {
+            View::Native => true,
+            View::EventsV1 => false,
+            View::Versioned => match stored["apiVersion"].as_str() {
+                Some(v) if rt.group.is_empty() => v == rt.version,
+                Some(v) => v.split_once('/') == Some((rt.group.as_str(), rt.version.as_str())),
+                None => false,
+            },
+        };
+        match as_stored {
+            true => Cow::Borrowed(stored),
+            false => Cow::Owned(self.to_view(rt, stored)),
         }
     }
 

@@ -34,6 +34,18 @@ pub struct Change {
     pub object: Arc<Value>,
     /// The object before the change, for Modified and Deleted.
     pub previous: Option<Arc<Value>>,
+    /// `object` as JSON text, made by the first watch that sends it as stored and shared by
+    /// every other (a pod's change goes to every kubelet's watch, the scheduler's, the
+    /// operator's...).
+    pub text: std::sync::OnceLock<Arc<str>>,
+}
+
+impl Change {
+    /// `object` as JSON text (kind and apiVersion first), encoded once for all watches.
+    pub fn object_text(&self) -> &Arc<str> {
+        self.text
+            .get_or_init(|| crate::json::to_string(&self.object).into())
+    }
 }
 
 /// A change as the history keeps it: its objects as JSON text, which takes a tenth of the
@@ -86,6 +98,7 @@ impl Kept {
             kind: self.kind,
             object: parsed(&self.object),
             previous: self.previous.as_deref().map(parsed),
+            text: Default::default(),
         })
     }
 }
@@ -328,6 +341,7 @@ impl Store {
             kind,
             object,
             previous,
+            text: Default::default(),
         });
         let kept = Kept::new(&change);
         let now = kept.at;

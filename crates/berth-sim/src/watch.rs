@@ -55,8 +55,8 @@ pub fn render(rt: &ResourceType, object: &Value, how: Render) -> Value {
     }
 }
 
-fn line(kind: &str, object: Value) -> Bytes {
-    let mut text = crate::json::watch_event(kind, &object);
+fn line(kind: &str, object: &Value) -> Bytes {
+    let mut text = crate::json::watch_event(kind, object);
     text.push('\n');
     Bytes::from(text)
 }
@@ -68,11 +68,25 @@ fn bookmark(rt: &ResourceType, revision: u64, initial_end: bool) -> Bytes {
     }
     line(
         "BOOKMARK",
-        json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": metadata}),
+        &json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": metadata}),
     )
 }
 
-/// Turns one stored change into the event this watch sends, if any.
+/// The event line of `change`'s object as stored, from its text encoded once for all watches.
+fn shared_line(kind: &str, change: &Change) -> Bytes {
+    let object = change.object_text();
+    let mut text = String::with_capacity(object.len() + 32);
+    text.push_str("{\"type\":\"");
+    text.push_str(kind);
+    text.push_str("\",\"object\":");
+    text.push_str(object);
+    text.push_str("}\n");
+    Bytes::from(text)
+}
+
+/// Turns one stored change into the event this watch sends, if any. Every watch of every
+/// resource sees every change: the object is neither copied to be matched against this
+/// watch's selectors nor encoded again when another watch already did.
 fn event_for(
     sim: &Sim,
     rt: &ResourceType,
@@ -82,33 +96,37 @@ fn event_for(
     if change.storage != rt.storage {
         return None;
     }
-    let matches = |stored: &Value| -> Option<Value> {
-        let view = sim.to_view(rt, stored);
+    let matches = |view: &Value| {
         Sim::matches(
             rt,
-            &view,
+            view,
             request.namespace.as_deref(),
             &request.labels,
             &request.fields,
         )
-        .then_some(view)
     };
-    let now = matches(&change.object);
-    let before = change.previous.as_deref().and_then(matches);
-    let (kind, object) = match change.kind {
-        ChangeKind::Added => ("ADDED", now?),
-        ChangeKind::Modified => match (before.is_some(), now) {
-            (true, Some(object)) => ("MODIFIED", object),
-            (false, Some(object)) => ("ADDED", object),
-            (true, None) => ("DELETED", sim.to_view(rt, &change.object)),
-            (false, None) => return None,
+    let now = sim.view_of(rt, &change.object);
+    let before = || {
+        change
+            .previous
+            .as_deref()
+            .is_some_and(|p| matches(&sim.view_of(rt, p)))
+    };
+    let kind = match change.kind {
+        ChangeKind::Added => matches(&now).then_some("ADDED")?,
+        ChangeKind::Modified => match (before(), matches(&now)) {
+            (true, true) => "MODIFIED",
+            (false, true) => "ADDED",
+            (true, false) => "DELETED",
+            (false, false) => return None,
         },
-        ChangeKind::Deleted => {
-            before?;
-            ("DELETED", sim.to_view(rt, &change.object))
-        }
+        ChangeKind::Deleted => before().then_some("DELETED")?,
     };
-    Some(line(kind, render(rt, &object, request.render)))
+    Some(match (request.render, &now) {
+        (Render::Object, std::borrow::Cow::Borrowed(_)) => shared_line(kind, change),
+        (Render::Object, std::borrow::Cow::Owned(view)) => line(kind, view),
+        (how, view) => line(kind, &render(rt, view, how)),
+    })
 }
 
 /// Starts a watch; the stream ends on timeout, when the sim closes watches, or when the
@@ -153,7 +171,7 @@ pub fn watch(
                         message: format!("too old resource version: {rv} ({oldest})"),
                     }
                     .status();
-                    gone = Some(line("ERROR", status));
+                    gone = Some(line("ERROR", &status));
                     (sim.store.subscribe(), sim.store.revision())
                 }
             }
@@ -182,7 +200,7 @@ pub fn watch(
                     .cmp(&b["metadata"]["name"].as_str())
             });
             for object in objects {
-                initial.push(line("ADDED", render(&rt, &object, request.render)));
+                initial.push(line("ADDED", &render(&rt, &object, request.render)));
             }
             if request.send_initial_events && request.bookmarks {
                 initial.push(bookmark(&rt, snapshot.revision, true));
@@ -258,4 +276,28 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel(256);
     tokio::spawn(producer(tx));
     futures::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A change's event is the same bytes whether encoded for this watch or taken from the
+    /// text another watch encoded, and that text is made once.
+    #[test]
+    fn a_shared_event_line_is_the_one_a_watch_would_encode() {
+        let object = json!({"metadata": {"name": "p", "labels": {"a": "b"}}, "apiVersion": "v1", "kind": "Pod", "status": {"phase": "Running"}});
+        let change = Change {
+            revision: 7,
+            storage: "pods".into(),
+            kind: ChangeKind::Modified,
+            object: Arc::new(object.clone()),
+            previous: None,
+            text: Default::default(),
+        };
+        assert_eq!(shared_line("MODIFIED", &change), line("MODIFIED", &object));
+        assert!(Arc::ptr_eq(change.object_text(), change.object_text()));
+        let event: Value = serde_json::from_slice(&shared_line("DELETED", &change)).unwrap();
+        assert_eq!(event, json!({"type": "DELETED", "object": object}));
+    }
 }
