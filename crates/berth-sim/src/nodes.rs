@@ -157,10 +157,7 @@ fn set_ready(node: &mut Value, reachable: bool) -> bool {
 
 /// Pods bound to `node`.
 pub fn pods_on(sim: &Sim, node: &str) -> Vec<Arc<Value>> {
-    let (pods, _) = sim.store.list("/pods", None);
-    pods.into_iter()
-        .filter(|p| p["spec"]["nodeName"] == node)
-        .collect()
+    sim.store.pods_on(node)
 }
 
 /// The node lifecycle controller, heartbeats and pod GC; runs until aborted.
