@@ -52,16 +52,12 @@ impl Error {
     /// finalizer just added). The watch brings the newer object at once, so this is no
     /// failure to back off from.
     pub fn is_conflict(&self) -> bool {
-        use kube::runtime::finalizer::Error as FinalizerError;
-        let stale_finalizers = match self {
-            Error::Finalizer(e) => matches!(
-                &**e,
-                FinalizerError::AddFinalizer(kube::Error::Api(s))
-                    | FinalizerError::RemoveFinalizer(kube::Error::Api(s)) if s.code == 422
-            ),
+        match self.request() {
+            Some(kube::Error::Api(s)) => {
+                s.code == 409 || (s.code == 422 && matches!(self, Error::Finalizer(_)))
+            }
             _ => false,
-        };
-        stale_finalizers || matches!(self.request(), Some(kube::Error::Api(s)) if s.code == 409)
+        }
     }
 
     /// The failed request to the API server, also one that added or removed the finalizer.

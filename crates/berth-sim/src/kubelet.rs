@@ -405,7 +405,7 @@ impl Worker {
         let room = scheduler::allocatable(&node);
         let mut used = scheduler::Requests::default();
         let mut count = 0;
-        for other in crate::nodes::pods_on(&self.sim, &self.node) {
+        for other in self.sim.store.pods_on(&self.node) {
             if other["metadata"]["uid"] == self.uid.as_str()
                 || !scheduler::is_active(&other)
                 || other["status"]["phase"].is_null()

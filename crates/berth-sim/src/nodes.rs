@@ -155,11 +155,6 @@ fn set_ready(node: &mut Value, reachable: bool) -> bool {
     changed
 }
 
-/// Pods bound to `node`.
-pub fn pods_on(sim: &Sim, node: &str) -> Vec<Arc<Value>> {
-    sim.store.pods_on(node)
-}
-
 /// The node lifecycle controller, heartbeats and pod GC; runs until aborted.
 pub async fn run(sim: Arc<Sim>) {
     let timings = sim.config.timings.clone();
@@ -177,7 +172,7 @@ pub async fn run(sim: Arc<Sim>) {
                         // Pod GC: pods bound to a node that no longer exists are force-deleted.
                         let name = change.object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
                         if let Some(pods) = sim.resource_type("", "v1", "pods") {
-                            for pod in pods_on(&sim, &name) {
+                            for pod in sim.store.pods_on(&name) {
                                 let options = DeleteOptions { grace_period_seconds: Some(0), ..Default::default() };
                                 let (ns, pod_name) = (pod["metadata"]["namespace"].as_str().unwrap_or_default(), pod["metadata"]["name"].as_str().unwrap_or_default());
                                 let _ = sim.delete(&pods, ns, pod_name, &options, &ctx);
@@ -235,12 +230,12 @@ pub async fn run(sim: Arc<Sim>) {
                         host: "",
                     },
                 );
-                for pod in pods_on(&sim, &name) {
+                for pod in sim.store.pods_on(&name) {
                     mark_pod_lost(&sim, &pod, &name);
                 }
             }
             let since = *lost_since.entry(name.clone()).or_insert(now);
-            for pod in pods_on(&sim, &name) {
+            for pod in sim.store.pods_on(&name) {
                 if pod["metadata"]["deletionTimestamp"].is_string() {
                     continue;
                 }

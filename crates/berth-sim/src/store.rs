@@ -348,12 +348,12 @@ impl Store {
         previous: Option<Arc<Value>>,
     ) {
         if &**storage == PODS {
-            let key = key_of(&object);
             let was = previous.as_deref().and_then(node_of);
             let is = (kind != ChangeKind::Deleted)
                 .then(|| node_of(&object))
                 .flatten();
             if was != is {
+                let key = key_of(&object);
                 if let Some(node) = was
                     && let Some(pods) = inner.bound.get_mut(node)
                 {

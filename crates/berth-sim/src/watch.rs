@@ -2,7 +2,7 @@
 //! namespace and selectors (an object leaving a selector is a DELETED, entering it an ADDED),
 //! bookmarks, timeouts, and `410 Gone` for revisions older than the history.
 
-use std::{sync::Arc, time::Duration};
+use std::{borrow::Cow, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use futures::Stream;
@@ -123,8 +123,8 @@ fn event_for(
         ChangeKind::Deleted => before().then_some("DELETED")?,
     };
     Some(match (request.render, &now) {
-        (Render::Object, std::borrow::Cow::Borrowed(_)) => shared_line(kind, change),
-        (Render::Object, std::borrow::Cow::Owned(view)) => line(kind, view),
+        (Render::Object, Cow::Borrowed(_)) => shared_line(kind, change),
+        (Render::Object, Cow::Owned(view)) => line(kind, view),
         (how, view) => line(kind, &render(rt, view, how)),
     })
 }

@@ -381,9 +381,22 @@ async fn a_binding_that_does_not_deny_in_the_namespace_counts_as_not_installed()
         json!({"image": "devbox:1", "serviceAccountName": "deployer"}),
     )
     .await;
-    let seen = h.until_not_ready("named", "AdmissionNotInstalled").await;
+    // The binding may reach the operator's cache after the workspace (under load): the first
+    // status may then say no binding denies at all, and the binding's event corrects it.
+    let elsewhere = "(the ValidatingAdmissionPolicyBinding workspaces.berth.dev does not select namespace default (its namespaceSelector))";
+    let seen = h
+        .until(
+            "named",
+            "Ready=False (AdmissionNotInstalled), naming the binding",
+            |ws| {
+                crate::support::condition(ws, "Ready")
+                    .is_some_and(|c| c.status == "False" && c.reason == "AdmissionNotInstalled")
+                    && crate::support::message_of(ws).contains(elsewhere)
+            },
+        )
+        .await;
     assert!(
-        crate::support::message_of(&seen).contains("(the ValidatingAdmissionPolicyBinding workspaces.berth.dev does not select namespace default (its namespaceSelector))"),
+        crate::support::message_of(&seen).contains(elsewhere),
         "{}",
         crate::support::message_of(&seen)
     );

@@ -258,7 +258,6 @@ subjects:
             .unwrap();
     }
 
-    /// Requests the operator made with `verb`.
     /// How many reconciles the operator has finished (all runs of it), from its metrics.
     pub fn reconciles(&self) -> u64 {
         self.metrics
@@ -304,6 +303,7 @@ subjects:
             .unwrap_or(0)
     }
 
+    /// Requests the operator made with one of `verbs`.
     pub fn operator_requests(&self, verbs: &[&str]) -> u64 {
         self.sim
             .count_requests(|k| k.user == OPERATOR && verbs.contains(&k.verb.as_str()))
