@@ -16,6 +16,7 @@ pub mod rbac;
 pub mod reconcile;
 pub mod recorder;
 pub mod sharder;
+pub mod written;
 
 // The pure core, under the paths the operator has always used.
 pub use berth_core::{

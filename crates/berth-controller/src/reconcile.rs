@@ -1311,7 +1311,6 @@ async fn write_status(
     ctx: &Context,
 ) -> Result<Option<String>> {
     let namespace = workspace.namespace().unwrap_or_default();
-    let api: Api<Workspace> = Api::namespaced(ctx.client.clone(), &namespace);
     // The resourceVersion makes the write conditional: a status derived from a stale cache
     // must not overwrite a newer one (a recreation count would be lost).
     let body = json!({
@@ -1320,15 +1319,15 @@ async fn write_status(
         "metadata": {"resourceVersion": resource_version},
         "status": status
     });
-    let written = api
-        .patch_status(
-            &workspace.name_any(),
-            &PatchParams::apply(&ctx.config.manager).force(),
-            &Patch::Apply(&body),
-        )
-        .await?;
+    let after = crate::written::patch_status::<Workspace, _>(
+        &ctx.client,
+        &namespace,
+        &workspace.name_any(),
+        &PatchParams::apply(&ctx.config.manager).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
     ctx.metrics.status_writes.inc();
-    let after = written.resource_version();
     ctx.replaced.wrote(
         ObjectRef::from_obj(workspace),
         resource_version,
@@ -1406,7 +1405,8 @@ fn derived_by(action: &Action) -> Option<Derived> {
 /// AlreadyExists), returns the object of that name if it is not the workspace's own (the cache
 /// only lagged behind our own create otherwise), counting the creates in a row that met it.
 async fn create_or_meet<K>(
-    api: &Api<K>,
+    client: &Client,
+    namespace: &str,
     create: &PostParams,
     object: &K,
     kind: Derived,
@@ -1414,10 +1414,15 @@ async fn create_or_meet<K>(
     taken: &[Foreign],
 ) -> Result<Option<Foreign>>
 where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
 {
-    match api.create(create, object).await {
+    match crate::written::create(client, namespace, create, object).await {
         Err(kube::Error::Api(s)) if s.code == 409 => {
+            let api: Api<K> = Api::namespaced(client.clone(), namespace);
             let Some(existing) = api.get_metadata_opt(&object.name_any()).await? else {
                 return Ok(None);
             };
@@ -1447,9 +1452,17 @@ async fn perform(
     let client = ctx.client.clone();
     match action {
         Action::CreatePod => {
-            let pods: Api<Pod> = Api::namespaced(client, namespace);
             let wanted = pod::build_pod(workspace, &ctx.config.agent);
-            create_or_meet(&pods, &create, &wanted, Derived::Pod, workspace, taken).await
+            create_or_meet(
+                &client,
+                namespace,
+                &create,
+                &wanted,
+                Derived::Pod,
+                workspace,
+                taken,
+            )
+            .await
         }
         Action::DeletePod { uid } | Action::ForceDeletePod { uid } => {
             let pods: Api<Pod> = Api::namespaced(client, namespace);
@@ -1489,20 +1502,28 @@ async fn perform(
             Ok(None)
         }
         Action::CreateClaim => {
-            let claims: Api<PersistentVolumeClaim> = Api::namespaced(client, namespace);
             let Some(claim) = pod::build_claim(workspace) else {
                 return Ok(None);
             };
-            create_or_meet(&claims, &create, &claim, Derived::Claim, workspace, taken).await
+            create_or_meet(
+                &client,
+                namespace,
+                &create,
+                &claim,
+                Derived::Claim,
+                workspace,
+                taken,
+            )
+            .await
         }
         Action::CreateService => {
             // A create, never an apply: an apply would take over a service of the same name.
-            let services: Api<Service> = Api::namespaced(client, namespace);
             let Some(service) = pod::build_service(workspace) else {
                 return Ok(None);
             };
             create_or_meet(
-                &services,
+                &client,
+                namespace,
                 &create,
                 &service,
                 Derived::Service,

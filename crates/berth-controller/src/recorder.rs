@@ -250,8 +250,8 @@ impl Recorder {
             .unwrap_or_else(|| "default".into());
         let event = self.event(report, regarding, &namespace, now);
         let name = event.metadata.name.clone().unwrap_or_default();
-        let events: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-        match events.create(&PostParams::default(), &event).await {
+        match crate::written::create(&self.client, &namespace, &PostParams::default(), &event).await
+        {
             // Its name is its own (object and time): a 409 is this very event, created by an
             // attempt whose answer was lost.
             Ok(_) => {}

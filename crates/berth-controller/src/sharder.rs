@@ -221,10 +221,14 @@ async fn label(client: &Client, item: &Unlabelled) -> Result<(), kube::Error> {
         label_each::<PersistentVolumeClaim>(client, item, &selector, &patch).await?;
         label_each::<Service>(client, item, &selector, &patch).await?;
     }
-    let workspaces: Api<Workspace> = Api::namespaced(client.clone(), &item.namespace);
-    workspaces
-        .patch(&item.name, &PatchParams::default(), &patch)
-        .await?;
+    crate::written::patch::<Workspace, _>(
+        client,
+        &item.namespace,
+        &item.name,
+        &PatchParams::default(),
+        &patch,
+    )
+    .await?;
     debug!(namespace = %item.namespace, workspace = %item.name, "labelled with its shard");
     Ok(())
 }

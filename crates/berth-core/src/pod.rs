@@ -268,9 +268,9 @@ fn shape_hash(spec: &WorkspaceSpec, record: Option<&KindResolution>) -> String {
         "serviceAccountName": spec.service_account_name,
         "podTemplate": to_value(&spec.pod_template),
     });
-    let mut canonical = String::from(SPEC_HASH_VERSION);
+    let mut canonical = SPEC_HASH_VERSION.as_bytes().to_vec();
     write_canonical(&projection, &mut canonical);
-    let digest = Sha256::digest(canonical.as_bytes());
+    let digest = Sha256::digest(&canonical);
     digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
@@ -284,35 +284,40 @@ fn is_empty(value: &serde_json::Value) -> bool {
     }
 }
 
-/// JSON with sorted keys and without empty values.
-fn write_canonical(value: &serde_json::Value, out: &mut String) {
+/// JSON with sorted keys and without empty values, written straight into `out` (a reconcile
+/// hashes its workspace's pod shape: no string is built per key or leaf).
+fn write_canonical(value: &serde_json::Value, out: &mut Vec<u8>) {
     match value {
         serde_json::Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().filter(|k| !is_empty(&map[*k])).collect();
-            keys.sort();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
+            let mut entries: Vec<_> = map.iter().filter(|(_, v)| !is_empty(v)).collect();
+            entries.sort_unstable_by_key(|(key, _)| *key);
+            out.push(b'{');
+            for (i, (key, value)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&serde_json::Value::String(key.clone()).to_string());
-                out.push(':');
-                write_canonical(&map[key], out);
+                write_json(key, out);
+                out.push(b':');
+                write_canonical(value, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         serde_json::Value::Array(items) => {
-            out.push('[');
+            out.push(b'[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write_canonical(item, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        other => out.push_str(&other.to_string()),
+        other => write_json(other, out),
     }
+}
+
+fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    serde_json::to_writer(out, value).expect("a JSON string or scalar serializes");
 }
 
 /// The hash pods got before [`SPEC_HASH_VERSION`] (the whole serialized spec but `paused`

@@ -513,10 +513,17 @@ fn writes(counts: &BTreeMap<(String, String, u16), u64>) -> u64 {
 
 fn main() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(run());
+    // The sim and the operators are stopped (dropped) when `run` returns, before the exit: an
+    // exit from inside it left a sim with every workspace running on the machine.
+    let verdict = runtime.block_on(run());
+    drop(runtime);
+    if let Err(Regression(text)) = verdict {
+        eprintln!("{text}");
+        std::process::exit(1);
+    }
 }
 
-async fn run() {
+async fn run() -> Result<(), Regression> {
     let n = setting("BERTH_BENCH_WORKSPACES", 200) as usize;
     let idle = Duration::from_secs(setting("BERTH_BENCH_IDLE_SECONDS", 30));
     let sim_limit_mib = setting("BERTH_BENCH_SIM_MAX_MIB", 16 * 1024) as f64;
@@ -735,7 +742,7 @@ async fn run() {
                 started.elapsed().as_secs_f64(),
                 usage.join("; ")
             );
-            return;
+            return Ok(());
         }
         assert!(
             started.elapsed() < Duration::from_secs(1800),
@@ -978,7 +985,7 @@ async fn run() {
             }
         ),
         &Figures(run_figures),
-    );
+    )
 }
 
 /// One shard's operator over the start.
@@ -1136,7 +1143,7 @@ const TOLERANCE: f64 = 0.20;
 /// The regression guard: each figure against the last recorded run of this size, failing the
 /// benchmark (exit 1) when one is more than 20 % worse; `BERTH_BENCH_RECORD=1` records this
 /// run instead (with `BERTH_BENCH_COMMIT`, the commit it measured).
-fn guard(size: &str, figures: &Figures) {
+fn guard(size: &str, figures: &Figures) -> Result<(), Regression> {
     let mut recorded: serde_json::Value = std::fs::read_to_string(RECORDED)
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
@@ -1156,13 +1163,13 @@ fn guard(size: &str, figures: &Figures) {
         let text = serde_json::to_string_pretty(&recorded).unwrap_or_default();
         std::fs::write(RECORDED, text + "\n").expect("bench/scale-recorded.json is writable");
         println!("\nrecorded as the run of {size} to compare with (bench/scale-recorded.json)");
-        return;
+        return Ok(());
     }
     let Some(last) = recorded.get(size) else {
         println!(
             "\nno recorded run of {size} to compare with: BERTH_BENCH_RECORD=1 records this one"
         );
-        return;
+        return Ok(());
     };
     let worse: Vec<String> = figures
         .0
@@ -1179,12 +1186,14 @@ fn guard(size: &str, figures: &Figures) {
         .collect();
     if worse.is_empty() {
         println!("\nno figure is more than 20 % worse than the recorded run of {size}");
-        return;
+        return Ok(());
     }
-    eprintln!(
+    Err(Regression(format!(
         "\nREGRESSION against the recorded run of {size} ({}):\n- {}",
         last["commit"].as_str().unwrap_or("commit not recorded"),
         worse.join("\n- ")
-    );
-    std::process::exit(1);
+    )))
 }
+
+/// The guard's failure: what regressed, said once the processes are stopped.
+struct Regression(String);
