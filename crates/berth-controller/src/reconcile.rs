@@ -885,6 +885,10 @@ async fn reconcile(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Reque
 }
 
 async fn reconcile_in_span(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
+    // At debug, each reconcile is said; within kube's span, which names why it runs (the
+    // workspace changed, an object it owns or names changed, a requeue), outside it, the
+    // agent lane's.
+    tracing::debug!("reconciling");
     let started = Instant::now();
     let namespace = workspace.namespace().unwrap_or_default();
     let api: Api<Workspace> = Api::namespaced(ctx.client.clone(), &namespace);
