@@ -57,11 +57,7 @@ where
     K: Resource<DynamicType = ()>,
     P: Serialize,
 {
-    let mut request = Request::new(K::url_path(&(), Some(namespace)))
-        .patch(name, params, patch)
-        .map_err(kube::Error::BuildRequest)?;
-    request.extensions_mut().insert("patch");
-    answered(client, request).await
+    patch_at::<K, P>(client, namespace, name, None, params, patch).await
 }
 
 /// Patches the status of `K` `name` in `namespace`; returns its resourceVersion after.
@@ -76,10 +72,32 @@ where
     K: Resource<DynamicType = ()>,
     P: Serialize,
 {
-    let mut request = Request::new(K::url_path(&(), Some(namespace)))
-        .patch_subresource("status", name, params, patch)
-        .map_err(kube::Error::BuildRequest)?;
-    request.extensions_mut().insert("patch_status");
+    patch_at::<K, P>(client, namespace, name, Some("status"), params, patch).await
+}
+
+/// Patches `K` `name`, or its `subresource`.
+async fn patch_at<K, P>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    subresource: Option<&str>,
+    params: &PatchParams,
+    patch: &Patch<P>,
+) -> kube::Result<Option<String>>
+where
+    K: Resource<DynamicType = ()>,
+    P: Serialize,
+{
+    let target = Request::new(K::url_path(&(), Some(namespace)));
+    let mut request = match subresource {
+        Some(subresource) => target.patch_subresource(subresource, name, params, patch),
+        None => target.patch(name, params, patch),
+    }
+    .map_err(kube::Error::BuildRequest)?;
+    request.extensions_mut().insert(match subresource {
+        Some(_) => "patch_subresource",
+        None => "patch",
+    });
     answered(client, request).await
 }
 
