@@ -1323,10 +1323,11 @@ async fn write_status(
         "metadata": {"resourceVersion": resource_version},
         "status": status
     });
-    let after = crate::written::patch_status::<Workspace, _>(
+    let after = crate::written::patch::<Workspace, _>(
         &ctx.client,
         &namespace,
         &workspace.name_any(),
+        Some("status"),
         &PatchParams::apply(&ctx.config.manager).force(),
         &Patch::Apply(&body),
     )

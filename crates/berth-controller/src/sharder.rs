@@ -225,6 +225,7 @@ async fn label(client: &Client, item: &Unlabelled) -> Result<(), kube::Error> {
         client,
         &item.namespace,
         &item.name,
+        None,
         &PatchParams::default(),
         &patch,
     )

@@ -45,38 +45,9 @@ where
     answered(client, request).await
 }
 
-/// Patches `K` `name` in `namespace`; returns its resourceVersion after.
+/// Patches `K` `name` in `namespace`, or its `subresource` (`status`); returns the object's
+/// resourceVersion after.
 pub async fn patch<K, P>(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    params: &PatchParams,
-    patch: &Patch<P>,
-) -> kube::Result<Option<String>>
-where
-    K: Resource<DynamicType = ()>,
-    P: Serialize,
-{
-    patch_at::<K, P>(client, namespace, name, None, params, patch).await
-}
-
-/// Patches the status of `K` `name` in `namespace`; returns its resourceVersion after.
-pub async fn patch_status<K, P>(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    params: &PatchParams,
-    patch: &Patch<P>,
-) -> kube::Result<Option<String>>
-where
-    K: Resource<DynamicType = ()>,
-    P: Serialize,
-{
-    patch_at::<K, P>(client, namespace, name, Some("status"), params, patch).await
-}
-
-/// Patches `K` `name`, or its `subresource`.
-async fn patch_at<K, P>(
     client: &Client,
     namespace: &str,
     name: &str,
