@@ -156,6 +156,13 @@ fn asking<C: Answer>(
     );
 }
 
+/// How long a check waited for a slot among the checks in flight, and how long its call took:
+/// logged with its result, so a slow start says which of the two it was.
+struct Took {
+    waited: Duration,
+    called: Duration,
+}
+
 /// What the background calls share with the reconcile loop.
 struct Shared {
     config: AgentConfig,
@@ -701,11 +708,17 @@ impl Shared {
             },
         );
         let caller = shared.clone();
+        let asked = std::time::Instant::now();
         shared.checks.run(
             async move {
                 let shared = caller;
+                let began = std::time::Instant::now();
                 let outcome = shared.call(&address, tls, &key).await;
-                shared.finish(key, pod_uid, address, outcome, failures);
+                let took = Took {
+                    waited: began - asked,
+                    called: began.elapsed(),
+                };
+                shared.finish(key, pod_uid, address, outcome, failures, took);
                 let _ = done_tx.send(true);
             }
             .in_current_span(),
@@ -722,7 +735,9 @@ impl Shared {
         address: String,
         outcome: AgentOutcome,
         failures: u32,
+        took: Took,
     ) {
+        let (waited_ms, call_ms) = (took.waited.as_millis(), took.called.as_millis());
         let result = match &outcome {
             AgentOutcome::Verified { .. } => "ok".to_owned(),
             AgentOutcome::Failed { reason, .. } => reason.to_string(),
@@ -734,7 +749,7 @@ impl Shared {
         let (namespace, name) = &key;
         let (failures, retry_in) = match &outcome {
             AgentOutcome::Verified { identity } => {
-                info!(%namespace, workspace = %name, %address, %identity, "the agent authenticated the operator");
+                info!(%namespace, workspace = %name, %address, %identity, waited_ms, call_ms, "the agent authenticated the operator");
                 (0, Duration::ZERO)
             }
             AgentOutcome::Failed { reason, message } => {
@@ -744,7 +759,7 @@ impl Shared {
                     self.config.backoff_base,
                     self.config.backoff_max,
                 );
-                warn!(%namespace, workspace = %name, %address, %reason, detail = %message, retry_in_seconds = retry_in.as_secs_f64(), "the agent check failed; the pod is kept");
+                warn!(%namespace, workspace = %name, %address, %reason, detail = %message, retry_in_seconds = retry_in.as_secs_f64(), waited_ms, call_ms, "the agent check failed; the pod is kept");
                 (failures, retry_in)
             }
         };

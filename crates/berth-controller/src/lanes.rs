@@ -6,8 +6,9 @@
 //! 80 s at 10 000). So the check starts from the pod watch the moment the cache shows the
 //! pod ready, in a [`FifoPool`] (first come first served, so in the order pods turned ready,
 //! and a bounded number in flight, so 10 000 ready pods never mean 10 000 connections at
-//! once); and when it ends, the workspace is reconciled in a second small [`FifoPool`] of its
-//! own, not behind the controller's queue. [`KeyedLocks`] keeps that reconcile and the
+//! once); and when it ends, the workspace is reconciled in a second small pool of its own
+//! ([`WaitThenRun`]: it first waits for the cache to show the operator's last write, holding
+//! no slot), not behind the controller's queue. [`KeyedLocks`] keeps that reconcile and the
 //! controller's from running for one workspace at the same time.
 
 use std::{
@@ -67,6 +68,42 @@ impl FifoPool {
     /// How many jobs wait for a slot.
     pub fn waiting(&self) -> usize {
         self.waiting.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// A [`FifoPool`] whose jobs first wait for something that needs no slot (the cache to show
+/// a write): the waits run side by side, and each job joins the pool's queue when its wait
+/// ends with a value, so a slow wait never keeps a ready job out of a slot. Dropping it stops
+/// the waits.
+pub struct WaitThenRun {
+    pool: FifoPool,
+    waits: tokio::task::JoinSet<()>,
+}
+
+impl WaitThenRun {
+    pub fn new(limit: usize) -> Self {
+        WaitThenRun {
+            pool: FifoPool::new(limit),
+            waits: tokio::task::JoinSet::new(),
+        }
+    }
+
+    /// Waits for `wait`, then queues `job` with its value (nothing when it ends with none).
+    pub fn run_after<T, W, J, F>(&mut self, wait: W, job: J)
+    where
+        T: Send + 'static,
+        W: Future<Output = Option<T>> + Send + 'static,
+        J: FnOnce(T) -> F + Send + 'static,
+        F: Future<Output = ()> + Send + 'static,
+    {
+        // The waits that ended are forgotten here, so they never pile up.
+        while self.waits.try_join_next().is_some() {}
+        let pool = self.pool.clone();
+        self.waits.spawn(async move {
+            if let Some(value) = wait.await {
+                pool.run(job(value));
+            }
+        });
     }
 }
 
@@ -214,6 +251,41 @@ mod tests {
 
     /// One key is held by one holder at a time, other keys go on meanwhile, and a key nobody
     /// holds is forgotten.
+    /// One slot, and a first job whose wait does not end: the second job, whose wait ends at
+    /// once, runs anyway (a wait inside the job would hold the only slot); a wait that ends
+    /// after the lane is dropped runs nothing.
+    #[tokio::test]
+    async fn a_wait_holds_no_slot_and_ends_with_its_lane() {
+        let mut lane = WaitThenRun::new(1);
+        let (_never, never) = oneshot::channel::<()>();
+        let (first_ran, mut first) = oneshot::channel::<()>();
+        lane.run_after(async move { never.await.ok() }, move |()| async move {
+            let _ = first_ran.send(());
+        });
+        let (second_ran, second) = oneshot::channel::<i32>();
+        lane.run_after(async { Some(2) }, move |value: i32| async move {
+            let _ = second_ran.send(value);
+        });
+        let value = tokio::time::timeout(Duration::from_secs(10), second)
+            .await
+            .expect("the second job runs while the first one's wait goes on")
+            .unwrap();
+        assert_eq!(value, 2, "the job gets what its wait ended with");
+        assert!(first.try_recv().is_err(), "the first job waits still");
+
+        let (go, gate) = oneshot::channel::<()>();
+        let (late_ran, late) = oneshot::channel::<()>();
+        lane.run_after(async move { gate.await.ok() }, move |()| async move {
+            let _ = late_ran.send(());
+        });
+        drop(lane);
+        let _ = go.send(());
+        assert!(
+            late.await.is_err(),
+            "the wait ended with its lane, so its job never ran"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_key_is_held_by_one_at_a_time() {
         let locks = Arc::new(KeyedLocks::<&'static str>::default());

@@ -1879,7 +1879,8 @@ impl Worker {
 pub async fn run(sim: Arc<Sim>) {
     let images = Arc::new(ImageCache::default());
     let mut workers: HashMap<String, watch::Sender<Option<Arc<Value>>>> = HashMap::new();
-    let mut changes = sim.store.subscribe();
+    // A follower: a lagging receiver would have to hand every pod to its worker again.
+    let mut changes = sim.store.follow();
     let (pods, _) = sim.store.list("/pods", None);
     let dispatch =
         |sim: &Arc<Sim>,
@@ -1945,33 +1946,14 @@ pub async fn run(sim: Arc<Sim>) {
     for pod in pods {
         dispatch(&sim, &pod, false, &mut workers);
     }
-    loop {
-        match changes.recv().await {
-            Ok(change) if &*change.storage == "/pods" => dispatch(
+    while let Some(change) = changes.recv().await {
+        if &*change.storage == "/pods" {
+            dispatch(
                 &sim,
                 &change.object,
                 change.kind == ChangeKind::Deleted,
                 &mut workers,
-            ),
-            Ok(_) => {}
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                let (pods, _) = sim.store.list("/pods", None);
-                let alive: HashSet<String> = pods
-                    .iter()
-                    .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
-                    .collect();
-                workers.retain(|uid, tx| {
-                    let keep = alive.contains(uid);
-                    if !keep {
-                        let _ = tx.send(None);
-                    }
-                    keep
-                });
-                for pod in pods {
-                    dispatch(&sim, &pod, false, &mut workers);
-                }
-            }
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            );
         }
     }
 }

@@ -9,7 +9,7 @@ use std::{
 };
 
 use serde_json::Value;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, mpsc};
 
 use crate::resources::StorageKey;
 
@@ -137,6 +137,8 @@ struct Inner {
     /// them for the kubelets: a kubelet admitting a pod sums its node's pods, not every pod
     /// of the cluster (at 10 000 pods that scan was a sixth of the sim's CPU).
     bound: HashMap<String, BTreeSet<ObjectKey>>,
+    /// Receivers of every change that never lag ([`Store::follow`]).
+    followers: Vec<mpsc::UnboundedSender<Arc<Change>>>,
 }
 
 /// Where pods are kept.
@@ -200,6 +202,7 @@ impl Store {
                 history_window: window,
                 compacted: 1,
                 bound: HashMap::new(),
+                followers: Vec::new(),
             }),
             changes,
         }
@@ -331,6 +334,15 @@ impl Store {
         self.changes.subscribe()
     }
 
+    /// A receiver for every future change that never lags, for a controller whose handling
+    /// of a change is cheap but whose recovery from a lag is not (the garbage collector
+    /// rebuilds its graph from every object): a burst waits in its queue instead.
+    pub fn follow(&self) -> mpsc::UnboundedReceiver<Arc<Change>> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        self.lock().followers.push(sender);
+        receiver
+    }
+
     /// Forgets the history up to the current revision, so any watch from an older revision
     /// gets `410 Gone`.
     pub fn compact(&self) {
@@ -389,6 +401,9 @@ impl Store {
                 inner.compacted = dropped.revision;
             }
         }
+        inner
+            .followers
+            .retain(|follower| follower.send(change.clone()).is_ok());
         // No receivers is fine: nobody watches.
         let _ = self.changes.send(change);
     }
@@ -566,6 +581,38 @@ mod tests {
         assert_eq!(then[0]["spec"], Value::Null);
         let (now, _) = store.list("/pods", Some("default"));
         assert_eq!(now.len(), 2);
+    }
+
+    /// A burst larger than the broadcast's capacity: a broadcast receiver that did not keep
+    /// up hears it lagged; a follower hears every change, in revision order; a follower
+    /// dropped is forgotten at the next change.
+    #[test]
+    fn a_follower_hears_every_change_of_a_burst_a_broadcast_drops() {
+        let store = Store::new(1000, HISTORY_WINDOW, 16);
+        let pods: StorageKey = "/pods".into();
+        let mut broadcast = store.subscribe();
+        let mut follower = store.follow();
+        let gone = store.follow();
+        drop(gone);
+        for i in 0..100 {
+            store.create(&pods, pod(&format!("p{i}"))).unwrap();
+        }
+        assert!(matches!(
+            broadcast.try_recv(),
+            Err(broadcast::error::TryRecvError::Lagged(84))
+        ));
+        let mut heard = vec![];
+        while let Ok(change) = follower.try_recv() {
+            heard.push(
+                change.object["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+        let written: Vec<String> = (0..100).map(|i| format!("p{i}")).collect();
+        assert_eq!(heard, written);
+        assert_eq!(store.lock().followers.len(), 1);
     }
 
     /// The pods of a node are the ones bound to it now: binding adds, deletion removes, a
