@@ -81,6 +81,7 @@ pub struct WaitThenRun {
 }
 
 impl WaitThenRun {
+    /// A lane whose pool runs `limit` jobs at once.
     pub fn new(limit: usize) -> Self {
         WaitThenRun {
             pool: FifoPool::new(limit),
@@ -249,8 +250,6 @@ mod tests {
         assert_eq!(pool.waiting(), 0);
     }
 
-    /// One key is held by one holder at a time, other keys go on meanwhile, and a key nobody
-    /// holds is forgotten.
     /// One slot, and a first job whose wait does not end: the second job, whose wait ends at
     /// once, runs anyway (a wait inside the job would hold the only slot); a wait that ends
     /// after the lane is dropped runs nothing.
@@ -286,6 +285,8 @@ mod tests {
         );
     }
 
+    /// One key is held by one holder at a time, other keys go on meanwhile, and a key nobody
+    /// holds is forgotten.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_key_is_held_by_one_at_a_time() {
         let locks = Arc::new(KeyedLocks::<&'static str>::default());
