@@ -737,7 +737,7 @@ impl Shared {
         failures: u32,
         took: Took,
     ) {
-        let (waited_ms, call_ms) = (took.waited.as_millis(), took.called.as_millis());
+        let (waited_seconds, call_seconds) = (took.waited.as_secs_f64(), took.called.as_secs_f64());
         let result = match &outcome {
             AgentOutcome::Verified { .. } => "ok".to_owned(),
             AgentOutcome::Failed { reason, .. } => reason.to_string(),
@@ -749,7 +749,7 @@ impl Shared {
         let (namespace, name) = &key;
         let (failures, retry_in) = match &outcome {
             AgentOutcome::Verified { identity } => {
-                info!(%namespace, workspace = %name, %address, %identity, waited_ms, call_ms, "the agent authenticated the operator");
+                info!(%namespace, workspace = %name, %address, %identity, waited_seconds, call_seconds, "the agent authenticated the operator");
                 (0, Duration::ZERO)
             }
             AgentOutcome::Failed { reason, message } => {
@@ -759,7 +759,7 @@ impl Shared {
                     self.config.backoff_base,
                     self.config.backoff_max,
                 );
-                warn!(%namespace, workspace = %name, %address, %reason, detail = %message, retry_in_seconds = retry_in.as_secs_f64(), waited_ms, call_ms, "the agent check failed; the pod is kept");
+                warn!(%namespace, workspace = %name, %address, %reason, detail = %message, retry_in_seconds = retry_in.as_secs_f64(), waited_seconds, call_seconds, "the agent check failed; the pod is kept");
                 (failures, retry_in)
             }
         };

@@ -706,10 +706,10 @@ async fn agent_lane(
     let mut lane = crate::lanes::WaitThenRun::new(AGENT_LANE_WORKERS);
     while let Some(reference) = checked.next().await {
         let queued = std::time::Instant::now();
-        let waited = (ctx.clone(), reference.clone());
+        let (waiting, awaited) = (ctx.clone(), reference.clone());
         let ctx = ctx.clone();
         lane.run_after(
-            async move { caught_up(&waited.0, &waited.1).await.map(|_| queued.elapsed()) },
+            async move { caught_up(&waiting, &awaited).await.map(|_| queued.elapsed()) },
             move |cache| async move {
                 let began = std::time::Instant::now();
                 // Usually at once: the cache caught up a moment ago.
@@ -721,9 +721,9 @@ async fn agent_lane(
                 }
                 tracing::debug!(
                     workspace = %reference.name,
-                    cache_ms = cache.as_millis(),
-                    waited_ms = (began - queued).saturating_sub(cache).as_millis(),
-                    reconcile_ms = began.elapsed().as_millis(),
+                    cache_seconds = cache.as_secs_f64(),
+                    waited_seconds = (began - queued).saturating_sub(cache).as_secs_f64(),
+                    reconcile_seconds = began.elapsed().as_secs_f64(),
                     "the agent lane reconciled"
                 );
                 // A status write wakes the controller when its watch event comes; without one,
