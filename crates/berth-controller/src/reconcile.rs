@@ -736,15 +736,21 @@ async fn agent_lane(
     }
 }
 
-/// The workspace as the cache shows it once it holds this operator's own last write to it:
-/// the controller often wrote its status a moment before its agent check ended, and a
-/// reconcile on the older copy would only wait. After two seconds, whatever the cache shows.
+/// The workspace as the cache shows it once a decision can rest on it: at once when the cache
+/// holds this operator's own last write to it, or that write's result is known whole (a
+/// status write: the reconcile decides on it, `OwnWrites::decide_on`); else when the cache
+/// shows the write, since a reconcile on the older copy would only wait. After two seconds,
+/// whatever the cache shows.
 async fn caught_up(ctx: &Context, reference: &ObjectRef<Workspace>) -> Option<Arc<Workspace>> {
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
     loop {
         let workspace = ctx.workspaces.get(reference)?;
         let version = workspace.resource_version();
-        if !ctx.replaced.behind(reference, version.as_deref()) {
+        if ctx
+            .replaced
+            .decide_on(reference, workspace.clone())
+            .is_some()
+        {
             return Some(workspace);
         }
         let arrival = ctx.arrivals.next(reference.clone());
@@ -1064,15 +1070,15 @@ async fn caches_ready(ctx: &Context) {
 async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> {
     caches_ready(&ctx).await;
     // A decision on a workspace older than our own last write could undo it (say, replace a
-    // rejected pod at once, uncounted): wait for the watch to bring the write, which wakes
-    // this workspace again.
-    let cached = workspace.resource_version();
-    if ctx
+    // rejected pod at once, uncounted): it rests on the workspace as that write left it, or,
+    // when that is not known whole, waits for the watch to bring the write, which wakes this
+    // workspace again.
+    let Some(workspace) = ctx
         .replaced
-        .behind(&ObjectRef::from_obj(&*workspace), cached.as_deref())
-    {
+        .decide_on(&ObjectRef::from_obj(&*workspace), workspace)
+    else {
         return Ok(Requeue::requeue(std::time::Duration::from_secs(1)));
-    }
+    };
     let namespace = workspace.namespace().unwrap_or_default();
     let name = workspace.name_any();
     let pod_name = pod::pod_name(&name);
@@ -1204,7 +1210,8 @@ async fn apply(workspace: Arc<Workspace>, ctx: Arc<Context>) -> Result<Requeue> 
                     ctx.metrics.culled.inc();
                     // Our own write, like a status write: no decision on a cache without it
                     // (it would cull again). The cull sets `paused`, so it always changes it.
-                    ctx.replaced.wrote(reference.clone(), version.clone(), None);
+                    ctx.replaced
+                        .wrote(reference.clone(), version.clone(), None, None);
                 }
             }
             Err(Error::Kube(ref e)) if let kube::Error::Api(answer) = &**e => {
@@ -1349,10 +1356,15 @@ async fn write_status(
     )
     .await?;
     ctx.metrics.status_writes.inc();
+    // What the write left: the workspace we wrote on with this status (a status apply with
+    // force owns every field of the status this operator writes).
+    let mut left = workspace.clone();
+    left.status = Some(status.clone());
     ctx.replaced.wrote(
         ObjectRef::from_obj(workspace),
         resource_version,
         after.as_deref(),
+        Some(left),
     );
     ctx.wrote_status(&ObjectRef::from_obj(workspace), status.phase);
     info!(

@@ -103,6 +103,8 @@ pub struct Faults {
     state: Mutex<State>,
     /// Requests a latency fault holds right now.
     held: Arc<AtomicUsize>,
+    /// The resources whose watches send nothing until released.
+    held_watches: tokio::sync::watch::Sender<HashSet<String>>,
 }
 
 /// Counts a request as held by a latency fault until dropped.
@@ -132,6 +134,7 @@ impl Faults {
                 rng: StdRng::seed_from_u64(seed),
             }),
             held: Arc::default(),
+            held_watches: tokio::sync::watch::Sender::new(HashSet::new()),
         }
     }
 
@@ -198,6 +201,27 @@ impl Faults {
     /// stuck in them).
     pub fn held(&self) -> usize {
         self.held.load(Ordering::SeqCst)
+    }
+
+    /// Holds (or releases) the events of every watch of `resource` (e.g. `workspaces`), as a
+    /// watch cache that fell behind under load: each watch sends its events in order once
+    /// released; requests other than watches answer as ever, from the current state.
+    pub fn hold_watches(&self, resource: &str, held: bool) {
+        self.held_watches.send_modify(|holds| {
+            match held {
+                true => holds.insert(resource.to_owned()),
+                false => holds.remove(resource),
+            };
+        });
+    }
+
+    /// Resolves once the watches of `resource` are not held (at once when they are not).
+    pub async fn watch_released(&self, resource: &str) {
+        if !self.held_watches.borrow().contains(resource) {
+            return;
+        }
+        let mut holds = self.held_watches.subscribe();
+        let _ = holds.wait_for(|held| !held.contains(resource)).await;
     }
 
     /// Removes every API error and latency fault set from Rust.

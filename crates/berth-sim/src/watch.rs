@@ -248,6 +248,10 @@ pub fn watch(
                 received = receiver.recv() => match received {
                     Ok(change) => {
                         if change.revision <= start { continue; }
+                        tokio::select! {
+                            () = sim.faults.watch_released(&rt.resource) => {}
+                            _ = tx.closed() => return,
+                        }
                         if let Some(event) = event_for(&sim, &rt, &request, &change)
                             && tx.send(event).await.is_err() { return; }
                         delivered = change.revision;

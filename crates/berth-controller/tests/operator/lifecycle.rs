@@ -148,6 +148,55 @@ async fn a_workspace_starts_runs_and_explains_itself() {
     }
 }
 
+/// While the API server's watch of workspaces brings the operator nothing (a watch cache
+/// fallen behind under load), a workspace still starts: each decision rests on the workspace
+/// as the operator's own last status write left it, not on the older copy its cache shows
+/// (on which it would only wait for the watch), and each step is said once.
+#[tokio::test]
+async fn a_workspace_starts_while_the_watch_of_workspaces_brings_nothing() {
+    let h = Harness::start().await;
+    // Its pod waits for a node that fits, so every step of its start comes after the hold.
+    h.create(
+        "erin",
+        json!({"image": "devbox:1", "resources": {"requests": {"cpu": "12"}}}),
+    )
+    .await;
+    h.until("erin", "Unschedulable", |ws| {
+        condition(ws, "PodScheduled").is_some_and(|c| c.reason == "Unschedulable")
+    })
+    .await;
+    h.sim.faults().hold_watches("workspaces", true);
+    h.sim
+        .add_node(NodeConfig::new("node-big").capacity("16", "64Gi", 110));
+
+    let ws = h.until_phase("erin", Phase::Running).await;
+    let agent_ready = condition(&ws, "AgentReady").unwrap();
+    assert_eq!(
+        (agent_ready.status.as_str(), agent_ready.reason.as_str()),
+        ("True", "AgentVerified")
+    );
+    let reasons: Vec<String> = events_about(&h, &ws.uid().unwrap())
+        .await
+        .into_iter()
+        .map(|(reason, _)| reason)
+        .collect();
+    for reason in ["Started", "Ready"] {
+        assert_eq!(
+            reasons.iter().filter(|r| *r == reason).count(),
+            1,
+            "{reason} once in {reasons:?}"
+        );
+    }
+
+    // The watch brings it all at last: nothing changes.
+    let reconciles = h.reconciles();
+    h.sim.faults().hold_watches("workspaces", false);
+    h.until_reconciled(reconciles, 1).await;
+    let after = h.workspaces().get("erin").await.unwrap();
+    assert_eq!(phase_of(&after), Some(Phase::Running));
+    assert_eq!(after.status, ws.status, "no status written again");
+}
+
 #[tokio::test]
 async fn a_missing_secret_is_explained_within_two_seconds_and_heals_in_place() {
     let h = Harness::start().await;

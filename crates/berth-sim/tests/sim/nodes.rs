@@ -782,6 +782,60 @@ async fn watches_are_cut_periodically_on_demand() {
     assert!(ended.is_ok(), "the server closed the watch");
 }
 
+/// A held watch sends nothing, while a read answers the current state; once released it
+/// sends every event it held, in order. Watches of other resources are not held.
+#[tokio::test]
+async fn held_watches_send_their_events_in_order_once_released() {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::api::{Patch, PatchParams, WatchEvent, WatchParams};
+    let sim = cluster_with(SimConfig::api_only()).await;
+    let client = sim.client().await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let secrets: Api<Secret> = Api::namespaced(client, "default");
+    let params = WatchParams::default().disable_bookmarks();
+    let from = sim.revision().to_string();
+    let mut held = cms.watch(&params, &from).await.unwrap().boxed();
+    let mut free = secrets.watch(&params, &from).await.unwrap().boxed();
+    sim.faults().hold_watches("configmaps", true);
+    let map = |v: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": "m"}, "data": {"v": v}})).unwrap()
+    };
+    cms.create(&PostParams::default(), &map("1")).await.unwrap();
+    for v in ["2", "3"] {
+        cms.patch("m", &PatchParams::default(), &Patch::Merge(map(v)))
+            .await
+            .unwrap();
+    }
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "s"}})).unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let added = tokio::time::timeout(WAIT, free.try_next()).await.unwrap();
+    assert!(
+        matches!(added, Ok(Some(WatchEvent::Added(_)))),
+        "another resource's watch is not held: {added:?}"
+    );
+    assert_eq!(cms.get("m").await.unwrap().data.unwrap()["v"], "3");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), held.next())
+            .await
+            .is_err(),
+        "the held watch sent nothing"
+    );
+    sim.faults().hold_watches("configmaps", false);
+    let mut seen = vec![];
+    while seen.len() < 3 {
+        match tokio::time::timeout(WAIT, held.try_next()).await.unwrap() {
+            Ok(Some(WatchEvent::Added(m) | WatchEvent::Modified(m))) => {
+                seen.push(m.data.unwrap()["v"].clone())
+            }
+            other => panic!("unexpected: {other:?}"),
+        }
+    }
+    assert_eq!(seen, ["1", "2", "3"]);
+}
+
 #[tokio::test]
 async fn persistent_volume_claims_are_bound() {
     let sim = cluster_with_nodes().await;
