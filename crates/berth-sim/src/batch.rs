@@ -738,7 +738,7 @@ impl Controllers {
 
 /// Runs the Job and CronJob controllers until the sim stops.
 pub async fn run(sim: Arc<Sim>) {
-    let mut changes = sim.store.subscribe();
+    let mut changes = sim.store.subscribe_to_any(&[CRON_JOBS, JOBS, "/pods"]);
     let (Some(jobs), Some(cron_jobs), Some(pods)) = (
         sim.resource_type("batch", "v1", "jobs"),
         sim.resource_type("batch", "v1", "cronjobs"),

@@ -603,7 +603,7 @@ impl Signer {
 
 /// Runs the signer until the store closes.
 pub async fn run(sim: Arc<Sim>) {
-    let mut changes = sim.store.subscribe();
+    let mut changes = sim.store.subscribe_to(CSRS);
     let signer = Signer { sim };
     let all = |signer: &Signer| -> Vec<String> {
         let (csrs, _) = signer.sim.store.list(CSRS, None);

@@ -19,7 +19,7 @@ const MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 
 /// Keeps every selecting Service's endpoints; runs until aborted.
 pub async fn run(sim: Arc<Sim>) {
-    let mut changes = sim.store.subscribe();
+    let mut changes = sim.store.subscribe_to_any(&["/services", "/pods"]);
     let all = |sim: &Sim| -> BTreeSet<String> {
         let (services, _) = sim.store.list("/services", None);
         services

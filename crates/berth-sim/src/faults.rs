@@ -372,7 +372,7 @@ impl Faults {
     pub async fn follow_config_map(&self, store: &crate::store::Store) {
         use crate::store::ChangeKind;
         use tokio::sync::broadcast::error::RecvError;
-        let mut changes = store.subscribe();
+        let mut changes = store.subscribe_to("/configmaps");
         loop {
             let change = match changes.recv().await {
                 Ok(change) => change,

@@ -161,7 +161,7 @@ pub async fn run(sim: Arc<Sim>) {
     let mut last_heartbeat: HashMap<String, tokio::time::Instant> = HashMap::new();
     let mut lost_since: HashMap<String, tokio::time::Instant> = HashMap::new();
     let mut tick = tokio::time::interval(timings.heartbeat.min(Duration::from_millis(500)));
-    let mut changes = sim.store.subscribe();
+    let mut changes = sim.store.subscribe_to("/nodes");
     let ctx = WriteContext::system("node-controller");
     loop {
         tokio::select! {

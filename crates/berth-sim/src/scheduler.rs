@@ -431,7 +431,7 @@ fn schedule(
 
 /// Runs the scheduler until aborted.
 pub async fn run(sim: Arc<Sim>) {
-    let mut changes = sim.store.subscribe();
+    let mut changes = sim.store.subscribe_to_any(&["/pods", "/nodes"]);
     let mut pending: BTreeSet<(String, String)> = BTreeSet::new();
     let mut attempted: HashMap<String, String> = HashMap::new();
     let mut known = Known::default();

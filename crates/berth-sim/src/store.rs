@@ -1,7 +1,7 @@
 //! The sim's storage: one global, monotonically increasing revision (like etcd's), objects
 //! by bucket and key, a bounded history of changes for watch resumption and consistent
 //! paginated lists (kept as JSON text: the last five minutes, as etcd between compactions),
-//! and a broadcast of every change.
+//! and broadcasts of the changes of each storage (or set of storages).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
@@ -139,6 +139,10 @@ struct Inner {
     bound: HashMap<String, BTreeSet<ObjectKey>>,
     /// Receivers of every change that never lag ([`Store::follow`]).
     followers: Vec<mpsc::UnboundedSender<Arc<Change>>>,
+    /// The changes of some storages only (one: a watch's resource), for
+    /// [`Store::subscribe_to_any`]; made when the first receiver subscribes, dropped at a
+    /// change once none is left.
+    by_storage: HashMap<Box<[StorageKey]>, broadcast::Sender<Arc<Change>>>,
 }
 
 /// Where pods are kept.
@@ -152,7 +156,8 @@ fn node_of(pod: &Value) -> Option<&str> {
 /// broadcasts it before releasing, so watchers see changes in revision order.
 pub struct Store {
     inner: Mutex<Inner>,
-    changes: broadcast::Sender<Arc<Change>>,
+    /// How many changes a receiver may fall behind before it lags.
+    capacity: usize,
 }
 
 /// A watch's starting point: the changes after the requested revision that are already in the
@@ -192,7 +197,7 @@ impl Store {
         window: std::time::Duration,
         broadcast_capacity: usize,
     ) -> Self {
-        let (changes, _) = broadcast::channel(broadcast_capacity.max(16));
+        let capacity = broadcast_capacity.max(16);
         Store {
             inner: Mutex::new(Inner {
                 revision: 1,
@@ -203,8 +208,9 @@ impl Store {
                 compacted: 1,
                 bound: HashMap::new(),
                 followers: Vec::new(),
+                by_storage: HashMap::new(),
             }),
-            changes,
+            capacity,
         }
     }
 
@@ -292,10 +298,10 @@ impl Store {
 
     /// Current objects plus a receiver, atomically.
     pub fn snapshot(&self, storage: &str, namespace: Option<&str>) -> Snapshot {
-        let inner = self.lock();
+        let mut inner = self.lock();
         Snapshot {
             objects: Self::collect(&inner, storage, namespace),
-            receiver: self.changes.subscribe(),
+            receiver: self.storage_receiver(&mut inner, storage),
             revision: inner.revision,
         }
     }
@@ -308,7 +314,7 @@ impl Store {
         namespace: Option<&str>,
         revision: u64,
     ) -> Result<Subscription, Compacted> {
-        let inner = self.lock();
+        let mut inner = self.lock();
         if revision < inner.compacted {
             return Err(Compacted {
                 oldest_available: inner.compacted,
@@ -324,14 +330,49 @@ impl Store {
             .collect();
         Ok(Subscription {
             backlog,
-            receiver: self.changes.subscribe(),
+            receiver: self.storage_receiver(&mut inner, storage),
             revision: inner.revision,
         })
     }
 
-    /// A receiver for every future change (for controllers inside the sim).
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
-        self.changes.subscribe()
+    /// A receiver for every future change of `storage` only: a watch, or a controller inside
+    /// the sim that follows one storage, is not woken for every other change (in a sharded
+    /// start, a few dozen watches each woken for every change of every resource ran seconds
+    /// behind).
+    pub fn subscribe_to(&self, storage: &str) -> broadcast::Receiver<Arc<Change>> {
+        self.subscribe_to_any(&[storage])
+    }
+
+    /// A receiver for every future change of any of `storages`, in revision order (a
+    /// controller inside the sim that follows a few).
+    pub fn subscribe_to_any(&self, storages: &[&str]) -> broadcast::Receiver<Arc<Change>> {
+        let mut inner = self.lock();
+        self.receiver_of(&mut inner, storages)
+    }
+
+    fn storage_receiver(
+        &self,
+        inner: &mut Inner,
+        storage: &str,
+    ) -> broadcast::Receiver<Arc<Change>> {
+        self.receiver_of(inner, &[storage])
+    }
+
+    fn receiver_of(
+        &self,
+        inner: &mut Inner,
+        storages: &[&str],
+    ) -> broadcast::Receiver<Arc<Change>> {
+        let mut set: Vec<StorageKey> = storages.iter().map(|s| StorageKey::from(*s)).collect();
+        set.sort();
+        set.dedup();
+        let set = set.into_boxed_slice();
+        if let Some(sender) = inner.by_storage.get(&set) {
+            return sender.subscribe();
+        }
+        let (sender, receiver) = broadcast::channel(self.capacity);
+        inner.by_storage.insert(set, sender);
+        receiver
     }
 
     /// A receiver for every future change that never lags, for a controller whose handling
@@ -404,8 +445,10 @@ impl Store {
         inner
             .followers
             .retain(|follower| follower.send(change.clone()).is_ok());
-        // No receivers is fine: nobody watches.
-        let _ = self.changes.send(change);
+        // A channel nobody follows any more is dropped.
+        inner.by_storage.retain(|storages, sender| {
+            !storages.contains(&change.storage) || sender.send(change.clone()).is_ok()
+        });
     }
 
     fn stamp(inner: &mut Inner, object: &mut Value) {
@@ -590,7 +633,7 @@ mod tests {
     fn a_follower_hears_every_change_of_a_burst_a_broadcast_drops() {
         let store = Store::new(1000, HISTORY_WINDOW, 16);
         let pods: StorageKey = "/pods".into();
-        let mut broadcast = store.subscribe();
+        let mut broadcast = store.subscribe_to("/pods");
         let mut follower = store.follow();
         let gone = store.follow();
         drop(gone);
@@ -613,6 +656,43 @@ mod tests {
         let written: Vec<String> = (0..100).map(|i| format!("p{i}")).collect();
         assert_eq!(heard, written);
         assert_eq!(store.lock().followers.len(), 1);
+    }
+
+    /// A storage's receiver (a watch's) hears that storage's changes only, in revision order,
+    /// so a burst of another resource neither wakes nor lags it; a storage nobody follows any
+    /// more keeps no channel after its next change.
+    #[test]
+    fn a_storage_receiver_hears_only_its_storage() {
+        let store = Store::new(1000, HISTORY_WINDOW, 16);
+        let (pods, cms): (StorageKey, StorageKey) = ("/pods".into(), "/configmaps".into());
+        let mut of_pods = store.subscribe_to("/pods");
+        let of_maps = store.snapshot("/configmaps", None).receiver;
+        store.create(&pods, pod("a")).unwrap();
+        for i in 0..100 {
+            store.create(&cms, pod(&format!("c{i}"))).unwrap();
+        }
+        store.create(&pods, pod("b")).unwrap();
+        let mut heard = vec![];
+        while let Ok(change) = of_pods.try_recv() {
+            assert_eq!(&*change.storage, "/pods");
+            heard.push(
+                change.object["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+        assert_eq!(
+            heard,
+            ["a", "b"],
+            "nothing lagged, nothing of another storage"
+        );
+        drop(of_maps);
+        store.create(&cms, pod("last")).unwrap();
+        let kept: Vec<Vec<String>> = (store.lock().by_storage.keys())
+            .map(|k| k.iter().map(|s| s.to_string()).collect())
+            .collect();
+        assert_eq!(kept, [["/pods"]]);
     }
 
     /// The pods of a node are the ones bound to it now: binding adds, deletion removes, a

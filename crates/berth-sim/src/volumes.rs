@@ -14,7 +14,7 @@ use crate::{
 
 /// Binds new claims and resizes grown ones; runs until aborted.
 pub async fn run(sim: Arc<Sim>) {
-    let mut changes = sim.store.subscribe();
+    let mut changes = sim.store.subscribe_to("/persistentvolumeclaims");
     loop {
         match changes.recv().await {
             Ok(change) if &*change.storage == "/persistentvolumeclaims" => match change.kind {

@@ -172,7 +172,7 @@ pub fn watch(
                     }
                     .status();
                     gone = Some(line("ERROR", &status));
-                    (sim.store.subscribe(), sim.store.revision())
+                    (sim.store.subscribe_to(&rt.storage), sim.store.revision())
                 }
             }
         }

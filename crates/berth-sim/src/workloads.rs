@@ -681,7 +681,9 @@ impl Controllers {
 
 /// Runs the Deployment and ReplicaSet controllers until the sim stops.
 pub async fn run(sim: Arc<Sim>) {
-    let mut changes = sim.store.subscribe();
+    let mut changes = sim
+        .store
+        .subscribe_to_any(&[DEPLOYMENTS, REPLICA_SETS, "/pods"]);
     let (Some(deployments), Some(replica_sets), Some(pods)) = (
         sim.resource_type("apps", "v1", "deployments"),
         sim.resource_type("apps", "v1", "replicasets"),

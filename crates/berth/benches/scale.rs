@@ -20,6 +20,8 @@
 //! namespaces per shard, and prints each shard's figures and a handoff instead of a restart
 //! (`bench/sharding.md`); each operator has the operator's default of 64 agent checks in
 //! flight, as each replica of a deployment has (`BERTH_BENCH_CHECKS_IN_FLIGHT` sets another).
+//! `BERTH_BENCH_MILESTONES=file` writes when the bench's watches saw each workspace created,
+//! with a first status, its pod Ready and Running (a JSON line each, Unix seconds).
 
 use std::{
     collections::BTreeMap,
@@ -476,6 +478,34 @@ fn watch_milestones(admin: &kube::Client) -> Milestones {
     seen
 }
 
+/// Writes each workspace's milestones as a JSON line (seconds since the Unix epoch, to set
+/// beside the operators' logs): `BERTH_BENCH_MILESTONES=file`.
+fn write_milestones(
+    seen: &Milestones,
+    started: Instant,
+    started_wall: std::time::SystemTime,
+    path: &Path,
+) {
+    let epoch = started_wall
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let at = |moment: Option<Instant>| {
+        moment.map(|m| epoch + m.saturating_duration_since(started).as_secs_f64())
+    };
+    let lines: String = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(name, s)| {
+            let line = json!({"name": name, "created": at(s.created), "firstStatus": at(s.first_status),
+                "podReady": at(s.pod_ready), "running": at(s.running)});
+            format!("{line}\n")
+        })
+        .collect();
+    std::fs::write(path, lines).expect("BERTH_BENCH_MILESTONES names a file one can write");
+}
+
 /// p50 and p99 of the gaps `to - from` over the workspaces that have both, in ms.
 fn percentiles(
     seen: &Milestones,
@@ -665,7 +695,7 @@ async fn run() -> Result<(), Regression> {
 
     let milestones = watch_milestones(&admin);
     // Start: n workspaces, 50 creates in flight.
-    let started = Instant::now();
+    let (started, started_wall) = (Instant::now(), std::time::SystemTime::now());
     for chunk in plan.chunks(50) {
         let creates = chunk.iter().map(|(namespace, name, _)| {
             let workspaces: Api<Workspace> = Api::namespaced(admin.clone(), namespace);
@@ -751,6 +781,9 @@ async fn run() -> Result<(), Regression> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let to_running = started.elapsed();
+    if let Some(path) = std::env::var_os("BERTH_BENCH_MILESTONES") {
+        write_milestones(&milestones, started, started_wall, Path::new(&path));
+    }
     // Let the last status writes and events land before counting.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after_start: Vec<(f64, f64)> = operators.iter().map(|o| o.process.usage()).collect();
