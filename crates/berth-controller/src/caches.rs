@@ -177,6 +177,11 @@ mod tests {
         pod.status.as_ref()?.phase.as_deref()
     }
 
+    /// The version and the phase of what a decision rests on.
+    fn seen(pod: &Pod) -> (Option<&str>, Option<&str>) {
+        (pod.metadata.resource_version.as_deref(), phase(pod))
+    }
+
     /// A cache showing a version our write replaced is behind until it shows another: the
     /// decision rests on the object as our last write left it (chained writes: the last
     /// one's), or waits when that is not known whole. A write the API server took without a
@@ -197,10 +202,7 @@ mod tests {
         assert!(writes.unseen(&at));
         let decided = decide(pod("5", "Unknown")).expect("known whole");
         assert_eq!(
-            (
-                decided.metadata.resource_version.as_deref(),
-                phase(&decided)
-            ),
+            seen(&decided),
             (Some("6"), Some("Pending")),
             "the object as our write left it, at the version it left"
         );
@@ -214,10 +216,7 @@ mod tests {
         for cached in ["5", "6"] {
             let decided = decide(pod(cached, "Unknown")).unwrap();
             assert_eq!(
-                (
-                    decided.metadata.resource_version.as_deref(),
-                    phase(&decided)
-                ),
+                seen(&decided),
                 (Some("7"), Some("Running")),
                 "the cache at {cached} is behind both writes"
             );

@@ -852,20 +852,12 @@ async fn a_review_api_outage_is_reported_as_unavailable_in_the_agents_words() {
 /// the controller's queue.
 #[tokio::test]
 async fn a_ready_pod_makes_its_workspace_running_while_other_workspaces_writes_hang() {
-    use berth_sim::{NodeConfig, RequestMatch};
+    use berth_sim::RequestMatch;
     use k8s_openapi::api::core::v1::Namespace;
 
     let h = Harness::start().await;
     // dave's pod waits for a node that fits.
-    h.create(
-        "dave",
-        json!({"image": "devbox:1", "resources": {"requests": {"cpu": "12"}}}),
-    )
-    .await;
-    h.until("dave", "Unschedulable", |ws| {
-        condition(ws, "PodScheduled").is_some_and(|c| c.reason == "Unschedulable")
-    })
-    .await;
+    h.create_unschedulable("dave").await;
     // Twenty workspaces in `busy`, whose first write (the finalizer) hangs: the controller's
     // sixteen workers are all stuck in them.
     Api::<Namespace>::all(h.client.clone())
@@ -896,8 +888,7 @@ async fn a_ready_pod_makes_its_workspace_running_while_other_workspaces_writes_h
     let reconciles = h.reconciles();
 
     // A node that fits: dave's pod is scheduled and turns ready.
-    h.sim
-        .add_node(NodeConfig::new("node-big").capacity("16", "64Gi", 110));
+    h.add_big_node();
     let ws = h.until_phase("dave", Phase::Running).await;
     let agent_ready = condition(&ws, "AgentReady").unwrap();
     assert_eq!(

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use berth_api::{Phase, Workspace};
-use berth_sim::NodeConfig;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::{
     Api, ResourceExt,
@@ -156,18 +155,9 @@ async fn a_workspace_starts_runs_and_explains_itself() {
 async fn a_workspace_starts_while_the_watch_of_workspaces_brings_nothing() {
     let h = Harness::start().await;
     // Its pod waits for a node that fits, so every step of its start comes after the hold.
-    h.create(
-        "erin",
-        json!({"image": "devbox:1", "resources": {"requests": {"cpu": "12"}}}),
-    )
-    .await;
-    h.until("erin", "Unschedulable", |ws| {
-        condition(ws, "PodScheduled").is_some_and(|c| c.reason == "Unschedulable")
-    })
-    .await;
+    h.create_unschedulable("erin").await;
     h.sim.faults().hold_watches("workspaces", true);
-    h.sim
-        .add_node(NodeConfig::new("node-big").capacity("16", "64Gi", 110));
+    h.add_big_node();
 
     let ws = h.until_phase("erin", Phase::Running).await;
     let agent_ready = condition(&ws, "AgentReady").unwrap();
@@ -286,8 +276,7 @@ async fn unschedulable_until_a_node_fits() {
             && condition(ws, "PodScheduled").is_some_and(|c| c.reason == "Unschedulable")
     })
     .await;
-    h.sim
-        .add_node(NodeConfig::new("node-big").capacity("16", "64Gi", 110));
+    h.add_big_node();
     let running = h.until_phase("dave", Phase::Running).await;
     assert_eq!(
         running.status.unwrap().pod.unwrap().node_name.as_deref(),

@@ -178,6 +178,26 @@ impl Harness {
             .unwrap()
     }
 
+    /// Creates a workspace asking for 12 CPUs, more than any node of the sim has, and waits
+    /// until it says its pod is unschedulable; [`Harness::add_big_node`] lets it start.
+    pub async fn create_unschedulable(&self, name: &str) -> Workspace {
+        self.create(
+            name,
+            json!({"image": "devbox:1", "resources": {"requests": {"cpu": "12"}}}),
+        )
+        .await;
+        self.until(name, "Unschedulable", |ws| {
+            condition(ws, "PodScheduled").is_some_and(|c| c.reason == "Unschedulable")
+        })
+        .await
+    }
+
+    /// Adds `node-big`, a node where a workspace of [`Harness::create_unschedulable`] fits.
+    pub fn add_big_node(&self) {
+        self.sim
+            .add_node(berth_sim::NodeConfig::new("node-big").capacity("16", "64Gi", 110));
+    }
+
     pub async fn patch_spec(&self, name: &str, spec: Value) {
         self.workspaces()
             .patch(
