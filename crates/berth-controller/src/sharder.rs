@@ -1,7 +1,9 @@
 //! The sharder: writes each workspace's namespace bucket (`berth_core::shard`) as its
 //! `berth.dev/shard` label, so the shard that owns it is shown it by the API server's selector.
-//! The first shard's operator labels the workspaces no shard selects yet; any shard relabels
-//! one whose label is not its namespace's bucket (set by hand) and drops it from its cache.
+//! The first shard's operator labels the workspaces no shard selects yet (one no operator has
+//! reconciled gets Berth's finalizer in the same write, which its shard would otherwise make
+//! on its own); any shard relabels one whose label is not its namespace's bucket (set by hand)
+//! and drops it from its cache.
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
@@ -29,19 +31,42 @@ struct Unlabelled {
     /// An operator has reconciled it (it has Berth's finalizer): it may have a pod, claim and
     /// service made before it had the label, which must carry it first.
     touched: bool,
+    /// What it was queued with, when no operator has reconciled it and it is not being
+    /// deleted: the label goes on with Berth's finalizer, which its shard would otherwise add
+    /// in a write of its own.
+    untouched: Option<Untouched>,
+}
+
+/// The version, labels and finalizers of a workspace no operator has reconciled.
+#[derive(Clone, Debug)]
+struct Untouched {
+    version: String,
+    labels: std::collections::BTreeMap<String, String>,
+    finalizers: Vec<String>,
 }
 
 impl Unlabelled {
     fn of(meta: &kube::api::ObjectMeta) -> Option<Self> {
+        let touched = meta
+            .finalizers
+            .iter()
+            .flatten()
+            .any(|f| f == labels::FINALIZER);
+        let untouched = meta
+            .resource_version
+            .clone()
+            .filter(|_| !touched && meta.deletion_timestamp.is_none())
+            .map(|version| Untouched {
+                version,
+                labels: meta.labels.clone().unwrap_or_default(),
+                finalizers: meta.finalizers.clone().unwrap_or_default(),
+            });
         Some(Unlabelled {
             namespace: meta.namespace.clone()?,
             name: meta.name.clone()?,
             uid: meta.uid.clone(),
-            touched: meta
-                .finalizers
-                .iter()
-                .flatten()
-                .any(|f| f == labels::FINALIZER),
+            touched,
+            untouched,
         })
     }
 }
@@ -221,6 +246,11 @@ async fn label(client: &Client, item: &Unlabelled) -> Result<(), kube::Error> {
         label_each::<PersistentVolumeClaim>(client, item, &selector, &patch).await?;
         label_each::<Service>(client, item, &selector, &patch).await?;
     }
+    if let Some(seen) = &item.untouched
+        && with_finalizer(client, item, seen).await?
+    {
+        return Ok(());
+    }
     crate::written::patch::<Workspace, _>(
         client,
         &item.namespace,
@@ -232,6 +262,45 @@ async fn label(client: &Client, item: &Unlabelled) -> Result<(), kube::Error> {
     .await?;
     debug!(namespace = %item.namespace, workspace = %item.name, "labelled with its shard");
     Ok(())
+}
+
+/// Labels a workspace no operator has reconciled yet and adds Berth's finalizer in the same
+/// write, on the metadata it was queued with (a JSON patch whose `test` of the
+/// resourceVersion makes it that or nothing). Returns false when the workspace changed
+/// meanwhile (the caller labels it alone; its shard adds the finalizer).
+async fn with_finalizer(
+    client: &Client,
+    item: &Unlabelled,
+    seen: &Untouched,
+) -> Result<bool, kube::Error> {
+    let mut labelled = seen.labels.clone();
+    labelled.insert(
+        labels::SHARD.to_owned(),
+        shard::label_value(&item.namespace),
+    );
+    let mut finalizers = seen.finalizers.clone();
+    finalizers.push(labels::FINALIZER.to_owned());
+    let operations: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": seen.version},
+        {"op": "add", "path": "/metadata/labels", "value": labelled},
+        {"op": "add", "path": "/metadata/finalizers", "value": finalizers},
+    ]))
+    .map_err(kube::Error::SerdeError)?;
+    let written = crate::written::patch::<Workspace, ()>(
+        client,
+        &item.namespace,
+        &item.name,
+        None,
+        &PatchParams::default(),
+        &Patch::Json(operations),
+    )
+    .await;
+    match written {
+        Ok(_) => Ok(true),
+        // The test failed (changed since it was queued), or a conflict.
+        Err(kube::Error::Api(answer)) if answer.code == 422 || answer.code == 409 => Ok(false),
+        Err(error) => Err(error),
+    }
 }
 
 async fn label_each<K>(

@@ -207,6 +207,97 @@ async fn a_label_the_api_refuses_is_said_by_a_warning_and_retried() {
     );
 }
 
+/// A new workspace of a sharded operator gets its shard's label and Berth's finalizer in one
+/// write (its shard would add the finalizer in a second): the request log shows one patch of
+/// the workspace besides its status, none refused, and the workspace Running with both.
+#[tokio::test]
+async fn a_new_workspace_gets_its_label_and_the_finalizer_in_one_write() {
+    let config = berth_controller::Config {
+        sharding: Sharding {
+            count: 2,
+            preferred: shard::bucket("default") % 2,
+        },
+        ..crate::support::leading_config()
+    };
+    let h = Harness::start_with(crate::support::sim_config(), config).await;
+    h.create("una", json!({"image": "devbox:1"})).await;
+    let una = h.until_phase("una", Phase::Running).await;
+    assert_eq!(
+        una.labels().get("berth.dev/shard"),
+        Some(&shard::label_value("default"))
+    );
+    assert_eq!(una.finalizers(), ["berth.dev/cleanup"]);
+    let patches = |code: u16| {
+        h.sim.count_requests(|r| {
+            r.user == crate::support::OPERATOR
+                && (
+                    r.verb.as_str(),
+                    r.resource.as_str(),
+                    r.subresource.as_str(),
+                    r.code,
+                ) == ("patch", "workspaces", "", code)
+        })
+    };
+    assert_eq!((patches(200), patches(422), patches(409)), (1, 0, 0));
+}
+
+/// A workspace that changed between being queued for its label and being labelled (here a
+/// user's edit while the sharder's write is held) is labelled alone: the combined write is
+/// refused by its test of the resourceVersion (422), which is no failure to report; its shard
+/// then adds the finalizer, and the user's edit stays.
+#[tokio::test]
+async fn a_workspace_changed_before_its_label_is_labelled_alone() {
+    use berth_sim::RequestMatch;
+    let config = berth_controller::Config {
+        sharding: Sharding {
+            count: 2,
+            preferred: shard::bucket("default") % 2,
+        },
+        ..crate::support::leading_config()
+    };
+    let h = Harness::start_with(crate::support::sim_config(), config).await;
+    h.sim.faults().latency(
+        RequestMatch::new("patch", "workspaces"),
+        Duration::from_millis(500),
+    );
+    h.create("vic", json!({"image": "devbox:1"})).await;
+    eventually(WAIT, "the sharder's write held", || async {
+        (h.sim.faults().held() >= 1).then_some(())
+    })
+    .await;
+    // A user's edit (an update, which the fault does not hold) lands first.
+    let workspaces = h.workspaces();
+    let mut vic = workspaces.get("vic").await.unwrap();
+    vic.annotations_mut().insert("team".into(), "blue".into());
+    workspaces
+        .replace("vic", &PostParams::default(), &vic)
+        .await
+        .unwrap();
+
+    let vic = h.until_phase("vic", Phase::Running).await;
+    assert_eq!(
+        vic.labels().get("berth.dev/shard"),
+        Some(&shard::label_value("default"))
+    );
+    assert_eq!(vic.finalizers(), ["berth.dev/cleanup"]);
+    assert_eq!(
+        vic.annotations().get("team").map(String::as_str),
+        Some("blue")
+    );
+    let refused = h.sim.count_requests(|r| {
+        r.user == crate::support::OPERATOR
+            && (r.verb.as_str(), r.resource.as_str(), r.code) == ("patch", "workspaces", 422)
+    });
+    assert_eq!(refused, 1, "the combined write, refused by its test");
+    let events = crate::support::events_about(&h, vic.metadata.uid.as_deref().unwrap()).await;
+    assert!(
+        events
+            .iter()
+            .all(|(reason, _)| reason != "ShardLabelFailed"),
+        "{events:?}"
+    );
+}
+
 /// A user would see, with the operator sharded: `kubectl get workspacekinds` counting every
 /// workspace of the kind whichever shard reconciles it (`status.workspaces` the sum of the
 /// shards' own entries, `status.shards["0-of-2"]` and `["1-of-2"]`), an entry left by another
