@@ -246,21 +246,22 @@ async fn label(client: &Client, item: &Unlabelled) -> Result<(), kube::Error> {
         label_each::<PersistentVolumeClaim>(client, item, &selector, &patch).await?;
         label_each::<Service>(client, item, &selector, &patch).await?;
     }
-    if let Some(seen) = &item.untouched
-        && with_finalizer(client, item, seen).await?
-    {
-        return Ok(());
+    let with_the_finalizer = match &item.untouched {
+        Some(seen) => with_finalizer(client, item, seen).await?,
+        None => false,
+    };
+    if !with_the_finalizer {
+        crate::written::patch::<Workspace, _>(
+            client,
+            &item.namespace,
+            &item.name,
+            None,
+            &PatchParams::default(),
+            &patch,
+        )
+        .await?;
     }
-    crate::written::patch::<Workspace, _>(
-        client,
-        &item.namespace,
-        &item.name,
-        None,
-        &PatchParams::default(),
-        &patch,
-    )
-    .await?;
-    debug!(namespace = %item.namespace, workspace = %item.name, "labelled with its shard");
+    debug!(namespace = %item.namespace, workspace = %item.name, with_the_finalizer, "labelled with its shard");
     Ok(())
 }
 
