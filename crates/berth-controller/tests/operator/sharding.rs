@@ -89,6 +89,32 @@ async fn running(h: &Harness, namespace: &str, name: &str) -> (Workspace, String
     (workspace, writer)
 }
 
+/// One operator of two shards, preferring (and so holding) the shard of `default`, where the
+/// harness creates its workspaces.
+async fn holding_defaults_shard() -> Harness {
+    let config = berth_controller::Config {
+        sharding: Sharding {
+            count: 2,
+            preferred: shard::bucket("default") % 2,
+        },
+        ..crate::support::leading_config()
+    };
+    Harness::start_with(crate::support::sim_config(), config).await
+}
+
+/// The operator's patches of workspaces (not of their status) answered with `code`.
+fn workspace_patches(h: &Harness, code: u16) -> u64 {
+    h.sim.count_requests(|r| {
+        r.user == crate::support::OPERATOR
+            && (
+                r.verb.as_str(),
+                r.resource.as_str(),
+                r.subresource.as_str(),
+                r.code,
+            ) == ("patch", "workspaces", "", code)
+    })
+}
+
 async fn until_held(leases: &Api<Lease>, lease: &str, holder: &str) {
     eventually(WAIT, &format!("{holder} to hold {lease}"), || async {
         let lease = leases.get_opt(lease).await.ok()??;
@@ -177,14 +203,7 @@ async fn each_replica_reconciles_its_shard_and_takes_over_the_other_when_it_goes
 #[tokio::test]
 async fn a_label_the_api_refuses_is_said_by_a_warning_and_retried() {
     use berth_sim::{ApiFault, Frequency, RequestMatch};
-    let config = berth_controller::Config {
-        sharding: Sharding {
-            count: 2,
-            preferred: shard::bucket("default") % 2,
-        },
-        ..crate::support::leading_config()
-    };
-    let h = Harness::start_with(crate::support::sim_config(), config).await;
+    let h = holding_defaults_shard().await;
     h.sim.faults().api_error(ApiFault {
         matching: RequestMatch::new("patch", "workspaces"),
         code: 500,
@@ -212,14 +231,7 @@ async fn a_label_the_api_refuses_is_said_by_a_warning_and_retried() {
 /// the workspace besides its status, none refused, and the workspace Running with both.
 #[tokio::test]
 async fn a_new_workspace_gets_its_label_and_the_finalizer_in_one_write() {
-    let config = berth_controller::Config {
-        sharding: Sharding {
-            count: 2,
-            preferred: shard::bucket("default") % 2,
-        },
-        ..crate::support::leading_config()
-    };
-    let h = Harness::start_with(crate::support::sim_config(), config).await;
+    let h = holding_defaults_shard().await;
     h.create("una", json!({"image": "devbox:1"})).await;
     let una = h.until_phase("una", Phase::Running).await;
     assert_eq!(
@@ -227,17 +239,7 @@ async fn a_new_workspace_gets_its_label_and_the_finalizer_in_one_write() {
         Some(&shard::label_value("default"))
     );
     assert_eq!(una.finalizers(), ["berth.dev/cleanup"]);
-    let patches = |code: u16| {
-        h.sim.count_requests(|r| {
-            r.user == crate::support::OPERATOR
-                && (
-                    r.verb.as_str(),
-                    r.resource.as_str(),
-                    r.subresource.as_str(),
-                    r.code,
-                ) == ("patch", "workspaces", "", code)
-        })
-    };
+    let patches = |code| workspace_patches(&h, code);
     assert_eq!((patches(200), patches(422), patches(409)), (1, 0, 0));
 }
 
@@ -248,14 +250,7 @@ async fn a_new_workspace_gets_its_label_and_the_finalizer_in_one_write() {
 #[tokio::test]
 async fn a_workspace_changed_before_its_label_is_labelled_alone() {
     use berth_sim::RequestMatch;
-    let config = berth_controller::Config {
-        sharding: Sharding {
-            count: 2,
-            preferred: shard::bucket("default") % 2,
-        },
-        ..crate::support::leading_config()
-    };
-    let h = Harness::start_with(crate::support::sim_config(), config).await;
+    let h = holding_defaults_shard().await;
     h.sim.faults().latency(
         RequestMatch::new("patch", "workspaces"),
         Duration::from_millis(500),
@@ -284,11 +279,11 @@ async fn a_workspace_changed_before_its_label_is_labelled_alone() {
         vic.annotations().get("team").map(String::as_str),
         Some("blue")
     );
-    let refused = h.sim.count_requests(|r| {
-        r.user == crate::support::OPERATOR
-            && (r.verb.as_str(), r.resource.as_str(), r.code) == ("patch", "workspaces", 422)
-    });
-    assert_eq!(refused, 1, "the combined write, refused by its test");
+    assert_eq!(
+        workspace_patches(&h, 422),
+        1,
+        "the combined write, refused by its test"
+    );
     let events = crate::support::events_about(&h, vic.metadata.uid.as_deref().unwrap()).await;
     assert!(
         events
