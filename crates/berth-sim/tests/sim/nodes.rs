@@ -350,6 +350,37 @@ async fn taints_repel_pods_that_do_not_tolerate_them() {
     phase_of(&pods, "tolerant", "Running").await;
 }
 
+/// A pod waiting for room is bound as soon as a pod that held it is gone, not at the
+/// scheduler's periodic retry (30 s, longer than `WAIT`); a running pod's status changes do
+/// not count as room.
+#[tokio::test]
+async fn room_freed_by_a_deleted_pod_binds_a_waiting_one_at_once() {
+    let config = SimConfig {
+        nodes: vec![NodeConfig::new("only").capacity("4", "8Gi", 110)],
+        ..SimConfig::fast()
+    };
+    let sim = cluster_with(config).await;
+    let pods: Api<Pod> = Api::namespaced(sim.client().await.unwrap(), "default");
+    let three_cpus = json!({"containers": [{"name": "main", "image": "nginx:1.27", "resources": {"requests": {"cpu": "3"}}}]});
+    for name in ["first", "second"] {
+        pods.create(&PostParams::default(), &pod_with(name, three_cpus.clone()))
+            .await
+            .unwrap();
+    }
+    phase_of(&pods, "first", "Running").await;
+    let message = eventually(WAIT, "the second pod waiting for room", || async {
+        condition(&pods.get("second").await.unwrap(), "PodScheduled").and_then(|c| c.2)
+    })
+    .await;
+    assert_eq!(message, "0/1 nodes are available: 1 Insufficient cpu.");
+
+    pods.delete("first", &DeleteParams::default())
+        .await
+        .unwrap();
+    let second = phase_of(&pods, "second", "Running").await;
+    assert_eq!(second.spec.unwrap().node_name.as_deref(), Some("only"));
+}
+
 /// A runtime for tests: containers named `crash` exit 1 at once; others serve TCP on the
 /// pod IP at their first port, answering `hello from <pod>`.
 struct TestRuntime;
