@@ -2,7 +2,10 @@
 //! unknown fields, defaulting, OpenAPI v3 validation, and CEL `x-kubernetes-validations`
 //! evaluated with `kube-cel`.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+};
 
 use serde_json::{Map, Value};
 
@@ -15,6 +18,13 @@ pub struct CrdSchema {
     has_rules: bool,
     /// Rules rewritten for the optional types (`cel_optional`), each with the rule as written.
     rewritten: Vec<(String, String)>,
+    /// The schema as evaluated (rules rewritten), from which the ratcheted forms are compiled.
+    evaluated: Value,
+    /// The top-level fields under which some rule does not read `oldSelf`.
+    ratchetable: Vec<String>,
+    /// Compiled without those rules under the named top-level fields, for an update that
+    /// leaves those fields as they were (each form compiled once, when first needed).
+    ratcheted: Mutex<HashMap<Vec<String>, Arc<kube_cel::CompiledSchema>>>,
 }
 
 impl std::fmt::Debug for CrdSchema {
@@ -29,12 +39,64 @@ impl CrdSchema {
         let rewritten = crate::cel_optional::rewrite_schema(&mut evaluated);
         let compiled = kube_cel::compile_schema(&evaluated);
         let has_rules = root.to_string().contains("x-kubernetes-validations");
+        let ratchetable = evaluated["properties"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(key, _)| !matches!(key.as_str(), "apiVersion" | "kind" | "metadata"))
+            .filter(|(_, schema)| {
+                let mut stripped = (*schema).clone();
+                strip_ratcheted_rules(&mut stripped) > 0
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
         CrdSchema {
             root,
             compiled,
             has_rules,
             rewritten,
+            evaluated,
+            ratchetable,
+            ratcheted: Mutex::default(),
         }
+    }
+
+    /// The compiled rules to evaluate on `object`: on an update, without the rules that do not
+    /// read `oldSelf` under each top-level field the update left as it was. Validation
+    /// ratcheting (API servers since 1.30, KEP-4008) ignores such a rule's errors on an
+    /// unchanged value, so it need not run; transition rules always run. (Ratcheted here at
+    /// the granularity of the object's top-level fields: a status write never runs the rules
+    /// of the spec it cannot change.)
+    fn rules_for(
+        &self,
+        object: &Value,
+        old: Option<&Value>,
+    ) -> Option<Arc<kube_cel::CompiledSchema>> {
+        let old = old?;
+        let unchanged: Vec<String> = self
+            .ratchetable
+            .iter()
+            .filter(|key| {
+                object
+                    .get(key.as_str())
+                    .is_some_and(|v| Some(v) == old.get(key.as_str()))
+            })
+            .cloned()
+            .collect();
+        if unchanged.is_empty() {
+            return None;
+        }
+        let mut forms = self.ratcheted.lock().unwrap_or_else(|p| p.into_inner());
+        let form = forms.entry(unchanged).or_insert_with_key(|unchanged| {
+            let mut schema = self.evaluated.clone();
+            for key in unchanged {
+                if let Some(child) = schema["properties"].get_mut(key.as_str()) {
+                    strip_ratcheted_rules(child);
+                }
+            }
+            Arc::new(kube_cel::compile_schema(&schema))
+        });
+        Some(form.clone())
     }
 
     /// `text` with each rewritten rule in it named as it was written.
@@ -82,7 +144,9 @@ impl CrdSchema {
             });
         } else {
             // CEL runs unless a value has the wrong type, as in the API server.
-            if let Err(errors) = kube_cel::validate_compiled(&self.compiled, object, old) {
+            let ratcheted = self.rules_for(object, old);
+            let compiled = ratcheted.as_deref().unwrap_or(&self.compiled);
+            if let Err(errors) = kube_cel::validate_compiled(compiled, object, old) {
                 for error in errors.iter() {
                     // The real validator names the schema's type at the field (`object`,
                     // `string`; nothing for an int-or-string).
@@ -639,6 +703,47 @@ fn validate_value(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Ca
         }
         Value::Bool(_) | Value::Null => {}
     }
+}
+
+/// Removes from `schema` and every schema under it the rules that do not read `oldSelf` (the
+/// ones validation ratcheting skips on an unchanged value); returns how many.
+fn strip_ratcheted_rules(schema: &mut Value) -> usize {
+    let Value::Object(map) = schema else {
+        return 0;
+    };
+    let mut removed = 0;
+    if let Some(Value::Array(rules)) = map.get_mut("x-kubernetes-validations") {
+        let before = rules.len();
+        rules.retain(|r| {
+            r["rule"]
+                .as_str()
+                .is_some_and(|rule| rule.contains("oldSelf"))
+        });
+        removed += before - rules.len();
+        if rules.is_empty() {
+            map.remove("x-kubernetes-validations");
+        }
+    }
+    for key in ["properties", "patternProperties"] {
+        if let Some(Value::Object(children)) = map.get_mut(key) {
+            for child in children.values_mut() {
+                removed += strip_ratcheted_rules(child);
+            }
+        }
+    }
+    for key in ["items", "additionalProperties", "not"] {
+        if let Some(child) = map.get_mut(key) {
+            removed += strip_ratcheted_rules(child);
+        }
+    }
+    for key in ["allOf", "oneOf", "anyOf"] {
+        if let Some(Value::Array(branches)) = map.get_mut(key) {
+            for branch in branches {
+                removed += strip_ratcheted_rules(branch);
+            }
+        }
+    }
+    removed
 }
 
 #[cfg(test)]

@@ -813,3 +813,103 @@ async fn apply_merges_sets_and_maps_of_a_custom_resource_as_its_schema_says() {
         json!([{"shelf": "a", "slot": 1, "title": "Dune"}])
     );
 }
+
+/// Validation ratcheting (API servers since 1.30): a rule added to a CRD after an object was
+/// stored does not refuse a write that leaves the part it checks as it was (a status write
+/// never changes the spec), and refuses one that changes it; a transition rule (reading
+/// `oldSelf`) is never ratcheted.
+#[tokio::test]
+async fn rules_on_an_unchanged_spec_are_ratcheted_except_transition_rules() {
+    let sim = cluster().await;
+    let client = sim.client().await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = |rules: Value| {
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "gauges.example.com"},
+            "spec": {"group": "example.com", "scope": "Namespaced",
+                "names": {"plural": "gauges", "singular": "gauge", "kind": "Gauge"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object", "properties": {"level": {"type": "integer"}, "label": {"type": "string"}},
+                            "x-kubernetes-validations": rules},
+                        "status": {"type": "object", "properties": {"note": {"type": "string"}}}
+                    }}}}]}
+        })
+    };
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd(json!([]))).unwrap(),
+    )
+    .await
+    .unwrap();
+    let resource = kube::api::ApiResource {
+        group: "example.com".into(),
+        version: "v1".into(),
+        api_version: "example.com/v1".into(),
+        kind: "Gauge".into(),
+        plural: "gauges".into(),
+    };
+    let gauges: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), "default", &resource);
+    let body = json!({"apiVersion": "example.com/v1", "kind": "Gauge", "metadata": {"name": "g"}, "spec": {"level": 10, "label": "a"}});
+    gauges
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(body).unwrap(),
+        )
+        .await
+        .unwrap();
+    let replace_rules = |rules: Value| {
+        let crds = crds.clone();
+        async move {
+            let patch = json!({"spec": crd(rules)["spec"].clone()});
+            crds.patch(
+                "gauges.example.com",
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let note = |text: &str| json!({"status": {"note": text}});
+    let plain = json!([{"rule": "self.level < 5", "message": "level must be under 5"}]);
+    replace_rules(plain.clone()).await;
+
+    // The spec is as it was: its new rule's error is ratcheted.
+    let written = gauges
+        .patch_status("g", &PatchParams::default(), &Patch::Merge(&note("one")))
+        .await
+        .unwrap();
+    assert_eq!(written.data["status"]["note"], "one");
+    // A change of the spec runs it.
+    let (code, reason, message) = api_error(
+        gauges
+            .patch(
+                "g",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"label": "b"}})),
+            )
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (422, "Invalid"), "{message}");
+    assert!(message.contains("level must be under 5"), "{message}");
+
+    // A transition rule runs on an unchanged spec too.
+    let mut both = plain.as_array().unwrap().clone();
+    both.push(json!({"rule": "self.label != oldSelf.label", "message": "label must change on every write"}));
+    replace_rules(json!(both)).await;
+    let (code, reason, message) = api_error(
+        gauges
+            .patch_status("g", &PatchParams::default(), &Patch::Merge(&note("two")))
+            .await,
+    );
+    assert_eq!((code, reason.as_str()), (422, "Invalid"), "{message}");
+    assert!(
+        message.contains("label must change on every write")
+            && !message.contains("level must be under 5"),
+        "{message}"
+    );
+}
