@@ -20,11 +20,12 @@ pub struct CrdSchema {
     rewritten: Vec<(String, String)>,
     /// The schema as evaluated (rules rewritten), from which the ratcheted forms are compiled.
     evaluated: Value,
-    /// The top-level fields under which some rule does not read `oldSelf`.
-    ratchetable: Vec<String>,
-    /// Compiled without those rules under the named top-level fields, for an update that
-    /// leaves those fields as they were (each form compiled once, when first needed).
-    ratcheted: Mutex<HashMap<Vec<String>, Arc<kube_cel::CompiledSchema>>>,
+    /// The fields under which validation ratcheting may skip a rule.
+    ratchetable: Ratchetable,
+    /// Compiled without the rules that do not read `oldSelf` under the named fields, for an
+    /// update that leaves those fields as they were (each form compiled once, when first
+    /// needed; at most `RATCHETED_FORMS`).
+    ratcheted: Mutex<HashMap<Vec<Vec<String>>, Arc<kube_cel::CompiledSchema>>>,
 }
 
 impl std::fmt::Debug for CrdSchema {
@@ -39,64 +40,53 @@ impl CrdSchema {
         let rewritten = crate::cel_optional::rewrite_schema(&mut evaluated);
         let compiled = kube_cel::compile_schema(&evaluated);
         let has_rules = root.to_string().contains("x-kubernetes-validations");
-        let ratchetable = evaluated["properties"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(key, _)| !matches!(key.as_str(), "apiVersion" | "kind" | "metadata"))
-            .filter(|(_, schema)| {
-                let mut stripped = (*schema).clone();
-                strip_ratcheted_rules(&mut stripped) > 0
-            })
-            .map(|(key, _)| key.clone())
-            .collect();
         CrdSchema {
             root,
             compiled,
             has_rules,
             rewritten,
+            ratchetable: Ratchetable::of(&evaluated, true),
             evaluated,
-            ratchetable,
             ratcheted: Mutex::default(),
         }
     }
 
     /// The compiled rules to evaluate on `object`: on an update, without the rules that do not
-    /// read `oldSelf` under each top-level field the update left as it was. Validation
-    /// ratcheting (API servers since 1.30, KEP-4008) ignores such a rule's errors on an
-    /// unchanged value, so it need not run; transition rules always run. (Ratcheted here at
-    /// the granularity of the object's top-level fields: a status write never runs the rules
-    /// of the spec it cannot change.)
+    /// read `oldSelf` under each field the update left as it was. Validation ratcheting (API
+    /// servers since 1.30, KEP-4008) ignores such a rule's errors on an unchanged value, so it
+    /// need not run; transition rules always run. Fields are followed through objects' declared
+    /// properties; a list or a map is one value (changed anywhere, all its rules run).
     fn rules_for(
         &self,
         object: &Value,
         old: Option<&Value>,
     ) -> Option<Arc<kube_cel::CompiledSchema>> {
         let old = old?;
-        let unchanged: Vec<String> = self
-            .ratchetable
-            .iter()
-            .filter(|key| {
-                object
-                    .get(key.as_str())
-                    .is_some_and(|v| Some(v) == old.get(key.as_str()))
-            })
-            .cloned()
-            .collect();
+        let mut unchanged = vec![];
+        self.ratchetable
+            .unchanged(object, old, &mut vec![], &mut unchanged);
         if unchanged.is_empty() {
             return None;
         }
         let mut forms = self.ratcheted.lock().unwrap_or_else(|p| p.into_inner());
-        let form = forms.entry(unchanged).or_insert_with_key(|unchanged| {
-            let mut schema = self.evaluated.clone();
-            for key in unchanged {
-                if let Some(child) = schema["properties"].get_mut(key.as_str()) {
-                    strip_ratcheted_rules(child);
-                }
+        if let Some(form) = forms.get(&unchanged) {
+            return Some(form.clone());
+        }
+        // An object of many shapes: past the bound, every rule runs (stricter, never looser).
+        if forms.len() >= RATCHETED_FORMS {
+            return None;
+        }
+        let mut schema = self.evaluated.clone();
+        for path in &unchanged {
+            let mut node = &mut schema;
+            for key in path {
+                node = &mut node["properties"][key.as_str()];
             }
-            Arc::new(kube_cel::compile_schema(&schema))
-        });
-        Some(form.clone())
+            strip_ratcheted_rules(node);
+        }
+        let form = Arc::new(kube_cel::compile_schema(&schema));
+        forms.insert(unchanged, form.clone());
+        Some(form)
     }
 
     /// `text` with each rewritten rule in it named as it was written.
@@ -702,6 +692,56 @@ fn validate_value(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Ca
             }
         }
         Value::Bool(_) | Value::Null => {}
+    }
+}
+
+/// How many ratcheted forms of a schema are kept (each is the whole schema's rules compiled).
+const RATCHETED_FORMS: usize = 64;
+
+/// The declared properties of an object's schema under which some rule does not read
+/// `oldSelf` (apiVersion, kind and metadata aside at the root), each with its own.
+#[derive(Default)]
+struct Ratchetable {
+    properties: BTreeMap<String, Ratchetable>,
+}
+
+impl Ratchetable {
+    fn of(schema: &Value, root: bool) -> Ratchetable {
+        let properties = schema["properties"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(key, _)| {
+                !(root && matches!(key.as_str(), "apiVersion" | "kind" | "metadata"))
+            })
+            .filter(|(_, child)| strip_ratcheted_rules(&mut (*child).clone()) > 0)
+            .map(|(key, child)| (key.clone(), Ratchetable::of(child, false)))
+            .collect();
+        Ratchetable { properties }
+    }
+
+    /// Adds to `found` the paths of those fields that are the same in `object` and `old`; a
+    /// changed object is followed into its properties (a list or a map is one value).
+    fn unchanged(
+        &self,
+        object: &Value,
+        old: &Value,
+        path: &mut Vec<String>,
+        found: &mut Vec<Vec<String>>,
+    ) {
+        for (key, child) in &self.properties {
+            let (Some(now), Some(before)) = (object.get(key.as_str()), old.get(key.as_str()))
+            else {
+                continue;
+            };
+            path.push(key.clone());
+            if now == before {
+                found.push(path.clone());
+            } else if now.is_object() {
+                child.unchanged(now, before, path, found);
+            }
+            path.pop();
+        }
     }
 }
 

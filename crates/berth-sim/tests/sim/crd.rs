@@ -816,14 +816,15 @@ async fn apply_merges_sets_and_maps_of_a_custom_resource_as_its_schema_says() {
 
 /// Validation ratcheting (API servers since 1.30): a rule added to a CRD after an object was
 /// stored does not refuse a write that leaves the part it checks as it was (a status write
-/// never changes the spec), and refuses one that changes it; a transition rule (reading
-/// `oldSelf`) is never ratcheted.
+/// never changes the spec; a change of one field of the spec leaves another's rule alone), and
+/// refuses one that changes it; a transition rule (reading `oldSelf`) is never ratcheted.
 #[tokio::test]
-async fn rules_on_an_unchanged_spec_are_ratcheted_except_transition_rules() {
+async fn rules_on_unchanged_fields_are_ratcheted_except_transition_rules() {
     let sim = cluster().await;
     let client = sim.client().await.unwrap();
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = |rules: Value| {
+    // `level_rules`: none when the object is stored, the level's own rule after.
+    let crd = |rules: Value, level_rules: Value| {
         json!({
             "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
             "metadata": {"name": "gauges.example.com"},
@@ -832,7 +833,9 @@ async fn rules_on_an_unchanged_spec_are_ratcheted_except_transition_rules() {
                 "versions": [{"name": "v1", "served": true, "storage": true,
                     "subresources": {"status": {}},
                     "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                        "spec": {"type": "object", "properties": {"level": {"type": "integer"}, "label": {"type": "string"}},
+                        "spec": {"type": "object", "properties": {
+                                "level": {"type": "integer", "x-kubernetes-validations": level_rules},
+                                "label": {"type": "string"}},
                             "x-kubernetes-validations": rules},
                         "status": {"type": "object", "properties": {"note": {"type": "string"}}}
                     }}}}]}
@@ -840,7 +843,7 @@ async fn rules_on_an_unchanged_spec_are_ratcheted_except_transition_rules() {
     };
     crds.create(
         &PostParams::default(),
-        &serde_json::from_value(crd(json!([]))).unwrap(),
+        &serde_json::from_value(crd(json!([]), json!([]))).unwrap(),
     )
     .await
     .unwrap();
@@ -864,7 +867,8 @@ async fn rules_on_an_unchanged_spec_are_ratcheted_except_transition_rules() {
     let replace_rules = |rules: Value| {
         let crds = crds.clone();
         async move {
-            let patch = json!({"spec": crd(rules)["spec"].clone()});
+            let level = json!([{"rule": "self < 8", "message": "level must be under 8"}]);
+            let patch = json!({"spec": crd(rules, level)["spec"].clone()});
             crds.patch(
                 "gauges.example.com",
                 &PatchParams::default(),
@@ -875,6 +879,27 @@ async fn rules_on_an_unchanged_spec_are_ratcheted_except_transition_rules() {
         }
     };
     let note = |text: &str| json!({"status": {"note": text}});
+    // The level's own rule (added with the CRD's first change below) leaves a change of the
+    // label alone.
+    let label = |text: &str| json!({"spec": {"label": text}});
+    replace_rules(json!([])).await;
+    let written = gauges
+        .patch("g", &PatchParams::default(), &Patch::Merge(&label("b")))
+        .await
+        .unwrap();
+    assert_eq!(written.data["spec"]["label"], "b");
+    let (code, _, message) = api_error(
+        gauges
+            .patch(
+                "g",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"level": 9}})),
+            )
+            .await,
+    );
+    assert_eq!(code, 422, "{message}");
+    assert!(message.contains("level must be under 8"), "{message}");
+
     let plain = json!([{"rule": "self.level < 5", "message": "level must be under 5"}]);
     replace_rules(plain.clone()).await;
 
@@ -887,11 +912,7 @@ async fn rules_on_an_unchanged_spec_are_ratcheted_except_transition_rules() {
     // A change of the spec runs it.
     let (code, reason, message) = api_error(
         gauges
-            .patch(
-                "g",
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"label": "b"}})),
-            )
+            .patch("g", &PatchParams::default(), &Patch::Merge(&label("c")))
             .await,
     );
     assert_eq!((code, reason.as_str()), (422, "Invalid"), "{message}");
