@@ -261,10 +261,10 @@ struct Usage {
 }
 
 impl Usage {
-    /// Counted from every pod the store holds.
-    fn of_all(sim: &Sim) -> Usage {
+    /// Counted from `pods`.
+    fn of(pods: &[Arc<Value>]) -> Usage {
         let mut usage = Usage::default();
-        for pod in sim.store.list("/pods", None).0.iter() {
+        for pod in pods {
             usage.update(pod);
         }
         usage
@@ -273,13 +273,23 @@ impl Usage {
     /// Takes `pod` as it is now; returns whether room was freed on a node (a pod gone,
     /// finished, moved or asking for less), so pending pods may fit where they did not.
     fn update(&mut self, pod: &Value) -> bool {
-        let Some(uid) = pod["metadata"]["uid"].as_str() else {
-            return false;
-        };
         let holds = pod["spec"]["nodeName"]
             .as_str()
             .filter(|n| !n.is_empty() && is_active(pod))
             .map(|node| (node.to_owned(), requests(pod)));
+        self.set(pod, holds)
+    }
+
+    /// Forgets a deleted pod; returns whether it held room.
+    fn remove(&mut self, pod: &Value) -> bool {
+        self.set(pod, None)
+    }
+
+    /// Records that `pod` holds `holds` (its node and requests), or nothing.
+    fn set(&mut self, pod: &Value, holds: Option<(String, Requests)>) -> bool {
+        let Some(uid) = pod["metadata"]["uid"].as_str() else {
+            return false;
+        };
         let before = match &holds {
             Some(now) => self.pods.insert(uid.to_owned(), now.clone()),
             None => self.pods.remove(uid),
@@ -309,13 +319,6 @@ impl Usage {
                 was != node || now.cpu_millis < r.cpu_millis || now.memory < r.memory
             }
         }
-    }
-
-    /// Forgets a deleted pod; returns whether it held room.
-    fn remove(&mut self, pod: &Value) -> bool {
-        let mut gone = pod.clone();
-        gone["spec"]["nodeName"] = Value::Null;
-        self.update(&gone)
     }
 }
 
@@ -454,8 +457,8 @@ pub async fn run(sim: Arc<Sim>) {
     let mut changes = sim.store.subscribe_to_any(&["/pods", "/nodes"]);
     let mut pending: BTreeSet<(String, String)> = BTreeSet::new();
     let mut attempted: HashMap<String, String> = HashMap::new();
-    let mut usage = Usage::of_all(&sim);
     let (pods, _) = sim.store.list("/pods", None);
+    let mut usage = Usage::of(&pods);
     pending.extend(pods.iter().filter(|p| wants_scheduling(p)).map(|p| key(p)));
     let mut dirty = !pending.is_empty();
     let mut nodes_changed = false;
@@ -512,8 +515,8 @@ pub async fn run(sim: Arc<Sim>) {
                     true
                 }
                 Err(RecvError::Lagged(_)) => {
-                    usage = Usage::of_all(&sim);
                     let (pods, _) = sim.store.list("/pods", None);
+                    usage = Usage::of(&pods);
                     pending.extend(pods.iter().filter(|p| wants_scheduling(p)).map(|p| key(p)));
                     dirty = true;
                     nodes_changed = true;

@@ -714,7 +714,7 @@ impl Ratchetable {
             .filter(|(key, _)| {
                 !(root && matches!(key.as_str(), "apiVersion" | "kind" | "metadata"))
             })
-            .filter(|(_, child)| strip_ratcheted_rules(&mut (*child).clone()) > 0)
+            .filter(|(_, child)| has_ratcheted_rules(child))
             .map(|(key, child)| (key.clone(), Ratchetable::of(child, false)))
             .collect();
         Ratchetable { properties }
@@ -743,6 +743,11 @@ impl Ratchetable {
             path.pop();
         }
     }
+}
+
+/// Whether `schema` or a schema under it has a rule that does not read `oldSelf`.
+fn has_ratcheted_rules(schema: &Value) -> bool {
+    strip_ratcheted_rules(&mut schema.clone()) > 0
 }
 
 /// Removes from `schema` and every schema under it the rules that do not read `oldSelf` (the
