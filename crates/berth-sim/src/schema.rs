@@ -14,7 +14,8 @@ use crate::error::Cause;
 /// The schema of one served version of a CRD, with its CEL rules compiled once.
 pub struct CrdSchema {
     pub root: Value,
-    compiled: kube_cel::CompiledSchema,
+    /// Where the rules are, compiled (`None`: no rule).
+    compiled: Option<Arc<Rules>>,
     has_rules: bool,
     /// Rules rewritten for the optional types (`cel_optional`), each with the rule as written.
     rewritten: Vec<(String, String)>,
@@ -25,7 +26,7 @@ pub struct CrdSchema {
     /// Compiled without the rules that do not read `oldSelf` under the named fields, for an
     /// update that leaves those fields as they were (each form compiled once, when first
     /// needed; at most `RATCHETED_FORMS`).
-    ratcheted: Mutex<HashMap<Vec<Vec<String>>, Arc<kube_cel::CompiledSchema>>>,
+    ratcheted: Mutex<HashMap<Vec<Vec<String>>, Option<Arc<Rules>>>>,
 }
 
 impl std::fmt::Debug for CrdSchema {
@@ -38,7 +39,7 @@ impl CrdSchema {
     pub fn new(root: Value) -> Self {
         let mut evaluated = root.clone();
         let rewritten = crate::cel_optional::rewrite_schema(&mut evaluated);
-        let compiled = kube_cel::compile_schema(&evaluated);
+        let compiled = Rules::of(&evaluated).map(Arc::new);
         let has_rules = root.to_string().contains("x-kubernetes-validations");
         CrdSchema {
             root,
@@ -51,30 +52,33 @@ impl CrdSchema {
         }
     }
 
-    /// The compiled rules to evaluate on `object`: on an update, without the rules that do not
-    /// read `oldSelf` under each field the update left as it was. Validation ratcheting (API
-    /// servers since 1.30, KEP-4008) ignores such a rule's errors on an unchanged value, so it
-    /// need not run; transition rules always run. Fields are followed through objects' declared
-    /// properties; a list or a map is one value (changed anywhere, all its rules run).
+    /// The compiled rules to evaluate on `object` (`None`: none to run): on an update, without
+    /// the rules that do not read `oldSelf` under each field the update left as it was.
+    /// Validation ratcheting (API servers since 1.30, KEP-4008) ignores such a rule's errors on
+    /// an unchanged value, so it need not run; transition rules always run. Fields are followed
+    /// through objects' declared properties; a list or a map is one value (changed anywhere,
+    /// all its rules run).
     fn rules_for(
         &self,
         object: &Value,
         old: Option<&Value>,
-    ) -> Option<Arc<kube_cel::CompiledSchema>> {
-        let old = old?;
+    ) -> Option<Arc<Rules>> {
+        let Some(old) = old else {
+            return self.compiled.clone();
+        };
         let mut unchanged = vec![];
         self.ratchetable
             .unchanged(object, old, &mut vec![], &mut unchanged);
         if unchanged.is_empty() {
-            return None;
+            return self.compiled.clone();
         }
         let mut forms = self.ratcheted.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(form) = forms.get(&unchanged) {
-            return Some(form.clone());
+            return form.clone();
         }
         // An object of many shapes: past the bound, every rule runs (stricter, never looser).
         if forms.len() >= RATCHETED_FORMS {
-            return None;
+            return self.compiled.clone();
         }
         let mut schema = self.evaluated.clone();
         for path in &unchanged {
@@ -84,9 +88,9 @@ impl CrdSchema {
             }
             strip_ratcheted_rules(node);
         }
-        let form = Arc::new(kube_cel::compile_schema(&schema));
+        let form = Rules::of(&schema).map(Arc::new);
         forms.insert(unchanged, form.clone());
-        Some(form)
+        form
     }
 
     /// `text` with each rewritten rule in it named as it was written.
@@ -134,10 +138,11 @@ impl CrdSchema {
             });
         } else {
             // CEL runs unless a value has the wrong type, as in the API server.
-            let ratcheted = self.rules_for(object, old);
-            let compiled = ratcheted.as_deref().unwrap_or(&self.compiled);
-            if let Err(errors) = kube_cel::validate_compiled(compiled, object, old) {
-                for error in errors.iter() {
+            let mut errors = vec![];
+            if let Some(rules) = self.rules_for(object, old) {
+                rules.run(object, old, "", &mut errors);
+            }
+            for error in &errors {
                     // The real validator names the schema's type at the field (`object`,
                     // `string`; nothing for an int-or-string).
                     let (field, schema) = key_path(&self.root, &error.field_path);
@@ -172,7 +177,6 @@ impl CrdSchema {
                         message,
                         field,
                     });
-                }
             }
         }
         causes
@@ -745,6 +749,126 @@ impl Ratchetable {
     }
 }
 
+/// Where a schema's rules are. `kube-cel` converts the value at every schema it walks, whole,
+/// rules or not: so it is started at the schemas that have rules (or reach them through
+/// items, map values or branches), and given only the schemas a rule is in, under or above;
+/// the schemas on the way there are followed here, converting nothing. The rules run as on
+/// the whole schema, with the same paths.
+enum Rules {
+    /// `kube-cel` runs these on this schema's value.
+    Here(kube_cel::CompiledSchema),
+    /// No rule at this schema; some under these declared properties (each with its default).
+    Under(Vec<(String, Option<Value>, Rules)>),
+}
+
+impl Rules {
+    /// `schema`'s rules, `None` when it has none.
+    fn of(schema: &Value) -> Option<Rules> {
+        let ruled = |key: &str| schema.get(key).is_some_and(|s| keep_ruled(&mut s.clone()));
+        let branches = ["allOf", "oneOf", "anyOf"].iter().any(|key| {
+            schema
+                .get(*key)
+                .and_then(Value::as_array)
+                .is_some_and(|branches| branches.iter().any(|b| keep_ruled(&mut b.clone())))
+        });
+        if schema.get("x-kubernetes-validations").is_some()
+            || branches
+            || ruled("items")
+            || ruled("additionalProperties")
+        {
+            let mut kept = schema.clone();
+            keep_ruled(&mut kept);
+            return Some(Rules::Here(kube_cel::compile_schema(&kept)));
+        }
+        let under: Vec<_> = schema["properties"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(key, child)| {
+                Rules::of(child).map(|rules| (key.clone(), child.get("default").cloned(), rules))
+            })
+            .collect();
+        (!under.is_empty()).then_some(Rules::Under(under))
+    }
+
+    /// Runs the rules on `value` (at `path`; `old`: its value before an update), adding the
+    /// rules' errors to `errors`. A field absent takes its default, as `kube-cel` would give it.
+    fn run(
+        &self,
+        value: &Value,
+        old: Option<&Value>,
+        path: &str,
+        errors: &mut Vec<kube_cel::ValidationError>,
+    ) {
+        match self {
+            Rules::Here(compiled) => {
+                let Err(found) = kube_cel::validate_compiled(compiled, value, old) else {
+                    return;
+                };
+                errors.extend(found.into_vec().into_iter().map(|mut error| {
+                    error.field_path = match error.field_path.chars().next() {
+                        None => path.to_owned(),
+                        Some(_) if path.is_empty() => error.field_path,
+                        Some('[' | '.') => format!("{path}{}", error.field_path),
+                        Some(_) => format!("{path}.{}", error.field_path),
+                    };
+                    error
+                }));
+            }
+            Rules::Under(children) => {
+                let Some(object) = value.as_object() else {
+                    return;
+                };
+                for (key, default, rules) in children {
+                    let Some(child) = object.get(key).or(default.as_ref()) else {
+                        continue;
+                    };
+                    let before = old
+                        .and_then(Value::as_object)
+                        .and_then(|o| o.get(key).or(default.as_ref()));
+                    let at = if path.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{path}.{key}")
+                    };
+                    rules.run(child, before, &at, errors);
+                }
+            }
+        }
+    }
+}
+
+/// Removes from `schema` the schemas with no rule in, under or above them; returns whether a
+/// rule is left.
+fn keep_ruled(schema: &mut Value) -> bool {
+    let Value::Object(map) = schema else {
+        return false;
+    };
+    let branch_rules = ["allOf", "oneOf", "anyOf"].iter().any(|key| {
+        map.get(*key)
+            .and_then(Value::as_array)
+            .is_some_and(|branches| branches.iter().any(|b| keep_ruled(&mut b.clone())))
+    });
+    if map.contains_key("x-kubernetes-validations") || branch_rules {
+        return true;
+    }
+    let mut kept = false;
+    if let Some(Value::Object(children)) = map.get_mut("properties") {
+        children.retain(|_, child| keep_ruled(child));
+        kept |= !children.is_empty();
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(child @ Value::Object(_)) = map.get_mut(key) {
+            if keep_ruled(child) {
+                kept = true;
+            } else {
+                map.remove(key);
+            }
+        }
+    }
+    kept
+}
+
 /// Whether `schema` or a schema under it has a rule that does not read `oldSelf`.
 fn has_ratcheted_rules(schema: &Value) -> bool {
     strip_ratcheted_rules(&mut schema.clone()) > 0
@@ -982,5 +1106,110 @@ mod tests {
         let mut object = json!({"spec": {"image": "x"}});
         s.apply_defaults(&mut object);
         assert_eq!(object["spec"]["paused"], json!(false));
+    }
+
+    #[test]
+    fn a_write_that_leaves_every_rule_ratcheted_converts_nothing_for_cel() {
+        // Only spec.path has a rule: a status write leaves it as it was, so no rule runs, and
+        // nothing of the object is converted for CEL (it was, at every schema of it).
+        let s = schema();
+        let old = json!({"spec": {"image": "x", "path": "/a"}, "status": {"phase": "Pending"}});
+        let new = json!({"spec": {"image": "x", "path": "/a"}, "status": {"phase": "Running"}});
+        assert!(s.rules_for(&new, Some(&old)).is_none());
+        assert!(s.validate(&new, Some(&old)).is_empty());
+        // A change of the field runs its rule.
+        let moved = json!({"spec": {"image": "x", "path": "rel"}, "status": {"phase": "Running"}});
+        assert!(s.rules_for(&moved, Some(&old)).is_some());
+        assert_eq!(s.validate(&moved, Some(&old)).len(), 1);
+        // A schema without rules has nothing to compile.
+        let plain = CrdSchema::new(json!({"type": "object", "properties": {"spec": {"type": "object"}}}));
+        assert!(plain.rules_for(&json!({"spec": {}}), None).is_none());
+    }
+
+    #[test]
+    fn rules_see_their_values_whole_when_the_schemas_without_rules_are_left_out() {
+        // A rule reads a defaulted field, a map, a date-time and a list under it; another
+        // sits under a map's values and a list's items: they find what they found on the
+        // whole schema, and the schemas beside them (no rule) are not kept.
+        let whole = json!({"type": "object", "properties": {
+            "spec": {"type": "object", "properties": {
+                "limits": {
+                    "type": "object",
+                    "properties": {
+                        "mode": {"type": "string", "default": "strict"},
+                        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "since": {"type": "string", "format": "date-time"},
+                        "names": {"type": "array", "items": {"type": "string"}}
+                    },
+                    "x-kubernetes-validations": [
+                        {"rule": "self.mode == 'strict'", "message": "mode"},
+                        {"rule": "!has(self.labels) || !('a.b/c' in self.labels) || self.labels['a.b/c'] == 'x'", "message": "label"},
+                        {"rule": "!has(self.since) || self.since < timestamp('2030-01-01T00:00:00Z')", "message": "since"},
+                        {"rule": "!has(self.names) || size(self.names) < 3", "message": "names"},
+                        {"rule": "!has(oldSelf.mode) || self.mode == oldSelf.mode", "message": "mode is kept"}
+                    ]
+                },
+                "opts": {"type": "object", "default": {}, "properties": {"level": {"type": "integer", "default": 1}},
+                    "x-kubernetes-validations": [{"rule": "self.level > 1", "message": "level", "fieldPath": ".level"}]},
+                "ports": {"type": "array", "items": {"type": "object", "properties": {
+                    "port": {"type": "integer", "x-kubernetes-validations": [{"rule": "self > 0", "message": "port"}]},
+                    "note": {"type": "string"}
+                }}},
+                "env": {"type": "object", "additionalProperties": {"type": "string", "x-kubernetes-validations": [{"rule": "self != 'bad'", "message": "env"}]}},
+                "image": {"type": "string"},
+                "free": {"type": "object", "properties": {"x": {"type": "string"}}}
+            }},
+            "status": {"type": "object", "properties": {"phase": {"type": "string"}}}
+        }});
+        let mut kept = whole.clone();
+        assert!(keep_ruled(&mut kept));
+        let spec = &kept["properties"]["spec"]["properties"];
+        assert_eq!(
+            spec.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["env", "limits", "opts", "ports"]
+        );
+        assert!(kept["properties"].get("status").is_none());
+        assert_eq!(spec["limits"], whole["properties"]["spec"]["properties"]["limits"]);
+        assert!(spec["ports"]["items"]["properties"].get("note").is_none());
+        let said = |errors: Vec<kube_cel::ValidationError>| -> Vec<String> {
+            let mut said: Vec<String> = errors
+                .iter()
+                .map(|e| format!("{}: {}", e.field_path, e.message))
+                .collect();
+            said.sort();
+            said
+        };
+        let all = kube_cel::compile_schema(&whole);
+        let ruled = Rules::of(&whole).unwrap();
+        assert!(matches!(&ruled, Rules::Under(top) if top.len() == 1));
+        let objects = [
+            json!({"spec": {"limits": {}, "image": "x", "free": {"x": "y"}}, "status": {"phase": "P"}}),
+            json!({"spec": {"limits": {"mode": "loose", "labels": {"a.b/c": "y"}, "since": "2031-01-01T00:00:00Z", "names": ["a", "b", "c"]}}}),
+            json!({"spec": {"limits": {"labels": {"a.b/c": "x"}, "since": "2029-01-01T00:00:00Z"}, "ports": [{"port": 0, "note": "n"}, {"port": 2}], "env": {"A": "bad", "B": "ok"}}}),
+        ];
+        // Defaulted first, as every object the sim validates is.
+        let objects = objects.map(|mut object| {
+            default_value(&whole, &mut object);
+            object
+        });
+        let mut failures = 0;
+        for object in &objects {
+            for old in [None, Some(&objects[1])] {
+                let expected = said(
+                    kube_cel::validate_compiled(&all, object, old)
+                        .err()
+                        .map(|e| e.into_vec())
+                        .unwrap_or_default(),
+                );
+                let mut found = vec![];
+                ruled.run(object, old, "", &mut found);
+                assert_eq!(said(found), expected, "{object} after {old:?}");
+                failures += expected.len();
+            }
+        }
+        // Each object fails on the default level (a default on the way to a rule): 1 + 1 on
+        // the first; 4 + 4 more on the second; 2 + 2 more on the third; and, after the second,
+        // the two others on their mode changed from "loose" (a transition rule): 20.
+        assert_eq!(failures, 20, "every rule is made to fail");
     }
 }
