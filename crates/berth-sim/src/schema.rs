@@ -26,7 +26,7 @@ pub struct CrdSchema {
     /// Compiled without the rules that do not read `oldSelf` under the named fields, for an
     /// update that leaves those fields as they were (each form compiled once, when first
     /// needed; at most `RATCHETED_FORMS`).
-    ratcheted: Mutex<HashMap<Vec<Vec<String>>, Option<Arc<Rules>>>>,
+    ratcheted: Mutex<HashMap<Unchanged, Option<Arc<Rules>>>>,
 }
 
 impl std::fmt::Debug for CrdSchema {
@@ -58,11 +58,7 @@ impl CrdSchema {
     /// an unchanged value, so it need not run; transition rules always run. Fields are followed
     /// through objects' declared properties; a list or a map is one value (changed anywhere,
     /// all its rules run).
-    fn rules_for(
-        &self,
-        object: &Value,
-        old: Option<&Value>,
-    ) -> Option<Arc<Rules>> {
+    fn rules_for(&self, object: &Value, old: Option<&Value>) -> Option<Arc<Rules>> {
         let Some(old) = old else {
             return self.compiled.clone();
         };
@@ -143,40 +139,38 @@ impl CrdSchema {
                 rules.run(object, old, "", &mut errors);
             }
             for error in &errors {
-                    // The real validator names the schema's type at the field (`object`,
-                    // `string`; nothing for an int-or-string).
-                    let (field, schema) = key_path(&self.root, &error.field_path);
-                    let value_type = schema["type"].as_str().unwrap_or_default();
-                    let rule = self.as_written(&error.rule);
-                    let message = self.as_written(&error.message);
-                    let detail = match error.kind {
-                        kube_cel::ErrorKind::EvaluationError => {
-                            self.evaluation_error(&rule, &message)
-                        }
-                        _ => message,
-                    };
-                    // A rule's `reason` words the cause as the real validator does.
-                    let (reason, message) = match error.reason.as_deref() {
-                        Some("FieldValueRequired") => {
-                            ("FieldValueRequired", format!("Required value: {detail}"))
-                        }
-                        Some("FieldValueForbidden") => {
-                            ("FieldValueForbidden", format!("Forbidden: {detail}"))
-                        }
-                        Some("FieldValueDuplicate") => (
-                            "FieldValueDuplicate",
-                            format!("Duplicate value: \"{value_type}\": {detail}"),
-                        ),
-                        _ => (
-                            "FieldValueInvalid",
-                            format!("Invalid value: \"{value_type}\": {detail}"),
-                        ),
-                    };
-                    causes.push(Cause {
-                        reason: reason.to_owned(),
-                        message,
-                        field,
-                    });
+                // The real validator names the schema's type at the field (`object`,
+                // `string`; nothing for an int-or-string).
+                let (field, schema) = key_path(&self.root, &error.field_path);
+                let value_type = schema["type"].as_str().unwrap_or_default();
+                let rule = self.as_written(&error.rule);
+                let message = self.as_written(&error.message);
+                let detail = match error.kind {
+                    kube_cel::ErrorKind::EvaluationError => self.evaluation_error(&rule, &message),
+                    _ => message,
+                };
+                // A rule's `reason` words the cause as the real validator does.
+                let (reason, message) = match error.reason.as_deref() {
+                    Some("FieldValueRequired") => {
+                        ("FieldValueRequired", format!("Required value: {detail}"))
+                    }
+                    Some("FieldValueForbidden") => {
+                        ("FieldValueForbidden", format!("Forbidden: {detail}"))
+                    }
+                    Some("FieldValueDuplicate") => (
+                        "FieldValueDuplicate",
+                        format!("Duplicate value: \"{value_type}\": {detail}"),
+                    ),
+                    _ => (
+                        "FieldValueInvalid",
+                        format!("Invalid value: \"{value_type}\": {detail}"),
+                    ),
+                };
+                causes.push(Cause {
+                    reason: reason.to_owned(),
+                    message,
+                    field,
+                });
             }
         }
         causes
@@ -699,6 +693,9 @@ fn validate_value(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Ca
     }
 }
 
+/// The paths of the fields an update left as they were.
+type Unchanged = Vec<Vec<String>>;
+
 /// How many ratcheted forms of a schema are kept (each is the whole schema's rules compiled).
 const RATCHETED_FORMS: usize = 64;
 
@@ -756,7 +753,7 @@ impl Ratchetable {
 /// the whole schema, with the same paths.
 enum Rules {
     /// `kube-cel` runs these on this schema's value.
-    Here(kube_cel::CompiledSchema),
+    Here(Box<kube_cel::CompiledSchema>),
     /// No rule at this schema; some under these declared properties (each with its default).
     Under(Vec<(String, Option<Value>, Rules)>),
 }
@@ -778,7 +775,7 @@ impl Rules {
         {
             let mut kept = schema.clone();
             keep_ruled(&mut kept);
-            return Some(Rules::Here(kube_cel::compile_schema(&kept)));
+            return Some(Rules::Here(Box::new(kube_cel::compile_schema(&kept))));
         }
         let under: Vec<_> = schema["properties"]
             .as_object()
@@ -1122,7 +1119,8 @@ mod tests {
         assert!(s.rules_for(&moved, Some(&old)).is_some());
         assert_eq!(s.validate(&moved, Some(&old)).len(), 1);
         // A schema without rules has nothing to compile.
-        let plain = CrdSchema::new(json!({"type": "object", "properties": {"spec": {"type": "object"}}}));
+        let plain =
+            CrdSchema::new(json!({"type": "object", "properties": {"spec": {"type": "object"}}}));
         assert!(plain.rules_for(&json!({"spec": {}}), None).is_none());
     }
 
@@ -1169,7 +1167,10 @@ mod tests {
             ["env", "limits", "opts", "ports"]
         );
         assert!(kept["properties"].get("status").is_none());
-        assert_eq!(spec["limits"], whole["properties"]["spec"]["properties"]["limits"]);
+        assert_eq!(
+            spec["limits"],
+            whole["properties"]["spec"]["properties"]["limits"]
+        );
         assert!(spec["ports"]["items"]["properties"].get("note").is_none());
         let said = |errors: Vec<kube_cel::ValidationError>| -> Vec<String> {
             let mut said: Vec<String> = errors
