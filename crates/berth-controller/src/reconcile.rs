@@ -529,7 +529,9 @@ async fn run_controller(
     .applied_objects();
     let controller = Controller::for_stream(workspace_stream, workspace_store.clone())
         .trigger_backoff(EachWatchBacksOff)
-        .with_config(kube::runtime::controller::Config::default().concurrency(16));
+        .with_config(
+            kube::runtime::controller::Config::default().concurrency(config.reconciles_per_shard()),
+        );
     let (agents, woken) = AgentChecker::new(client.clone(), config.agent.clone(), metrics.clone());
     // A pod the cache shows ready gets its agent checked at once, in the order pods turn
     // ready (`lanes.rs`), not when the controller's queue gets to its workspace.

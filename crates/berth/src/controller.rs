@@ -100,6 +100,12 @@ pub struct ControllerArgs {
     /// The longest wait between agent checks.
     #[arg(long, env = "BERTH_AGENT_BACKOFF_MAX", default_value = "5m", value_parser = duration)]
     pub agent_backoff_max: Duration,
+    /// How many workspaces are reconciled at once, across the shards: with --shards N, each
+    /// shard's holder reconciles at most this divided by N (at least 1), so N replicas put as
+    /// many writes in flight on the API server as one operator does. Agent checks are apart
+    /// (--agent-checks-in-flight).
+    #[arg(long, env = "BERTH_RECONCILES_IN_FLIGHT", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=i64::from(u16::MAX)))]
+    pub reconciles_in_flight: u32,
     /// How many agent checks run at once; the others wait in the order their pods turned
     /// ready (a silent agent holds its slot for the call's timeout, 5 s).
     #[arg(long, env = "BERTH_AGENT_CHECKS_IN_FLIGHT", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
@@ -184,6 +190,7 @@ impl ControllerArgs {
                     self.shards,
                 ),
             },
+            reconciles_in_flight: self.reconciles_in_flight,
             agent: AgentConfig {
                 image: self
                     .agent_image

@@ -647,6 +647,17 @@ fn controller_refuses_bad_flags_with_a_clear_message() {
         String::from_utf8_lossy(&output.stderr)
             .contains("\"berth-controller\" is not a service account: expected NAMESPACE/NAME")
     );
+    // The shards share the reconciles in flight: none at all would reconcile nothing.
+    let output = Command::new(BERTH)
+        .args(["controller", "--reconciles-in-flight", "0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--reconciles-in-flight") && stderr.contains("0 is not in 1..=65535"),
+        "{stderr}"
+    );
     // TLS settings come in pairs, and the CA must be a certificate.
     let output = Command::new(BERTH)
         .args(["controller", "--agent-tls-secret", "agent-cert"])
