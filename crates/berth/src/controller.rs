@@ -65,7 +65,8 @@ pub struct ControllerArgs {
     /// by whichever replica holds its Lease (`<lease-name>-shard-<i>-of-<N>`); implies leader
     /// election. A replica competes at once for the shard its pod name's ordinal (else a hash
     /// of the name) picks, for the others once their holders are gone. With more than one
-    /// shard no WorkspaceKind's usage counts are written. Default: 1, no sharding.
+    /// shard, each writes its count of a WorkspaceKind's workspaces into the kind's
+    /// `status.shards`, and shard 0's holder their sum. Default: 1, no sharding.
     #[arg(long, env = "BERTH_SHARDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(berth_controller::shard::BUCKETS)))]
     pub shards: u32,
     /// The leader Lease's name.
