@@ -921,25 +921,103 @@ fn dev_runs_the_operator_inside_itself_where_pods_cannot_have_their_files() {
     );
 }
 
-/// Runs `berth dev --for 15s` through `command` (berth, or a wrapper whose last argument is
-/// berth) and checks the examples reach their phases; its output.
+/// Runs `berth dev` through `command` (berth, or a wrapper whose last argument is berth)
+/// until every example has shown what its file promises, then stops it as a person does
+/// (SIGTERM) and checks it stopped cleanly; its output. However slow the machine, the test
+/// waits for the examples, not for a fixed time (`--for` is only a backstop).
 fn dev_examples(mut command: Command) -> String {
+    use std::io::{BufRead, Read};
+    use std::sync::{Arc, Mutex};
+    const LIMIT: Duration = Duration::from_secs(240);
     let dir = tempfile::tempdir().unwrap();
-    let output = command
-        .args(["dev", "--for", "15s"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let mut dev = Stopped(
+        command
+            .args(["dev", "--for", "600s"])
+            .current_dir(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
     );
+    let printed = Arc::new(Mutex::new(String::new()));
+    let out = std::io::BufReader::new(dev.stdout.take().unwrap());
+    let reader = {
+        let printed = printed.clone();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                let mut printed = printed.lock().unwrap();
+                printed.push_str(&line);
+                printed.push('\n');
+            }
+        })
+    };
+    let mut err = dev.stderr.take().unwrap();
+    let errors = std::thread::spawn(move || {
+        let mut stderr = String::new();
+        let _ = err.read_to_string(&mut stderr);
+        stderr
+    });
+    let start = Instant::now();
+    loop {
+        let stdout = printed.lock().unwrap().clone();
+        let Err(missing) = examples_shown(&stdout) else {
+            eprintln!(
+                "the examples showed their phases after {:?}",
+                start.elapsed()
+            );
+            break;
+        };
+        let ended = dev.try_wait().unwrap();
+        if ended.is_some() || start.elapsed() > LIMIT {
+            let _ = Command::new("kill")
+                .args(["-TERM", &dev.id().to_string()])
+                .status();
+            let _ = dev.wait();
+            let _ = reader.join();
+            let stdout = printed.lock().unwrap().clone();
+            let stderr = errors.join().unwrap();
+            panic!(
+                "{missing} (berth dev {}): {stdout}\n{stderr}",
+                match ended {
+                    Some(status) => format!("ended early, {status}"),
+                    None => format!("still waiting after {LIMIT:?}"),
+                }
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &dev.id().to_string()])
+        .status();
+    let status = dev.wait().unwrap();
+    reader.join().unwrap();
+    let stdout = printed.lock().unwrap().clone();
+    let stderr = errors.join().unwrap();
+    assert!(status.success(), "{status}: {stdout}\n{stderr}");
+    assert!(
+        stdout.trim_end().ends_with("berth dev: stopped"),
+        "{stdout}"
+    );
+    assert!(
+        !dir.path().join("berth-dev.kubeconfig").exists(),
+        "the kubeconfig is removed on exit"
+    );
+    // A clean stop says nothing is wrong (the gateway stops before the API server it watches).
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("\"level\":\"ERROR\""))
+        .collect();
+    assert!(errors.is_empty(), "{errors:#?}");
+    stdout
+}
+
+/// Whether `berth dev`'s plain lines so far show every example in the phase its file
+/// promises, with the message that explains it; if not, the first that is missing.
+fn examples_shown(stdout: &str) -> Result<(), String> {
     let header = stdout
         .lines()
         .find(|l| l.starts_with("NAMESPACE"))
-        .unwrap_or_else(|| panic!("a header in plain-line mode: {stdout}"));
+        .ok_or("a header in plain-line mode")?;
     assert_eq!(
         header.split_whitespace().collect::<Vec<_>>(),
         [
@@ -951,78 +1029,83 @@ fn dev_examples(mut command: Command) -> String {
             "MESSAGE"
         ]
     );
-    let last = |name: &str, phase: &str| -> Option<String> {
-        stdout
-            .lines()
-            .rfind(|l| {
-                let mut cells = l.split_whitespace();
-                cells.next() == Some("default")
-                    && cells.next() == Some(name)
-                    && cells.next() == Some(phase)
-            })
-            .map(str::to_owned)
+    let last = |name: &str, phase: &str| -> Option<&str> {
+        stdout.lines().rfind(|l| {
+            let mut cells = l.split_whitespace();
+            cells.next() == Some("default")
+                && cells.next() == Some(name)
+                && cells.next() == Some(phase)
+        })
     };
-    let basic = last("basic", "Running").unwrap_or_else(|| panic!("{stdout}"));
-    assert_eq!(
-        basic.split_whitespace().nth(4),
-        Some("0"),
-        "RECREATIONS 0: {basic}"
-    );
-    assert!(last("basic", "Running").is_some(), "{stdout}");
-    assert!(last("with-secret", "Running").is_some(), "{stdout}");
-    assert!(last("web", "Running").is_some(), "{stdout}");
-    assert!(last("notebook", "Running").is_some(), "{stdout}");
-    // Workspaces of the example kinds.
-    assert!(last("shell", "Running").is_some(), "{stdout}");
-    assert!(last("python", "Running").is_some(), "{stdout}");
-    // A workspace that starts with its code, cloned from berth dev's own git server, and one
-    // whose ref does not exist, in git's words.
-    assert!(last("hello-code", "Running").is_some(), "{stdout}");
-    let wrong = last("wrong-ref", "Error").unwrap_or_else(|| panic!("{stdout}"));
-    assert!(wrong.contains("(RefNotFound)"), "{wrong}");
-    assert!(
-        last("idle", "Running").is_some(),
-        "stopped only after its minute: {stdout}"
-    );
-    let missing = last("missing-secret", "Error").unwrap_or_else(|| panic!("{stdout}"));
-    assert!(
-        missing.contains("secret \"workspace-secret\" not found"),
-        "{missing}"
-    );
-    let unpullable = stdout
-        .lines()
-        .filter(|l| l.starts_with("default     unpullable-image") && l.contains(" Error "))
-        .collect::<Vec<_>>();
-    assert!(
-        unpullable.iter().any(|l| l.contains("ImagePullBackOff")),
-        "{stdout}"
-    );
-    assert!(
-        stdout
-            .lines()
-            .any(|l| l.starts_with("default     unschedulable")
-                && l.contains("0/3 nodes are available: 3 Insufficient cpu.")),
-        "{stdout}"
-    );
-    let unauthenticated = last("no-delegator", "Error").unwrap_or_else(|| panic!("{stdout}"));
-    assert!(
-        unauthenticated.contains("The agent of pod no-delegator-ws refused the operator (Unauthenticated); it was called at ")
-            && unauthenticated.contains(": TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:default:no-delegator"),
-        "{unauthenticated}"
-    );
-    assert!(stdout.trim_end().ends_with("berth dev: stopped"));
-    assert!(
-        !dir.path().join("berth-dev.kubeconfig").exists(),
-        "the kubeconfig is removed on exit"
-    );
-    // A clean stop says nothing is wrong (the gateway stops before the API server it watches).
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let errors: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.contains("\"level\":\"ERROR\""))
-        .collect();
-    assert!(errors.is_empty(), "{errors:#?}");
-    stdout
+    let shows = |name: &str, phase: &str, says: &[&str]| {
+        last(name, phase).is_some_and(|l| says.iter().all(|s| l.contains(s)))
+    };
+    // Whether it ever showed `says` (in `phase`, where one is given).
+    let ever = |name: &str, phase: Option<&str>, says: &str| {
+        stdout.lines().any(|l| {
+            let mut cells = l.split_whitespace();
+            cells.next() == Some("default")
+                && cells.next() == Some(name)
+                && phase.is_none_or(|p| cells.next() == Some(p))
+                && l.contains(says)
+        })
+    };
+    let expected = [
+        (
+            "basic Running, RECREATIONS 0",
+            last("basic", "Running").is_some_and(|l| l.split_whitespace().nth(4) == Some("0")),
+        ),
+        ("with-secret Running", shows("with-secret", "Running", &[])),
+        ("web Running", shows("web", "Running", &[])),
+        ("notebook Running", shows("notebook", "Running", &[])),
+        // Workspaces of the example kinds.
+        ("shell Running", shows("shell", "Running", &[])),
+        ("python Running", shows("python", "Running", &[])),
+        // A workspace that starts with its code, cloned from berth dev's own git server, and
+        // one whose ref does not exist, in git's words.
+        ("hello-code Running", shows("hello-code", "Running", &[])),
+        (
+            "wrong-ref Error (RefNotFound)",
+            shows("wrong-ref", "Error", &["(RefNotFound)"]),
+        ),
+        // Stopped only after its minute.
+        ("idle Running", shows("idle", "Running", &[])),
+        (
+            "missing-secret Error: secret \"workspace-secret\" not found",
+            shows(
+                "missing-secret",
+                "Error",
+                &["secret \"workspace-secret\" not found"],
+            ),
+        ),
+        (
+            "unpullable-image Error: ImagePullBackOff",
+            ever("unpullable-image", Some("Error"), "ImagePullBackOff"),
+        ),
+        (
+            "unschedulable: 0/3 nodes are available: 3 Insufficient cpu.",
+            ever(
+                "unschedulable",
+                None,
+                "0/3 nodes are available: 3 Insufficient cpu.",
+            ),
+        ),
+        (
+            "no-delegator Error: its agent refused the operator, saying what to grant",
+            shows(
+                "no-delegator",
+                "Error",
+                &[
+                    "The agent of pod no-delegator-ws refused the operator (Unauthenticated); it was called at ",
+                    ": TokenReview API is unavailable: grant system:auth-delegator to system:serviceaccount:default:no-delegator",
+                ],
+            ),
+        ),
+    ];
+    match expected.iter().find(|(_, shown)| !shown) {
+        Some((what, _)) => Err(format!("{what} not shown")),
+        None => Ok(()),
+    }
 }
 
 /// kubectl against `berth dev`'s kubeconfig in `dir`.
@@ -2594,14 +2677,15 @@ fn dev_works_from_an_installed_binary_and_guards_its_kubeconfig() {
     let kubeconfig = dir.path().join("berth-dev.kubeconfig");
     let mut first = Stopped(
         Command::new(BERTH)
-            .args(["dev", "--for", "20s"])
+            .args(["dev", "--for", "600s"])
             .current_dir(dir.path())
-            .stdout(Stdio::piped())
+            .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
+    // Stopped below by SIGTERM (`--for` is only a backstop), however slow the machine.
+    let deadline = Instant::now() + Duration::from_secs(120);
     while !kubeconfig.exists() {
         assert!(
             Instant::now() < deadline,
