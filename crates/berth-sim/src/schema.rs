@@ -761,15 +761,9 @@ enum Rules {
 impl Rules {
     /// `schema`'s rules, `None` when it has none.
     fn of(schema: &Value) -> Option<Rules> {
-        let ruled = |key: &str| schema.get(key).is_some_and(|s| keep_ruled(&mut s.clone()));
-        let branches = ["allOf", "oneOf", "anyOf"].iter().any(|key| {
-            schema
-                .get(*key)
-                .and_then(Value::as_array)
-                .is_some_and(|branches| branches.iter().any(|b| keep_ruled(&mut b.clone())))
-        });
+        let ruled = |key: &str| schema.get(key).is_some_and(has_rules);
         if schema.get("x-kubernetes-validations").is_some()
-            || branches
+            || branch_rules(schema)
             || ruled("items")
             || ruled("additionalProperties")
         {
@@ -838,17 +832,12 @@ impl Rules {
 /// Removes from `schema` the schemas with no rule in, under or above them; returns whether a
 /// rule is left.
 fn keep_ruled(schema: &mut Value) -> bool {
+    if schema.get("x-kubernetes-validations").is_some() || branch_rules(schema) {
+        return true;
+    }
     let Value::Object(map) = schema else {
         return false;
     };
-    let branch_rules = ["allOf", "oneOf", "anyOf"].iter().any(|key| {
-        map.get(*key)
-            .and_then(Value::as_array)
-            .is_some_and(|branches| branches.iter().any(|b| keep_ruled(&mut b.clone())))
-    });
-    if map.contains_key("x-kubernetes-validations") || branch_rules {
-        return true;
-    }
     let mut kept = false;
     if let Some(Value::Object(children)) = map.get_mut("properties") {
         children.retain(|_, child| keep_ruled(child));
@@ -864,6 +853,31 @@ fn keep_ruled(schema: &mut Value) -> bool {
         }
     }
     kept
+}
+
+/// Whether `schema` or a schema under it (its properties, items, map values or branches) has
+/// a rule.
+fn has_rules(schema: &Value) -> bool {
+    schema.get("x-kubernetes-validations").is_some()
+        || branch_rules(schema)
+        || schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .is_some_and(|children| children.values().any(has_rules))
+        || ["items", "additionalProperties"]
+            .iter()
+            .any(|key| schema.get(*key).is_some_and(has_rules))
+}
+
+/// Whether a branch of `schema` (allOf, oneOf, anyOf) has a rule in or under it; a branch is
+/// kept whole where it has.
+fn branch_rules(schema: &Value) -> bool {
+    ["allOf", "oneOf", "anyOf"].iter().any(|key| {
+        schema
+            .get(*key)
+            .and_then(Value::as_array)
+            .is_some_and(|branches| branches.iter().any(has_rules))
+    })
 }
 
 /// Whether `schema` or a schema under it has a rule that does not read `oldSelf`.

@@ -103,8 +103,8 @@ pub struct ControllerArgs {
     pub agent_backoff_max: Duration,
     /// How many workspaces are reconciled at once, across the shards: with --shards N, each
     /// shard's holder reconciles at most this divided by N (at least 1), so N replicas put as
-    /// many writes in flight on the API server as one operator does. Agent checks are apart
-    /// (--agent-checks-in-flight).
+    /// many writes in flight on the API server as one operator does. Agent checks have their
+    /// own bound, per replica (--agent-checks-in-flight).
     #[arg(long, env = "BERTH_RECONCILES_IN_FLIGHT", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=i64::from(u16::MAX)))]
     pub reconciles_in_flight: u32,
     /// How many agent checks run at once; the others wait in the order their pods turned
