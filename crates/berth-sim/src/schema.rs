@@ -16,7 +16,6 @@ pub struct CrdSchema {
     pub root: Value,
     /// Where the rules are, compiled (`None`: no rule).
     compiled: Option<Arc<Rules>>,
-    has_rules: bool,
     /// Rules rewritten for the optional types (`cel_optional`), each with the rule as written.
     rewritten: Vec<(String, String)>,
     /// The schema as evaluated (rules rewritten), from which the ratcheted forms are compiled.
@@ -40,11 +39,9 @@ impl CrdSchema {
         let mut evaluated = root.clone();
         let rewritten = crate::cel_optional::rewrite_schema(&mut evaluated);
         let compiled = Rules::of(&evaluated).map(Arc::new);
-        let has_rules = root.to_string().contains("x-kubernetes-validations");
         CrdSchema {
             root,
             compiled,
-            has_rules,
             rewritten,
             ratchetable: Ratchetable::of(&evaluated, true),
             evaluated,
@@ -126,7 +123,7 @@ impl CrdSchema {
             }
         }
         let type_errors = causes.iter().any(|c| c.reason == "FieldValueTypeInvalid");
-        if type_errors && self.has_rules {
+        if type_errors && self.compiled.is_some() {
             causes.push(Cause {
                 reason: "FieldValueInvalid".to_owned(),
                 message: "Invalid value: \"null\": some validation rules were not checked because the object was invalid; correct the existing errors to complete validation".to_owned(),
@@ -1093,6 +1090,15 @@ mod tests {
             ),
             "{found:?}"
         );
+        // A schema with no rule has none left unchecked (a description naming rules is none).
+        let plain = CrdSchema::new(json!({"type": "object", "properties": {"spec": {
+            "type": "object",
+            "description": "no x-kubernetes-validations here",
+            "properties": {"mode": {"type": "integer"}}
+        }}}));
+        let found = plain.validate(&json!({"spec": {"mode": "rw"}}), None);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].reason, "FieldValueTypeInvalid");
     }
 
     #[test]

@@ -301,6 +301,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_reconciles_in_flight_reach_the_operator_split_by_the_shards() {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            args: ControllerArgs,
+        }
+        let config = |flags: &[&str]| {
+            let account = [
+                "berth",
+                "--service-account",
+                "berth-system/berth-controller",
+            ];
+            let args = account.iter().chain(flags);
+            clap::Parser::try_parse_from(args)
+                .map(|f: Flags| f.args.config().unwrap())
+                .unwrap()
+        };
+        assert_eq!(config(&[]).reconciles_per_shard(), 16);
+        let set = config(&["--reconciles-in-flight", "9", "--shards", "2"]);
+        assert_eq!(set.reconciles_in_flight, 9);
+        assert_eq!(set.reconciles_per_shard(), 4);
+    }
+
+    #[test]
     fn replicas_with_one_host_name_have_distinct_identities() {
         let a = replica_identity(Some("berth-controller-0".into()));
         let b = replica_identity(Some("berth-controller-0".into()));

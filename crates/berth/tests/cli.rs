@@ -65,7 +65,14 @@ fn install_copies_an_executable_berth() {
     assert!(String::from_utf8_lossy(&output.stderr).starts_with("berth install: cannot copy"));
 }
 
-/// A port no one listens on now.
+/// Sends `child` SIGTERM, as a person stops a process; whether it was sent.
+fn sigterm(child: &std::process::Child) -> bool {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// A process of the test's, stopped as a person stops it (SIGTERM, then its exit awaited) when
 /// the test ends, also when it fails: a failed test leaves no `berth dev` (nor its git daemon,
 /// mounts and folders, which it removes as it stops) behind.
@@ -87,9 +94,7 @@ impl std::ops::DerefMut for Stopped {
 impl Drop for Stopped {
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.0.id().to_string()])
-                .status();
+            sigterm(&self.0);
             let deadline = Instant::now() + Duration::from_secs(30);
             while let Ok(None) = self.0.try_wait() {
                 if Instant::now() > deadline {
@@ -250,9 +255,7 @@ fn the_agent_reports_its_commands_cpu_as_activity() {
         }
     });
     // SIGTERM, which the agent forwards to its command: nothing is left behind.
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+    sigterm(&child);
     let _ = child.wait();
     assert!(seen.detail.ends_with("% of a core"), "{}", seen.detail);
 }
@@ -271,13 +274,7 @@ fn sigterm_reaches_the_supervised_command() {
         assert!(Instant::now() < deadline, "the command never started");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    assert!(sigterm(&child));
     let output = child.wait_with_output().unwrap();
     assert_eq!(
         output.status.code(),
@@ -360,9 +357,7 @@ fn a_supervising_agents_shells_get_their_own_exit_codes() {
             fields.next() == Some("Z") && fields.next() == Some(child.id().to_string().as_str())
         })
         .collect();
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+    sigterm(&child);
     let _ = child.wait();
     assert_eq!(codes, vec![0, 9, 3, 42, 7]);
     assert!(zombies.is_empty(), "left as zombies: {zombies:?}");
@@ -498,11 +493,7 @@ fn sim_serves_nodes_to_kubectl_and_stops_on_sigterm() {
     } else {
         eprintln!("skipping the kubectl part: kubectl is not installed");
     }
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    assert!(sigterm(&child));
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -572,9 +563,7 @@ fn sim_gives_images_their_entrypoints() {
             .unwrap(),
     );
     let stop = |child: &mut std::process::Child| {
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
+        sigterm(child);
         let _ = child.wait();
     };
     poll(Duration::from_secs(30), "the kubeconfig", || {
@@ -627,77 +616,58 @@ fn sim_gives_images_their_entrypoints() {
 
 #[test]
 fn controller_refuses_bad_flags_with_a_clear_message() {
-    let output = Command::new(BERTH)
-        .args(["controller", "--start-timeout", "soon"])
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    // What `berth` says on its standard error when it refuses to start.
+    let refused = |command: &mut Command| {
+        let output = command.output().unwrap();
+        assert!(!output.status.success(), "{command:?} started");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let controller = |args: &[&str]| {
+        let mut command = Command::new(BERTH);
+        command.arg("controller").args(args);
+        command
+    };
+    let stderr = refused(&mut controller(&["--start-timeout", "soon"]));
     assert!(stderr.contains("invalid duration \"soon\""), "{stderr}");
-    let output = Command::new(BERTH)
-        .args(["controller", "--warning-reasons", "FailedMount=fatal"])
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&output.stderr).contains("unknown class \"fatal\""));
-    let output = Command::new(BERTH)
-        .args(["controller", "--service-account", "berth-controller"])
-        .output()
-        .unwrap();
+    let stderr = refused(&mut controller(&["--warning-reasons", "FailedMount=fatal"]));
+    assert!(stderr.contains("unknown class \"fatal\""), "{stderr}");
+    let stderr = refused(&mut controller(&["--service-account", "berth-controller"]));
     assert!(
-        String::from_utf8_lossy(&output.stderr)
-            .contains("\"berth-controller\" is not a service account: expected NAMESPACE/NAME")
+        stderr.contains("\"berth-controller\" is not a service account: expected NAMESPACE/NAME"),
+        "{stderr}"
     );
     // The shards share the reconciles in flight: none at all would reconcile nothing.
-    let output = Command::new(BERTH)
-        .args(["controller", "--reconciles-in-flight", "0"])
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused(&mut controller(&["--reconciles-in-flight", "0"]));
     assert!(
         stderr.contains("--reconciles-in-flight") && stderr.contains("0 is not in 1..=65535"),
         "{stderr}"
     );
     // TLS settings come in pairs, and the CA must be a certificate.
-    let output = Command::new(BERTH)
-        .args(["controller", "--agent-tls-secret", "agent-cert"])
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&output.stderr).contains("--agent-tls-ca"));
-    let output = Command::new(BERTH)
-        .args(["agent", "--tls-cert", "/etc/berth/agent-tls/tls.crt"])
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&output.stderr).contains("--tls-key"));
+    let stderr = refused(&mut controller(&["--agent-tls-secret", "agent-cert"]));
+    assert!(stderr.contains("--agent-tls-ca"), "{stderr}");
+    let stderr =
+        refused(Command::new(BERTH).args(["agent", "--tls-cert", "/etc/berth/agent-tls/tls.crt"]));
+    assert!(stderr.contains("--tls-key"), "{stderr}");
     let not_a_ca = tempfile::NamedTempFile::new().unwrap();
-    let output = Command::new(BERTH)
-        .args([
-            "controller",
+    let stderr = refused(
+        controller(&[
             "--service-account",
             "berth-system/berth-controller",
+            "--agent-tls-secret",
+            "agent-cert",
+            "--agent-tls-ca",
         ])
-        .args(["--agent-tls-secret", "agent-cert", "--agent-tls-ca"])
-        .arg(not_a_ca.path())
-        .output()
-        .unwrap();
+        .arg(not_a_ca.path()),
+    );
     assert!(
-        String::from_utf8_lossy(&output.stderr)
-            .contains("holds no PEM certificate (--agent-tls-ca)"),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+        stderr.contains("holds no PEM certificate (--agent-tls-ca)"),
+        "{stderr}"
     );
     // Outside a pod, the operator's identity for agents must be given.
-    let output = Command::new(BERTH)
-        .arg("controller")
-        .env_remove("BERTH_SERVICE_ACCOUNT")
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
+    let stderr = refused(controller(&[]).env_remove("BERTH_SERVICE_ACCOUNT"));
     assert!(
-        String::from_utf8_lossy(&output.stderr)
-            .contains("pass --service-account NAMESPACE/NAME (or set BERTH_SERVICE_ACCOUNT)"),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+        stderr.contains("pass --service-account NAMESPACE/NAME (or set BERTH_SERVICE_ACCOUNT)"),
+        "{stderr}"
     );
 }
 
@@ -969,9 +939,7 @@ fn dev_examples(mut command: Command) -> String {
         };
         let ended = dev.try_wait().unwrap();
         if ended.is_some() || start.elapsed() > LIMIT {
-            let _ = Command::new("kill")
-                .args(["-TERM", &dev.id().to_string()])
-                .status();
+            sigterm(&dev);
             let _ = dev.wait();
             let _ = reader.join();
             let stdout = printed.lock().unwrap().clone();
@@ -986,9 +954,7 @@ fn dev_examples(mut command: Command) -> String {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let _ = Command::new("kill")
-        .args(["-TERM", &dev.id().to_string()])
-        .status();
+    sigterm(&dev);
     let status = dev.wait().unwrap();
     reader.join().unwrap();
     let stdout = printed.lock().unwrap().clone();
@@ -1390,9 +1356,7 @@ fn openssh_reaches_web(dir: &std::path::Path, gateway: &str, kubeconfig: &std::p
             .filter(|body| !body.is_empty())
     });
     // As a person ends it (^C): ssh ends its ProxyCommand too.
-    let _ = Command::new("kill")
-        .args(["-TERM", &forward.id().to_string()])
-        .status();
+    sigterm(&forward);
     let _ = forward.wait();
     assert_eq!(body, "hello from home\n");
     // berth ssh: no config needed.
@@ -1465,9 +1429,7 @@ fn openssh_reaches_web(dir: &std::path::Path, gateway: &str, kubeconfig: &std::p
             .then(|| get(local))
             .filter(|body| !body.is_empty())
     });
-    let _ = Command::new("kill")
-        .args(["-TERM", &forward.id().to_string()])
-        .status();
+    sigterm(&forward);
     let _ = forward.wait();
     assert!(page.contains("<title>Berth editor</title>"), "{page}");
     // A key that is not the workspace's: OpenSSH refuses the connection.
@@ -1586,9 +1548,7 @@ fn dev_is_a_place_to_use_a_workspace() {
     // Keep reading, so berth dev never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     let stop = |dev: &mut std::process::Child| {
-        let _ = Command::new("kill")
-            .args(["-TERM", &dev.id().to_string()])
-            .status();
+        sigterm(dev);
         let _ = dev.wait();
     };
     if first.contains("allows no mount namespace") {
@@ -2174,11 +2134,7 @@ mod failover {
     }
 
     fn terminate(child: &Child) {
-        let killed = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
+        assert!(super::sigterm(child));
     }
 
     /// Waits for the process to exit, within `limit`.
@@ -2714,9 +2670,7 @@ fn dev_works_from_an_installed_binary_and_guards_its_kubeconfig() {
         written,
         "kept"
     );
-    let _ = Command::new("kill")
-        .args(["-TERM", &first.id().to_string()])
-        .status();
+    sigterm(&first);
     assert!(first.wait().unwrap().success());
     assert!(!kubeconfig.exists(), "removed by the run that wrote it");
 
@@ -2756,9 +2710,7 @@ mod installed {
 
     impl Drop for Sim {
         fn drop(&mut self) {
-            let _ = Command::new("kill")
-                .args(["-TERM", &self.child.id().to_string()])
-                .status();
+            sigterm(&self.child);
             let deadline = Instant::now() + Duration::from_secs(20);
             while Instant::now() < deadline {
                 if self.child.try_wait().ok().flatten().is_some() {
